@@ -1,0 +1,149 @@
+//! The command line: every command of the contract, as clap definitions.
+//!
+//! This module is part of the library so that the man page and the shell completions
+//! (see `examples/gen-docs.rs`) are generated from the very same definitions.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Keeps an NVIDIA vGPU guest licensed: installs the client configuration token and
+/// gridd.conf, watches nvidia-gridd and nvidia-smi, restarts gridd when a restart can help,
+/// and explains what it cannot fix.
+#[derive(Debug, Parser)]
+#[command(name = "vgpu-license-agent", version, about, long_about = None)]
+#[command(after_help = "Exit codes of status, analyze and diagnose: 0 licensed, 1 warning \
+(acquiring, in grace, expiring soon), 2 critical (restricted, failing, not installed), 3 unknown.")]
+pub struct Cli {
+    /// Agent config file (drop-ins are read from `<dir of FILE>/config.d/*.toml`).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "VGPU_LICENSE_AGENT_CONFIG",
+        default_value = "/etc/vgpu-license-agent/config.toml"
+    )]
+    pub config: PathBuf,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Install a client configuration token and gridd.conf, then restart nvidia-gridd if
+    /// something changed.
+    Install(InstallArgs),
+    /// Run the long-running service (systemd Type=notify).
+    Run,
+    /// Show the current license state (from the live report, else observed now).
+    Status(StatusArgs),
+    /// Explain saved nvidia-smi output and/or nvidia-gridd logs, offline.
+    Analyze(AnalyzeArgs),
+    /// Run live checks (driver, token, gridd.conf, gridd, DLS reachability, clock skew).
+    Diagnose(JsonArg),
+    /// Work with client configuration tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Ready a golden image: remove the token and the agent's state so clones start clean.
+    PrepareImage(PrepareImageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JsonArg {
+    /// Print the report as JSON (schema vgpu-license-agent/report/v1).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// Saved `nvidia-smi -q` output (text or `-q -x` XML, whole or an excerpt); `-` for stdin.
+    #[arg(long, value_name = "FILE")]
+    pub smi: Option<PathBuf>,
+    /// nvidia-gridd's log: `journalctl -o json` lines, journalctl or syslog text, or a pasted
+    /// `systemctl status nvidia-gridd`; `-` for stdin.
+    #[arg(long, value_name = "FILE")]
+    pub journal: Option<PathBuf>,
+    /// A client configuration token to take the DLS nodes from.
+    #[arg(long, value_name = "FILE")]
+    pub token: Option<PathBuf>,
+    /// Print the report as JSON instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep at most this many of the latest events in the report.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub max_events: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Wait up to SECONDS for a license; return as soon as licensed.
+    #[arg(long, value_name = "SECONDS")]
+    pub wait: Option<u64>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Show what a token says: DLS nodes and ports, iat/nbf/exp, instance and scope
+    /// references. Never prints the signature or key material.
+    Inspect(TokenInspectArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TokenInspectArgs {
+    /// Token file (`-` for stdin); default: the installed token.
+    pub file: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[group(id = "source", required = true, multiple = false)]
+pub struct TokenSource {
+    /// Read the token from FILE (`-` for standard input).
+    #[arg(long, value_name = "FILE", group = "source")]
+    pub token_file: Option<PathBuf>,
+    /// The token's bytes, base64-encoded (as cloud-init `encoding: b64` carries it).
+    #[arg(long, value_name = "STRING", group = "source")]
+    pub token_base64: Option<String>,
+    /// Download the token over HTTPS.
+    #[arg(long, value_name = "URL", group = "source")]
+    pub token_url: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    #[command(flatten)]
+    pub source: TokenSource,
+    /// PEM file of a private CA for `--token-url`.
+    #[arg(long, value_name = "FILE", requires = "token_url")]
+    pub ca_file: Option<PathBuf>,
+    /// FeatureType to set in gridd.conf (default from the config: 1, NVIDIA vGPU).
+    #[arg(long, value_name = "N")]
+    pub feature_type: Option<u8>,
+    /// Install a token that decodes but is expired or not yet valid (with a warning).
+    #[arg(long)]
+    pub force: bool,
+    /// Do not restart nvidia-gridd after a change.
+    #[arg(long)]
+    pub no_restart: bool,
+    /// Say what would change, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PrepareImageArgs {
+    /// Also remove nvidia-gridd's client state (/var/lib/nvidia/GridLicensing,
+    /// /var/lib/nvidia/vGPULicensing).
+    #[arg(long)]
+    pub purge_client_state: bool,
+    /// Say what would be removed, remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}

@@ -1,0 +1,22 @@
+//! `vgpu-license-agent`: keeps an NVIDIA vGPU guest licensed.
+//!
+//! One flow: sources (token, gridd.conf, nvidia-smi, gridd's journal) become observations
+//! ([`observe`]), one pure state machine ([`state`]) turns them into a [`report::Report`], and
+//! every command is a way through that flow.
+
+pub mod analyze;
+pub mod cli;
+pub mod config;
+pub mod install;
+pub mod observe;
+pub mod prepare;
+pub mod report;
+pub mod state;
+pub mod time;
+pub mod token;
+pub mod token_inspect;
+
+/// Error of a command that is part of the contract but not built yet.
+pub fn not_built(command: &str) -> anyhow::Error {
+    anyhow::anyhow!("`{command}` is not available in this build yet")
+}

@@ -1,0 +1,1 @@
+//! gridd log parser.

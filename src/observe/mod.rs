@@ -1,0 +1,4 @@
+//! Sources turned into observations: `nvidia-smi` output and gridd's log.
+
+pub mod journal;
+pub mod smi;

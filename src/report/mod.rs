@@ -1,0 +1,184 @@
+//! The one report type (`--json`, `status.json`) and the codes the outside relies on.
+//! Schema: `vgpu-license-agent/report/v1`.
+
+use serde::{Deserialize, Serialize};
+
+pub mod human;
+
+pub const SCHEMA: &str = "vgpu-license-agent/report/v1";
+
+/// The license state of the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Licensed,
+    Unlicensed,
+    Restricted,
+    NotLicensable,
+    NoDriver,
+    Unknown,
+}
+
+impl State {
+    pub const ALL: [State; 6] = [
+        State::Licensed,
+        State::Unlicensed,
+        State::Restricted,
+        State::NotLicensable,
+        State::NoDriver,
+        State::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Licensed => "licensed",
+            State::Unlicensed => "unlicensed",
+            State::Restricted => "restricted",
+            State::NotLicensable => "not_licensable",
+            State::NoDriver => "no_driver",
+            State::Unknown => "unknown",
+        }
+    }
+}
+
+/// What a meaningful gridd log line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Started,
+    Initialized,
+    Acquiring,
+    Acquired,
+    Renewed,
+    Returned,
+    AcquireFailed,
+    ReturnFailed,
+    TokenError,
+    UnlicensedNotice,
+    Mismatch,
+    Unsupported,
+    ConfigNotice,
+    Shutdown,
+    Other,
+}
+
+/// Stable failure reason codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    TokenMissing,
+    TokenInvalid,
+    TokenExpired,
+    ClockSkew,
+    NoLicenseAvailable,
+    TrustedStore,
+    LicensingUnsupported,
+    FeatureTypeInvalid,
+    DlsUnreachable,
+    GriddNotRunning,
+    Unspecified,
+    Other,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 12] = [
+        Reason::TokenMissing,
+        Reason::TokenInvalid,
+        Reason::TokenExpired,
+        Reason::ClockSkew,
+        Reason::NoLicenseAvailable,
+        Reason::TrustedStore,
+        Reason::LicensingUnsupported,
+        Reason::FeatureTypeInvalid,
+        Reason::DlsUnreachable,
+        Reason::GriddNotRunning,
+        Reason::Unspecified,
+        Reason::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::TokenMissing => "token_missing",
+            Reason::TokenInvalid => "token_invalid",
+            Reason::TokenExpired => "token_expired",
+            Reason::ClockSkew => "clock_skew",
+            Reason::NoLicenseAvailable => "no_license_available",
+            Reason::TrustedStore => "trusted_store",
+            Reason::LicensingUnsupported => "licensing_unsupported",
+            Reason::FeatureTypeInvalid => "feature_type_invalid",
+            Reason::DlsUnreachable => "dls_unreachable",
+            Reason::GriddNotRunning => "gridd_not_running",
+            Reason::Unspecified => "unspecified",
+            Reason::Other => "other",
+        }
+    }
+}
+
+/// One meaningful gridd log line.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// RFC 3339 when the log gave the zone; a local wall-clock time without offset when the
+    /// log (syslog text) did not say its zone; null when the line had no time or no year.
+    pub at: Option<String>,
+    pub kind: EventKind,
+    pub server: Option<String>,
+    pub edition: Option<String>,
+    pub expiry: Option<String>,
+    pub reason: Option<Reason>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct License {
+    pub status: Option<String>,
+    pub edition: Option<String>,
+    pub expiry: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub bus_id: Option<String>,
+    pub profile: Option<String>,
+    pub virtualization_mode: Option<String>,
+    pub license_status: Option<String>,
+    pub edition: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    pub reason: Reason,
+    pub message: String,
+    pub at: Option<String>,
+    pub advice: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DlsEndpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+/// The report: what every output of the agent is made from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    pub state: State,
+    pub observed_at: Option<String>,
+    pub license: Option<License>,
+    pub gpus: Vec<Gpu>,
+    pub events: Vec<Event>,
+    pub failure: Option<Failure>,
+    pub dls: Option<Vec<DlsEndpoint>>,
+    /// Older events left out of `events` to keep the report bounded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub events_omitted: u64,
+    /// Remarks a person should read (legacy licensing, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// Monitoring-plugin exit code: 0 ok, 1 warning, 2 critical, 3 unknown.
+    pub exit_code: u8,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
