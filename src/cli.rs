@@ -12,8 +12,10 @@ use clap::{Args, Parser, Subcommand};
 /// and explains what it cannot fix.
 #[derive(Debug, Parser)]
 #[command(name = "vgpu-license-agent", version, about, long_about = None)]
-#[command(after_help = "Exit codes of status, analyze and diagnose: 0 licensed, 1 warning \
-(acquiring, in grace, expiring soon), 2 critical (restricted, failing, not installed), 3 unknown.")]
+#[command(
+    after_help = "Exit codes of status, analyze and diagnose: 0 licensed, 1 warning \
+(acquiring, in grace, expiring soon), 2 critical (restricted, failing, not installed), 3 unknown."
+)]
 pub struct Cli {
     /// Agent config file (drop-ins are read from `<dir of FILE>/config.d/*.toml`).
     #[arg(
@@ -123,6 +125,14 @@ pub struct InstallArgs {
     /// PEM file of a private CA for `--token-url`.
     #[arg(long, value_name = "FILE", requires = "token_url")]
     pub ca_file: Option<PathBuf>,
+    /// Time limit of each download attempt of `--token-url`, in seconds (default: the
+    /// config's commands.timeout_seconds, 30).
+    #[arg(long, value_name = "SECONDS", requires = "token_url", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub timeout: Option<u64>,
+    /// How many times to retry a failed download of `--token-url`, with backoff (1 s, 2 s, 4 s,
+    /// then 8 s between attempts).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=20))]
+    pub retries: u32,
     /// FeatureType to set in gridd.conf (default from the config: 1, NVIDIA vGPU).
     #[arg(long, value_name = "N")]
     pub feature_type: Option<u8>,

@@ -28,6 +28,9 @@ pub struct Paths {
     pub state_dir: PathBuf,
     pub status_file: PathBuf,
     pub metrics_textfile: PathBuf,
+    /// nvidia-gridd's client state directories (`prepare-image --purge-client-state` empties
+    /// them).
+    pub gridd_client_state: Vec<PathBuf>,
 }
 
 impl Paths {
@@ -67,7 +70,12 @@ impl Default for Settings {
                 gridd_conf: "/etc/nvidia/gridd.conf".into(),
                 state_dir: "/var/lib/vgpu-license-agent".into(),
                 status_file: "/run/vgpu-license-agent/status.json".into(),
-                metrics_textfile: "/var/lib/prometheus/node-exporter/vgpu_license_agent.prom".into(),
+                metrics_textfile: "/var/lib/prometheus/node-exporter/vgpu_license_agent.prom"
+                    .into(),
+                gridd_client_state: vec![
+                    "/var/lib/nvidia/GridLicensing".into(),
+                    "/var/lib/nvidia/vGPULicensing".into(),
+                ],
             },
             commands: Commands {
                 nvidia_smi: "nvidia-smi".into(),
@@ -124,6 +132,7 @@ struct PathsFragment {
     state_dir: Option<PathBuf>,
     status_file: Option<PathBuf>,
     metrics_textfile: Option<PathBuf>,
+    gridd_client_state: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -194,8 +203,16 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Merges one TOML fragment over these settings. The error is one line: where and what.
+    /// Merges one TOML fragment over these settings, or on error (one line: where and what)
+    /// leaves them as they were.
     pub fn apply_toml(&mut self, text: &str) -> Result<(), String> {
+        let mut next = self.clone();
+        next.merge_toml(text)?;
+        *self = next;
+        Ok(())
+    }
+
+    fn merge_toml(&mut self, text: &str) -> Result<(), String> {
         let frag: Fragment = toml::from_str(text).map_err(|e| {
             let line = e
                 .span()
@@ -212,7 +229,8 @@ impl Settings {
             gridd_conf,
             state_dir,
             status_file,
-            metrics_textfile
+            metrics_textfile,
+            gridd_client_state
         );
         let c = frag.commands;
         merge!(self.commands, c, nvidia_smi, journalctl, restart_gridd);
@@ -262,6 +280,14 @@ impl Settings {
                 ));
             }
         }
+        for p in &self.paths.gridd_client_state {
+            if !p.is_absolute() || p.parent().is_none() {
+                return Err(format!(
+                    "paths.gridd_client_state: {:?}: expected absolute paths of directories below /",
+                    p.display()
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -288,10 +314,26 @@ mod tests {
         let e = s.apply_toml("[paths]\ntoken_dri = \"/a\"\n").unwrap_err();
         assert!(e.contains("token_dri") && e.contains("line 2"), "{e}");
         let e = s.apply_toml("[gridd]\nfeature_type = 3\n").unwrap_err();
-        assert!(e.contains("gridd.feature_type") && e.contains("expected"), "{e}");
-        let e = s.apply_toml("[gridd]\nfeature_type = \"one\"\n").unwrap_err();
+        assert!(
+            e.contains("gridd.feature_type") && e.contains("expected"),
+            "{e}"
+        );
+        let e = s
+            .apply_toml("[gridd]\nfeature_type = \"one\"\n")
+            .unwrap_err();
         assert!(e.contains("line 2") && !e.contains('\n'), "{e}");
         let e = s.apply_toml("[paths]\nstate_dir = \"rel\"\n").unwrap_err();
         assert!(e.contains("absolute"), "{e}");
+        let mut s = Settings::default();
+        let e = s
+            .apply_toml("[paths]\ngridd_client_state = [\"/\"]\n")
+            .unwrap_err();
+        assert!(e.contains("gridd_client_state"), "{e}");
+        s.apply_toml("[paths]\ngridd_client_state = [\"/x/GridLicensing\"]\n")
+            .unwrap();
+        assert_eq!(
+            s.paths.gridd_client_state,
+            vec![PathBuf::from("/x/GridLicensing")]
+        );
     }
 }

@@ -6,7 +6,10 @@
 
 pub mod analyze;
 pub mod cli;
+pub mod command;
 pub mod config;
+pub mod fsutil;
+pub mod gridd_conf;
 pub mod install;
 pub mod observe;
 pub mod prepare;

@@ -29,9 +29,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Analyze(args) => analyze::run(args),
         Command::Token(TokenCommand::Inspect(args)) => token_inspect::run(args, &settings()?),
         Command::Install(args) => install::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
-        Command::PrepareImage(args) => {
-            prepare::run(args, &settings()?).map(|()| ExitCode::SUCCESS)
-        }
+        Command::PrepareImage(args) => prepare::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
         Command::Run => Err(not_built("run")),
         Command::Status(_) => Err(not_built("status")),
         Command::Diagnose(_) => Err(not_built("diagnose")),

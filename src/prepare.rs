@@ -1,8 +1,144 @@
-//! `prepare-image`: ready a golden image so that clones start clean.
+//! `prepare-image`: ready a golden image so that clones start clean: no token (each clone gets
+//! its own through cloud-init or `install`), no agent state (old tokens kept aside, install
+//! records, live report, metrics), and, with `--purge-client-state`, none of nvidia-gridd's
+//! client state.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::anyhow;
 
 use crate::cli::PrepareImageArgs;
 use crate::config::Settings;
+use crate::fsutil;
 
-pub fn run(_args: &PrepareImageArgs, _settings: &Settings) -> anyhow::Result<()> {
-    Err(crate::not_built("prepare-image"))
+/// What `prepare-image` removed (or, in a dry run, would remove) and what it left.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Prepared {
+    pub dry_run: bool,
+    /// Removed (or to be removed), in order.
+    pub removed: Vec<PathBuf>,
+    /// gridd's client state directories that hold something, with their entries, left in
+    /// place (without `--purge-client-state`).
+    pub client_state_left: Vec<(PathBuf, usize)>,
+}
+
+impl Prepared {
+    /// The lines printed on standard output.
+    pub fn lines(&self) -> Vec<String> {
+        let verb = if self.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        let mut out: Vec<String> = self
+            .removed
+            .iter()
+            .map(|p| format!("{verb} {}", p.display()))
+            .collect();
+        if self.removed.is_empty() {
+            out.push("no token and no agent state to remove".into());
+        }
+        for (dir, n) in &self.client_state_left {
+            out.push(format!(
+                "left in place: nvidia-gridd's client state {} ({n} entries); clones must not share it: run again with --purge-client-state",
+                dir.display()
+            ));
+        }
+        out.push(
+            "before sealing the image: stop nvidia-gridd and vgpu-license-agent (systemctl stop nvidia-gridd.service vgpu-license-agent.service) so they write nothing more, and reset /etc/machine-id with your sealing tool (virt-sysprep --operations machine-id, or truncate -s 0 /etc/machine-id)".into(),
+        );
+        out
+    }
+}
+
+fn entries(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    Ok(fsutil::list_dir(dir)?.into_iter().map(|(_, p)| p).collect())
+}
+
+fn exists(p: &Path) -> bool {
+    p.symlink_metadata().is_ok()
+}
+
+/// Removes the token and the agent's state (and gridd's client state with `purge`).
+pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Result<Prepared> {
+    let paths = &settings.paths;
+    let cannot = |what: &Path, e: io::Error| {
+        anyhow!(
+            "cannot read {}: {e}; check it and run prepare-image again",
+            what.display()
+        )
+    };
+    // Hold the install lock, so that no install or adopt runs meanwhile.
+    let _lock = if !dry_run && paths.state_dir.is_dir() {
+        Some(
+            fsutil::lock(
+                &paths.state_dir.join("install.lock"),
+                settings.commands.timeout * 2 + Duration::from_secs(30),
+            )
+            .map_err(|_| {
+                anyhow!(
+                    "cannot take the lock in {}: an install is running; wait for it and run prepare-image again",
+                    paths.state_dir.display()
+                )
+            })?,
+        )
+    } else {
+        None
+    };
+    let mut plan = Vec::new();
+    plan.extend(entries(&paths.token_dir).map_err(|e| cannot(&paths.token_dir, e))?);
+    plan.extend(entries(&paths.state_dir).map_err(|e| cannot(&paths.state_dir, e))?);
+    for f in [&paths.status_file, &paths.metrics_textfile] {
+        if exists(f) {
+            plan.push(f.clone());
+        }
+    }
+    let mut left = Vec::new();
+    for dir in &paths.gridd_client_state {
+        let inside = entries(dir).map_err(|e| cannot(dir, e))?;
+        if inside.is_empty() {
+            continue;
+        }
+        if purge {
+            plan.extend(inside);
+        } else {
+            left.push((dir.clone(), inside.len()));
+        }
+    }
+    // The lock file goes last, so that it is held until the end.
+    let lock_path = paths.state_dir.join("install.lock");
+    plan.sort_by_key(|p| *p == lock_path);
+    let mut done = Prepared {
+        dry_run,
+        removed: Vec::new(),
+        client_state_left: left,
+    };
+    for p in plan {
+        if !dry_run {
+            match fsutil::remove_tree(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(anyhow!(
+                        "cannot remove {}: {e}; remove it yourself and run prepare-image again (removed so far: {})",
+                        p.display(),
+                        done.removed.len()
+                    ));
+                }
+            }
+        }
+        done.removed.push(p);
+    }
+    Ok(done)
+}
+
+/// `vgpu-license-agent prepare-image`.
+pub fn run(args: &PrepareImageArgs, settings: &Settings) -> anyhow::Result<()> {
+    let done = prepare(settings, args.purge_client_state, args.dry_run)?;
+    for line in done.lines() {
+        println!("{line}");
+    }
+    Ok(())
 }

@@ -1,1 +1,443 @@
-//! The state machine.
+//! The state machine: observations in, the report out. Pure functions over values: no I/O,
+//! no clock (the caller passes the moment of observation).
+
+use std::collections::VecDeque;
+
+use chrono::{DateTime, Utc};
+
+use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
+use crate::observe::smi::{LicenseStatus, SmiSnapshot, classify_status};
+use crate::report::{
+    DlsEndpoint, Event, EventKind, Failure, Gpu, License, Reason, Report, SCHEMA, State,
+};
+use crate::time::rfc3339;
+use crate::token::Token;
+
+/// The edition a vGPU profile needs, from the profile's last letter.
+pub fn edition_for_profile(profile: &str) -> Option<&'static str> {
+    let name = profile.split_whitespace().last()?;
+    if !name.contains('-') {
+        return None;
+    }
+    match name.chars().last()?.to_ascii_uppercase() {
+        'Q' => Some("NVIDIA RTX Virtual Workstation"),
+        'B' => Some("NVIDIA Virtual PC"),
+        'A' => Some("NVIDIA Virtual Applications"),
+        'C' => Some("NVIDIA Virtual Compute Server"),
+        _ => None,
+    }
+}
+
+/// What gridd's log says, folded event by event with bounded memory.
+#[derive(Debug, Clone)]
+pub struct LogFold {
+    max_events: usize,
+    events: VecDeque<GriddEvent>,
+    omitted: u64,
+    total: u64,
+    /// The acquire/renew whose license is still held (no return or shutdown since).
+    holding: Option<GriddEvent>,
+    /// The latest failure that no later success cleared.
+    failure: Option<GriddEvent>,
+    unsupported: bool,
+    legacy: bool,
+}
+
+impl LogFold {
+    pub fn new(max_events: usize) -> Self {
+        LogFold {
+            max_events,
+            events: VecDeque::new(),
+            omitted: 0,
+            total: 0,
+            holding: None,
+            failure: None,
+            unsupported: false,
+            legacy: false,
+        }
+    }
+
+    pub fn push(&mut self, e: GriddEvent) {
+        use EventKind as K;
+        self.total += 1;
+        self.legacy |= e.legacy;
+        match e.kind {
+            K::Acquired | K::Renewed => {
+                self.failure = None;
+                self.unsupported = false;
+                self.holding = Some(e.clone());
+            }
+            K::Returned | K::Shutdown => self.holding = None,
+            K::Unsupported => self.unsupported = true,
+            _ => {}
+        }
+        if e.reason.is_some() {
+            self.failure = Some(e.clone());
+        }
+        if self.max_events == 0 {
+            self.omitted += 1;
+            return;
+        }
+        if self.events.len() == self.max_events {
+            self.events.pop_front();
+            self.omitted += 1;
+        }
+        self.events.push_back(e);
+    }
+
+    /// Number of events seen.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+}
+
+/// Everything observed, as values.
+#[derive(Debug, Clone, Default)]
+pub struct Observations {
+    pub smi: Option<SmiSnapshot>,
+    pub log: Option<(LogFold, ScanStats)>,
+    pub token: Option<Token>,
+    /// A failure found by the agent itself (token checks, gridd unit, DLS probe), which
+    /// outranks what the log says.
+    pub own_failure: Option<(Reason, String)>,
+    /// The moment of observation: now for live commands, the time of the saved output for
+    /// `analyze` (`None` when the output does not say).
+    pub at: Option<DateTime<Utc>>,
+    /// Whether `at` is exact; saved outputs often give a local time without its zone, then
+    /// `at` is that time read as UTC, good for hours but not for the report.
+    pub at_is_exact: bool,
+    /// A lease expiring sooner than this after `at` is a warning.
+    pub expiry_warning: chrono::Duration,
+}
+
+/// The time of the log's last line as an instant, assuming UTC where the zone is unknown.
+fn approx_utc(st: &Stamp) -> Option<DateTime<Utc>> {
+    st.utc().or_else(|| st.naive_as_utc())
+}
+
+/// Whether a lease acquired at `acq` with `expiry` is still valid at the log's `last` line.
+fn lease_valid_at(acq: Option<&Stamp>, expiry: DateTime<Utc>, last: Option<&Stamp>) -> bool {
+    let Some(last) = last else {
+        return true; // The log does not say when it ends: as of its last line, held.
+    };
+    if let Some(t) = last.utc() {
+        return expiry > t;
+    }
+    if let Some(t) = approx_utc(last) {
+        // The log's zone is unknown: held unless past the expiry in every zone on Earth.
+        return expiry + chrono::Duration::hours(14) > t;
+    }
+    // No year anywhere: compare positions within the year, the window from the acquisition
+    // to the expiry possibly wrapping over New Year.
+    let e = Stamp::from_utc(expiry).ord();
+    let l = last.ord();
+    match acq {
+        Some(a) if a.ord() <= e => a.ord() <= l && l <= e,
+        Some(a) => l >= a.ord() || l <= e,
+        None => l <= e,
+    }
+}
+
+fn event_of(e: &GriddEvent) -> Event {
+    Event {
+        at: e.stamp.and_then(|s| s.at()),
+        kind: e.kind,
+        server: e.server.clone(),
+        edition: e.edition.clone(),
+        expiry: e.expiry.map(rfc3339),
+        reason: e.reason,
+        message: e.message.clone(),
+    }
+}
+
+/// Fills the year of yearless events from a later event that has one (oldest first).
+fn resolve_years(events: &mut [GriddEvent]) {
+    let mut later: Option<Stamp> = None;
+    for e in events.iter_mut().rev() {
+        let Some(st) = e.stamp.as_mut() else { continue };
+        match (st.year, later) {
+            (Some(_), _) => later = Some(*st),
+            (None, Some(l)) => {
+                let y = l.year.expect("only stamps with a year are kept");
+                st.year = Some(if st.month > l.month { y - 1 } else { y });
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+/// One or two sentences a person can follow, per reason.
+pub fn advice(
+    reason: Reason,
+    server: Option<&str>,
+    edition: Option<&str>,
+    profile: Option<&str>,
+) -> String {
+    let dls = server.map_or("the DLS".to_string(), |s| format!("the DLS {s}"));
+    match reason {
+        Reason::TokenMissing => "No client configuration token is installed: download it from the DLS and install it with `vgpu-license-agent install --token-file FILE` (or drop it with cloud-init write_files), which restarts nvidia-gridd.".into(),
+        Reason::TokenInvalid => "nvidia-gridd could not read the token: keep exactly one file in /etc/nvidia/ClientConfigToken, the .tok from the DLS byte for byte (no gridd.conf, no old tokens); `vgpu-license-agent install --token-file FILE` does that and restarts nvidia-gridd.".into(),
+        Reason::TokenExpired => "The client configuration token has expired: generate a new one on the DLS (Service Instance > Generate client config token) and install it with `vgpu-license-agent install`.".into(),
+        Reason::ClockSkew => format!("The guest clock disagrees with {dls}: check `timedatectl` (NTP synchronized, the right time zone) here and the DLS appliance's clock, fix it (e.g. `systemctl restart systemd-timesyncd` or chronyd), then `systemctl restart nvidia-gridd`; restarting gridd alone does not help."),
+        Reason::NoLicenseAvailable => {
+            let ed = edition.map(String::from).or_else(|| profile.and_then(edition_for_profile).map(String::from));
+            let why = match (profile, profile.and_then(edition_for_profile)) {
+                (Some(p), Some(_)) => format!(", which the vGPU profile {p} needs (its last letter picks the edition)"),
+                _ => String::new(),
+            };
+            match ed {
+                Some(ed) => format!("{dls} has no free license of {ed}{why}: add licenses of that edition to the DLS's pool (or free some) and bind them to this service instance, or give the VM a profile whose edition the DLS holds."),
+                None => format!("{dls} has no free license of the edition this profile needs: add licenses of that edition to the DLS's pool, or free some."),
+            }
+        }
+        Reason::TrustedStore => "nvidia-gridd's local trusted store is damaged or from another machine (a cloned image?): stop nvidia-gridd, move /var/lib/nvidia/GridLicensing aside, start it again; seal images with `vgpu-license-agent prepare-image --purge-client-state`.".into(),
+        Reason::LicensingUnsupported => "This GPU is not a licensable vGPU (passthrough or bare metal under the GRID guest driver): nothing to license here; use the data-center driver, or give the VM a vGPU profile.".into(),
+        Reason::FeatureTypeInvalid => "FeatureType in /etc/nvidia/gridd.conf does not fit this GPU: set FeatureType=1 for a vGPU (the driver picks the edition from the profile), e.g. `vgpu-license-agent install --feature-type 1 ...`; 2 or 4 only for passthrough, then restart nvidia-gridd.".into(),
+        Reason::DlsUnreachable => format!("{dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
+        Reason::GriddNotRunning => "nvidia-gridd is not running: `systemctl enable --now nvidia-gridd`, then read `journalctl -u nvidia-gridd` if it stops again.".into(),
+        Reason::Unspecified => format!("nvidia-gridd failed to get a license from {dls} without saying why: run `vgpu-license-agent diagnose` to check DNS, TCP, TLS and the clock against the DLS."),
+        Reason::Other => format!("nvidia-gridd reported an error from the licensing library: run `vgpu-license-agent diagnose`; if {dls} is reachable and the clock is right, look for this client in the DLS's own log."),
+    }
+}
+
+/// Observations -> report.
+pub fn evaluate(obs: Observations) -> Report {
+    let mut notes = Vec::new();
+    let gpus: Vec<Gpu> = obs
+        .smi
+        .as_ref()
+        .map(|s| {
+            s.gpus
+                .iter()
+                .map(|g| Gpu {
+                    bus_id: g.bus_id.clone(),
+                    profile: g.profile.clone(),
+                    virtualization_mode: g.virtualization_mode.clone(),
+                    license_status: g.license_status.clone(),
+                    edition: g.edition.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let profile = gpus.iter().find_map(|g| g.profile.clone());
+
+    // The log: events, the held lease, the failure.
+    let (mut log_events, log_state, log_failure, log_license, omitted, legacy) = match obs.log {
+        Some((fold, stats)) => {
+            let mut evs: Vec<GriddEvent> = fold.events.into_iter().collect();
+            resolve_years(&mut evs);
+            let state = if fold.unsupported {
+                Some(State::NotLicensable)
+            } else if let Some(h) = &fold.holding {
+                let valid = h.expiry.is_none_or(|exp| {
+                    lease_valid_at(h.stamp.as_ref(), exp, stats.last_stamp.as_ref())
+                });
+                Some(if valid {
+                    State::Licensed
+                } else {
+                    State::Unlicensed
+                })
+            } else if fold.total > 0 {
+                Some(State::Unlicensed)
+            } else {
+                None
+            };
+            let license = fold.holding.as_ref().map(|h| License {
+                status: None,
+                edition: h.edition.clone(),
+                expiry: h.expiry.map(rfc3339),
+            });
+            (evs, state, fold.failure, license, fold.omitted, fold.legacy)
+        }
+        None => (Vec::new(), None, None, None, 0, false),
+    };
+    if legacy {
+        notes.push("This guest uses the legacy licensing path (a license server on port 7070, drivers before 2022): no client configuration token is involved there.".into());
+    }
+    if log_events.iter().any(|e| {
+        e.stamp
+            .is_some_and(|s| s.year.is_some() && s.utc().is_none())
+    }) {
+        notes.push("The log's times carry no time zone: they are shown as the logging host's local time, without an offset.".into());
+    }
+
+    // nvidia-smi, where it was read, decides the state.
+    let smi_state = obs.smi.as_ref().map(smi_state);
+    let state = match (smi_state, log_state) {
+        (Some(State::Unknown), Some(l)) => l,
+        (Some(s), _) => s,
+        (None, Some(l)) => l,
+        (None, None) => State::Unknown,
+    };
+    let license = obs
+        .smi
+        .as_ref()
+        .and_then(|s| s.gpus.iter().find(|g| g.has_license_section))
+        .map(|g| License {
+            status: g.license_status.clone(),
+            edition: g.edition.clone(),
+            expiry: g
+                .license_status
+                .as_deref()
+                .and_then(|st| match classify_status(st) {
+                    LicenseStatus::Licensed(exp) => exp.map(rfc3339),
+                    _ => None,
+                }),
+        })
+        .or(log_license);
+
+    let failure = match obs.own_failure {
+        Some((reason, message)) => Some(Failure {
+            reason,
+            advice: advice(reason, None, None, profile.as_deref()),
+            message,
+            at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+        }),
+        None => log_failure.map(|f| {
+            let reason = f.reason.unwrap_or(Reason::Other);
+            Failure {
+                reason,
+                advice: advice(
+                    reason,
+                    f.server.as_deref(),
+                    f.edition.as_deref(),
+                    profile.as_deref(),
+                ),
+                at: f.stamp.and_then(|s| s.at()),
+                message: f.message,
+            }
+        }),
+    };
+
+    let expiry = license
+        .as_ref()
+        .and_then(|l| l.expiry.as_deref())
+        .and_then(|e| DateTime::parse_from_rfc3339(e).ok())
+        .map(|e| e.with_timezone(&Utc));
+    let expiring_soon = match (state, expiry, obs.at) {
+        (State::Licensed, Some(exp), Some(at)) => exp - at < obs.expiry_warning,
+        _ => false,
+    };
+    let exit_code = match state {
+        State::Licensed if failure.is_some() || expiring_soon => 1,
+        State::Licensed | State::NotLicensable => 0,
+        State::Unlicensed if failure.is_some() => 2,
+        State::Unlicensed => 1,
+        State::Restricted | State::NoDriver => 2,
+        State::Unknown => 3,
+    };
+    if expiring_soon {
+        notes.push(format!(
+            "The lease expires within {} hours and has not been renewed.",
+            obs.expiry_warning.num_hours()
+        ));
+    }
+    Report {
+        schema: SCHEMA.to_string(),
+        state,
+        observed_at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+        license,
+        gpus,
+        events: log_events.drain(..).map(|e| event_of(&e)).collect(),
+        failure,
+        dls: obs.token.map(|t| {
+            t.nodes
+                .iter()
+                .map(|n| DlsEndpoint {
+                    host: n.host.clone(),
+                    port: n.lease_port,
+                })
+                .collect()
+        }),
+        events_omitted: omitted,
+        notes,
+        exit_code,
+    }
+}
+
+/// The state nvidia-smi alone shows.
+pub fn smi_state(s: &SmiSnapshot) -> State {
+    if s.gpus.is_empty() {
+        // nvidia-smi's own complaint, or a whole output that lists no GPU.
+        return if s.driver_error.is_some() || s.whole {
+            State::NoDriver
+        } else {
+            State::Unknown
+        };
+    }
+    let statuses: Vec<LicenseStatus> = s
+        .gpus
+        .iter()
+        .filter_map(|g| g.license_status.as_deref().map(classify_status))
+        .collect();
+    if statuses.is_empty() {
+        let passthrough = s.gpus.iter().all(|g| {
+            g.virtualization_mode
+                .as_deref()
+                .is_some_and(|m| !m.eq_ignore_ascii_case("VGPU"))
+        });
+        let any_vgpu = s.gpus.iter().any(|g| {
+            g.virtualization_mode
+                .as_deref()
+                .is_some_and(|m| m.eq_ignore_ascii_case("VGPU"))
+        });
+        // No licence section: nothing to license on passthrough or bare metal; an excerpt
+        // that cut the section off says nothing.
+        return if passthrough || (s.whole && !any_vgpu) {
+            State::NotLicensable
+        } else {
+            State::Unknown
+        };
+    }
+    if statuses.contains(&LicenseStatus::Restricted) {
+        State::Restricted
+    } else if statuses.contains(&LicenseStatus::Unlicensed) {
+        State::Unlicensed
+    } else if statuses.contains(&LicenseStatus::Unknown) {
+        State::Unknown
+    } else {
+        State::Licensed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn editions_from_profiles() {
+        assert_eq!(
+            edition_for_profile("NVIDIA L40S-24Q"),
+            Some("NVIDIA RTX Virtual Workstation")
+        );
+        assert_eq!(
+            edition_for_profile("GRID A100-4C"),
+            Some("NVIDIA Virtual Compute Server")
+        );
+        assert_eq!(
+            edition_for_profile("NVIDIA H100L-1-12C"),
+            Some("NVIDIA Virtual Compute Server")
+        );
+        assert_eq!(edition_for_profile("GRID T4-2B"), Some("NVIDIA Virtual PC"));
+        assert_eq!(
+            edition_for_profile("GRID M60-8A"),
+            Some("NVIDIA Virtual Applications")
+        );
+        assert_eq!(edition_for_profile("NVIDIA H100 80GB HBM3"), None);
+    }
+
+    #[test]
+    fn yearless_lease_window_wraps_new_year() {
+        let exp = crate::time::parse_gmt("2023-1-5 0:0:0 GMT").unwrap();
+        let st = |m, d| Stamp {
+            year: None,
+            month: m,
+            day: d,
+            secs: 0,
+            offset: None,
+        };
+        assert!(lease_valid_at(Some(&st(12, 20)), exp, Some(&st(12, 21))));
+        assert!(lease_valid_at(Some(&st(12, 20)), exp, Some(&st(1, 4))));
+        assert!(!lease_valid_at(Some(&st(12, 20)), exp, Some(&st(1, 6))));
+    }
+}

@@ -11,7 +11,7 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
 /// Parses `Y-M-D H:M:S` with or without zero padding (`2022-5-27 0:8:28`).
 pub fn parse_ymd_hms(s: &str) -> Option<NaiveDateTime> {
     let s = s.trim();
-    let (date, time) = s.split_once(|c: char| c == ' ' || c == 'T')?;
+    let (date, time) = s.split_once([' ', 'T'])?;
     let mut d = date.split('-').map(|p| p.trim().parse::<u32>().ok());
     let (y, mo, da) = (d.next()??, d.next()??, d.next()??);
     if d.next().is_some() {

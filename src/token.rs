@@ -194,11 +194,12 @@ impl Token {
         if !matches!(signature.len(), 128 | 256 | 384 | 512) {
             return Err(TokenError::Truncated(signature.len()));
         }
-        let sic = payload
-            .get("service_instance_configuration")
-            .ok_or(TokenError::NotClientToken(
-                "no service_instance_configuration",
-            ))?;
+        let sic =
+            payload
+                .get("service_instance_configuration")
+                .ok_or(TokenError::NotClientToken(
+                    "no service_instance_configuration",
+                ))?;
         let node_list = sic
             .get("node_url_list")
             .and_then(Value::as_array)
@@ -308,7 +309,10 @@ pub(crate) mod tests {
         assert_eq!(t.nodes.len(), 2);
         assert_eq!(t.nodes[0].host, "dls-a.example");
         assert_eq!((t.nodes[1].auth_port, t.nodes[1].lease_port), (8081, 8082));
-        assert_eq!(t.issued_at.unwrap().to_rfc3339(), "2023-11-14T22:13:20+00:00");
+        assert_eq!(
+            t.issued_at.unwrap().to_rfc3339(),
+            "2023-11-14T22:13:20+00:00"
+        );
         assert_eq!(
             t.instance_ref.as_deref(),
             Some("10000000-0000-0000-0000-000000000001")
@@ -330,8 +334,8 @@ pub(crate) mod tests {
             (vec![0xff, 0xfe, 0x00], "invalid UTF-8"),
             (b"# gridd\nFeatureType=1\n".to_vec(), "gridd.conf"),
             (b"garbage".to_vec(), "three base64url parts"),
-            (tok[..tok.len() - 40].as_bytes().to_vec(), "truncated"),
-            (tok[..tok.len() / 2].as_bytes().to_vec(), "token"),
+            (tok.as_bytes()[..tok.len() - 40].to_vec(), "truncated"),
+            (tok.as_bytes()[..tok.len() / 2].to_vec(), "token"),
             (vec![b'a'; 10 << 20], "far more"),
         ];
         for (input, want) in cases {

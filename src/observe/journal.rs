@@ -1,1 +1,976 @@
-//! gridd log parser.
+//! nvidia-gridd's log into events.
+//!
+//! Accepted, line by line and mixed freely: `journalctl -o json` (only entries whose `_COMM`
+//! or `SYSLOG_IDENTIFIER` is `nvidia-gridd`), journalctl/syslog text (`host nvidia-gridd[PID]:
+//! msg`, `nvidia-gridd: msg`, with or without a timestamp; short, short-precise, short-iso and
+//! short-full styles), a pasted `systemctl status nvidia-gridd` (its `Active: ... since` header
+//! gives the year and zone), the Windows container's `ctime:<N>:msg` style and bare gridd
+//! messages one per line. Lines of other programs are ignored even when their text looks like
+//! gridd's.
+//!
+//! The input is streamed in large chunks: a `journalctl -o json` export is searched for
+//! `nvidia-gridd` and only the lines holding it are parsed, so memory stays flat and the speed
+//! stays close to `grep`'s.
+
+use std::collections::VecDeque;
+use std::io::{self, Read};
+
+use chrono::{DateTime, NaiveDate, Utc};
+use memchr::{memchr, memchr_iter, memmem, memrchr};
+use serde_json::Value;
+
+use crate::observe::smi::expiry_in;
+use crate::report::{EventKind, Reason};
+use crate::time::rfc3339;
+
+const IDENT: &str = "nvidia-gridd";
+/// Lines longer than this are skipped (no gridd line is anywhere near it).
+pub const MAX_LINE: usize = 8 << 20;
+const CHUNK: usize = 1 << 20;
+/// How close (seconds) a specific failure line must be to a bare `Failed to acquire license`.
+const INHERIT_WINDOW_SECS: i64 = 5;
+
+/// When a line was logged, as precisely as the line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// Syslog text has no year: `None` unless the context gave one.
+    pub year: Option<i32>,
+    pub month: u32,
+    pub day: u32,
+    /// Seconds since midnight.
+    pub secs: u32,
+    /// Seconds east of UTC, when the line or its context said the zone.
+    pub offset: Option<i32>,
+}
+
+impl Stamp {
+    /// The stamp of an exact instant.
+    pub fn from_utc(t: DateTime<Utc>) -> Stamp {
+        use chrono::{Datelike, Timelike};
+        Stamp {
+            year: Some(t.year()),
+            month: t.month(),
+            day: t.day(),
+            secs: t.num_seconds_from_midnight(),
+            offset: Some(0),
+        }
+    }
+
+    /// A position within a year (not exact days; only for ordering and short distances).
+    pub fn ord(&self) -> i64 {
+        (i64::from(self.month) * 32 + i64::from(self.day)) * 86400 + i64::from(self.secs)
+    }
+
+    fn naive(&self) -> Option<chrono::NaiveDateTime> {
+        NaiveDate::from_ymd_opt(self.year?, self.month, self.day)?.and_hms_opt(
+            self.secs / 3600,
+            self.secs / 60 % 60,
+            self.secs % 60,
+        )
+    }
+
+    /// The exact instant, when year and zone are known.
+    pub fn utc(&self) -> Option<DateTime<Utc>> {
+        let n = self.naive()?;
+        Some(n.and_utc() - chrono::Duration::seconds(i64::from(self.offset?)))
+    }
+
+    /// The wall-clock time read as UTC, when the year is known (good for hours, not exact).
+    pub fn naive_as_utc(&self) -> Option<DateTime<Utc>> {
+        self.naive().map(|n| n.and_utc())
+    }
+
+    /// For the report: RFC 3339 (UTC) when year and zone are known, the local wall-clock time
+    /// without an offset when only the zone is unknown, `None` without a year.
+    pub fn at(&self) -> Option<String> {
+        match self.utc() {
+            Some(t) => Some(rfc3339(t)),
+            None => self
+                .naive()
+                .map(|n| n.format("%Y-%m-%dT%H:%M:%S").to_string()),
+        }
+    }
+}
+
+/// One meaningful gridd log line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GriddEvent {
+    pub stamp: Option<Stamp>,
+    pub pid: Option<u32>,
+    pub kind: EventKind,
+    pub server: Option<String>,
+    pub edition: Option<String>,
+    pub expiry: Option<DateTime<Utc>>,
+    pub reason: Option<Reason>,
+    pub message: String,
+    /// A line of the legacy (pre-2022, port 7070 license server) licensing path.
+    pub legacy: bool,
+}
+
+/// What a message text says, before the line's time and process are attached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Classified {
+    pub kind: EventKind,
+    pub server: Option<String>,
+    pub edition: Option<String>,
+    pub expiry: Option<DateTime<Utc>>,
+    pub reason: Option<Reason>,
+    pub legacy: bool,
+}
+
+impl Classified {
+    fn new(kind: EventKind) -> Self {
+        Classified {
+            kind,
+            server: None,
+            edition: None,
+            expiry: None,
+            reason: None,
+            legacy: false,
+        }
+    }
+    fn reason(mut self, r: Reason) -> Self {
+        self.reason = Some(r);
+        self
+    }
+}
+
+fn nonempty(s: &str) -> Option<String> {
+    let s = s.trim().trim_end_matches(')').trim();
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+/// The text after `(Info: ` up to the closing parenthesis (or the end of a truncated line).
+fn info_of(msg: &str) -> Option<&str> {
+    let at = msg.find("(Info:")? + "(Info:".len();
+    let rest = &msg[at..];
+    Some(rest.strip_suffix(')').unwrap_or(rest).trim())
+}
+
+/// The reason behind an `Error: <text>` of gridd or of the FlexNet Embedded client library.
+pub fn reason_of_error(text: &str) -> Reason {
+    let t = text.to_ascii_lowercase();
+    let has = |needles: &[&str]| needles.iter().any(|n| t.contains(n));
+    if has(&[
+        "windback",
+        "allowed time to process response has expired",
+        "clock",
+    ]) {
+        Reason::ClockSkew
+    } else if has(&[
+        "no pool features found",
+        "insufficient count",
+        "requested feature was not found",
+    ]) {
+        Reason::NoLicenseAvailable
+    } else if has(&[
+        "generic network communication failure",
+        "failed to get a response from any of the servers",
+        "platform network api failed",
+        "libcurl error",
+        "could not initialize a comm handle",
+        "connection refused",
+        "could not resolve",
+        "timed out",
+    ]) {
+        Reason::DlsUnreachable
+    } else if has(&["trusted store", "trusted storage"]) {
+        Reason::TrustedStore
+    } else {
+        Reason::Other
+    }
+}
+
+/// The host of a legacy `Server URL : http://host:7070/request`.
+fn host_of_url(url: &str) -> Option<String> {
+    let rest = url.trim().split_once("://").map_or(url.trim(), |(_, r)| r);
+    let hostport = rest.split('/').next()?;
+    let host = if let Some(v6) = hostport.strip_prefix('[') {
+        v6.split(']').next()?
+    } else {
+        hostport.rsplit_once(':').map_or(hostport, |(h, _)| h)
+    };
+    nonempty(host)
+}
+
+/// Classifies one gridd message. `None` for text that says nothing known (it is still an
+/// `other` event when the line was logged by nvidia-gridd).
+pub fn classify(msg: &str) -> Option<Classified> {
+    use EventKind as K;
+    let m = msg.trim();
+    let starts = |p: &str| m.starts_with(p);
+    let c = if starts("Started (") {
+        Classified::new(K::Started)
+    } else if starts("Shutdown (") || starts("End Logging") {
+        Classified::new(K::Shutdown)
+    } else if starts("NLS initialized") {
+        Classified::new(K::Initialized)
+    } else if starts("Acquiring license") {
+        let mut c = Classified::new(K::Acquiring);
+        if let Some(info) = info_of(m) {
+            let (server, edition) = info.split_once(';').unwrap_or((info, ""));
+            c.server = nonempty(server);
+            c.edition = nonempty(edition);
+        }
+        c
+    } else if starts("License acquired successfully") || starts("License renewed successfully") {
+        let kind = if starts("License renewed") {
+            K::Renewed
+        } else {
+            K::Acquired
+        };
+        let mut c = Classified::new(kind);
+        if let Some(info) = info_of(m) {
+            let head = info.split(';').next().unwrap_or(info);
+            let (server, edition) = head.split_once(',').unwrap_or((head, ""));
+            c.server = nonempty(server);
+            c.edition = nonempty(edition);
+            c.expiry = expiry_in(info);
+        } else if let Some((_, url)) = m.split_once("Server URL") {
+            c.server = host_of_url(url.trim_start().trim_start_matches(':'));
+            c.legacy = true;
+        }
+        c
+    } else if starts("License returned successfully") {
+        let mut c = Classified::new(K::Returned);
+        c.server = info_of(m).and_then(nonempty);
+        c
+    } else if let Some(rest) = m.strip_prefix("Failed to acquire license from") {
+        let mut c = Classified::new(K::AcquireFailed);
+        match rest.split_once("(Info:") {
+            Some((server, info)) => {
+                c.server = nonempty(server);
+                let info = info.trim().strip_suffix(')').unwrap_or(info.trim());
+                match info.split_once("- Error:") {
+                    Some((edition, err)) => {
+                        c.edition = nonempty(edition);
+                        c.reason = Some(reason_of_error(err));
+                    }
+                    None => {
+                        c.edition = nonempty(info);
+                        c.reason = Some(Reason::Unspecified);
+                    }
+                }
+            }
+            None => {
+                c.server = nonempty(rest);
+                c.reason = Some(Reason::Unspecified);
+            }
+        }
+        c
+    } else if let Some(rest) = m.strip_prefix("Failed to return license to") {
+        let mut c = Classified::new(K::ReturnFailed);
+        let (server, err) = rest.split_once("(Error:").unwrap_or((rest, ""));
+        c.server = nonempty(server);
+        c.reason = Some(if err.is_empty() {
+            Reason::Unspecified
+        } else {
+            reason_of_error(err)
+        });
+        c
+    } else if starts("Unable to fetch the client configuration token") {
+        Classified::new(K::TokenError).reason(Reason::TokenMissing)
+    } else if starts("Failed to decode signature from token")
+        || starts("Failed to read configurations from client configuration token")
+        || starts("Failed to setup cloud License Manager")
+    {
+        Classified::new(K::TokenError).reason(Reason::TokenInvalid)
+    } else if starts("Failed to update local trusted store") || starts("Failed to register client")
+    {
+        Classified::new(K::Other).reason(Reason::TrustedStore)
+    } else if starts("Licensing not supported for GPUs in the system") {
+        Classified::new(K::Unsupported).reason(Reason::LicensingUnsupported)
+    } else if starts("Invalid feature type requested") {
+        Classified::new(K::ConfigNotice).reason(Reason::FeatureTypeInvalid)
+    } else if starts("Valid GRID license not found") || starts("Valid vGPU license not found") {
+        Classified::new(K::UnlicensedNotice)
+    } else if starts("Mismatch between client and server") {
+        Classified::new(K::Mismatch)
+    } else if starts("Failed to get a response from any of the servers") {
+        Classified::new(K::AcquireFailed).reason(Reason::DlsUnreachable)
+    } else if starts("Configuration parameter (")
+        || starts("Failed to open file /etc/nvidia/gridd.conf")
+        || starts("Unable to open directory /etc/nvidia/license")
+    {
+        Classified::new(K::ConfigNotice)
+    } else if starts("vGPU Software package")
+        || starts("Ignore service provider")
+        || starts("Service provider detection complete")
+        || starts("Your system is licensed for")
+    {
+        Classified::new(K::Other)
+    } else if starts("Failed to ") || m.contains("Error:") {
+        Classified::new(K::Other).reason(reason_of_error(m))
+    } else {
+        return None;
+    };
+    Some(c)
+}
+
+/// Year (and zone) a pasted `systemctl status` header gives the lines below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Context {
+    pub year: i32,
+    pub month: u32,
+    pub offset: Option<i32>,
+}
+
+/// What a scan saw besides the events.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScanStats {
+    pub bytes: u64,
+    /// Lines from nvidia-gridd (or bare gridd messages) turned into events.
+    pub gridd_lines: u64,
+    pub skipped_long_lines: u64,
+    /// The time of the log's last line, when it had one.
+    pub last_stamp: Option<Stamp>,
+    pub context: Option<Context>,
+}
+
+const MONTHS: [&str; 12] = [
+    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+];
+const WEEKDAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+
+fn month_of(s: &str) -> Option<u32> {
+    let s = s.get(..3)?.to_ascii_lowercase();
+    MONTHS.iter().position(|m| *m == s).map(|i| i as u32 + 1)
+}
+
+fn is_weekday(s: &str) -> bool {
+    s.len() == 3 && WEEKDAYS.contains(&s.to_ascii_lowercase().as_str())
+}
+
+/// `HH:MM:SS[.frac]` -> seconds of the day.
+fn parse_hms(s: &str) -> Option<u32> {
+    let s = s.split('.').next()?;
+    let mut it = s.split(':');
+    let h: u32 = it.next()?.parse().ok()?;
+    let m: u32 = it.next()?.parse().ok()?;
+    let sec: u32 = it.next()?.parse().ok()?;
+    (it.next().is_none() && h < 24 && m < 60 && sec < 61).then_some(h * 3600 + m * 60 + sec)
+}
+
+/// `+0800`, `+08:00`, `-05`, `Z`, `UTC`, `GMT` -> seconds east of UTC.
+fn parse_zone(s: &str) -> Option<i32> {
+    match s {
+        "Z" | "UTC" | "GMT" => return Some(0),
+        _ => {}
+    }
+    let (sign, rest) = match s.as_bytes().first()? {
+        b'+' => (1, &s[1..]),
+        b'-' => (-1, &s[1..]),
+        _ => return None,
+    };
+    let digits: String = rest.chars().filter(|c| *c != ':').collect();
+    if !digits.bytes().all(|b| b.is_ascii_digit()) || !matches!(digits.len(), 2 | 4) {
+        return None;
+    }
+    let h: i32 = digits[..2].parse().ok()?;
+    let m: i32 = digits.get(2..).map_or(Some(0), |m| m.parse().ok())?;
+    Some(sign * (h * 3600 + m * 60))
+}
+
+/// `YYYY-MM-DD` -> (year, month, day).
+fn parse_ymd(s: &str) -> Option<(i32, u32, u32)> {
+    let mut it = s.split('-');
+    let y = it.next().filter(|y| y.len() == 4)?.parse().ok()?;
+    let m = it.next()?.parse().ok()?;
+    let d = it.next()?.parse().ok()?;
+    (it.next().is_none() && NaiveDate::from_ymd_opt(y, m, d).is_some()).then_some((y, m, d))
+}
+
+/// Splits off the first whitespace-separated word.
+fn word(s: &str) -> Option<(&str, &str)> {
+    let s = s.trim_start();
+    if s.is_empty() {
+        return None;
+    }
+    Some(s.split_once(char::is_whitespace).unwrap_or((s, "")))
+}
+
+/// A leading timestamp in any of journalctl's text styles; returns it and the rest.
+fn parse_stamp(s: &str) -> Option<(Stamp, &str)> {
+    let (w1, rest) = word(s)?;
+    // short-iso / short-iso-precise: 2024-09-16T01:16:29+0800
+    if let Some((date, time)) = w1.split_once('T')
+        && let Some((y, mo, d)) = parse_ymd(date)
+    {
+        let zone_at = time.find(['+', '-', 'Z']).unwrap_or(time.len());
+        let secs = parse_hms(&time[..zone_at])?;
+        let offset = if zone_at < time.len() {
+            Some(parse_zone(&time[zone_at..])?)
+        } else {
+            None
+        };
+        let st = Stamp {
+            year: Some(y),
+            month: mo,
+            day: d,
+            secs,
+            offset,
+        };
+        return Some((st, rest));
+    }
+    // short-full: Mon 2024-09-16 01:16:29 CST
+    if is_weekday(w1)
+        && let Some((w2, rest2)) = word(rest)
+        && let Some((y, mo, d)) = parse_ymd(w2)
+    {
+        let (w3, rest3) = word(rest2)?;
+        let secs = parse_hms(w3)?;
+        let (offset, rest4) = match word(rest3) {
+            Some((z, r)) if z.chars().all(|c| c.is_ascii_uppercase()) && z.len() <= 5 => {
+                (parse_zone(z), r)
+            }
+            Some((z, r)) if parse_zone(z).is_some() => (parse_zone(z), r),
+            _ => (None, rest3),
+        };
+        let st = Stamp {
+            year: Some(y),
+            month: mo,
+            day: d,
+            secs,
+            offset,
+        };
+        return Some((st, rest4));
+    }
+    // Windows container log: Tue Dec 20 17:25:11 2022:<1>:msg
+    let (w1, rest) = if is_weekday(w1) {
+        word(rest)?
+    } else {
+        (w1, rest)
+    };
+    // short / short-precise: Sep 16 01:16:29[.123456]
+    let month = month_of(w1).filter(|_| w1.len() == 3)?;
+    let (dw, rest) = word(rest)?;
+    let day: u32 = dw.parse().ok().filter(|d| (1..=31).contains(d))?;
+    let (tw, rest) = word(rest)?;
+    let secs = parse_hms(tw)?;
+    // "17:25:11 2022:<1>:msg" (Windows) carries a year.
+    let (year, rest) = match rest.trim_start().get(..5) {
+        Some(y) if y.ends_with(':') && y[..4].bytes().all(|b| b.is_ascii_digit()) => {
+            (y[..4].parse().ok(), &rest.trim_start()[5..])
+        }
+        _ => (None, rest),
+    };
+    let st = Stamp {
+        year,
+        month,
+        day,
+        secs,
+        offset: None,
+    };
+    Some((st, rest))
+}
+
+/// `name[pid]` or `name` -> (name, pid).
+fn parse_ident(tok: &str) -> Option<(&str, Option<u32>)> {
+    if tok.is_empty() || tok.contains(char::is_whitespace) {
+        return None;
+    }
+    match tok.split_once('[') {
+        Some((name, pid)) => {
+            let pid = pid.strip_suffix(']')?;
+            (!name.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| (name, pid.parse().ok()))
+        }
+        None => Some((tok, None)),
+    }
+}
+
+/// A syslog-style line split into who logged it and what.
+#[derive(Debug, PartialEq)]
+enum TextLine<'a> {
+    /// `[time] [host] ident[pid]: message`
+    Logged {
+        stamp: Option<Stamp>,
+        ident: &'a str,
+        pid: Option<u32>,
+        message: &'a str,
+    },
+    /// No program named: perhaps a bare gridd message.
+    Bare {
+        stamp: Option<Stamp>,
+        message: &'a str,
+    },
+}
+
+fn split_logged(rest: &str) -> Option<(&str, Option<u32>, &str)> {
+    let colon = rest.find(':')?;
+    let head = rest[..colon].trim();
+    let message = rest[colon + 1..]
+        .strip_prefix(' ')
+        .unwrap_or(&rest[colon + 1..]);
+    let mut words = head.split_whitespace();
+    let (a, b, c) = (words.next()?, words.next(), words.next());
+    if c.is_some() {
+        return None;
+    }
+    let ident_tok = b.unwrap_or(a);
+    let (ident, pid) = parse_ident(ident_tok)?;
+    // A program name has no dots or slashes that a sentence would; `host ident` needs a
+    // timestamp-less host that looks like one.
+    if ident.contains(['.', '/', '(', ')', ',', ';']) {
+        return None;
+    }
+    Some((ident, pid, message))
+}
+
+fn parse_text_line(line: &str) -> Option<TextLine<'_>> {
+    // Pasted docs comment lines out with '#'; pagers and shells indent.
+    let line = line.trim_start_matches(|c: char| c.is_whitespace() || c == '#');
+    let line = line.trim_end();
+    if line.is_empty() {
+        return None;
+    }
+    let (stamp, rest) = match parse_stamp(line) {
+        Some((st, rest)) => (Some(st), rest.trim_start()),
+        None => (None, line),
+    };
+    // Windows container style: <N>:message
+    if let Some(r) = rest.strip_prefix('<')
+        && let Some((n, msg)) = r.split_once(">:")
+        && n.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Some(TextLine::Bare {
+            stamp,
+            message: msg,
+        });
+    }
+    match split_logged(rest) {
+        Some((ident, pid, message)) => Some(TextLine::Logged {
+            stamp,
+            ident,
+            pid,
+            message,
+        }),
+        None => Some(TextLine::Bare {
+            stamp,
+            message: rest,
+        }),
+    }
+}
+
+/// `Active: active (running) since Mon 2024-09-16 01:16:29 CST; 11s ago`
+fn parse_status_header(line: &str) -> Option<Context> {
+    let t = line.trim_start();
+    if !t.starts_with("Active:") {
+        return None;
+    }
+    let since = &t[t.find(" since ")? + " since ".len()..];
+    let since = since.split(';').next()?;
+    let (st, _) = parse_stamp(since)?;
+    Some(Context {
+        year: st.year?,
+        month: st.month,
+        offset: st.offset,
+    })
+}
+
+fn str_field<'v>(entry: &'v Value, key: &str) -> Option<&'v str> {
+    entry.get(key)?.as_str()
+}
+
+/// The scanner: feed it lines, it emits events. Keeps only O(1) state.
+struct Scanner<F: FnMut(GriddEvent)> {
+    sink: F,
+    stats: ScanStats,
+    /// Recent specific failures: (pid, time, reason, line number).
+    recent: VecDeque<(Option<u32>, Option<i64>, Reason, u64)>,
+    line_no: u64,
+}
+
+impl<F: FnMut(GriddEvent)> Scanner<F> {
+    fn emit(&mut self, stamp: Option<Stamp>, pid: Option<u32>, message: &str, c: Classified) {
+        let mut c = c;
+        let t = stamp.map(|s| s.ord());
+        if c.kind == EventKind::AcquireFailed && c.reason == Some(Reason::Unspecified) {
+            // A bare failure takes the reason of the specific lines just before it.
+            let inherited = self.recent.iter().rev().find(|(p, at, _, n)| {
+                *p == pid
+                    && self.line_no - n <= 4
+                    && match (at, t) {
+                        (Some(a), Some(b)) => (b - a).abs() <= INHERIT_WINDOW_SECS,
+                        _ => true,
+                    }
+            });
+            if let Some((_, _, r, _)) = inherited {
+                c.reason = Some(*r);
+            }
+        } else if let Some(r) = c.reason.filter(|r| *r != Reason::Unspecified) {
+            if self.recent.len() == 4 {
+                self.recent.pop_front();
+            }
+            self.recent.push_back((pid, t, r, self.line_no));
+        }
+        if matches!(c.kind, EventKind::Acquired | EventKind::Renewed) {
+            self.recent.clear();
+        }
+        self.stats.gridd_lines += 1;
+        (self.sink)(GriddEvent {
+            stamp,
+            pid,
+            kind: c.kind,
+            server: c.server,
+            edition: c.edition,
+            expiry: c.expiry,
+            reason: c.reason,
+            message: message.trim().to_string(),
+            legacy: c.legacy,
+        });
+    }
+
+    fn with_context(&self, stamp: Option<Stamp>) -> Option<Stamp> {
+        let mut st = stamp?;
+        if let Some(ctx) = self.stats.context {
+            // Only yearless syslog lines take the header's year and zone; a line with its
+            // own year said its own zone (or that it had none we know).
+            if st.year.is_none() {
+                // Lines below a header from December may be from January of the next year.
+                st.year = Some(if st.month < ctx.month {
+                    ctx.year + 1
+                } else {
+                    ctx.year
+                });
+                st.offset = ctx.offset;
+            }
+        }
+        Some(st)
+    }
+
+    fn json_line(&mut self, line: &[u8]) -> bool {
+        let Ok(entry) = serde_json::from_slice::<Value>(line) else {
+            return false;
+        };
+        let is_gridd = str_field(&entry, "_COMM") == Some(IDENT)
+            || str_field(&entry, "SYSLOG_IDENTIFIER") == Some(IDENT);
+        let stamp = str_field(&entry, "__REALTIME_TIMESTAMP")
+            .and_then(|us| us.parse::<i64>().ok())
+            .and_then(DateTime::from_timestamp_micros)
+            .map(Stamp::from_utc);
+        if stamp.is_some() {
+            self.stats.last_stamp = stamp;
+        }
+        if !is_gridd {
+            return true;
+        }
+        let message = match entry.get("MESSAGE") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(bytes)) => {
+                let b: Vec<u8> = bytes
+                    .iter()
+                    .filter_map(|v| v.as_u64().and_then(|n| u8::try_from(n).ok()))
+                    .collect();
+                String::from_utf8_lossy(&b).into_owned()
+            }
+            _ => return true,
+        };
+        let pid = ["_PID", "SYSLOG_PID"]
+            .iter()
+            .find_map(|k| str_field(&entry, k).and_then(|p| p.parse().ok()));
+        let c = classify(&message).unwrap_or_else(|| Classified::new(EventKind::Other));
+        self.emit(stamp, pid, &message, c);
+        true
+    }
+
+    fn text_line(&mut self, line: &[u8]) {
+        let text = String::from_utf8_lossy(line);
+        if let Some(ctx) = parse_status_header(&text) {
+            self.stats.context = Some(ctx);
+            return;
+        }
+        match parse_text_line(&text) {
+            Some(TextLine::Logged {
+                stamp,
+                ident,
+                pid,
+                message,
+            }) => {
+                let stamp = self.with_context(stamp);
+                if stamp.is_some() {
+                    self.stats.last_stamp = stamp;
+                }
+                if ident == IDENT {
+                    let c = classify(message).unwrap_or_else(|| Classified::new(EventKind::Other));
+                    self.emit(stamp, pid, message, c);
+                }
+            }
+            Some(TextLine::Bare { stamp, message }) => {
+                let stamp = self.with_context(stamp);
+                if let Some(c) = classify(message) {
+                    if stamp.is_some() {
+                        self.stats.last_stamp = stamp;
+                    }
+                    self.emit(stamp, None, message, c);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn line(&mut self, line: &[u8], json: bool) {
+        self.line_no += 1;
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let first = line.iter().position(|b| !b.is_ascii_whitespace());
+        if json && first.is_some_and(|i| line[i] == b'{') && self.json_line(line) {
+            return;
+        }
+        self.text_line(line);
+    }
+}
+
+/// Reads a gridd log from `reader`, calling `sink` for every event, oldest first.
+pub fn scan<R: Read, F: FnMut(GriddEvent)>(mut reader: R, sink: F) -> io::Result<ScanStats> {
+    let mut sc = Scanner {
+        sink,
+        stats: ScanStats::default(),
+        recent: VecDeque::new(),
+        line_no: 0,
+    };
+    let finder = memmem::Finder::new(IDENT.as_bytes());
+    let mut buf = vec![0u8; CHUNK];
+    let (mut start, mut end) = (0usize, 0usize);
+    let mut json: Option<bool> = None;
+    let mut skipping = false;
+    // The last complete line seen in JSON mode: its time is the log's last time.
+    let mut last_line: Vec<u8> = Vec::new();
+    loop {
+        if end == buf.len() {
+            if start > 0 {
+                buf.copy_within(start..end, 0);
+                end -= start;
+                start = 0;
+            } else if buf.len() < MAX_LINE {
+                buf.resize(buf.len() * 2, 0);
+            } else {
+                // One line longer than any log line: drop it up to its newline.
+                skipping = true;
+                sc.stats.skipped_long_lines += 1;
+                start = 0;
+                end = 0;
+            }
+        }
+        let n = match reader.read(&mut buf[end..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        sc.stats.bytes += n as u64;
+        let eof = n == 0;
+        end += n;
+        let data = &buf[start..end];
+        if json.is_none() {
+            match data.iter().position(|b| !b.is_ascii_whitespace()) {
+                Some(i) => json = Some(data[i] == b'{'),
+                None if eof => break,
+                None => continue,
+            }
+        }
+        let is_json = json == Some(true);
+        // Complete lines only, unless at the end.
+        let upto = if eof {
+            data.len()
+        } else {
+            match memrchr(b'\n', data) {
+                Some(i) => i + 1,
+                None => {
+                    if eof {
+                        data.len()
+                    } else {
+                        continue;
+                    }
+                }
+            }
+        };
+        let mut region = &data[..upto];
+        if skipping {
+            match memchr(b'\n', region) {
+                Some(i) => {
+                    region = &region[i + 1..];
+                    skipping = false;
+                }
+                None => region = &[],
+            }
+        }
+        if is_json {
+            let mut from = 0;
+            while let Some(hit) = finder.find(&region[from..]) {
+                let pos = from + hit;
+                let ls = memrchr(b'\n', &region[..pos]).map_or(0, |i| i + 1);
+                let le = memchr(b'\n', &region[pos..]).map_or(region.len(), |i| pos + i);
+                sc.line(&region[ls..le], true);
+                from = le;
+            }
+            let body = region.strip_suffix(b"\n").unwrap_or(region);
+            if !body.is_empty() {
+                let ls = memrchr(b'\n', body).map_or(0, |i| i + 1);
+                last_line.clear();
+                last_line.extend_from_slice(&body[ls..]);
+            }
+        } else {
+            let mut ls = 0;
+            for nl in memchr_iter(b'\n', region) {
+                sc.line(&region[ls..nl], false);
+                ls = nl + 1;
+            }
+            if ls < region.len() {
+                sc.line(&region[ls..], false);
+            }
+        }
+        start += upto;
+        if eof {
+            break;
+        }
+    }
+    if !last_line.is_empty()
+        && let Ok(entry) = serde_json::from_slice::<Value>(&last_line)
+        && let Some(t) = str_field(&entry, "__REALTIME_TIMESTAMP")
+            .and_then(|us| us.parse::<i64>().ok())
+            .and_then(DateTime::from_timestamp_micros)
+    {
+        sc.stats.last_stamp = Some(Stamp::from_utc(t));
+    }
+    Ok(sc.stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(text: &str) -> (Vec<GriddEvent>, ScanStats) {
+        let mut v = Vec::new();
+        let st = scan(text.as_bytes(), |e| v.push(e)).unwrap();
+        (v, st)
+    }
+
+    #[test]
+    fn classifies_acquire_and_expiry() {
+        let c = classify("License acquired successfully. (Info: 192.168.178.110, NVIDIA RTX Virtual Workstation; Expiry: 2022-12-21 16:53:33 GMT)").unwrap();
+        assert_eq!(c.kind, EventKind::Acquired);
+        assert_eq!(c.server.as_deref(), Some("192.168.178.110"));
+        assert_eq!(c.edition.as_deref(), Some("NVIDIA RTX Virtual Workstation"));
+        assert_eq!(rfc3339(c.expiry.unwrap()), "2022-12-21T16:53:33Z");
+        let c =
+            classify("Acquiring license. (Info: lisens88.uib.no; NVIDIA RTX Virtual Workstation)")
+                .unwrap();
+        assert_eq!(c.server.as_deref(), Some("lisens88.uib.no"));
+        let c = classify(
+            "License acquired successfully. Server URL : http://51.179.209.134:7070/request",
+        )
+        .unwrap();
+        assert!(c.legacy);
+        assert_eq!(c.server.as_deref(), Some("51.179.209.134"));
+    }
+
+    #[test]
+    fn classifies_failures() {
+        let c = classify("Failed to acquire license from dls.example (Info: NVIDIA RTX Virtual Workstation - Error: Clock windback has been detected)").unwrap();
+        assert_eq!(c.reason, Some(Reason::ClockSkew));
+        assert_eq!(c.server.as_deref(), Some("dls.example"));
+        assert_eq!(c.edition.as_deref(), Some("NVIDIA RTX Virtual Workstation"));
+        let c = classify("Failed to acquire license from 10.0.0.5 (Info: NVIDIA Virtual Compute Server - Error: No pool features found for : NVIDIA Virtual Compute Server)").unwrap();
+        assert_eq!(c.reason, Some(Reason::NoLicenseAvailable));
+        let c = classify("Failed to acquire license from 10.0.0.5 (Info: NVIDIA Virtual PC - Error: Storage anchor break found.)").unwrap();
+        assert_eq!(c.reason, Some(Reason::Other));
+        let c = classify(
+            "Failed to return license to 192.168.178.110 (Error: Generic network communication failure)",
+        )
+        .unwrap();
+        assert_eq!(
+            (c.kind, c.reason),
+            (EventKind::ReturnFailed, Some(Reason::DlsUnreachable))
+        );
+        assert_eq!(
+            classify("Failed to open file /etc/nvidia/gridd.conf (No such file or directory)")
+                .unwrap()
+                .reason,
+            None
+        );
+        assert_eq!(classify("hello"), None);
+    }
+
+    #[test]
+    fn bare_failure_inherits_the_specific_reason() {
+        let (ev, _) = events(
+            "nvidia-gridd: Failed to update local trusted store - Maximum buffer size exceeded\n\
+             nvidia-gridd: Failed to register client (2)\n\
+             nvidia-gridd: Failed to acquire license from 10.0.0.5\n",
+        );
+        assert_eq!(ev.len(), 3);
+        assert_eq!(ev[2].reason, Some(Reason::TrustedStore));
+        // Another process, or too far apart: no inheritance.
+        let (ev, _) = events(
+            "Jan 1 00:00:00 h nvidia-gridd[1]: Failed to register client (2)\n\
+             Jan 1 00:00:01 h nvidia-gridd[2]: Failed to acquire license from 10.0.0.5\n\
+             Jan 1 00:00:02 h nvidia-gridd[1]: Failed to register client (2)\n\
+             Jan 1 00:01:02 h nvidia-gridd[1]: Failed to acquire license from 10.0.0.5\n",
+        );
+        assert_eq!(ev[1].reason, Some(Reason::Unspecified));
+        assert_eq!(ev[3].reason, Some(Reason::Unspecified));
+    }
+
+    #[test]
+    fn other_programs_are_ignored() {
+        let (ev, _) = events(
+            "Jun 05 16:36:00 h systemd[1]: Started NVIDIA Grid Daemon.\n\
+             Jun 05 16:36:00 h sudo[77]: Failed to acquire license from x\n\
+             Jun 05 16:36:00 h logger: License acquired successfully. (Info: a, b; Expiry: 2030-1-1 0:0:0 GMT)\n\
+             Jun 05 16:36:01 h nvidia-gridd[5805]: Invalid feature type requested\n",
+        );
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].reason, Some(Reason::FeatureTypeInvalid));
+        assert_eq!(ev[0].pid, Some(5805));
+        assert_eq!(ev[0].stamp.unwrap().at(), None, "no year: never invented");
+    }
+
+    #[test]
+    fn json_lines_only_gridd() {
+        let text = concat!(
+            r#"{"__REALTIME_TIMESTAMP":"1726420589000000","_COMM":"nvidia-gridd","_PID":"3239","MESSAGE":"NLS initialized"}"#,
+            "\n",
+            r#"{"__REALTIME_TIMESTAMP":"1726420590000000","_COMM":"bash","MESSAGE":"nvidia-gridd: License acquired successfully. (Info: x, y; Expiry: 2030-1-1 0:0:0 GMT)"}"#,
+            "\n",
+            r#"{"__REALTIME_TIMESTAMP":"1726420591000000","SYSLOG_IDENTIFIER":"nvidia-gridd","MESSAGE":[83,116,97,114,116,101,100,32,40,49,41]}"#,
+            "\n",
+            r#"{"__REALTIME_TIMESTAMP":"1726420599000000","_COMM":"sshd","MESSAGE":"x"}"#,
+            "\n",
+        );
+        let (ev, st) = events(text);
+        assert_eq!(ev.len(), 2);
+        assert_eq!(ev[0].kind, EventKind::Initialized);
+        assert_eq!(ev[0].pid, Some(3239));
+        assert_eq!(
+            ev[0].stamp.unwrap().at().as_deref(),
+            Some("2024-09-15T17:16:29Z")
+        );
+        assert_eq!(ev[1].kind, EventKind::Started);
+        assert_eq!(
+            st.last_stamp.unwrap().at().as_deref(),
+            Some("2024-09-15T17:16:39Z")
+        );
+    }
+
+    #[test]
+    fn text_styles_and_context() {
+        let (ev, _) = events(
+            "     Active: active (running) since Mon 2024-12-30 01:16:29 UTC; 11s ago\n\
+             Dec 31 23:59:59 h nvidia-gridd[1]: NLS initialized\n\
+             Jan 01 00:00:01 h nvidia-gridd[1]: Acquiring license. (Info: d; e)\n\
+             2024-09-16T01:16:29+0800 h nvidia-gridd[3]: NLS initialized\n\
+             Mon 2024-09-16 01:16:29 CST h nvidia-gridd[3]: NLS initialized\n\
+             Tue Dec 20 17:25:11 2022:<1>:NLS initialized\n\
+             <0>:End Logging\n\
+             Acquiring license. (Info: bare; NVIDIA Virtual PC)\n",
+        );
+        let at: Vec<Option<String>> = ev.iter().map(|e| e.stamp.and_then(|s| s.at())).collect();
+        assert_eq!(at[0].as_deref(), Some("2024-12-31T23:59:59Z"));
+        assert_eq!(at[1].as_deref(), Some("2025-01-01T00:00:01Z"));
+        assert_eq!(at[2].as_deref(), Some("2024-09-15T17:16:29Z"));
+        assert_eq!(at[3].as_deref(), Some("2024-09-16T01:16:29"));
+        assert_eq!(at[4].as_deref(), Some("2022-12-20T17:25:11"));
+        assert_eq!(ev[5].kind, EventKind::Shutdown);
+        assert_eq!(ev[6].server.as_deref(), Some("bare"));
+        assert_eq!(ev.len(), 7);
+    }
+}

@@ -1,1 +1,111 @@
-//! Human summary.
+//! The short summary a person reads: state, edition, expiry in UTC and local time, the
+//! failure and its fix.
+
+use std::fmt::Write;
+
+use chrono::{DateTime, Local};
+
+use super::{Report, State};
+
+fn describe(state: State) -> &'static str {
+    match state {
+        State::Licensed => "licensed",
+        State::Unlicensed => "unlicensed (full speed for now; throttled after the grace period)",
+        State::Restricted => "unlicensed and RESTRICTED (the GPU is throttled)",
+        State::NotLicensable => "not licensable (no vGPU here needs a license)",
+        State::NoDriver => "no NVIDIA driver answers",
+        State::Unknown => "unknown (not enough to tell)",
+    }
+}
+
+/// `2024-12-14 17:16:31 UTC (2024-12-15 01:16:31 +08:00 local)`
+pub fn both_times(rfc3339: &str) -> String {
+    match DateTime::parse_from_rfc3339(rfc3339) {
+        Ok(t) => {
+            let utc = t.with_timezone(&chrono::Utc);
+            let local = t.with_timezone(&Local);
+            format!(
+                "{} UTC ({} local)",
+                utc.format("%Y-%m-%d %H:%M:%S"),
+                local.format("%Y-%m-%d %H:%M:%S %:z")
+            )
+        }
+        Err(_) => rfc3339.to_string(),
+    }
+}
+
+/// Renders the report for a terminal.
+pub fn render(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "State:    {}", describe(r.state));
+    if let Some(l) = &r.license {
+        if let Some(ed) = &l.edition {
+            let _ = writeln!(o, "Edition:  {ed}");
+        }
+        if let Some(st) = &l.status {
+            let _ = writeln!(o, "Status:   {st}");
+        }
+        if let Some(exp) = &l.expiry {
+            let _ = writeln!(o, "Expires:  {}", both_times(exp));
+        }
+    }
+    for g in &r.gpus {
+        let _ = writeln!(
+            o,
+            "GPU:      {} {} ({})",
+            g.bus_id.as_deref().unwrap_or("-"),
+            g.profile.as_deref().unwrap_or("unknown profile"),
+            g.virtualization_mode.as_deref().unwrap_or("mode not shown"),
+        );
+    }
+    if let Some(dls) = &r.dls {
+        let nodes: Vec<String> = dls
+            .iter()
+            .map(|d| format!("{}:{}", d.host, d.port))
+            .collect();
+        let _ = writeln!(o, "DLS:      {}", nodes.join(", "));
+    }
+    if let Some(last) = r.events.iter().rev().find(|e| e.server.is_some()) {
+        let _ = writeln!(
+            o,
+            "Server:   {} (from gridd's last {} line)",
+            last.server.as_deref().unwrap_or_default(),
+            serde_json::to_value(last.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(f) = &r.failure {
+        let at =
+            f.at.as_deref()
+                .map(|a| format!(" at {a}"))
+                .unwrap_or_default();
+        let _ = writeln!(o, "Failure:  {}{at}: {}", f.reason.as_str(), f.message);
+        let _ = writeln!(o, "Fix:      {}", f.advice);
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "Note:     {n}");
+    }
+    if !r.events.is_empty() {
+        let _ = writeln!(
+            o,
+            "Events:   {} from gridd's log{}; the last ones:",
+            r.events.len(),
+            if r.events_omitted > 0 {
+                format!(" (and {} older ones left out)", r.events_omitted)
+            } else {
+                String::new()
+            }
+        );
+        for e in r.events.iter().rev().take(5).rev() {
+            let _ = writeln!(
+                o,
+                "  {}  {}",
+                e.at.as_deref().unwrap_or("(no time)"),
+                e.message
+            );
+        }
+    }
+    o
+}

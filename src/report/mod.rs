@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod human;
+pub mod message_ids;
 
 pub const SCHEMA: &str = "vgpu-license-agent/report/v1";
 

@@ -1,0 +1,1077 @@
+//! `install`: validated, atomic, idempotent install of the token and gridd.conf.
+//!
+//! The order that keeps "an error changes nothing" true: validate the token, take the lock,
+//! read what is installed, plan every change, write the new files next to their targets
+//! (synced, not yet renamed), move strays aside (undone on error), then rename the new files
+//! over their targets. Only then is nvidia-gridd restarted, with a time limit.
+//!
+//! The service reuses the same core through [`adopt_dropped_token`] for a token that
+//! cloud-init's `write_files` put in place itself.
+
+pub mod fetch;
+pub mod source;
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::InstallArgs;
+use crate::config::Settings;
+use crate::fsutil::{self, LockError};
+use crate::gridd_conf::{self, Edit, GriddConf};
+use crate::time::rfc3339;
+use crate::token::{Token, TokenError, Validity};
+
+/// Mode of the installed token (NVIDIA's guidance: gridd need not own it).
+pub const TOKEN_MODE: u32 = 0o744;
+/// Mode of the token directory.
+pub const TOKEN_DIR_MODE: u32 = 0o755;
+/// Mode of a gridd.conf the agent creates (an existing one keeps its mode and owner).
+pub const GRIDD_CONF_MODE: u32 = 0o644;
+/// Mode of `<state_dir>/replaced/`: it holds old tokens, which are secrets.
+const REPLACED_MODE: u32 = 0o700;
+const LOCK_FILE: &str = "install.lock";
+const STATE_FILE: &str = "install-state.json";
+const NEW_GRIDD_CONF_HEADER: &str = "# gridd.conf, created by vgpu-license-agent install.\n\
+# FeatureType=1: NVIDIA vGPU (the driver picks the edition from the vGPU profile).\n";
+
+/// What to install.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The token's bytes, installed unchanged.
+    pub token: Vec<u8>,
+    pub feature_type: u8,
+    /// Install a token that decodes but is expired or not yet valid.
+    pub force: bool,
+    pub dry_run: bool,
+    /// Restart nvidia-gridd after a change (`false` for `--no-restart`).
+    pub restart: bool,
+}
+
+/// One change to the files, made or (in a dry run) planned.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    CreateDir {
+        path: PathBuf,
+        mode: u32,
+    },
+    ChmodDir {
+        path: PathBuf,
+        from: u32,
+        to: u32,
+    },
+    /// A temporary file left by an interrupted install.
+    RemoveTemp {
+        path: PathBuf,
+    },
+    /// Any other file in the token directory, moved aside.
+    MoveStray {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    /// The token being replaced, kept aside.
+    SavePrevious {
+        from: PathBuf,
+        to: PathBuf,
+    },
+    WriteToken {
+        path: PathBuf,
+        bytes: usize,
+        mode: u32,
+    },
+    ChmodToken {
+        path: PathBuf,
+        from: u32,
+        to: u32,
+    },
+    WriteGriddConf {
+        path: PathBuf,
+        created: bool,
+        mode: u32,
+        edits: Vec<Edit>,
+    },
+}
+
+impl Change {
+    /// Whether gridd has to be restarted to see this change.
+    pub fn needs_restart(&self) -> bool {
+        matches!(
+            self,
+            Change::MoveStray { .. }
+                | Change::WriteToken { .. }
+                | Change::ChmodToken { .. }
+                | Change::WriteGriddConf { .. }
+        )
+    }
+
+    /// One line, in the past tense (`done`) or as a plan.
+    pub fn describe(&self, done: bool) -> String {
+        let v = |past: &str, plan: &str| {
+            if done {
+                past.to_string()
+            } else {
+                format!("would {plan}")
+            }
+        };
+        match self {
+            Change::CreateDir { path, mode } => format!(
+                "{} directory {} (mode {mode:04o})",
+                v("created", "create"),
+                path.display()
+            ),
+            Change::ChmodDir { path, from, to } => format!(
+                "{} directory {} mode {from:04o} -> {to:04o}",
+                v("changed", "change"),
+                path.display()
+            ),
+            Change::RemoveTemp { path } => format!(
+                "{} {} (left by an interrupted install)",
+                v("removed", "remove"),
+                path.display()
+            ),
+            Change::MoveStray { from, to } => format!(
+                "{} {} to {} (only the token may be in the token directory)",
+                v("moved", "move"),
+                from.display(),
+                to.display()
+            ),
+            Change::SavePrevious { from, to } => format!(
+                "{} the previous token {} to {}",
+                v("saved", "save"),
+                from.display(),
+                to.display()
+            ),
+            Change::WriteToken { path, bytes, mode } => format!(
+                "{} token {} ({bytes} bytes, mode {mode:04o})",
+                v("installed", "install"),
+                path.display()
+            ),
+            Change::ChmodToken { path, from, to } => format!(
+                "{} token {} mode {from:04o} -> {to:04o}",
+                v("changed", "change"),
+                path.display()
+            ),
+            Change::WriteGriddConf {
+                path,
+                created,
+                mode,
+                edits,
+            } => {
+                let edits: Vec<String> = edits.iter().map(Edit::to_string).collect();
+                let what = if *created {
+                    v("created", "create")
+                } else {
+                    v("edited", "edit")
+                };
+                format!(
+                    "{what} {} (mode {mode:04o}): {}",
+                    path.display(),
+                    edits.join("; ")
+                )
+            }
+        }
+    }
+}
+
+/// Whether nvidia-gridd was restarted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restart {
+    /// Nothing it reads changed.
+    NotNeeded,
+    /// A restart was due, but `--no-restart` was given.
+    Skipped,
+    /// A dry run: a restart would be made.
+    WouldRestart,
+    /// Restarted.
+    Done,
+    /// The restart command failed or ran out of time: why, on one line. The restart stays
+    /// pending: the next install or adopt retries it.
+    Failed(String),
+}
+
+/// What an install or an adopt did (or, in a dry run, would do).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub dry_run: bool,
+    /// One line about the token: size, DLS nodes, validity. Never its content.
+    pub token_summary: String,
+    pub changes: Vec<Change>,
+    pub warnings: Vec<String>,
+    pub restart: Restart,
+    /// Why a restart was due (`None` when none was).
+    pub restart_reason: Option<String>,
+    /// The restart command, as shown.
+    pub restart_command: String,
+}
+
+impl Outcome {
+    /// Whether any file was (or would be) changed.
+    pub fn changed(&self) -> bool {
+        !self.changes.is_empty()
+    }
+
+    /// The lines `install` prints on standard output.
+    pub fn lines(&self) -> Vec<String> {
+        let done = !self.dry_run;
+        let mut out = vec![self.token_summary.clone()];
+        out.extend(self.changes.iter().map(|c| c.describe(done)));
+        let reason = self.restart_reason.as_deref().unwrap_or("");
+        match &self.restart {
+            Restart::NotNeeded if !self.changed() => out.push(if self.dry_run {
+                "nothing would change: the token and gridd.conf are installed as asked".into()
+            } else {
+                "nothing to change: the token and gridd.conf are installed as asked; nvidia-gridd not restarted".into()
+            }),
+            Restart::NotNeeded => out.push("nvidia-gridd not restarted: nothing it reads changed".into()),
+            Restart::Skipped => out.push(format!(
+                "nvidia-gridd not restarted (--no-restart), though {reason}: restart it yourself ({})",
+                self.restart_command
+            )),
+            Restart::WouldRestart => out.push(format!(
+                "would restart nvidia-gridd ({}): {reason}",
+                self.restart_command
+            )),
+            Restart::Done => out.push(format!(
+                "restarted nvidia-gridd ({}): {reason}",
+                self.restart_command
+            )),
+            Restart::Failed(_) => {}
+        }
+        out
+    }
+}
+
+/// A token that must not be installed: it does not decode, or is not valid now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenRejected {
+    Invalid(TokenError),
+    Expired(DateTime<Utc>),
+    NotYetValid {
+        not_before: DateTime<Utc>,
+        now: DateTime<Utc>,
+    },
+}
+
+impl std::fmt::Display for TokenRejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenRejected::Invalid(e) => write!(f, "{e}"),
+            TokenRejected::Expired(exp) => write!(
+                f,
+                "the token expired at {}; generate a new client configuration token on the DLS (install --force installs it anyway)",
+                rfc3339(*exp)
+            ),
+            TokenRejected::NotYetValid { not_before, now } => write!(
+                f,
+                "the token is not valid before {} and this guest's clock says {}; fix the clock (chrony/NTP, timezone) or wait (install --force installs it anyway)",
+                rfc3339(*not_before),
+                rfc3339(*now)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TokenRejected {}
+
+/// Decodes and checks a token; with `force`, an expired or not-yet-valid token passes with a
+/// warning.
+pub fn validate(
+    bytes: &[u8],
+    now: DateTime<Utc>,
+    force: bool,
+) -> Result<(Token, Option<String>), TokenRejected> {
+    let token = Token::decode(bytes).map_err(TokenRejected::Invalid)?;
+    let rejected = match token.validity(now) {
+        Validity::Valid => return Ok((token, None)),
+        Validity::Expired(exp) => TokenRejected::Expired(exp),
+        Validity::NotYetValid(nbf) => TokenRejected::NotYetValid {
+            not_before: nbf,
+            now,
+        },
+    };
+    if force {
+        Ok((token, Some(format!("--force: {rejected}"))))
+    } else {
+        Err(rejected)
+    }
+}
+
+fn summary(bytes: &[u8], token: &Token) -> String {
+    let nodes: Vec<String> = token
+        .nodes
+        .iter()
+        .map(|n| format!("{}:{}", n.host, n.lease_port))
+        .collect();
+    let until = token
+        .expires
+        .map(|e| format!(", valid until {}", rfc3339(e)))
+        .unwrap_or_default();
+    format!(
+        "token: {} bytes, DLS {}{until}",
+        bytes.len(),
+        nodes.join(", ")
+    )
+}
+
+/// What the agent remembers between installs: which token it installed, and whether a
+/// restart of gridd is still owed.
+#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq)]
+struct InstallState {
+    token_sha256: Option<String>,
+    restart_pending: bool,
+    updated_at: Option<String>,
+}
+
+impl InstallState {
+    fn load(state_dir: &Path) -> InstallState {
+        fs::read(state_dir.join(STATE_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn save(&mut self, state_dir: &Path) -> io::Result<()> {
+        self.updated_at = Some(rfc3339(Utc::now()));
+        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        fsutil::write_atomic(&state_dir.join(STATE_FILE), &json, 0o600)
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The vGPUs nvidia-smi shows now (empty when it does not answer).
+fn smi_gpus(settings: &Settings) -> Vec<crate::observe::smi::SmiGpu> {
+    let argv = vec![settings.commands.nvidia_smi.clone(), "-q".to_string()];
+    match crate::command::run(&argv, settings.commands.timeout) {
+        Ok(out) if out.status.success() => crate::observe::smi::parse(&out.stdout)
+            .map(|s| s.gpus)
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+/// Runs the configured restart command with the configured time limit.
+pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
+    let cmd = &settings.commands.restart_gridd;
+    match crate::command::run(cmd, settings.commands.timeout) {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "{}{}",
+            out.status,
+            out.last_line()
+                .map(|l| format!(": {l}"))
+                .unwrap_or_default()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn nothing_changed() -> &'static str {
+    "nothing was changed"
+}
+
+fn io_err(what: String, e: io::Error, fix: &str) -> anyhow::Error {
+    anyhow!("{what}: {e}; {fix}; {}", nothing_changed())
+}
+
+/// What is in place now.
+struct Current {
+    dir_mode: Option<u32>,
+    token: Option<(Vec<u8>, u32)>,
+    strays: Vec<PathBuf>,
+    temps: Vec<PathBuf>,
+    conf: Option<(Vec<u8>, fs::Metadata)>,
+}
+
+fn read_no_follow(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+fn refuse_symlink(path: &Path, what: &str) -> anyhow::Error {
+    let to = fs::read_link(path)
+        .map(|t| format!(" (pointing to {})", t.display()))
+        .unwrap_or_default();
+    anyhow!(
+        "{what} {} is a symlink{to}; the agent never writes through a symlink: remove it (rm {}) and run install again; {}",
+        path.display(),
+        path.display(),
+        nothing_changed()
+    )
+}
+
+fn read_current(settings: &Settings) -> anyhow::Result<Current> {
+    let dir = &settings.paths.token_dir;
+    let target = settings.paths.token_path();
+    let dir_mode = match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Some(fsutil::mode_of(&m)),
+        Ok(_) => {
+            return Err(anyhow!(
+                "the token directory {} is not a directory; move that file away and run install again; {}",
+                dir.display(),
+                nothing_changed()
+            ));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(io_err(
+                format!("cannot read the token directory {}", dir.display()),
+                e,
+                "check it",
+            ));
+        }
+    };
+    let token = match fs::symlink_metadata(&target) {
+        Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
+        Ok(m) if !m.is_file() => {
+            return Err(anyhow!(
+                "the token path {} is not a regular file; move it away and run install again; {}",
+                target.display(),
+                nothing_changed()
+            ));
+        }
+        Ok(m) => {
+            let bytes = read_no_follow(&target).map_err(|e| {
+                io_err(
+                    format!("cannot read the installed token {}", target.display()),
+                    e,
+                    "check its permissions",
+                )
+            })?;
+            Some((bytes, fsutil::mode_of(&m)))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(io_err(
+                format!("cannot read {}", target.display()),
+                e,
+                "check the token directory",
+            ));
+        }
+    };
+    let mut strays = Vec::new();
+    let mut temps = Vec::new();
+    if dir_mode.is_some() {
+        let entries = fsutil::list_dir(dir).map_err(|e| {
+            io_err(
+                format!("cannot list the token directory {}", dir.display()),
+                e,
+                "check its permissions",
+            )
+        })?;
+        for (name, path) in entries {
+            if name == settings.paths.token_file.as_str() {
+                continue;
+            }
+            if fsutil::is_temp_name(&name.to_string_lossy()) {
+                temps.push(path);
+            } else {
+                strays.push(path);
+            }
+        }
+    }
+    let conf_path = &settings.paths.gridd_conf;
+    if let Some(name) = conf_path.file_name() {
+        let prefix = fsutil::temp_prefix(&name.to_string_lossy());
+        let conf_dir = conf_path.parent().unwrap_or(Path::new("/"));
+        if conf_dir != dir.as_path() {
+            for (n, p) in fsutil::list_dir(conf_dir).unwrap_or_default() {
+                if n.to_string_lossy().starts_with(&prefix) {
+                    temps.push(p);
+                }
+            }
+        }
+    }
+    let conf = match fs::symlink_metadata(conf_path) {
+        Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(conf_path, "gridd.conf")),
+        Ok(m) if !m.is_file() => {
+            return Err(anyhow!(
+                "{} is not a regular file; move it away and run install again; {}",
+                conf_path.display(),
+                nothing_changed()
+            ));
+        }
+        Ok(m) => {
+            let bytes = read_no_follow(conf_path).map_err(|e| {
+                io_err(
+                    format!("cannot read {}", conf_path.display()),
+                    e,
+                    "check its permissions",
+                )
+            })?;
+            Some((bytes, m))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(io_err(
+                format!("cannot read {}", conf_path.display()),
+                e,
+                "check its directory",
+            ));
+        }
+    };
+    Ok(Current {
+        dir_mode,
+        token,
+        strays,
+        temps,
+        conf,
+    })
+}
+
+/// The core shared by `install` and the service's adopt: plan, then (unless a dry run) apply
+/// and restart.
+struct Core<'a> {
+    bytes: &'a [u8],
+    feature_type: u8,
+    dry_run: bool,
+    restart: bool,
+    summary: String,
+    warnings: Vec<String>,
+}
+
+fn lock_wait(settings: &Settings) -> Duration {
+    settings.commands.timeout * 2 + Duration::from_secs(30)
+}
+
+fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
+    let state_dir = &settings.paths.state_dir;
+    fsutil::create_dir_mode(state_dir, 0o755).map_err(|e| {
+        io_err(
+            format!(
+                "cannot create the agent's state directory {}",
+                state_dir.display()
+            ),
+            e,
+            "make it writable (or set paths.state_dir in the agent's config)",
+        )
+    })?;
+    let path = state_dir.join(LOCK_FILE);
+    let wait = lock_wait(settings);
+    fsutil::lock(&path, wait).map_err(|e| match e {
+        LockError::Busy => anyhow!(
+            "another install (or the service) has held the lock {} for {}s; wait for it to finish and run install again; {}",
+            path.display(),
+            wait.as_secs(),
+            nothing_changed()
+        ),
+        LockError::Io(e) => io_err(
+            format!("cannot take the lock {}", path.display()),
+            e,
+            "check the state directory",
+        ),
+    })
+}
+
+fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
+    let Core {
+        bytes,
+        feature_type,
+        dry_run,
+        restart,
+        summary,
+        mut warnings,
+    } = core;
+    if feature_type != 1
+        && let Some(w) = gridd_conf::feature_type_advice(feature_type, &smi_gpus(settings))
+    {
+        warnings.push(w);
+    }
+    let _lock = if dry_run {
+        None
+    } else {
+        Some(take_lock(settings)?)
+    };
+    let paths = &settings.paths;
+    let target = paths.token_path();
+    let cur = read_current(settings)?;
+
+    // gridd.conf: FeatureType, and nothing else.
+    let ft = feature_type.to_string();
+    let (new_conf, conf_created, edits, conf_mode, conf_owner) = match &cur.conf {
+        Some((old, meta)) => {
+            let mut conf = GriddConf::parse(old);
+            let edits = conf.set("FeatureType", &ft);
+            warnings.extend(conf.warnings(&paths.token_dir));
+            (
+                conf.to_bytes(),
+                false,
+                edits,
+                fsutil::mode_of(meta),
+                Some((meta.uid(), meta.gid())),
+            )
+        }
+        None => {
+            let mut conf = GriddConf::parse(NEW_GRIDD_CONF_HEADER.as_bytes());
+            let edits = conf.set("FeatureType", &ft);
+            (conf.to_bytes(), true, edits, GRIDD_CONF_MODE, None)
+        }
+    };
+
+    // The plan.
+    let stamp = Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    let replaced_root = paths.state_dir.join("replaced");
+    let planned_dir = replaced_root.join(&stamp);
+    let mut changes = Vec::new();
+    match cur.dir_mode {
+        None => changes.push(Change::CreateDir {
+            path: paths.token_dir.clone(),
+            mode: TOKEN_DIR_MODE,
+        }),
+        Some(m) if m != TOKEN_DIR_MODE => changes.push(Change::ChmodDir {
+            path: paths.token_dir.clone(),
+            from: m,
+            to: TOKEN_DIR_MODE,
+        }),
+        Some(_) => {}
+    }
+    for t in &cur.temps {
+        changes.push(Change::RemoveTemp { path: t.clone() });
+    }
+    for s in &cur.strays {
+        changes.push(Change::MoveStray {
+            from: s.clone(),
+            to: planned_dir.join(s.file_name().unwrap_or_default()),
+        });
+    }
+    let write_token = cur.token.as_ref().is_none_or(|(old, _)| old != bytes);
+    if write_token {
+        if cur.token.is_some() {
+            changes.push(Change::SavePrevious {
+                from: target.clone(),
+                to: planned_dir.join(&paths.token_file),
+            });
+        }
+        changes.push(Change::WriteToken {
+            path: target.clone(),
+            bytes: bytes.len(),
+            mode: TOKEN_MODE,
+        });
+    } else if let Some((_, m)) = &cur.token
+        && *m != TOKEN_MODE
+    {
+        changes.push(Change::ChmodToken {
+            path: target.clone(),
+            from: *m,
+            to: TOKEN_MODE,
+        });
+    }
+    let write_conf = cur.conf.as_ref().is_none_or(|(old, _)| *old != new_conf);
+    if write_conf {
+        changes.push(Change::WriteGriddConf {
+            path: paths.gridd_conf.clone(),
+            created: conf_created,
+            mode: conf_mode,
+            edits,
+        });
+    }
+
+    // Is a restart due?
+    let mut state = InstallState::load(&paths.state_dir);
+    let sha = sha256_hex(bytes);
+    let reason = if changes.iter().any(Change::needs_restart) {
+        Some("the token or gridd.conf changed".to_string())
+    } else if state.restart_pending {
+        Some("an earlier restart failed or was interrupted".to_string())
+    } else if state.token_sha256.as_deref() != Some(sha.as_str()) {
+        Some("the agent has not restarted it since this token was put in place".to_string())
+    } else {
+        None
+    };
+    let restart_command = settings.commands.restart_gridd.join(" ");
+    let mut outcome = Outcome {
+        dry_run,
+        token_summary: summary,
+        changes,
+        warnings,
+        restart: Restart::NotNeeded,
+        restart_reason: reason.clone(),
+        restart_command,
+    };
+    if dry_run {
+        outcome.restart = match (&reason, restart) {
+            (None, _) => Restart::NotNeeded,
+            (Some(_), true) => Restart::WouldRestart,
+            (Some(_), false) => Restart::Skipped,
+        };
+        return Ok(outcome);
+    }
+
+    outcome.changes = apply(
+        &outcome.changes,
+        bytes,
+        &new_conf,
+        conf_mode,
+        conf_owner,
+        settings,
+        &replaced_root,
+        &stamp,
+    )?;
+
+    // Restart, remembering that one is owed until it succeeds.
+    if reason.is_none() {
+        return Ok(outcome);
+    }
+    state.token_sha256 = Some(sha);
+    if !restart {
+        state.restart_pending = false;
+        save_state(&mut state, settings, &mut outcome);
+        outcome.restart = Restart::Skipped;
+        return Ok(outcome);
+    }
+    state.restart_pending = true;
+    save_state(&mut state, settings, &mut outcome);
+    match restart_gridd(settings) {
+        Ok(()) => {
+            state.restart_pending = false;
+            save_state(&mut state, settings, &mut outcome);
+            outcome.restart = Restart::Done;
+        }
+        Err(e) => outcome.restart = Restart::Failed(e),
+    }
+    Ok(outcome)
+}
+
+fn save_state(state: &mut InstallState, settings: &Settings, outcome: &mut Outcome) {
+    if let Err(e) = state.save(&settings.paths.state_dir) {
+        outcome.warnings.push(format!(
+            "cannot record the install in {}: {e}; the next run may restart nvidia-gridd once more",
+            settings.paths.state_dir.display()
+        ));
+    }
+}
+
+/// Applies a plan. On an error before the token is renamed into place, everything is undone.
+/// Returns the changes as made (stray destinations may differ from the plan's).
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    plan: &[Change],
+    token_bytes: &[u8],
+    conf_bytes: &[u8],
+    conf_mode: u32,
+    conf_owner: Option<(u32, u32)>,
+    settings: &Settings,
+    replaced_root: &Path,
+    stamp: &str,
+) -> anyhow::Result<Vec<Change>> {
+    let paths = &settings.paths;
+    let target = paths.token_path();
+    let dir = &paths.token_dir;
+    let mut done = Vec::new();
+    let write_err = |what: &str, at: &Path, e: io::Error| {
+        io_err(
+            format!("cannot write {what} in {}", at.display()),
+            e,
+            "make room or make the directory writable (is the file system full or read-only?), then run install again",
+        )
+    };
+
+    // Stage the new files first: nothing visible changes yet.
+    let mut token_stage = None;
+    let mut conf_stage = None;
+    for change in plan {
+        match change {
+            Change::CreateDir { path, mode } => {
+                fsutil::create_dir_mode(path, *mode)
+                    .map_err(|e| write_err("the token directory", path, e))?;
+            }
+            Change::WriteToken { .. } => {
+                token_stage = Some(
+                    fsutil::stage(&target, token_bytes, TOKEN_MODE, None)
+                        .map_err(|e| write_err("the new token", dir, e))?,
+                );
+            }
+            Change::WriteGriddConf { path, .. } => {
+                let parent = path.parent().unwrap_or(Path::new("/"));
+                fsutil::create_dir_mode(parent, 0o755)
+                    .map_err(|e| write_err("gridd.conf", parent, e))?;
+                conf_stage = Some(
+                    fsutil::stage(path, conf_bytes, conf_mode, conf_owner)
+                        .map_err(|e| write_err("the new gridd.conf", parent, e))?,
+                );
+            }
+            _ => {}
+        }
+    }
+
+    // Move strays (and keep the previous token) aside; undo on error.
+    let aside: Vec<&Change> = plan
+        .iter()
+        .filter(|c| matches!(c, Change::MoveStray { .. } | Change::SavePrevious { .. }))
+        .collect();
+    let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut saved_copy: Option<PathBuf> = None;
+    if !aside.is_empty() {
+        let result = (|| -> io::Result<()> {
+            fsutil::create_dir_mode(replaced_root, REPLACED_MODE)?;
+            let into = fsutil::create_unique_dir(replaced_root, stamp, REPLACED_MODE)?;
+            for c in &aside {
+                match c {
+                    Change::MoveStray { from, .. } => {
+                        let to = into.join(from.file_name().unwrap_or_default());
+                        fsutil::move_path(from, &to)?;
+                        moved.push((from.clone(), to.clone()));
+                        done.push(Change::MoveStray {
+                            from: from.clone(),
+                            to,
+                        });
+                    }
+                    Change::SavePrevious { from, .. } => {
+                        let to = into.join(&paths.token_file);
+                        fs::copy(from, &to)?;
+                        fs::File::open(&to)?.sync_all()?;
+                        saved_copy = Some(to.clone());
+                        done.push(Change::SavePrevious {
+                            from: from.clone(),
+                            to,
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            fsutil::fsync_dir(&into)?;
+            fsutil::fsync_dir(dir)
+        })();
+        if let Err(e) = result {
+            for (from, to) in moved.iter().rev() {
+                let _ = fsutil::move_path(to, from);
+            }
+            if let Some(copy) = saved_copy {
+                let _ = fs::remove_file(copy);
+            }
+            return Err(io_err(
+                format!(
+                    "cannot move the other files of {} aside into {}",
+                    dir.display(),
+                    replaced_root.display()
+                ),
+                e,
+                "make room in the state directory or make it writable, then run install again",
+            ));
+        }
+    }
+
+    // Small fixes, then the renames.
+    for change in plan {
+        match change {
+            Change::CreateDir { .. } | Change::ChmodDir { .. } => {
+                if let Change::ChmodDir { path, to, .. } = change {
+                    fs::set_permissions(path, fs::Permissions::from_mode(*to)).map_err(|e| {
+                        io_err(
+                            format!("cannot change the mode of {}", path.display()),
+                            e,
+                            "check the file system",
+                        )
+                    })?;
+                }
+                done.insert(0, change.clone());
+            }
+            Change::RemoveTemp { path } => match fs::remove_file(path) {
+                Ok(()) => done.push(change.clone()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(io_err(
+                        format!("cannot remove {}", path.display()),
+                        e,
+                        "remove it yourself",
+                    ));
+                }
+            },
+            _ => {}
+        }
+    }
+    if let Some(stage) = token_stage {
+        stage.commit().map_err(|e| {
+            for (from, to) in moved.iter().rev() {
+                let _ = fsutil::move_path(to, from);
+            }
+            write_err("the new token", dir, e)
+        })?;
+        done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
+    }
+    for change in plan {
+        if let Change::ChmodToken { path, to, .. } = change {
+            fs::set_permissions(path, fs::Permissions::from_mode(*to)).map_err(|e| {
+                io_err(
+                    format!("cannot change the mode of {}", path.display()),
+                    e,
+                    "check the file system",
+                )
+            })?;
+            done.push(change.clone());
+        }
+    }
+    if let Some(stage) = conf_stage {
+        stage.commit().map_err(|e| {
+            anyhow!(
+                "the token is installed, but {} could not be replaced: {e}; make the directory writable and run install again",
+                paths.gridd_conf.display()
+            )
+        })?;
+        done.push(plan_entry(plan, |c| {
+            matches!(c, Change::WriteGriddConf { .. })
+        }));
+    }
+    Ok(done)
+}
+
+fn plan_entry(plan: &[Change], f: impl Fn(&Change) -> bool) -> Change {
+    plan.iter().find(|c| f(c)).cloned().expect("in the plan")
+}
+
+/// Installs a token and gridd.conf (the library form of `install`, for callers that have the
+/// token's bytes). A bad token is a [`TokenRejected`] error (see `downcast_ref`); every error
+/// leaves the token and gridd.conf as they were.
+pub fn install(req: &Request, settings: &Settings) -> anyhow::Result<Outcome> {
+    install_at(req, settings, Utc::now())
+}
+
+/// [`install`] with the time the token's validity is checked against.
+pub fn install_at(
+    req: &Request,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Outcome> {
+    check_feature_type(req.feature_type)?;
+    let (token, warning) = validate(&req.token, now, req.force)?;
+    run_core(
+        Core {
+            bytes: &req.token,
+            feature_type: req.feature_type,
+            dry_run: req.dry_run,
+            restart: req.restart,
+            summary: summary(&req.token, &token),
+            warnings: warning.into_iter().collect(),
+        },
+        settings,
+    )
+}
+
+/// Adopts a token that cloud-init (`write_files`) or an operator put at the token path
+/// itself: validates it, sets its mode to 0744 (directory 0755), moves the other files of the
+/// token directory aside, sets FeatureType from the config, and restarts nvidia-gridd when
+/// any of that changed or the agent has not restarted gridd since this token appeared.
+///
+/// Errors: no token at the path ([`NoToken`]), a bad or expired token ([`TokenRejected`]),
+/// or an I/O error; in each case nothing was changed.
+pub fn adopt_dropped_token(settings: &Settings) -> anyhow::Result<Outcome> {
+    let target = settings.paths.token_path();
+    let bytes = match fs::symlink_metadata(&target) {
+        Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
+        Ok(_) => {
+            let mut bytes = Vec::new();
+            use std::io::Read;
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(nix::libc::O_NOFOLLOW)
+                .open(&target)
+                .and_then(|f| {
+                    f.take(crate::token::MAX_TOKEN_BYTES as u64 + 1)
+                        .read_to_end(&mut bytes)
+                })
+                .with_context(|| format!("cannot read the token {}", target.display()))?;
+            bytes
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(NoToken(target).into());
+        }
+        Err(e) => return Err(anyhow!("cannot read the token {}: {e}", target.display())),
+    };
+    let (token, _) = validate(&bytes, Utc::now(), false)?;
+    run_core(
+        Core {
+            bytes: &bytes,
+            feature_type: settings.gridd.feature_type,
+            dry_run: false,
+            restart: true,
+            summary: summary(&bytes, &token),
+            warnings: Vec::new(),
+        },
+        settings,
+    )
+}
+
+/// There is no token at the path.
+#[derive(Debug)]
+pub struct NoToken(pub PathBuf);
+
+impl std::fmt::Display for NoToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no client configuration token at {}; install one with vgpu-license-agent install",
+            self.0.display()
+        )
+    }
+}
+
+impl std::error::Error for NoToken {}
+
+fn check_feature_type(ft: u8) -> anyhow::Result<()> {
+    if matches!(ft, 0 | 1 | 2 | 4) {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "--feature-type {ft}: expected 1 (NVIDIA vGPU, right for every vGPU guest), 0 (unlicensed), 2 (RTX Virtual Workstation, passthrough) or 4 (Virtual Compute Server, passthrough); {}",
+            nothing_changed()
+        ))
+    }
+}
+
+/// `vgpu-license-agent install`.
+pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
+    let feature_type = args.feature_type.unwrap_or(settings.gridd.feature_type);
+    check_feature_type(feature_type)?;
+    let timeout = args
+        .timeout
+        .map(Duration::from_secs)
+        .unwrap_or(settings.commands.timeout);
+    let token = source::read(&args.source, args.ca_file.as_deref(), timeout, args.retries)?;
+    let req = Request {
+        token,
+        feature_type,
+        force: args.force,
+        dry_run: args.dry_run,
+        restart: !args.no_restart,
+    };
+    let outcome = install(&req, settings)?;
+    for w in &outcome.warnings {
+        eprintln!("vgpu-license-agent: warning: {w}");
+    }
+    for line in outcome.lines() {
+        println!("{line}");
+    }
+    if let Restart::Failed(why) = &outcome.restart {
+        let what = if outcome.changed() {
+            "the token and gridd.conf are installed, but restarting nvidia-gridd failed"
+        } else {
+            "restarting nvidia-gridd failed"
+        };
+        return Err(anyhow!(
+            "{what} ({}: {why}); restart it yourself, or run install again (it retries the restart)",
+            outcome.restart_command
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

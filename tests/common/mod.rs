@@ -1,0 +1,288 @@
+//! A fake root for running the real binary: a temporary directory whose paths the agent's
+//! config points into, a restart command that counts restarts, and a token builder.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use base64::Engine;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
+
+/// A client configuration token with the structure of a real one; `exp` and `nbf` as given,
+/// `jti` to make tokens differ.
+pub fn token(jti: &str, nbf: i64, exp: i64) -> Vec<u8> {
+    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let payload = serde_json::json!({
+        "iss": "NLS Service Instance", "aud": "NLS Licensed Client",
+        "iat": nbf, "nbf": nbf, "exp": exp, "jti": jti,
+        "scope_ref_list": ["20000000-0000-0000-0000-000000000001"],
+        "service_instance_configuration": {
+            "nls_service_instance_ref": "10000000-0000-0000-0000-000000000001",
+            "svc_port_set_list": [{"idx": 0, "d_name": "DLS", "svc_port_map": [
+                {"service": "auth", "port": 443}, {"service": "lease", "port": 443}]}],
+            "node_url_list": [{"idx": 0, "url": "dls-a.example", "svc_port_set_idx": 0}]
+        },
+        "service_instance_public_key_configuration": {
+            "service_instance_public_key_pem": "-----KEY MATERIAL-----"
+        }
+    });
+    format!(
+        "{}.{}.{}",
+        e.encode(br#"{"alg":"RS256","typ":"JWT"}"#),
+        e.encode(payload.to_string()),
+        e.encode([7u8; 256])
+    )
+    .into_bytes()
+}
+
+/// A token valid from 2023 to 2035.
+pub fn valid_token(jti: &str) -> Vec<u8> {
+    token(jti, 1_700_000_000, 2_078_691_200)
+}
+
+/// The part of a token that must never show in any output: its payload and signature.
+pub fn secret_parts(token: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(token);
+    text.split('.')
+        .skip(1)
+        .map(|p| p[..p.len().min(24)].to_string())
+        .collect()
+}
+
+pub struct Root {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    /// Tokens whose content must never be printed.
+    pub secrets: Vec<Vec<u8>>,
+}
+
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// The one error line, checked to be the only line on stderr.
+    pub fn error_line(&self) -> &str {
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "stderr must be one line: {:?}", self.stderr);
+        assert!(
+            lines[0].starts_with("vgpu-license-agent: error: "),
+            "{:?}",
+            lines[0]
+        );
+        lines[0]
+    }
+}
+
+impl Root {
+    pub fn new() -> Root {
+        Root::with_config("")
+    }
+
+    /// A fake root; `extra` is appended to the generated config (e.g. a `[commands]` line).
+    pub fn with_config(extra: &str) -> Root {
+        let dir = tempfile::tempdir().unwrap();
+        let r = dir.path().to_path_buf();
+        let config = r.join("agent/config.toml");
+        fs::create_dir_all(config.parent().unwrap()).unwrap();
+        let restart = r.join("restart.sh");
+        fs::write(
+            &restart,
+            format!(
+                "#!/bin/sh\necho restart >> {}\n",
+                r.join("restarts").display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&restart, fs::Permissions::from_mode(0o755)).unwrap();
+        let root = Root {
+            config,
+            dir,
+            secrets: Vec::new(),
+        };
+        root.write_config(&format!(
+            "[paths]\n\
+             token_dir = \"{r}/etc/nvidia/ClientConfigToken\"\n\
+             gridd_conf = \"{r}/etc/nvidia/gridd.conf\"\n\
+             state_dir = \"{r}/var/lib/vgpu-license-agent\"\n\
+             status_file = \"{r}/run/vgpu-license-agent/status.json\"\n\
+             metrics_textfile = \"{r}/var/lib/prometheus/node-exporter/vgpu_license_agent.prom\"\n\
+             gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]\n\
+             [commands]\n\
+             restart_gridd = [\"{restart}\"]\n\
+             nvidia_smi = \"{r}/no-nvidia-smi\"\n\
+             timeout_seconds = 10\n{extra}",
+            r = r.display(),
+            restart = restart.display(),
+        ));
+        root
+    }
+
+    pub fn write_config(&self, text: &str) {
+        fs::write(&self.config, text).unwrap();
+    }
+
+    /// Adds a drop-in to the agent's config.
+    pub fn dropin(&self, name: &str, text: &str) {
+        let d = self.config.parent().unwrap().join("config.d");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(name), text).unwrap();
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn token_dir(&self) -> PathBuf {
+        self.path("etc/nvidia/ClientConfigToken")
+    }
+
+    pub fn token_path(&self) -> PathBuf {
+        self.token_dir().join("client_configuration_token.tok")
+    }
+
+    pub fn gridd_conf(&self) -> PathBuf {
+        self.path("etc/nvidia/gridd.conf")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.path("var/lib/vgpu-license-agent")
+    }
+
+    pub fn restarts(&self) -> usize {
+        fs::read_to_string(self.path("restarts"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// Writes a file (creating its directory), for a token file to install.
+    pub fn file(&self, rel: &str, bytes: &[u8]) -> PathBuf {
+        let p = self.path(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("VGPU_LICENSE_AGENT_CONFIG", &self.config)
+            .env_remove("VGPU_LICENSE_AGENT_FAULT")
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Run {
+        self.finish(self.cmd(args).output().unwrap())
+    }
+
+    pub fn run_stdin(&self, args: &[&str], input: &[u8]) -> Run {
+        let mut child = self
+            .cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        self.finish(out)
+    }
+
+    pub fn finish(&self, out: Output) -> Run {
+        let run = Run {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        for t in &self.secrets {
+            for part in secret_parts(t) {
+                assert!(
+                    !run.stdout.contains(&part) && !run.stderr.contains(&part),
+                    "token content printed: {}{}",
+                    run.stdout,
+                    run.stderr
+                );
+            }
+        }
+        run
+    }
+
+    /// Installs `token` from a file; asserts success.
+    pub fn install_ok(&mut self, token: &[u8], extra: &[&str]) -> Run {
+        self.secrets.push(token.to_vec());
+        let f = self.file("in/token.tok", token);
+        let mut args = vec!["install", "--token-file", f.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let r = self.run(&args);
+        assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+        r
+    }
+
+    /// The installed token and gridd.conf, byte for byte (`None` where missing).
+    pub fn snapshot(&self) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (
+            fs::read(self.token_path()).ok(),
+            fs::read(self.gridd_conf()).ok(),
+        )
+    }
+
+    /// Names in the token directory.
+    pub fn token_dir_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.token_dir())
+            .map(|rd| {
+                rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+pub fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped. `None` where mounting is not allowed
+/// (not root, or no CAP_SYS_ADMIN).
+pub struct Mount(PathBuf);
+
+impl Mount {
+    pub fn tmpfs(at: &Path, options: &str) -> Option<Mount> {
+        fs::create_dir_all(at).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(at)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Mount(at.to_path_buf()))
+    }
+
+    pub fn remount(&self, options: &str) -> bool {
+        Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
