@@ -1,0 +1,158 @@
+//! No input makes a parser panic, and parsing time grows linearly with the input.
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use vgpu_license_agent::observe::{journal, smi};
+use vgpu_license_agent::state::{LogFold, Observations, evaluate};
+use vgpu_license_agent::token::Token;
+
+/// Pieces of real lines, so that random inputs reach deep into the parsers.
+const PIECES: &[&str] = &[
+    "nvidia-gridd",
+    "nvidia-gridd[12]: ",
+    "Dec 20 17:53:32 host ",
+    "2024-09-16T01:16:29+0800 ",
+    "Mon 2024-09-16 01:16:29 CST ",
+    "Active: active (running) since Mon 2024-12-30 01:16:29 UTC; 1s ago\n",
+    "License acquired successfully. (Info: ",
+    "Failed to acquire license from ",
+    "(Info: NVIDIA Virtual PC - Error: ",
+    "Expiry: 2024-12-14 17:16:31 GMT)",
+    "Expiry: 9999-99-99 99:99:99 GMT",
+    "{\"_COMM\":\"nvidia-gridd\",\"MESSAGE\":",
+    "\"__REALTIME_TIMESTAMP\":\"99999999999999999999\"",
+    "[1,2,255,300]",
+    "}",
+    "\n",
+    "GPU 00000000:02:01.0\n",
+    "vGPU Software Licensed Product\n",
+    "License Status : Licensed (Expiry: ",
+    "Product Name : ",
+    "<nvidia_smi_log><gpu id=\"x\">",
+    "<license_status>",
+    "</gpu>",
+    "<0>:",
+    "Tue Dec 20 17:25:11 2022:",
+    "\u{fffd}",
+    ":",
+    " ",
+    "[",
+    "]",
+    "#",
+];
+
+fn pieces() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(
+        prop_oneof![
+            prop::sample::select(PIECES).prop_map(|p| p.as_bytes().to_vec()),
+            prop::collection::vec(any::<u8>(), 0..16),
+        ],
+        0..64,
+    )
+    .prop_map(|v| v.concat())
+}
+
+fn everything(input: &[u8]) {
+    let snap = smi::parse(input).ok();
+    let mut fold = LogFold::new(50);
+    let stats = journal::scan(input, |e| fold.push(e)).unwrap();
+    let _ = Token::decode(input);
+    let _ = journal::classify(&String::from_utf8_lossy(input));
+    let report = evaluate(Observations {
+        smi: snap,
+        log: Some((fold, stats)),
+        ..Observations::default()
+    });
+    serde_json::to_string(&report).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(input in prop::collection::vec(any::<u8>(), 0..4096)) {
+        everything(&input);
+    }
+
+    #[test]
+    fn line_fragments_never_panic(input in pieces()) {
+        everything(&input);
+    }
+}
+
+#[test]
+fn megabyte_lines_and_invalid_utf8() {
+    let mut input = b"Dec 20 17:53:32 host nvidia-gridd[1]: ".to_vec();
+    input.extend(std::iter::repeat_n(b'(', 1 << 20));
+    input.extend_from_slice(b"\n{\"_COMM\":\"nvidia-gridd\",\"MESSAGE\":\"");
+    input.extend(std::iter::repeat_n(0xffu8, 1 << 20));
+    input.extend_from_slice(b"\"}\n");
+    everything(&input);
+    // A line beyond the longest one kept is skipped, and the lines after it still count.
+    let mut input = vec![b'{'];
+    input.extend(std::iter::repeat_n(b'x', journal::MAX_LINE + 10));
+    input.extend_from_slice(
+        b"nvidia-gridd\n{\"_COMM\":\"nvidia-gridd\",\"MESSAGE\":\"NLS initialized\"}\n",
+    );
+    let mut n = 0;
+    let stats = journal::scan(&input[..], |_| n += 1).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(stats.skipped_long_lines, 1);
+}
+
+fn best_of(runs: usize, f: impl Fn()) -> Duration {
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap()
+}
+
+/// Time for `input` repeated 8 times against `input` once, best of several runs: a linear
+/// parser gives about 8, a quadratic one about 64.
+fn growth(unit: &[u8], parse: impl Fn(&[u8])) -> f64 {
+    let small = unit.repeat(64);
+    let large = unit.repeat(512);
+    let t1 = best_of(5, || parse(&small));
+    let t8 = best_of(5, || parse(&large));
+    t8.as_secs_f64() / t1.as_secs_f64().max(1e-9)
+}
+
+#[test]
+fn parsing_time_grows_linearly() {
+    let shapes: &[&[u8]] = &[
+        // Many gridd lines, text and JSON.
+        b"Dec 20 17:53:34 h nvidia-gridd[10354]: License acquired successfully. (Info: 192.168.178.110, NVIDIA RTX Virtual Workstation; Expiry: 2022-12-21 16:53:33 GMT)\n",
+        b"{\"__REALTIME_TIMESTAMP\":\"1700000000000000\",\"_COMM\":\"nvidia-gridd\",\"MESSAGE\":\"Failed to acquire license from 10.0.0.5\"}\n",
+        // One line that never ends, full of the characters the parsers look for.
+        b"nvidia-gridd[1]: (Info: a, b; Expiry: :::: ((((  ",
+        b"{\"_COMM\":\"x\",\"MESSAGE\":\"nvidia-gridd nvidia-gridd nvidia-gridd\"",
+    ];
+    for shape in shapes {
+        let unit = shape.repeat(200);
+        let ratio = growth(&unit, |input| {
+            let mut fold = LogFold::new(100);
+            journal::scan(input, |e| fold.push(e)).unwrap();
+        });
+        assert!(
+            ratio < 24.0,
+            "journal: 8x the input took {ratio:.1}x the time for {:?}",
+            String::from_utf8_lossy(&shape[..30])
+        );
+    }
+    let smi_shapes: &[&[u8]] = &[
+        b"GPU 00000000:02:01.0\n    Product Name : GRID A100-4C\n    vGPU Software Licensed Product\n        License Status : Licensed (Expiry: 2022-5-27 0:8:28 GMT)\n",
+        b"License Status : Licensed (Expiry: ((((((((((((((((((((((((",
+    ];
+    for shape in smi_shapes {
+        let unit = shape.repeat(100);
+        let ratio = growth(&unit, |input| {
+            smi::parse(input).unwrap();
+        });
+        assert!(ratio < 24.0, "smi: 8x the input took {ratio:.1}x the time");
+    }
+}
