@@ -107,9 +107,9 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
             left.push((dir.clone(), inside.len()));
         }
     }
-    // The lock file goes last, so that it is held until the end.
+    // The lock file is no state: it is removed last and silently, held until the end.
     let lock_path = paths.state_dir.join("install.lock");
-    plan.sort_by_key(|p| *p == lock_path);
+    plan.retain(|p| *p != lock_path);
     let mut done = Prepared {
         dry_run,
         removed: Vec::new(),
@@ -130,6 +130,9 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
             }
         }
         done.removed.push(p);
+    }
+    if !dry_run {
+        let _ = std::fs::remove_file(&lock_path);
     }
     Ok(done)
 }

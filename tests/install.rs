@@ -850,3 +850,31 @@ fn a_token_path_elsewhere_in_gridd_conf_gets_a_warning() {
         r.stderr
     );
 }
+
+#[test]
+fn a_failed_write_on_a_fresh_root_leaves_no_new_directory() {
+    if !cfg!(debug_assertions) {
+        eprintln!("skipped: the injected fault exists in debug builds only");
+        return;
+    }
+    let mut root = Root::new();
+    let tok = valid_token("a");
+    root.secrets.push(tok.clone());
+    fs::create_dir_all(root.path("etc/nvidia")).unwrap();
+    let f = root.file("in/t.tok", &tok);
+    let out = root
+        .cmd(&["install", "--token-file", f.to_str().unwrap()])
+        .env("VGPU_LICENSE_AGENT_FAULT", "enospc")
+        .output()
+        .unwrap();
+    let r = root.finish(out);
+    assert_eq!(r.code, Some(1));
+    assert!(
+        r.error_line().contains("No space left on device"),
+        "{}",
+        r.stderr
+    );
+    assert!(!root.token_dir().exists());
+    assert!(!root.gridd_conf().exists());
+    assert_eq!(root.restarts(), 0);
+}

@@ -784,32 +784,47 @@ fn apply(
         )
     };
 
-    // Stage the new files first: nothing visible changes yet.
+    // Stage the new files first: nothing visible changes yet. Directories created for them
+    // are removed again when staging fails.
     let mut token_stage = None;
     let mut conf_stage = None;
-    for change in plan {
-        match change {
-            Change::CreateDir { path, mode } => {
-                fsutil::create_dir_mode(path, *mode)
-                    .map_err(|e| write_err("the token directory", path, e))?;
+    let mut created_dirs: Vec<PathBuf> = Vec::new();
+    let staged = (|| -> anyhow::Result<()> {
+        for change in plan {
+            match change {
+                Change::CreateDir { path, mode } => {
+                    let created = fsutil::create_dir_mode(path, *mode)
+                        .map_err(|e| write_err("the token directory", path, e))?;
+                    created_dirs.extend(created.then(|| path.clone()));
+                }
+                Change::WriteToken { .. } => {
+                    token_stage = Some(
+                        fsutil::stage(&target, token_bytes, TOKEN_MODE, None)
+                            .map_err(|e| write_err("the new token", dir, e))?,
+                    );
+                }
+                Change::WriteGriddConf { path, .. } => {
+                    let parent = path.parent().unwrap_or(Path::new("/"));
+                    let created = fsutil::create_dir_mode(parent, 0o755)
+                        .map_err(|e| write_err("gridd.conf", parent, e))?;
+                    created_dirs.extend(created.then(|| parent.to_path_buf()));
+                    conf_stage = Some(
+                        fsutil::stage(path, conf_bytes, conf_mode, conf_owner)
+                            .map_err(|e| write_err("the new gridd.conf", parent, e))?,
+                    );
+                }
+                _ => {}
             }
-            Change::WriteToken { .. } => {
-                token_stage = Some(
-                    fsutil::stage(&target, token_bytes, TOKEN_MODE, None)
-                        .map_err(|e| write_err("the new token", dir, e))?,
-                );
-            }
-            Change::WriteGriddConf { path, .. } => {
-                let parent = path.parent().unwrap_or(Path::new("/"));
-                fsutil::create_dir_mode(parent, 0o755)
-                    .map_err(|e| write_err("gridd.conf", parent, e))?;
-                conf_stage = Some(
-                    fsutil::stage(path, conf_bytes, conf_mode, conf_owner)
-                        .map_err(|e| write_err("the new gridd.conf", parent, e))?,
-                );
-            }
-            _ => {}
         }
+        Ok(())
+    })();
+    if let Err(e) = staged {
+        drop(token_stage.take());
+        drop(conf_stage.take());
+        for d in created_dirs.iter().rev() {
+            let _ = fs::remove_dir(d);
+        }
+        return Err(e);
     }
 
     // Move strays (and keep the previous token) aside; undo on error.

@@ -1,2 +1,172 @@
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use super::*;
+use crate::token::tests::make_token;
+
+fn payload(jti: &str, exp: i64) -> serde_json::Value {
+    serde_json::json!({
+        "iss": "NLS Service Instance", "iat": 1700000000, "nbf": 1700000000, "exp": exp,
+        "jti": jti,
+        "service_instance_configuration": {
+            "svc_port_set_list": [{"idx": 0, "svc_port_map": [
+                {"service": "auth", "port": 443}, {"service": "lease", "port": 443}]}],
+            "node_url_list": [{"idx": 0, "url": "dls.example", "svc_port_set_idx": 0}]
+        }
+    })
+}
+
+fn tok(jti: &str) -> Vec<u8> {
+    make_token(&payload(jti, 2078691200)).into_bytes()
+}
+
+fn settings(root: &Path) -> Settings {
+    let mut s = Settings::default();
+    s.paths.token_dir = root.join("etc/nvidia/ClientConfigToken");
+    s.paths.gridd_conf = root.join("etc/nvidia/gridd.conf");
+    s.paths.state_dir = root.join("var/lib/vgpu-license-agent");
+    s.commands.restart_gridd = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo r >> {}", root.join("restarts").display()),
+    ];
+    s.commands.nvidia_smi = root.join("none").display().to_string();
+    s
+}
+
+fn restarts(root: &Path) -> usize {
+    fs::read_to_string(root.join("restarts"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+fn request(token: Vec<u8>) -> Request {
+    Request {
+        token,
+        feature_type: 1,
+        force: false,
+        dry_run: false,
+        restart: true,
+    }
+}
+
 #[test]
-fn placeholder() {}
+fn adopts_a_token_dropped_by_cloud_init_once() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    fs::write(s.paths.token_path(), tok("a")).unwrap();
+    fs::set_permissions(s.paths.token_path(), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(s.paths.token_dir.join("old.tok"), b"old").unwrap();
+
+    let o = adopt_dropped_token(&s).unwrap();
+    assert_eq!(o.restart, Restart::Done);
+    assert!(o.changes.iter().any(|c| matches!(
+        c,
+        Change::ChmodToken {
+            from: 0o600,
+            to: 0o744,
+            ..
+        }
+    )));
+    assert!(
+        o.changes
+            .iter()
+            .any(|c| matches!(c, Change::MoveStray { .. }))
+    );
+    assert!(
+        o.changes
+            .iter()
+            .any(|c| matches!(c, Change::WriteGriddConf { created: true, .. }))
+    );
+    assert!(
+        !o.changes
+            .iter()
+            .any(|c| matches!(c, Change::WriteToken { .. }))
+    );
+    assert_eq!(restarts(d.path()), 1);
+
+    let again = adopt_dropped_token(&s).unwrap();
+    assert!(!again.changed());
+    assert_eq!(again.restart, Restart::NotNeeded);
+    assert_eq!(restarts(d.path()), 1);
+}
+
+#[test]
+fn a_token_already_in_place_is_restarted_for_once() {
+    // cloud-init's write_files left the token with the right mode and gridd.conf is right:
+    // nothing to change, but gridd has not been restarted since the token appeared.
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    fs::set_permissions(&s.paths.token_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(s.paths.token_path(), tok("a")).unwrap();
+    fs::set_permissions(s.paths.token_path(), fs::Permissions::from_mode(0o744)).unwrap();
+    fs::write(&s.paths.gridd_conf, b"FeatureType=1\n").unwrap();
+    fs::set_permissions(&s.paths.gridd_conf, fs::Permissions::from_mode(0o644)).unwrap();
+    let o = adopt_dropped_token(&s).unwrap();
+    assert!(!o.changed(), "{:?}", o.changes);
+    assert_eq!(o.restart, Restart::Done);
+    assert!(o.restart_reason.unwrap().contains("not restarted it since"));
+    // An install of the same token afterwards changes and restarts nothing.
+    let o = install(&request(tok("a")), &s).unwrap();
+    assert_eq!(o.restart, Restart::NotNeeded);
+    assert_eq!(restarts(d.path()), 1);
+}
+
+#[test]
+fn adopt_refuses_a_bad_or_missing_token_and_changes_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    let e = adopt_dropped_token(&s).unwrap_err();
+    assert!(e.downcast_ref::<NoToken>().is_some(), "{e}");
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    fs::write(s.paths.token_path(), b"FeatureType=1\n").unwrap();
+    fs::write(s.paths.token_dir.join("stray"), b"x").unwrap();
+    let e = adopt_dropped_token(&s).unwrap_err();
+    assert!(matches!(
+        e.downcast_ref::<TokenRejected>(),
+        Some(TokenRejected::Invalid(TokenError::LooksLikeGriddConf))
+    ));
+    assert!(s.paths.token_dir.join("stray").exists());
+    assert!(!s.paths.gridd_conf.exists());
+    let expired = make_token(&payload("e", 1700000001)).into_bytes();
+    fs::write(s.paths.token_path(), expired).unwrap();
+    let e = adopt_dropped_token(&s).unwrap_err();
+    assert!(matches!(
+        e.downcast_ref::<TokenRejected>(),
+        Some(TokenRejected::Expired(_))
+    ));
+    assert_eq!(restarts(d.path()), 0);
+}
+
+#[test]
+fn dry_run_plans_without_touching_anything() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    let mut req = request(tok("a"));
+    req.dry_run = true;
+    let o = install(&req, &s).unwrap();
+    assert_eq!(o.restart, Restart::WouldRestart);
+    assert_eq!(o.changes.len(), 3, "{:?}", o.changes);
+    assert!(o.lines().iter().skip(1).all(|l| l.starts_with("would ")));
+    assert!(!d.path().join("etc").exists());
+    assert!(!s.paths.state_dir.exists());
+}
+
+#[test]
+fn validity_is_checked_against_the_given_time() {
+    let t = tok("a");
+    let before = DateTime::from_timestamp(1_600_000_000, 0).unwrap();
+    assert!(matches!(
+        validate(&t, before, false),
+        Err(TokenRejected::NotYetValid { .. })
+    ));
+    let (_, warning) = validate(&t, before, true).unwrap();
+    assert!(warning.unwrap().contains("not valid before"));
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    let e = install_at(&request(t), &s, before).unwrap_err();
+    assert!(e.to_string().contains("fix the clock"), "{e}");
+    assert!(!d.path().join("etc").exists());
+}

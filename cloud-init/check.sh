@@ -1,0 +1,81 @@
+#!/bin/sh
+# Validates every user-data file in this directory with the real cloud-init schema
+# (Debian's cloud-init package: apt-get install -y --no-install-recommends cloud-init), and
+# checks what the agent relies on: the token's path, encoding and quoted mode, and that each
+# agent config drop-in is accepted by the agent itself (when a built binary is found).
+# Exits non-zero when any check fails.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+if ! command -v cloud-init >/dev/null 2>&1; then
+    echo "check.sh: cloud-init is not installed (apt-get install -y --no-install-recommends cloud-init)" >&2
+    exit 2
+fi
+bin=${VGPU_LICENSE_AGENT_BIN:-}
+if [ -z "$bin" ]; then
+    for b in "$repo/target/debug/vgpu-license-agent" "$repo/target/release/vgpu-license-agent"; do
+        if [ -x "$b" ]; then bin=$b; break; fi
+    done
+fi
+failed=0
+count=0
+for f in "$here"/*.yaml; do
+    count=$((count + 1))
+    name=$(basename "$f")
+    if out=$(cloud-init schema --config-file "$f" 2>&1); then
+        echo "ok: $name: cloud-init schema: $out"
+    else
+        echo "FAIL: $name: cloud-init schema: $out" >&2
+        failed=1
+        continue
+    fi
+    if ! head -n 1 "$f" | grep -qx '#cloud-config'; then
+        echo "FAIL: $name: the first line must be #cloud-config" >&2
+        failed=1
+    fi
+    # The agent's own expectations, and each config drop-in through the agent's loader.
+    if ! python3 - "$f" "$bin" <<'PY'
+import os, subprocess, sys, tempfile
+import yaml
+
+path, binary = sys.argv[1], sys.argv[2]
+doc = yaml.safe_load(open(path))
+ok = True
+for wf in doc.get("write_files", []):
+    p = wf["path"]
+    if p.endswith(".tok"):
+        want = {"path": "/etc/nvidia/ClientConfigToken/client_configuration_token.tok",
+                "encoding": "b64", "permissions": "0744"}
+        for k, v in want.items():
+            if wf.get(k) != v:
+                print(f"FAIL: {path}: token {k} is {wf.get(k)!r}, expected {v!r}", file=sys.stderr)
+                ok = False
+    if not isinstance(wf.get("permissions", ""), str):
+        print(f"FAIL: {path}: {p}: permissions must be a quoted string", file=sys.stderr)
+        ok = False
+    if p.startswith("/etc/vgpu-license-agent/config.d/") and p.endswith(".toml"):
+        if not binary:
+            print(f"skip: {p}: no built vgpu-license-agent to load it with")
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "config.d"))
+            with open(os.path.join(d, "config.d", os.path.basename(p)), "w") as fh:
+                fh.write(wf["content"])
+            r = subprocess.run([binary, "--config", os.path.join(d, "config.toml"),
+                                "prepare-image", "--dry-run"], capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"FAIL: {path}: {p} is refused by the agent: {r.stderr.strip()}", file=sys.stderr)
+                ok = False
+            else:
+                print(f"ok: {p}: accepted by the agent's config loader")
+sys.exit(0 if ok else 1)
+PY
+    then
+        failed=1
+    fi
+done
+if [ "$count" -eq 0 ]; then
+    echo "FAIL: no user-data file found in $here" >&2
+    exit 1
+fi
+exit "$failed"
