@@ -1,0 +1,249 @@
+#!/bin/bash
+# CI checks of the Debian package, the systemd unit and the alert rules (issue 5):
+#
+#   bash deb/check.sh
+#
+# Runs as root on a throwaway Debian bookworm machine: it installs the apt packages it needs,
+# builds the package (deb/build.sh), and installs and purges it on this machine. Every check
+# runs even when an earlier one failed; the script exits non-zero if any failed, and says
+# which. Set VGPU_DEB_SKIP_BUILD=1 to check an already built package.
+set -uo pipefail
+# No `cmd | grep -q` below: with pipefail, grep's early exit fails cmd with SIGPIPE.
+
+# Debian packages the checks need (cargo/rustc come from the CI image).
+APT_PACKAGES=(lintian prometheus systemd shellcheck dpkg-dev man-db binutils)
+MAX_EXPOSURE=3.0
+
+NAME=vgpu-license-agent
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+UNIT=packaging/$NAME.service
+FAILED=()
+SKIPPED=()
+
+banner() { printf '\n======== %s ========\n' "$*"; }
+fail() {
+	echo "FAILED: $*" >&2
+	FAILED+=("$*")
+}
+# check NAME COMMAND...: runs COMMAND, records NAME as failed when it fails.
+check() {
+	local name=$1
+	shift
+	banner "$name"
+	if "$@"; then
+		echo "ok: $name"
+	else
+		fail "$name"
+	fi
+}
+skip() {
+	banner "SKIPPED: $*"
+	echo "!!!!!!!! SKIPPED: $* !!!!!!!!" >&2
+	SKIPPED+=("$*")
+}
+
+install_missing_packages() {
+	local missing=() p
+	for p in "${APT_PACKAGES[@]}"; do
+		[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] ||
+			missing+=("$p")
+	done
+	[ ${#missing[@]} -eq 0 ] && return 0
+	echo "installing: ${missing[*]}"
+	[ "$(id -u)" = 0 ] || {
+		echo "need root to install ${missing[*]}" >&2
+		return 1
+	}
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+check_shellcheck() {
+	local scripts=(deb/build.sh deb/check.sh deb/postinst deb/prerm deb/postrm)
+	[ -f deb/boot-test.sh ] && scripts+=(deb/boot-test.sh)
+	shellcheck --severity=style "${scripts[@]}"
+}
+
+check_rules() {
+	promtool check rules packaging/$NAME.rules.yml && (cd deb && promtool test rules alert-rules.test.yml)
+}
+
+check_security() {
+	local out level
+	out=$(systemd-analyze security --offline=true --no-pager "$UNIT") || return 1
+	echo "$out"
+	level=$(echo "$out" | sed -n 's/^→ Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p')
+	[ -n "$level" ] || {
+		echo "no exposure level in the output" >&2
+		return 1
+	}
+	echo "exposure $level (limit $MAX_EXPOSURE)"
+	awk -v l="$level" -v max="$MAX_EXPOSURE" 'BEGIN { exit !(l <= max) }'
+}
+
+check_catalog() {
+	local tmp rc=0 id
+	tmp=$(mktemp -d)
+	install -D -m 0644 packaging/$NAME.catalog "$tmp/usr/lib/systemd/catalog/$NAME.catalog"
+	journalctl --root="$tmp" --update-catalog || rc=1
+	while read -r id; do
+		grep -q "^$id " <<<"$(journalctl --root="$tmp" --list-catalog "$id")" || {
+			echo "catalog entry $id did not compile" >&2
+			rc=1
+		}
+	done < <(sed -n 's/^-- \([0-9a-f]\{32\}\)$/\1/p' packaging/$NAME.catalog)
+	rm -rf "$tmp"
+	return $rc
+}
+
+check_lintian() {
+	lintian --pedantic --display-info --fail-on error,warning "$DEB"
+}
+
+# Files and directories outside the volatile areas: before install and after purge, they must
+# be the same.
+snapshot() {
+	find /etc /usr /var /run /opt \
+		\( -path /var/lib/dpkg -o -path /var/log -o -path /var/cache -o -path /var/tmp \
+		-o -path /var/lib/apt -o -path /var/lib/systemd/catalog -o -path /run/user \
+		-o -path /var/lib/lintian -o -path /run/systemd/transient -o -path /run/systemd/units \
+		-o -path /var/lib/systemd/timers -o -path /var/lib/systemd/coredump \
+		-o -path /run/systemd/journal -o -path /var/lib/prometheus/metrics2 \) -prune -o -print 2>/dev/null |
+		LC_ALL=C sort
+}
+
+check_installed() {
+	local rc=0 installed=/usr/lib/systemd/system/$NAME.service verify
+	[ "$(dpkg-query -W -f='${Status}' "$NAME" 2>/dev/null)" = "install ok installed" ] || {
+		echo "not installed" >&2
+		return 1
+	}
+	"/usr/bin/$NAME" --version || rc=1
+	# verify needs the unit's ExecStart binary and its Documentation= man page: both come
+	# from the package just installed.
+	verify=$(systemd-analyze verify "$installed" 2>&1) || rc=1
+	if [ -n "$verify" ]; then
+		echo "systemd-analyze verify $installed:" >&2
+		echo "$verify" >&2
+		rc=1
+	fi
+	man -w "$NAME" || rc=1
+	[ -e "/etc/systemd/system/multi-user.target.wants/$NAME.service" ] || {
+		echo "the unit is not enabled" >&2
+		rc=1
+	}
+	grep -q "$NAME" <<<"$(journalctl --list-catalog)" || {
+		echo "the catalog is not in journald's database (systemd's dpkg trigger)" >&2
+		rc=1
+	}
+	[ -d /var/lib/$NAME ] || {
+		echo "tmpfiles.d did not create /var/lib/$NAME" >&2
+		rc=1
+	}
+	return $rc
+}
+
+check_install_purge() {
+	local before after rc=0 new_paths leftovers others
+	before=$(snapshot)
+	dpkg -i "$DEB" || return 1
+	check_installed || rc=1
+	echo "--- dpkg -i again (reinstall of the same version)"
+	dpkg -i "$DEB" || rc=1
+	echo "--- dpkg -r, dpkg -i, dpkg -P"
+	dpkg -r "$NAME" || rc=1
+	dpkg -i "$DEB" || rc=1
+	check_installed || rc=1
+	dpkg -P "$NAME" || rc=1
+	after=$(snapshot)
+	# New paths of ours fail the check; others (daemons of the CI machine at work) are shown.
+	new_paths=$(comm -13 <(echo "$before") <(echo "$after"))
+	leftovers=$(echo "$new_paths" | grep -i -e vgpu -e "$NAME" || true)
+	others=$(echo "$new_paths" | grep -v -i -e vgpu -e "$NAME" || true)
+	if [ -n "$others" ]; then
+		echo "note: new paths since the install that are not the package's:"
+		echo "$others"
+	fi
+	if [ -n "$leftovers" ]; then
+		echo "left behind after purge:" >&2
+		echo "$leftovers" >&2
+		rc=1
+	fi
+	if dpkg -s "$NAME" >/dev/null 2>&1; then
+		echo "dpkg still knows $NAME after purge" >&2
+		rc=1
+	fi
+	return $rc
+}
+
+metrics_pass() {
+	local metrics
+	metrics=$("$1" analyze --journal "$2" --metrics) || return 1
+	echo "$metrics"
+	promtool check metrics <<<"$metrics"
+}
+
+# The agent's own metrics output, checked by promtool, where the binary can print it
+# (`analyze --metrics`). Until it can, the check is reported as skipped, never as passed.
+check_metrics() {
+	local bin=$TARGET_DIR/release/$NAME
+	if ! grep -q -- '--metrics' <<<"$("$bin" analyze --help 2>/dev/null)"; then
+		skip "promtool check metrics: no metrics output yet ($NAME analyze has no --metrics)"
+		return 0
+	fi
+	local sample
+	sample=$(mktemp)
+	cat >"$sample" <<'LOG'
+Mar 03 10:00:01 vm nvidia-gridd[901]: Started (901)
+Mar 03 10:00:02 vm nvidia-gridd[901]: Acquiring license. (Info: dls.example.com; NVIDIA Virtual Compute Server)
+Mar 03 10:00:03 vm nvidia-gridd[901]: Failed to acquire license from dls.example.com (Info: NVIDIA Virtual Compute Server - Error: Clock windback has been detected)
+Mar 03 10:05:03 vm nvidia-gridd[901]: License acquired successfully. (Info: dls.example.com, NVIDIA Virtual Compute Server; Expiry: 2030-3-4 10:5:3 GMT)
+LOG
+	check "promtool check metrics" metrics_pass "$bin" "$sample"
+	rm -f "$sample"
+}
+
+banner "apt packages: ${APT_PACKAGES[*]}"
+install_missing_packages || {
+	echo "FAILED: cannot install the packages the checks need" >&2
+	exit 1
+}
+
+check "shellcheck" check_shellcheck
+
+if [ "${VGPU_DEB_SKIP_BUILD:-0}" != 1 ]; then
+	banner "build (deb/build.sh)"
+	bash deb/build.sh || {
+		echo "FAILED: deb/build.sh" >&2
+		exit 1
+	}
+fi
+VERSION=$(dpkg-parsechangelog -l deb/changelog -S Version)
+DEB=$TARGET_DIR/debian/${NAME}_${VERSION}_$(dpkg --print-architecture).deb
+[ -f "$DEB" ] || {
+	echo "FAILED: $DEB is missing" >&2
+	exit 1
+}
+banner "package contents"
+dpkg-deb -I "$DEB"
+dpkg-deb -c "$DEB"
+
+check "lintian --pedantic" check_lintian
+check "promtool check rules + test rules" check_rules
+check "systemd-analyze security (exposure <= $MAX_EXPOSURE)" check_security
+check "journald catalog compiles" check_catalog
+check "dpkg -i / -r / -P, systemd-analyze verify, nothing left behind" check_install_purge
+check_metrics
+
+banner "summary"
+for s in "${SKIPPED[@]}"; do echo "SKIPPED: $s"; done
+if [ ${#FAILED[@]} -gt 0 ]; then
+	for f in "${FAILED[@]}"; do echo "FAILED: $f"; done
+	exit 1
+fi
+if [ ${#SKIPPED[@]} -gt 0 ]; then
+	echo "all checks passed, ${#SKIPPED[@]} skipped (see above)"
+else
+	echo "all checks passed"
+fi
