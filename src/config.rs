@@ -44,6 +44,7 @@ impl Paths {
 pub struct Commands {
     pub nvidia_smi: String,
     pub journalctl: String,
+    pub systemctl: String,
     pub restart_gridd: Vec<String>,
     /// Time limit for every command the agent runs.
     pub timeout: Duration,
@@ -52,13 +53,37 @@ pub struct Commands {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gridd {
     pub feature_type: u8,
+    /// nvidia-gridd's systemd unit.
+    pub unit: String,
 }
 
-/// Thresholds of the long-running service.
+/// Thresholds of the long-running service. Defaults suit a real DLS: leases of about a day,
+/// renewed by gridd, a grace period of about 15 minutes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Service {
     /// A lease expiring sooner than this is a warning.
     pub expiry_warning: Duration,
+    /// nvidia-smi is read this often while no license is held.
+    pub poll_unlicensed: Duration,
+    /// ... and this often while one is held (and every minute in the last hour of a lease).
+    pub poll_licensed: Duration,
+    /// Unlicensed this long with a failure a retry can clear: restart nvidia-gridd.
+    pub restart_grace: Duration,
+    /// First wait between restarts of nvidia-gridd; doubles after each, up to `restart_backoff_max`.
+    pub restart_backoff: Duration,
+    pub restart_backoff_max: Duration,
+    /// At most this many restarts of nvidia-gridd in any hour.
+    pub restart_budget_per_hour: u32,
+    /// Time limit of each step of a DLS probe (DNS, TCP, TLS, HTTPS).
+    pub probe_timeout: Duration,
+    /// A guest clock off the DLS's by more than this is a failure (`clock_skew`).
+    pub clock_skew_max: Duration,
+    /// Optional Unix socket serving the metrics over HTTP (`GET /metrics`).
+    pub metrics_socket: Option<PathBuf>,
+    /// Optional TCP address serving the metrics (opt-in, e.g. "127.0.0.1:9841").
+    pub metrics_listen: Option<String>,
+    /// Optional URL the report is POSTed to on every state change (HTTPS, verified).
+    pub webhook_url: Option<String>,
 }
 
 impl Default for Settings {
@@ -80,6 +105,7 @@ impl Default for Settings {
             commands: Commands {
                 nvidia_smi: "nvidia-smi".into(),
                 journalctl: "journalctl".into(),
+                systemctl: "systemctl".into(),
                 restart_gridd: vec![
                     "systemctl".into(),
                     "restart".into(),
@@ -87,9 +113,23 @@ impl Default for Settings {
                 ],
                 timeout: Duration::from_secs(30),
             },
-            gridd: Gridd { feature_type: 1 },
+            gridd: Gridd {
+                feature_type: 1,
+                unit: "nvidia-gridd.service".into(),
+            },
             service: Service {
                 expiry_warning: Duration::from_secs(12 * 3600),
+                poll_unlicensed: Duration::from_secs(15),
+                poll_licensed: Duration::from_secs(300),
+                restart_grace: Duration::from_secs(120),
+                restart_backoff: Duration::from_secs(60),
+                restart_backoff_max: Duration::from_secs(1800),
+                restart_budget_per_hour: 4,
+                probe_timeout: Duration::from_secs(5),
+                clock_skew_max: Duration::from_secs(60),
+                metrics_socket: None,
+                metrics_listen: None,
+                webhook_url: None,
             },
         }
     }
@@ -140,6 +180,7 @@ struct PathsFragment {
 struct CommandsFragment {
     nvidia_smi: Option<String>,
     journalctl: Option<String>,
+    systemctl: Option<String>,
     restart_gridd: Option<Vec<String>>,
     timeout_seconds: Option<u64>,
 }
@@ -148,12 +189,24 @@ struct CommandsFragment {
 #[serde(deny_unknown_fields)]
 struct GriddFragment {
     feature_type: Option<u8>,
+    unit: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ServiceFragment {
     expiry_warning_hours: Option<u64>,
+    poll_unlicensed_seconds: Option<u64>,
+    poll_licensed_seconds: Option<u64>,
+    restart_grace_seconds: Option<u64>,
+    restart_backoff_seconds: Option<u64>,
+    restart_backoff_max_seconds: Option<u64>,
+    restart_budget_per_hour: Option<u32>,
+    probe_timeout_seconds: Option<u64>,
+    clock_skew_max_seconds: Option<u64>,
+    metrics_socket: Option<PathBuf>,
+    metrics_listen: Option<String>,
+    webhook_url: Option<String>,
 }
 
 macro_rules! merge {
@@ -233,13 +286,49 @@ impl Settings {
             gridd_client_state
         );
         let c = frag.commands;
-        merge!(self.commands, c, nvidia_smi, journalctl, restart_gridd);
+        merge!(
+            self.commands,
+            c,
+            nvidia_smi,
+            journalctl,
+            systemctl,
+            restart_gridd
+        );
         if let Some(t) = c.timeout_seconds {
             self.commands.timeout = Duration::from_secs(t);
         }
-        merge!(self.gridd, frag.gridd, feature_type);
-        if let Some(h) = frag.service.expiry_warning_hours {
-            self.service.expiry_warning = Duration::from_secs(h * 3600);
+        merge!(self.gridd, frag.gridd, feature_type, unit);
+        let sv = frag.service;
+        let svc = &mut self.service;
+        for (value, field, unit) in [
+            (sv.expiry_warning_hours, &mut svc.expiry_warning, 3600),
+            (sv.poll_unlicensed_seconds, &mut svc.poll_unlicensed, 1),
+            (sv.poll_licensed_seconds, &mut svc.poll_licensed, 1),
+            (sv.restart_grace_seconds, &mut svc.restart_grace, 1),
+            (sv.restart_backoff_seconds, &mut svc.restart_backoff, 1),
+            (
+                sv.restart_backoff_max_seconds,
+                &mut svc.restart_backoff_max,
+                1,
+            ),
+            (sv.probe_timeout_seconds, &mut svc.probe_timeout, 1),
+            (sv.clock_skew_max_seconds, &mut svc.clock_skew_max, 1),
+        ] {
+            if let Some(v) = value {
+                *field = Duration::from_secs(v.saturating_mul(unit));
+            }
+        }
+        if let Some(n) = sv.restart_budget_per_hour {
+            svc.restart_budget_per_hour = n;
+        }
+        if sv.metrics_socket.is_some() {
+            svc.metrics_socket = sv.metrics_socket;
+        }
+        if sv.metrics_listen.is_some() {
+            svc.metrics_listen = sv.metrics_listen;
+        }
+        if sv.webhook_url.is_some() {
+            svc.webhook_url = sv.webhook_url;
         }
         self.validate()
     }
@@ -256,6 +345,39 @@ impl Settings {
                 "commands.restart_gridd: expected a command and its arguments, e.g. [\"systemctl\", \"restart\", \"nvidia-gridd.service\"]"
                     .into(),
             );
+        }
+        let svc = &self.service;
+        for (key, d) in [
+            ("service.poll_unlicensed_seconds", svc.poll_unlicensed),
+            ("service.poll_licensed_seconds", svc.poll_licensed),
+            ("service.restart_backoff_seconds", svc.restart_backoff),
+            ("service.probe_timeout_seconds", svc.probe_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{key}: expected at least 1"));
+            }
+        }
+        if svc.restart_backoff_max < svc.restart_backoff {
+            return Err(
+                "service.restart_backoff_max_seconds: expected at least restart_backoff_seconds"
+                    .into(),
+            );
+        }
+        if let Some(addr) = &svc.metrics_listen
+            && addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(format!(
+                "service.metrics_listen = {addr:?}: expected an address and port, e.g. \"127.0.0.1:9841\""
+            ));
+        }
+        if let Some(url) = &svc.webhook_url
+            && !url.starts_with("https://")
+            && !url.starts_with("http://127.0.0.1")
+            && !url.starts_with("http://localhost")
+        {
+            return Err(format!(
+                "service.webhook_url = {url:?}: expected an https:// URL (plain http only to localhost)"
+            ));
         }
         if self.commands.timeout.is_zero() {
             return Err("commands.timeout_seconds: expected at least 1".into());

@@ -11,6 +11,7 @@ pub mod config;
 pub mod fsutil;
 pub mod gridd_conf;
 pub mod install;
+pub mod live;
 pub mod observe;
 pub mod prepare;
 pub mod report;

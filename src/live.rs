@@ -1,0 +1,228 @@
+//! Observing the guest now: nvidia-smi, gridd's journal of this boot, the token, gridd's
+//! unit. Used by `status` (when no service runs), `diagnose` and the service itself, so that
+//! all of them see the same things the same way.
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+
+use crate::command;
+use crate::config::Settings;
+use crate::observe::journal::{self, ScanStats};
+use crate::observe::smi::{self, SmiSnapshot};
+use crate::report::Reason;
+use crate::state::{LogFold, Observations};
+use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
+
+/// What running `nvidia-smi -q` gave.
+#[derive(Debug)]
+pub enum SmiRead {
+    Snapshot(SmiSnapshot),
+    /// It could not be run, failed, or timed out: the one-line reason.
+    Failed(String),
+}
+
+/// Runs `nvidia-smi -q` with the configured time limit.
+pub fn read_smi(settings: &Settings) -> SmiRead {
+    let argv = vec![settings.commands.nvidia_smi.clone(), "-q".to_string()];
+    match command::run(&argv, settings.commands.timeout) {
+        Err(e) => SmiRead::Failed(format!("{}: {e}", settings.commands.nvidia_smi)),
+        Ok(out) => {
+            let parsed = smi::parse(&out.stdout).unwrap_or_default();
+            if !out.status.success() && parsed.gpus.is_empty() {
+                let why = out
+                    .last_line()
+                    .unwrap_or_else(|| format!("exited with {}", out.status));
+                return SmiRead::Failed(format!("{}: {why}", settings.commands.nvidia_smi));
+            }
+            SmiRead::Snapshot(parsed)
+        }
+    }
+}
+
+/// The `journalctl` arguments that select nvidia-gridd's entries of this boot.
+pub fn journal_args(settings: &Settings, follow: bool) -> Vec<String> {
+    let mut argv = vec![
+        settings.commands.journalctl.clone(),
+        "--boot".into(),
+        "--output=json".into(),
+        "--no-pager".into(),
+    ];
+    if follow {
+        // The history is read separately; follow only what comes next.
+        argv.push("--follow".into());
+        argv.push("--lines=0".into());
+    }
+    argv.extend([
+        "_COMM=nvidia-gridd".into(),
+        "+".into(),
+        "SYSLOG_IDENTIFIER=nvidia-gridd".into(),
+    ]);
+    argv
+}
+
+/// Reads gridd's journal of this boot into a fold.
+pub fn read_journal(settings: &Settings, max_events: usize) -> Result<(LogFold, ScanStats), String> {
+    let argv = journal_args(settings, false);
+    let out = command::run(&argv, settings.commands.timeout)
+        .map_err(|e| format!("{}: {e}", settings.commands.journalctl))?;
+    if !out.status.success() && out.stdout.is_empty() {
+        return Err(format!(
+            "{}: {}",
+            settings.commands.journalctl,
+            out.last_line().unwrap_or_else(|| out.status.to_string())
+        ));
+    }
+    let mut fold = LogFold::new(max_events);
+    let stats = journal::scan(&out.stdout[..], |e| fold.push(e)).map_err(|e| e.to_string())?;
+    Ok((fold, stats))
+}
+
+/// The token directory as gridd sees it.
+#[derive(Debug)]
+pub struct TokenState {
+    pub path: PathBuf,
+    /// The token, or why there is none usable.
+    pub token: Result<Token, TokenProblem>,
+    /// The file's mode, when it exists.
+    pub mode: Option<u32>,
+    /// Other files in the token directory (gridd may read them and fail).
+    pub strays: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenProblem {
+    Missing,
+    Unreadable(String),
+    Invalid(TokenError),
+    Expired(DateTime<Utc>),
+    NotYetValid(DateTime<Utc>),
+}
+
+impl TokenProblem {
+    pub fn reason(&self) -> Reason {
+        match self {
+            TokenProblem::Missing => Reason::TokenMissing,
+            TokenProblem::Unreadable(_) | TokenProblem::Invalid(_) => Reason::TokenInvalid,
+            TokenProblem::Expired(_) | TokenProblem::NotYetValid(_) => Reason::TokenExpired,
+        }
+    }
+}
+
+impl std::fmt::Display for TokenProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenProblem::Missing => f.write_str("no client configuration token is installed"),
+            TokenProblem::Unreadable(e) => write!(f, "the token cannot be read: {e}"),
+            TokenProblem::Invalid(e) => write!(f, "the installed token is unusable: {e}"),
+            TokenProblem::Expired(t) => write!(
+                f,
+                "the installed token expired at {}",
+                crate::time::rfc3339(*t)
+            ),
+            TokenProblem::NotYetValid(t) => write!(
+                f,
+                "the installed token is not valid before {} (is this guest's clock right?)",
+                crate::time::rfc3339(*t)
+            ),
+        }
+    }
+}
+
+/// Looks at the installed token and its directory.
+pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let path = settings.paths.token_path();
+    let strays = std::fs::read_dir(&settings.paths.token_dir)
+        .map(|rd| {
+            let mut v: Vec<PathBuf> = rd
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| *p != path)
+                .collect();
+            v.sort();
+            v
+        })
+        .unwrap_or_default();
+    let mode = std::fs::symlink_metadata(&path)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o7777);
+    let token = match std::fs::File::open(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(TokenProblem::Missing),
+        Err(e) => Err(TokenProblem::Unreadable(e.to_string())),
+        Ok(f) => {
+            let mut bytes = Vec::new();
+            match f.take(MAX_TOKEN_BYTES as u64 + 1).read_to_end(&mut bytes) {
+                Err(e) => Err(TokenProblem::Unreadable(e.to_string())),
+                Ok(_) => match Token::decode(&bytes) {
+                    Err(e) => Err(TokenProblem::Invalid(e)),
+                    Ok(t) => match t.validity(now) {
+                        Validity::Valid => Ok(t),
+                        Validity::Expired(at) => Err(TokenProblem::Expired(at)),
+                        Validity::NotYetValid(at) => Err(TokenProblem::NotYetValid(at)),
+                    },
+                },
+            }
+        }
+    };
+    TokenState {
+        path,
+        token,
+        mode,
+        strays,
+    }
+}
+
+/// Whether nvidia-gridd's unit runs: `Ok(())`, or the one-line reason it does not. `None`
+/// when systemctl cannot answer (no systemd here).
+pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
+    let argv = vec![
+        settings.commands.systemctl.clone(),
+        "is-active".into(),
+        settings.gridd.unit.clone(),
+    ];
+    let out = command::run(&argv, settings.commands.timeout).ok()?;
+    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match state.as_str() {
+        "active" | "reloading" | "activating" => Some(Ok(())),
+        "inactive" | "failed" | "deactivating" => Some(Err(format!(
+            "{} is {state}",
+            settings.gridd.unit
+        ))),
+        // "unknown" for a unit that does not exist, nothing when systemd is not running.
+        "unknown" => Some(Err(format!("{} is not installed", settings.gridd.unit))),
+        _ => None,
+    }
+}
+
+/// Everything observable now, with the agent's own findings as `own_failure`.
+pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Observations {
+    let mut obs = Observations {
+        at: Some(now),
+        at_is_exact: true,
+        expiry_warning: chrono::Duration::from_std(settings.service.expiry_warning)
+            .unwrap_or(chrono::Duration::hours(12)),
+        ..Observations::default()
+    };
+    obs.smi = Some(match read_smi(settings) {
+        SmiRead::Snapshot(s) => s,
+        SmiRead::Failed(why) => SmiSnapshot {
+            driver_error: Some(why),
+            ..SmiSnapshot::default()
+        },
+    });
+    if let Ok(log) = read_journal(settings, max_events) {
+        obs.log = Some(log);
+    }
+    let token = token_state(settings, now);
+    match token.token {
+        Ok(t) => obs.token = Some(t),
+        Err(p) => obs.own_failure = Some((p.reason(), p.to_string())),
+    }
+    if obs.own_failure.is_none()
+        && let Some(Err(why)) = gridd_running(settings)
+    {
+        obs.own_failure = Some((Reason::GriddNotRunning, why));
+    }
+    obs
+}
