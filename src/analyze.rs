@@ -10,7 +10,7 @@ use anyhow::Context;
 
 use crate::cli::AnalyzeArgs;
 use crate::observe::{journal, smi};
-use crate::report::{Report, human};
+use crate::report::{Report, human, metrics};
 use crate::state::{LogFold, Observations, evaluate};
 use crate::token::Token;
 
@@ -116,7 +116,10 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
 /// The `analyze` command.
 pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     let report = analyze(args)?;
-    if args.json {
+    if args.metrics {
+        let counters = metrics::Counters::from_events(&report);
+        print!("{}", metrics::render(&report, &counters));
+    } else if args.json {
         let mut out = serde_json::to_string_pretty(&report).context("serializing the report")?;
         out.push('\n');
         print!("{out}");

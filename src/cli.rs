@@ -73,6 +73,9 @@ pub struct AnalyzeArgs {
     /// Print the report as JSON instead of a summary.
     #[arg(long)]
     pub json: bool,
+    /// Print the report as Prometheus metrics (the service's textfile format).
+    #[arg(long, conflicts_with = "json")]
+    pub metrics: bool,
     /// Keep at most this many of the latest events in the report.
     #[arg(long, value_name = "N", default_value_t = 200)]
     pub max_events: usize,

@@ -49,9 +49,10 @@ pub fn journal_args(settings: &Settings, follow: bool) -> Vec<String> {
         "--no-pager".into(),
     ];
     if follow {
-        // The history is read separately; follow only what comes next.
+        // This boot's entries, then what comes next: the fold is rebuilt from them whenever
+        // the follower (re)starts, so nothing is lost or seen twice.
         argv.push("--follow".into());
-        argv.push("--lines=0".into());
+        argv.push("--lines=all".into());
     }
     argv.extend([
         "_COMM=nvidia-gridd".into(),
@@ -62,7 +63,10 @@ pub fn journal_args(settings: &Settings, follow: bool) -> Vec<String> {
 }
 
 /// Reads gridd's journal of this boot into a fold.
-pub fn read_journal(settings: &Settings, max_events: usize) -> Result<(LogFold, ScanStats), String> {
+pub fn read_journal(
+    settings: &Settings,
+    max_events: usize,
+) -> Result<(LogFold, ScanStats), String> {
     let argv = journal_args(settings, false);
     let out = command::run(&argv, settings.commands.timeout)
         .map_err(|e| format!("{}: {e}", settings.commands.journalctl))?;
@@ -185,10 +189,9 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
     let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
     match state.as_str() {
         "active" | "reloading" | "activating" => Some(Ok(())),
-        "inactive" | "failed" | "deactivating" => Some(Err(format!(
-            "{} is {state}",
-            settings.gridd.unit
-        ))),
+        "inactive" | "failed" | "deactivating" => {
+            Some(Err(format!("{} is {state}", settings.gridd.unit)))
+        }
         // "unknown" for a unit that does not exist, nothing when systemd is not running.
         "unknown" => Some(Err(format!("{} is not installed", settings.gridd.unit))),
         _ => None,
@@ -211,8 +214,10 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
             ..SmiSnapshot::default()
         },
     });
-    if let Ok(log) = read_journal(settings, max_events) {
-        obs.log = Some(log);
+    if let Ok((fold, mut stats)) = read_journal(settings, max_events) {
+        // Live, the log ends now: a lease past its expiry is not held.
+        stats.last_stamp = Some(crate::observe::journal::Stamp::from_utc(now));
+        obs.log = Some((fold, stats));
     }
     let token = token_state(settings, now);
     match token.token {

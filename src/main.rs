@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use vgpu_license_agent::cli::{Cli, Command, TokenCommand};
 use vgpu_license_agent::config::Settings;
-use vgpu_license_agent::{analyze, install, not_built, prepare, token_inspect};
+use vgpu_license_agent::{analyze, install, prepare, token_inspect};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -30,8 +30,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Token(TokenCommand::Inspect(args)) => token_inspect::run(args, &settings()?),
         Command::Install(args) => install::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
         Command::PrepareImage(args) => prepare::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
-        Command::Run => Err(not_built("run")),
-        Command::Status(_) => Err(not_built("status")),
-        Command::Diagnose(_) => Err(not_built("diagnose")),
+        Command::Run => vgpu_license_agent::service::run(settings()?, &cli.config),
+        Command::Status(args) => vgpu_license_agent::status::run(args, &settings()?),
+        Command::Diagnose(args) => vgpu_license_agent::diagnose::run(args, &settings()?),
     }
 }

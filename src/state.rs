@@ -286,7 +286,9 @@ pub fn evaluate(obs: Observations) -> Report {
         })
         .or(log_license);
 
-    let failure = match obs.own_failure {
+    // Nothing here needs a license: the agent's token and gridd findings do not matter.
+    let own_failure = obs.own_failure.filter(|_| state != State::NotLicensable);
+    let failure = match own_failure {
         Some((reason, message)) => Some(Failure {
             reason,
             advice: advice(reason, None, None, profile.as_deref()),
@@ -352,6 +354,7 @@ pub fn evaluate(obs: Observations) -> Report {
         events_omitted: omitted,
         notes,
         exit_code,
+        agent_pid: None,
     }
 }
 

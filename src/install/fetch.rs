@@ -177,6 +177,22 @@ pub fn fetch(
     )
 }
 
+/// POSTs a JSON body (the service's webhook): HTTPS with the system's roots, verified.
+pub fn post_json(url: &str, body: Vec<u8>, timeout: Duration) -> anyhow::Result<()> {
+    let parsed = Url::parse(url).map_err(|e| anyhow!("{url:?} is not a URL: {e}"))?;
+    let shown = redact(&parsed);
+    let resp = client(&parsed, None, timeout)?
+        .post(parsed)
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .map_err(|e| anyhow!("POST {shown}: {}", chain(e)))?;
+    if !resp.status().is_success() {
+        return Err(anyhow!("POST {shown}: HTTP {}", resp.status()));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

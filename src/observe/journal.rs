@@ -572,8 +572,9 @@ fn str_field<'v>(entry: &'v Value, key: &str) -> Option<&'v str> {
     entry.get(key)?.as_str()
 }
 
-/// The scanner: feed it lines, it emits events. Keeps only O(1) state.
-struct Scanner<F: FnMut(GriddEvent)> {
+/// The line parser: feed it lines, it emits events. Keeps only O(1) state. [`scan`] drives it
+/// over a whole input; the service feeds it the lines of `journalctl --follow`.
+pub struct LineParser<F: FnMut(GriddEvent)> {
     sink: F,
     stats: ScanStats,
     /// Recent specific failures: (pid, time, reason, line number).
@@ -581,7 +582,26 @@ struct Scanner<F: FnMut(GriddEvent)> {
     line_no: u64,
 }
 
-impl<F: FnMut(GriddEvent)> Scanner<F> {
+impl<F: FnMut(GriddEvent)> LineParser<F> {
+    pub fn new(sink: F) -> Self {
+        LineParser {
+            sink,
+            stats: ScanStats::default(),
+            recent: VecDeque::new(),
+            line_no: 0,
+        }
+    }
+
+    /// Parses one line (without its newline): journal JSON when it starts with `{`, else text.
+    pub fn feed(&mut self, line: &[u8]) {
+        self.line(line, true);
+    }
+
+    /// What the lines so far said besides their events.
+    pub fn stats(&self) -> &ScanStats {
+        &self.stats
+    }
+
     fn emit(&mut self, stamp: Option<Stamp>, pid: Option<u32>, message: &str, c: Classified) {
         let mut c = c;
         let t = stamp.map(|s| s.ord());
@@ -722,12 +742,7 @@ impl<F: FnMut(GriddEvent)> Scanner<F> {
 
 /// Reads a gridd log from `reader`, calling `sink` for every event, oldest first.
 pub fn scan<R: Read, F: FnMut(GriddEvent)>(mut reader: R, sink: F) -> io::Result<ScanStats> {
-    let mut sc = Scanner {
-        sink,
-        stats: ScanStats::default(),
-        recent: VecDeque::new(),
-        line_no: 0,
-    };
+    let mut sc = LineParser::new(sink);
     let finder = memmem::Finder::new(IDENT.as_bytes());
     let mut buf = vec![0u8; CHUNK];
     let (mut start, mut end) = (0usize, 0usize);

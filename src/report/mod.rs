@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod human;
 pub mod message_ids;
+pub mod metrics;
 
 pub const SCHEMA: &str = "vgpu-license-agent/report/v1";
 
@@ -178,6 +179,9 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Monitoring-plugin exit code: 0 ok, 1 warning, 2 critical, 3 unknown.
     pub exit_code: u8,
+    /// The service process that wrote this report (`status.json` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_pid: Option<u32>,
 }
 
 fn is_zero(n: &u64) -> bool {

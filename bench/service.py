@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Benchmark of the service (`vgpu-license-agent run`) against the real journald.
+
+1. Latency: from a gridd line reaching the journal (sent to journald's syslog socket as nvidia-gridd) to
+   status.json and the metrics textfile showing it. Median and p90 of N lines.
+2. Idle with a license held: RSS and CPU (children included) over one hour compressed, next
+   to the shell loop people write instead (nvidia-smi every 60 s plus `journalctl -f | grep`),
+   with its detection delay.
+
+Usage: python3 bench/service.py [--binary target/release/vgpu-license-agent] [--lines 50]
+Needs root for nothing; needs journald (started when its socket is missing).
+"""
+import argparse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SMI = os.path.join(ROOT, "tests/fixtures/samples/smi-jp-dls-guide-2.txt")
+
+
+def ensure_journald():
+    if not os.path.exists("/run/systemd/journal/socket"):
+        subprocess.Popen(["/lib/systemd/systemd-journald"])
+        for _ in range(100):
+            if os.path.exists("/run/systemd/journal/dev-log") and os.path.exists("/run/systemd/journal/socket"):
+                break
+            time.sleep(0.05)
+
+
+def setup(root, poll_licensed):
+    os.makedirs(f"{root}/tok"); os.makedirs(f"{root}/state"); os.makedirs(f"{root}/prom")
+    # A guest holding a license until 2099 (the sample's layout, a later expiry).
+    smi = open(SMI).read().replace("2022-5-27 0:8:28 GMT", "2099-5-27 0:8:28 GMT")
+    open(f"{root}/smi.txt", "w").write(smi)
+    for name, body in [("nvidia-smi", f"#!/bin/sh\ncat {root}/smi.txt\n"),
+                       ("systemctl", "#!/bin/sh\necho active\n"),
+                       ("restart", f"#!/bin/sh\necho x >> {root}/restarts\n")]:
+        with open(f"{root}/{name}", "w") as f:
+            f.write(body)
+        os.chmod(f"{root}/{name}", 0o755)
+    tok = open(os.path.join(ROOT, "tests/fixtures/example.tok"), "rb").read()
+    with open(f"{root}/tok/client_configuration_token.tok", "wb") as f:
+        f.write(tok)
+    os.chmod(f"{root}/tok/client_configuration_token.tok", 0o744)
+    open(f"{root}/gridd.conf", "w").write("FeatureType=1\n")
+    open(f"{root}/config.toml", "w").write(f"""
+[paths]
+token_dir = "{root}/tok"
+gridd_conf = "{root}/gridd.conf"
+state_dir = "{root}/state"
+status_file = "{root}/status.json"
+metrics_textfile = "{root}/prom/vgpu_license_agent.prom"
+[commands]
+nvidia_smi = "{root}/nvidia-smi"
+systemctl = "{root}/systemctl"
+restart_gridd = ["{root}/restart"]
+[service]
+poll_licensed_seconds = {poll_licensed}
+""")
+
+
+def cpu_of(pid):
+    """utime+stime of the process and its reaped children, in seconds."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    tck = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in f[11:15]) / tck
+
+
+def rss_of(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_for(pred, timeout=10.0, step=0.0005):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
+
+
+def status_has(path, marker):
+    try:
+        return marker in open(path).read()
+    except OSError:
+        return False
+
+
+def send_gridd(msg):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(f"<30>nvidia-gridd[{os.getpid()}]: {msg}".encode(), "/run/systemd/journal/dev-log")
+    s.close()
+
+
+def latency(binary, n):
+    root = tempfile.mkdtemp(prefix="vla-bench-")
+    setup(root, 300)
+    agent = subprocess.Popen([binary, "--config", f"{root}/config.toml", "run"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: status_has(f"{root}/status.json", '"licensed"'), 15), "no report"
+        lat_status, lat_metrics = [], []
+        for i in range(n):
+            marker = f"bench-{os.getpid()}-{i}"
+            t0 = time.monotonic()
+            send_gridd(f"License renewed successfully. (Info: {marker}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
+            assert wait_for(lambda: status_has(f"{root}/status.json", marker)), marker
+            lat_status.append((time.monotonic() - t0) * 1000)
+            time.sleep(0.05)
+        # Metrics show a failure as soon as it happens: a counter by reason.
+        for i in range(min(n, 20)):
+            before = open(f"{root}/prom/vgpu_license_agent.prom").read()
+            t0 = time.monotonic()
+            send_gridd(f"Failed to acquire license from bench-{i} (Info: NVIDIA Virtual Compute Server - Error: Clock windback has been detected)")
+            assert wait_for(lambda: open(f"{root}/prom/vgpu_license_agent.prom").read() != before)
+            lat_metrics.append((time.monotonic() - t0) * 1000)
+            send_gridd(f"License renewed successfully. (Info: ok-{i}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
+            time.sleep(0.1)
+        return lat_status, lat_metrics
+    finally:
+        agent.terminate(); agent.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def idle(binary, seconds, poll):
+    root = tempfile.mkdtemp(prefix="vla-bench-")
+    setup(root, poll)
+    agent = subprocess.Popen([binary, "--config", f"{root}/config.toml", "run"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: status_has(f"{root}/status.json", '"licensed"'), 15)
+        time.sleep(2)
+        c0 = cpu_of(agent.pid)
+        time.sleep(seconds)
+        return cpu_of(agent.pid) - c0, rss_of(agent.pid)
+    finally:
+        agent.terminate(); agent.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def shell_loop(seconds, period):
+    """nvidia-smi every PERIOD s plus journalctl -f | grep: CPU and detection delay."""
+    root = tempfile.mkdtemp(prefix="vla-bench-")
+    setup(root, 300)
+    script = f"""
+journalctl -f -n 0 SYSLOG_IDENTIFIER=nvidia-gridd | grep --line-buffered -i license > {root}/seen &
+while true; do {root}/nvidia-smi -q | grep -i 'License Status' > {root}/smi-seen; sleep {period}; done
+"""
+    sh = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    try:
+        time.sleep(2)
+        c0 = cpu_tree(sh.pid)
+        t0 = time.monotonic()
+        marker = f"shell-{os.getpid()}"
+        send_gridd(f"License renewed successfully. (Info: {marker}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
+        wait_for(lambda: status_has(f"{root}/seen", marker))
+        journal_delay = (time.monotonic() - t0) * 1000
+        time.sleep(max(0, seconds - (time.monotonic() - t0)))
+        return cpu_tree(sh.pid) - c0, journal_delay
+    finally:
+        os.killpg(sh.pid, 15); sh.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def cpu_tree(pid):
+    """CPU of a process tree: each live member (with its reaped children)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += cpu_of(p)
+            kids = open(f"/proc/{p}/task/{p}/children").read().split()
+        except OSError:
+            continue
+        todo.extend(int(k) for k in kids)
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/vgpu-license-agent"))
+    ap.add_argument("--lines", type=int, default=50)
+    ap.add_argument("--seconds", type=int, default=60)
+    a = ap.parse_args()
+    ensure_journald()
+    st, me = latency(a.binary, a.lines)
+    q = lambda v: f"median {statistics.median(v):6.1f} ms, p90 {sorted(v)[int(len(v) * 0.9) - 1]:6.1f} ms, max {max(v):6.1f} ms (n={len(v)})"
+    print(f"gridd line -> status.json:      {q(st)}")
+    print(f"gridd failure -> metrics file:  {q(me)}")
+    # One hour compressed into SECONDS: nvidia-smi at the rate of an hour (12 polls at the
+    # default 300 s) plus SECONDS of idle; a second run without polls gives the idle rate.
+    polls_per_hour = 3600 // 300
+    cpu_polls, rss = idle(a.binary, a.seconds, max(1, a.seconds // polls_per_hour))
+    cpu_idle, rss2 = idle(a.binary, a.seconds, 3600)
+    per_hour = cpu_idle * 3600 / a.seconds + (cpu_polls - cpu_idle)
+    print(f"agent, license held, 1 h:       CPU {per_hour:5.2f} s/h (incl. {polls_per_hour} nvidia-smi runs), peak RSS {max(rss, rss2):4.1f} MiB")
+    cpu_sh, delay = shell_loop(a.seconds, 60)
+    print(f"shell loop (smi/60 s + journalctl -f | grep), 1 h: CPU {cpu_sh * 3600 / a.seconds:5.2f} s/h; "
+          f"journal line seen after {delay:.0f} ms, an nvidia-smi change after up to 60 s (30 s on average)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,685 @@
+//! `diagnose`: live checks, one line each with what is wrong and how to fix it: the driver,
+//! the vGPU mode, the token (present, decodable, valid now, mode, alone in its directory),
+//! gridd.conf, nvidia-gridd's unit, every DLS node of the token (DNS, TCP, TLS, HTTPS) and the
+//! clock against the DLS, then the license itself.
+//!
+//! The same observation as `status` and the service ([`live::observe`]), so the report it
+//! prints with `--json` is the one they print; the DLS probe's verdict becomes the report's
+//! failure where the report knows nothing more specific ([`probe::refines`]).
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::cli::JsonArg;
+use crate::config::Settings;
+use crate::gridd_conf::{GriddConf, feature_type_advice};
+use crate::live::{self, TokenProblem};
+use crate::observe::smi::SmiSnapshot;
+use crate::probe::{self, NodeProbe, StepName};
+use crate::report::human::both_times;
+use crate::report::{Reason, Report, State};
+use crate::state;
+use crate::time::rfc3339;
+
+/// Events kept in the report, as `analyze`'s default.
+const MAX_EVENTS: usize = 200;
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Not checked (with the reason in the message).
+    Skip,
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "OK",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+            Status::Skip => "SKIP",
+        }
+    }
+}
+
+/// One line of the checklist.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Check {
+    /// `driver`, `vgpu`, `token`, `token-mode`, `token-dir`, `gridd.conf`, `gridd`,
+    /// `dls-dns`, `dls-tcp`, `dls-tls`, `dls-https`, `clock`, `license`.
+    pub name: &'static str,
+    pub status: Status,
+    /// What was found (what is wrong, when it is).
+    pub message: String,
+    /// How to fix it, where something is wrong.
+    pub fix: Option<String>,
+}
+
+fn check(name: &'static str, status: Status, message: impl Into<String>) -> Check {
+    Check {
+        name,
+        status,
+        message: message.into(),
+        fix: None,
+    }
+}
+
+impl Check {
+    fn fix(mut self, fix: impl Into<String>) -> Check {
+        self.fix = Some(fix.into());
+        self
+    }
+}
+
+/// Everything `diagnose` found.
+#[derive(Debug, Clone)]
+pub struct Diagnosis {
+    pub checks: Vec<Check>,
+    pub probes: Vec<NodeProbe>,
+    pub report: Report,
+}
+
+impl Diagnosis {
+    /// 0 all checks pass, 1 a warning, 2 a failure, 3 nothing could be checked.
+    pub fn exit_code(&self) -> u8 {
+        exit_code(&self.checks)
+    }
+
+    /// The report with the checks and the probes added (`checks`, `dls_probes`).
+    pub fn to_json(&self) -> serde_json::Result<serde_json::Value> {
+        let mut v = serde_json::to_value(&self.report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("checks".into(), serde_json::to_value(&self.checks)?);
+            o.insert("dls_probes".into(), serde_json::to_value(&self.probes)?);
+        }
+        Ok(v)
+    }
+}
+
+/// 0 all checks pass, 1 a warning, 2 a failure, 3 nothing could be checked (all skipped).
+pub fn exit_code(checks: &[Check]) -> u8 {
+    match checks.iter().map(|c| c.status).max() {
+        Some(Status::Fail) => 2,
+        Some(Status::Warn) => 1,
+        Some(Status::Ok) => 0,
+        Some(Status::Skip) | None => 3,
+    }
+}
+
+/// The checklist for a terminal: `FAIL token      the installed token expired ... -> fix`,
+/// then a count.
+pub fn render(checks: &[Check]) -> String {
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    let mut o = String::new();
+    for c in checks {
+        let _ = write!(
+            o,
+            "{:<4} {:<width$}  {}",
+            c.status.label(),
+            c.name,
+            c.message
+        );
+        if let Some(fix) = &c.fix {
+            let _ = write!(o, " -> {fix}");
+        }
+        o.push('\n');
+    }
+    let count = |s: Status| checks.iter().filter(|c| c.status == s).count();
+    let _ = writeln!(
+        o,
+        "{} checks: {} ok, {} warning, {} failed, {} skipped",
+        checks.len(),
+        count(Status::Ok),
+        count(Status::Warn),
+        count(Status::Fail),
+        count(Status::Skip)
+    );
+    o
+}
+
+/// `diagnose [--json]`.
+pub fn run(args: &JsonArg, settings: &Settings) -> anyhow::Result<ExitCode> {
+    let d = diagnose(settings, Utc::now());
+    if args.json {
+        let v = d.to_json().context("serializing the report")?;
+        let mut out = serde_json::to_string_pretty(&v).context("serializing the report")?;
+        out.push('\n');
+        print!("{out}");
+    } else {
+        print!("{}", render(&d.checks));
+    }
+    Ok(ExitCode::from(d.exit_code()))
+}
+
+/// Runs every check now.
+pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
+    let mut obs = live::observe(settings, now, MAX_EVENTS);
+    let empty = SmiSnapshot::default();
+    let smi = obs.smi.as_ref().unwrap_or(&empty);
+    let mut checks = vec![driver_check(smi)];
+    checks.push(vgpu_check(smi));
+    checks.extend(token_checks(settings, now));
+    checks.push(gridd_conf_check(settings, smi));
+    checks.push(gridd_check(settings));
+
+    let probes = match &obs.token {
+        Some(t) => probe::probe_all(&probe::targets(t), settings.service.probe_timeout),
+        None => Vec::new(),
+    };
+    if obs.token.is_some() {
+        for p in &probes {
+            checks.extend(probe_checks(p, settings, now));
+        }
+    } else {
+        checks.push(check(
+            "dls",
+            Status::Skip,
+            "DLS checks skipped: no usable token names a DLS",
+        ));
+    }
+
+    let first = state::evaluate(obs.clone());
+    if let Some(v) = probe::verdict(&probes, settings.service.clock_skew_max)
+        && probe::refines(first.failure.as_ref().map(|f| f.reason))
+    {
+        obs.own_failure = Some(v);
+    }
+    let report = state::evaluate(obs);
+    checks.push(license_check(&report, &checks));
+    Diagnosis {
+        checks,
+        probes,
+        report,
+    }
+}
+
+const DRIVER_FIX: &str = "install the NVIDIA vGPU (GRID) guest driver of the host's vGPU software release, then check that `nvidia-smi -q` lists the GPU";
+
+fn driver_check(smi: &SmiSnapshot) -> Check {
+    if smi.gpus.is_empty() {
+        let why = smi
+            .driver_error
+            .clone()
+            .unwrap_or_else(|| "nvidia-smi lists no GPU".into());
+        let fix = if smi.driver_error.is_some() {
+            DRIVER_FIX
+        } else {
+            "attach a vGPU to this VM (`lspci | grep -i nvidia` shows it) and load the guest driver"
+        };
+        return check("driver", Status::Fail, why).fix(fix);
+    }
+    let n = smi.gpus.len();
+    let version = smi
+        .driver_version
+        .as_deref()
+        .map(|v| format!("driver {v}, "))
+        .unwrap_or_default();
+    check(
+        "driver",
+        Status::Ok,
+        format!(
+            "nvidia-smi answers: {version}{n} GPU{}",
+            if n == 1 { "" } else { "s" }
+        ),
+    )
+}
+
+fn vgpu_check(smi: &SmiSnapshot) -> Check {
+    if smi.gpus.is_empty() {
+        return check("vgpu", Status::Skip, "no GPU to look at");
+    }
+    let name = |g: &crate::observe::smi::SmiGpu| {
+        format!(
+            "{} {}",
+            g.bus_id.as_deref().unwrap_or("GPU"),
+            g.profile.as_deref().unwrap_or("(unknown profile)")
+        )
+    };
+    let mut vgpu = Vec::new();
+    let mut other = Vec::new();
+    let mut unknown = Vec::new();
+    for g in &smi.gpus {
+        match g.virtualization_mode.as_deref().map(str::trim) {
+            Some(m) if m.eq_ignore_ascii_case("VGPU") => vgpu.push(name(g)),
+            Some(m) => other.push(format!("{} is in {m} mode", name(g))),
+            None => unknown.push(name(g)),
+        }
+    }
+    if !other.is_empty() {
+        return check(
+            "vgpu",
+            Status::Warn,
+            format!(
+                "{}: not a vGPU, so not licensable (nothing to license there)",
+                other.join(", ")
+            ),
+        )
+        .fix("nothing to do if passthrough is meant (use the data-center driver there); for a licensed vGPU, give the VM a vGPU profile");
+    }
+    if vgpu.is_empty() {
+        return check(
+            "vgpu",
+            Status::Skip,
+            "nvidia-smi does not show the virtualization mode",
+        );
+    }
+    let mut msg = format!("{}: VGPU mode", vgpu.join(", "));
+    if !unknown.is_empty() {
+        let _ = write!(msg, "; mode not shown for {}", unknown.join(", "));
+    }
+    check("vgpu", Status::Ok, msg)
+}
+
+const INSTALL_FIX: &str = "generate a client configuration token on the DLS (Service Instance > Generate client config token) and run `vgpu-license-agent install --token-file FILE`";
+
+fn token_checks(settings: &Settings, now: DateTime<Utc>) -> Vec<Check> {
+    let ts = live::token_state(settings, now);
+    let path = ts.path.display().to_string();
+    let main = match &ts.token {
+        Ok(t) => {
+            let n = t.nodes.len();
+            let until = t
+                .expires
+                .map(|e| format!("valid until {}", both_times(&rfc3339(e))))
+                .unwrap_or_else(|| "no expiry".into());
+            let soon = t
+                .expires
+                .is_some_and(|e| e - now < chrono::Duration::days(7));
+            let msg = format!(
+                "{path}: decodes, {until}, {n} DLS node{}",
+                if n == 1 { "" } else { "s" }
+            );
+            if soon {
+                check(
+                    "token",
+                    Status::Warn,
+                    format!("{msg}: expires within 7 days"),
+                )
+                .fix(INSTALL_FIX)
+            } else {
+                check("token", Status::Ok, msg)
+            }
+        }
+        Err(p) => {
+            let fix = match p {
+                TokenProblem::Missing | TokenProblem::Invalid(_) | TokenProblem::Expired(_) => {
+                    INSTALL_FIX.to_string()
+                }
+                TokenProblem::Unreadable(_) => format!(
+                    "check the file's permissions (`ls -l {}`); `vgpu-license-agent install` sets them",
+                    settings.paths.token_dir.display()
+                ),
+                TokenProblem::NotYetValid(_) => "check this guest's clock (`timedatectl`); a DLS whose clock is ahead issues tokens that are not valid yet".into(),
+            };
+            let msg = match p {
+                TokenProblem::Missing => format!("no token at {path}"),
+                p => format!("{path}: {p}"),
+            };
+            check("token", Status::Fail, msg).fix(fix)
+        }
+    };
+    let mode = match ts.mode {
+        None => check("token-mode", Status::Skip, "no token file"),
+        Some(0o744) => check("token-mode", Status::Ok, "mode 0744"),
+        Some(m) => check(
+            "token-mode",
+            Status::Warn,
+            format!(
+                "mode {m:04o}, NVIDIA asks for 0744 (nvidia-gridd need not run as the file's owner)"
+            ),
+        )
+        .fix(format!(
+            "chmod 0744 {path} (`vgpu-license-agent install` sets it)"
+        )),
+    };
+    let dir = settings.paths.token_dir.display();
+    let strays = if !settings.paths.token_dir.is_dir() {
+        check("token-dir", Status::Skip, format!("no directory {dir}"))
+    } else if ts.strays.is_empty() {
+        check("token-dir", Status::Ok, format!("only the token in {dir}"))
+    } else {
+        let names: Vec<String> = ts
+            .strays
+            .iter()
+            .map(|p| {
+                p.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| p.display().to_string())
+            })
+            .collect();
+        check(
+            "token-dir",
+            Status::Warn,
+            format!(
+                "{dir} also holds {}: nvidia-gridd may read them and fail to decode",
+                names.join(", ")
+            ),
+        )
+        .fix(format!(
+            "move them out of {dir}: keep exactly one token file there"
+        ))
+    };
+    vec![main, mode, strays]
+}
+
+fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot) -> Check {
+    let path = &settings.paths.gridd_conf;
+    let shown = path.display();
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return check(
+                "gridd.conf",
+                Status::Ok,
+                format!(
+                    "{shown} is absent: nvidia-gridd runs on its defaults (it logs that it cannot open the file, harmlessly)"
+                ),
+            );
+        }
+        Err(e) => {
+            return check(
+                "gridd.conf",
+                Status::Warn,
+                format!("{shown} cannot be read: {e}"),
+            )
+            .fix(format!("check its permissions: 0644 (`ls -l {shown}`)"));
+        }
+    };
+    let conf = GriddConf::parse(&bytes);
+    let restart = "then `systemctl restart nvidia-gridd`";
+    let ft_fix = format!(
+        "set FeatureType=1 in {shown} (`vgpu-license-agent install --feature-type 1` does it), {restart}"
+    );
+    let mut findings: Vec<(Status, String, Option<String>)> = Vec::new();
+    let ft_note = match conf.get("FeatureType") {
+        None => "FeatureType not set".to_string(),
+        Some(e) => match e.value.parse::<u8>() {
+            Err(_) => {
+                findings.push((
+                    Status::Fail,
+                    format!(
+                        "line {}: FeatureType={} is not a number gridd knows",
+                        e.line, e.value
+                    ),
+                    Some(ft_fix.clone()),
+                ));
+                String::new()
+            }
+            Ok(ft) => {
+                if let Some(advice) = feature_type_advice(ft, &smi.gpus) {
+                    findings.push((Status::Fail, advice, Some(ft_fix.clone())));
+                } else if !matches!(ft, 0 | 1 | 2 | 4) {
+                    findings.push((
+                        Status::Warn,
+                        format!("FeatureType={ft} is not a value gridd knows (0, 1, 2 or 4)"),
+                        Some(ft_fix.clone()),
+                    ));
+                }
+                format!("FeatureType={ft}")
+            }
+        },
+    };
+    for w in conf.warnings(&settings.paths.token_dir) {
+        // A token path gridd will not find is fatal; legacy keys are only confusing.
+        let status = if w.contains("ClientConfigTokenPath") {
+            Status::Fail
+        } else {
+            Status::Warn
+        };
+        findings.push((status, w, None));
+    }
+    let Some(worst) = findings.iter().map(|f| f.0).max() else {
+        let fits = smi
+            .gpus
+            .iter()
+            .find_map(|g| g.profile.as_deref())
+            .map(|p| format!(", which fits the profile {p}"))
+            .unwrap_or_default();
+        return check(
+            "gridd.conf",
+            Status::Ok,
+            format!("{shown}: {ft_note}{fits}"),
+        );
+    };
+    let msg = findings
+        .iter()
+        .map(|f| f.1.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    let fixes: Vec<String> = findings.iter().filter_map(|f| f.2.clone()).collect();
+    let c = check("gridd.conf", worst, format!("{shown}: {msg}"));
+    if fixes.is_empty() {
+        c
+    } else {
+        c.fix(fixes.join("; "))
+    }
+}
+
+fn gridd_check(settings: &Settings) -> Check {
+    let unit = &settings.gridd.unit;
+    match live::gridd_running(settings) {
+        Some(Ok(())) => check("gridd", Status::Ok, format!("{unit} is active")),
+        Some(Err(why)) => check("gridd", Status::Fail, why).fix(format!(
+            "`systemctl enable --now {unit}`, then `journalctl -u {unit}` if it stops again"
+        )),
+        None => check(
+            "gridd",
+            Status::Skip,
+            format!(
+                "{} cannot tell whether {unit} runs (no systemd here?)",
+                settings.commands.systemctl
+            ),
+        ),
+    }
+}
+
+fn step_check_name(step: StepName) -> &'static str {
+    match step {
+        StepName::Dns => "dls-dns",
+        StepName::Tcp => "dls-tcp",
+        StepName::Tls => "dls-tls",
+        StepName::Https => "dls-https",
+    }
+}
+
+fn step_fix(step: StepName, p: &NodeProbe) -> String {
+    let (host, port) = (&p.host, p.port);
+    match step {
+        StepName::Dns => format!(
+            "check /etc/resolv.conf and that this guest's DNS server knows {host} (`getent hosts {host}`), or generate a token on a DLS configured with its IP address"
+        ),
+        StepName::Tcp => format!(
+            "open TCP {port} from this guest to {host} (firewall, security group, network policy) and check that the DLS appliance is up"
+        ),
+        StepName::Tls => format!(
+            "check that {} is the DLS's HTTPS port (the port in the token) and that no proxy or middlebox intercepts TLS on the way",
+            p.endpoint()
+        ),
+        StepName::Https => "the DLS took the TLS connection but did not answer HTTP: check the appliance's health (its web console) and any proxy on the way".into(),
+    }
+}
+
+fn probe_checks(p: &NodeProbe, settings: &Settings, now: DateTime<Utc>) -> Vec<Check> {
+    let ep = p.endpoint();
+    let mut out = Vec::new();
+    let mut blocked: Option<StepName> = None;
+    for name in StepName::ALL {
+        let cn = step_check_name(name);
+        let Some(s) = p.step(name) else {
+            let why = blocked
+                .map(|b| format!("{b} failed"))
+                .unwrap_or_else(|| "not reached".into());
+            out.push(check(cn, Status::Skip, format!("{ep}: skipped, {why}")));
+            continue;
+        };
+        if !s.ok {
+            blocked = Some(name);
+            out.push(
+                check(
+                    cn,
+                    Status::Fail,
+                    format!("{ep}: {name} failed: {}", s.detail),
+                )
+                .fix(step_fix(name, p)),
+            );
+            continue;
+        }
+        let mut c = check(cn, Status::Ok, format!("{ep}: {}", s.detail));
+        if name == StepName::Tls
+            && let Some(cert) = &p.certificate
+            && !cert.valid_at(now)
+        {
+            c = check(
+                cn,
+                Status::Warn,
+                format!(
+                    "{ep}: {}; the certificate is not valid now (valid {} to {}), nvidia-gridd may refuse it",
+                    s.detail, cert.not_before, cert.not_after
+                ),
+            )
+            .fix("renew the DLS appliance's certificate");
+        }
+        out.push(c);
+    }
+    let max = settings.service.clock_skew_max;
+    let clock = match p.clock_skew_seconds {
+        Some(skew) if skew.abs() <= max.as_secs_f64() => check(
+            "clock",
+            Status::Ok,
+            format!(
+                "guest clock is {} DLS {} (within {} s)",
+                probe::skew_words(skew),
+                p.host,
+                max.as_secs()
+            ),
+        ),
+        Some(skew) => check(
+            "clock",
+            Status::Fail,
+            format!(
+                "guest clock is {} DLS {} (more than the {} s allowed): gridd's requests are refused",
+                probe::skew_words(skew),
+                p.host,
+                max.as_secs()
+            ),
+        )
+        .fix(state::advice(Reason::ClockSkew, Some(&p.host), None, None)),
+        None if p.reachable() => check(
+            "clock",
+            Status::Skip,
+            format!("{ep}: the DLS sent no usable Date header"),
+        ),
+        None => check(
+            "clock",
+            Status::Skip,
+            format!("{ep}: skipped, no HTTPS answer"),
+        ),
+    };
+    out.push(clock);
+    out
+}
+
+/// The license itself, as the report has it (its exit code gives the status, as `status`'s
+/// does); the report's failure is shown where no failing check above says it already.
+fn license_check(report: &Report, checks: &[Check]) -> Check {
+    let lic = report.license.as_ref();
+    let mut msg = match report.state {
+        State::Licensed => "licensed",
+        State::Unlicensed => "unlicensed (full speed for now, throttled after the grace period)",
+        State::Restricted => "unlicensed and restricted: the GPU is throttled",
+        State::NotLicensable => "not licensable: no vGPU here needs a license",
+        State::NoDriver => "no driver answers",
+        State::Unknown => "unknown: nvidia-smi and gridd's log do not tell",
+    }
+    .to_string();
+    if let Some(ed) = lic.and_then(|l| l.edition.as_deref()) {
+        let _ = write!(msg, ", {ed}");
+    }
+    if let Some(exp) = lic.and_then(|l| l.expiry.as_deref()) {
+        let _ = write!(msg, ", lease until {}", both_times(exp));
+    }
+    for n in &report.notes {
+        let _ = write!(msg, "; {n}");
+    }
+    let status = match report.exit_code {
+        0 => Status::Ok,
+        1 => Status::Warn,
+        2 => Status::Fail,
+        _ => Status::Skip,
+    };
+    match &report.failure {
+        Some(f) if !covered(f.reason, checks) => {
+            let _ = write!(msg, "; {}: {}", f.reason.as_str(), f.message);
+            check("license", status, msg).fix(f.advice.clone())
+        }
+        _ => check("license", status, msg),
+    }
+}
+
+/// Whether a failing check already says what a failure of this reason says.
+fn covered(reason: Reason, checks: &[Check]) -> bool {
+    let names: &[&str] = match reason {
+        Reason::TokenMissing | Reason::TokenInvalid | Reason::TokenExpired => &["token"],
+        Reason::ClockSkew => &["clock"],
+        Reason::DlsUnreachable => &["dls-dns", "dls-tcp", "dls-tls", "dls-https"],
+        Reason::GriddNotRunning => &["gridd"],
+        Reason::FeatureTypeInvalid => &["gridd.conf"],
+        _ => &[],
+    };
+    checks
+        .iter()
+        .any(|c| c.status == Status::Fail && names.contains(&c.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_worst_check() {
+        let c = |s| check("x", s, "m");
+        assert_eq!(exit_code(&[c(Status::Ok), c(Status::Skip)]), 0);
+        assert_eq!(exit_code(&[c(Status::Ok), c(Status::Warn)]), 1);
+        assert_eq!(
+            exit_code(&[c(Status::Warn), c(Status::Fail), c(Status::Ok)]),
+            2
+        );
+        assert_eq!(exit_code(&[c(Status::Skip), c(Status::Skip)]), 3);
+        assert_eq!(exit_code(&[]), 3);
+    }
+
+    #[test]
+    fn lines_are_aligned_with_the_fix_after_an_arrow() {
+        let out = render(&[
+            check("token", Status::Fail, "the installed token expired").fix("install a new one"),
+            check("gridd.conf", Status::Ok, "FeatureType=1"),
+            check("clock", Status::Skip, "no HTTPS answer"),
+        ]);
+        assert_eq!(
+            out,
+            "FAIL token       the installed token expired -> install a new one\n\
+             OK   gridd.conf  FeatureType=1\n\
+             SKIP clock       no HTTPS answer\n\
+             3 checks: 1 ok, 0 warning, 1 failed, 1 skipped\n"
+        );
+    }
+
+    #[test]
+    fn a_failure_is_repeated_only_where_no_check_said_it() {
+        let checks = [
+            check("dls-tcp", Status::Fail, "refused"),
+            check("token", Status::Ok, "fine"),
+        ];
+        assert!(covered(Reason::DlsUnreachable, &checks));
+        assert!(!covered(Reason::TokenInvalid, &checks));
+        assert!(!covered(Reason::NoLicenseAvailable, &checks));
+    }
+}

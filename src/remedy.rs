@@ -1,0 +1,217 @@
+//! What to do about a state: restart nvidia-gridd when a restart can help, with exponential
+//! backoff, jitter and a budget per hour; never for what a restart cannot fix. Pure: the
+//! caller passes the time (seconds on a monotonic clock) and the jitter.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::config::Service;
+use crate::report::{Reason, State};
+
+/// Whether a restart of gridd can clear a failure of this reason.
+pub fn restart_can_help(reason: Option<Reason>) -> bool {
+    match reason {
+        // Stuck with no failure, or failures a new attempt may clear.
+        None
+        | Some(Reason::DlsUnreachable)
+        | Some(Reason::Unspecified)
+        | Some(Reason::Other)
+        | Some(Reason::GriddNotRunning) => true,
+        // A restart changes nothing here: the token, the DLS's pool, the GPU, the clock or
+        // the config must change first.
+        Some(Reason::TokenMissing)
+        | Some(Reason::TokenInvalid)
+        | Some(Reason::TokenExpired)
+        | Some(Reason::ClockSkew)
+        | Some(Reason::NoLicenseAvailable)
+        | Some(Reason::TrustedStore)
+        | Some(Reason::LicensingUnsupported)
+        | Some(Reason::FeatureTypeInvalid) => false,
+    }
+}
+
+/// The decision for now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Nothing to do.
+    Nothing,
+    /// Restart gridd, for this reason.
+    Restart(String),
+    /// A restart would help but must wait: the reason (backoff, budget).
+    Wait(String),
+    /// A restart cannot help: report and wait for something to change.
+    Hold(String),
+}
+
+/// Restart bookkeeping.
+#[derive(Debug, Clone)]
+pub struct Remedy {
+    /// Times of the restarts within the last hour.
+    restarts: VecDeque<f64>,
+    /// No restart before this time.
+    not_before: f64,
+    /// The wait after the next restart.
+    backoff: Duration,
+    /// Since when the guest has been without a license (reset by a restart).
+    unlicensed_since: Option<f64>,
+}
+
+impl Remedy {
+    pub fn new(cfg: &Service) -> Self {
+        Remedy {
+            restarts: VecDeque::new(),
+            not_before: 0.0,
+            backoff: cfg.restart_backoff,
+            unlicensed_since: None,
+        }
+    }
+
+    /// Restarts made within the last hour.
+    pub fn restarts_last_hour(&mut self, now: f64) -> usize {
+        while self.restarts.front().is_some_and(|t| now - t >= 3600.0) {
+            self.restarts.pop_front();
+        }
+        self.restarts.len()
+    }
+
+    /// Decides, given the state and the failure's reason.
+    pub fn decide(
+        &mut self,
+        cfg: &Service,
+        now: f64,
+        state: State,
+        reason: Option<Reason>,
+    ) -> Decision {
+        if matches!(
+            state,
+            State::Licensed | State::NotLicensable | State::NoDriver
+        ) {
+            // Healthy (or nothing gridd can do): start over.
+            self.unlicensed_since = None;
+            self.backoff = cfg.restart_backoff;
+            return Decision::Nothing;
+        }
+        if !restart_can_help(reason) {
+            let r = reason.map_or("unknown", Reason::as_str);
+            return Decision::Hold(format!("a restart of nvidia-gridd cannot fix {r}"));
+        }
+        let since = *self.unlicensed_since.get_or_insert(now);
+        let gridd_down = reason == Some(Reason::GriddNotRunning);
+        if !gridd_down && now - since < cfg.restart_grace.as_secs_f64() {
+            return Decision::Nothing;
+        }
+        if self.restarts_last_hour(now) >= cfg.restart_budget_per_hour as usize {
+            return Decision::Wait(format!(
+                "restart budget spent: {} restarts of nvidia-gridd in the last hour",
+                self.restarts.len()
+            ));
+        }
+        if now < self.not_before {
+            return Decision::Wait(format!(
+                "next restart of nvidia-gridd in {:.0} s (backoff)",
+                self.not_before - now
+            ));
+        }
+        let why = if gridd_down {
+            "nvidia-gridd is not running".to_string()
+        } else {
+            format!(
+                "no license for {:.0} s ({})",
+                now - since,
+                reason.map_or("no failure reported, still acquiring", Reason::as_str)
+            )
+        };
+        Decision::Restart(why)
+    }
+
+    /// Records a restart made at `now`: the backoff doubles (up to the maximum), the grace
+    /// period starts again. `jitter` in [0, 1) spreads the wait (±20 %), so that a fleet does
+    /// not restart in step.
+    pub fn restarted(&mut self, cfg: &Service, now: f64, jitter: f64) {
+        self.restarts.push_back(now);
+        let spread = 0.8 + 0.4 * jitter.clamp(0.0, 1.0);
+        self.not_before = now + self.backoff.as_secs_f64() * spread;
+        self.backoff = (self.backoff * 2).min(cfg.restart_backoff_max);
+        self.unlicensed_since = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+
+    fn cfg() -> Service {
+        let mut s = Settings::default().service;
+        s.restart_grace = Duration::from_secs(120);
+        s.restart_backoff = Duration::from_secs(60);
+        s.restart_backoff_max = Duration::from_secs(240);
+        s.restart_budget_per_hour = 3;
+        s
+    }
+
+    #[test]
+    fn never_restarts_for_what_a_restart_cannot_fix() {
+        let c = cfg();
+        for r in [
+            Reason::TokenInvalid,
+            Reason::TokenExpired,
+            Reason::TokenMissing,
+            Reason::ClockSkew,
+            Reason::NoLicenseAvailable,
+            Reason::LicensingUnsupported,
+        ] {
+            let mut m = Remedy::new(&c);
+            for t in 0..10_000 {
+                let d = m.decide(&c, f64::from(t), State::Unlicensed, Some(r));
+                assert!(matches!(d, Decision::Hold(_)), "{r:?}: {d:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn grace_backoff_and_budget() {
+        let c = cfg();
+        let mut m = Remedy::new(&c);
+        let reason = Some(Reason::DlsUnreachable);
+        // Within the grace period: nothing.
+        assert_eq!(
+            m.decide(&c, 0.0, State::Unlicensed, reason),
+            Decision::Nothing
+        );
+        assert_eq!(
+            m.decide(&c, 119.0, State::Unlicensed, reason),
+            Decision::Nothing
+        );
+        let mut restarts = vec![];
+        for t in 120..3600 {
+            let now = f64::from(t);
+            if let Decision::Restart(_) = m.decide(&c, now, State::Unlicensed, reason) {
+                m.restarted(&c, now, 0.5);
+                restarts.push(t);
+            }
+        }
+        // Budget of 3 per hour, each after the grace and the growing backoff.
+        assert_eq!(restarts, vec![120, 240, 360]);
+        assert!(matches!(
+            m.decide(&c, 3000.0, State::Unlicensed, reason),
+            Decision::Wait(_)
+        ));
+        // An hour after the first, the budget allows one more.
+        assert!(matches!(
+            m.decide(&c, 3721.0, State::Unlicensed, reason),
+            Decision::Restart(_)
+        ));
+    }
+
+    #[test]
+    fn gridd_down_is_restarted_without_grace_and_licensed_resets() {
+        let c = cfg();
+        let mut m = Remedy::new(&c);
+        let d = m.decide(&c, 0.0, State::Unlicensed, Some(Reason::GriddNotRunning));
+        assert!(matches!(d, Decision::Restart(_)));
+        m.restarted(&c, 0.0, 0.0);
+        assert_eq!(m.decide(&c, 10.0, State::Licensed, None), Decision::Nothing);
+        assert_eq!(m.backoff, c.restart_backoff);
+    }
+}

@@ -1,0 +1,501 @@
+//! `diagnose` end to end: the real binary against a fake root whose nvidia-smi, systemctl
+//! and journalctl are shell scripts written here, a token naming a loopback HTTPS "DLS"
+//! started here, lines and exit codes checked, `--json` validated against the report schema.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::thread;
+
+use base64::Engine;
+use chrono::Utc;
+use common::Root;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::{ServerConfig, ServerConnection};
+use serde_json::Value;
+
+/// A loopback HTTPS server with a self-signed certificate; every `GET` gets a 404 whose
+/// `Date` is now plus `offset` seconds. Serves until the test process ends; returns its port.
+fn dls(offset: i64) -> u16 {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "loopback dls");
+    let cert = params.self_signed(&key).unwrap();
+    let cfg = Arc::new(
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(cert.der().to_vec())],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap(),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for mut sock in listener.incoming().flatten() {
+            let cfg = cfg.clone();
+            thread::spawn(move || {
+                let mut conn = ServerConnection::new(cfg).unwrap();
+                let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let date = (Utc::now() + chrono::Duration::seconds(offset))
+                    .format("%a, %d %b %Y %H:%M:%S GMT");
+                let resp = format!(
+                    "HTTP/1.1 404 Not Found\r\nDate: {date}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = tls.write_all(resp.as_bytes());
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+    port
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The test token of `common`, naming `host:port` as its one DLS node.
+fn token_for(host: &str, port: u16, nbf: i64, exp: i64) -> Vec<u8> {
+    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let base = String::from_utf8(common::token("diagnose", nbf, exp)).unwrap();
+    let parts: Vec<&str> = base.split('.').collect();
+    let mut payload: Value = serde_json::from_slice(&e.decode(parts[1]).unwrap()).unwrap();
+    let sic = &mut payload["service_instance_configuration"];
+    sic["node_url_list"][0]["url"] = host.into();
+    for m in sic["svc_port_set_list"][0]["svc_port_map"]
+        .as_array_mut()
+        .unwrap()
+    {
+        m["port"] = port.into();
+    }
+    format!(
+        "{}.{}.{}",
+        parts[0],
+        e.encode(payload.to_string()),
+        parts[2]
+    )
+    .into_bytes()
+}
+
+fn script(root: &Root, name: &str, body: &str) -> String {
+    let p = root.path(name);
+    fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    p.display().to_string()
+}
+
+/// nvidia-smi -q of a licensed GRID A100-4C whose lease runs two more days.
+fn licensed_smi() -> String {
+    let sample =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/samples/smi-jp-dls-guide-2.txt");
+    let text = fs::read_to_string(sample).unwrap();
+    let exp = (Utc::now() + chrono::Duration::days(2)).format("%Y-%-m-%-d %-H:%-M:%-S");
+    text.replace("2022-5-27 0:8:28", &exp.to_string())
+}
+
+struct Guest {
+    root: Root,
+}
+
+impl Guest {
+    /// A guest with a licensed vGPU, gridd active, gridd.conf FeatureType=1, and `token`
+    /// installed with mode 0744 (when given).
+    fn new(token: Option<&[u8]>) -> Guest {
+        let mut root = Root::new();
+        root.file("smi.txt", licensed_smi().as_bytes());
+        let smi = script(
+            &root,
+            "nvidia-smi",
+            &format!("cat '{}'", root.path("smi.txt").display()),
+        );
+        let systemctl = script(
+            &root,
+            "systemctl",
+            &format!("cat '{}'", root.path("unit-state").display()),
+        );
+        let journalctl = script(&root, "journalctl", "exit 0");
+        root.file("unit-state", b"active\n");
+        root.dropin(
+            "50-diagnose.toml",
+            &format!(
+                "[commands]\nnvidia_smi = \"{smi}\"\nsystemctl = \"{systemctl}\"\njournalctl = \"{journalctl}\"\n\
+                 [service]\nprobe_timeout_seconds = 2\nclock_skew_max_seconds = 60\n"
+            ),
+        );
+        root.file("etc/nvidia/gridd.conf", b"# managed\nFeatureType=1\n");
+        if let Some(t) = token {
+            root.secrets.push(t.to_vec());
+            let p = root.file(
+                "etc/nvidia/ClientConfigToken/client_configuration_token.tok",
+                t,
+            );
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o744)).unwrap();
+        }
+        Guest { root }
+    }
+
+    /// `diagnose`: exit code and the lines by check name (`STATUS message`).
+    fn human(&self) -> (i32, Vec<(String, String, String)>, String) {
+        let r = self.root.run(&["diagnose"]);
+        assert!(r.stderr.is_empty(), "{}", r.stderr);
+        let lines = r
+            .stdout
+            .lines()
+            .filter(|l| !l.contains(" checks: "))
+            .map(|l| {
+                let mut it = l.splitn(3, ' ').filter(|s| !s.is_empty());
+                let status = it.next().unwrap().to_string();
+                let rest = l[status.len()..].trim_start();
+                let (name, msg) = rest.split_once(' ').unwrap();
+                (status, name.to_string(), msg.trim_start().to_string())
+            })
+            .collect();
+        (r.code.unwrap(), lines, r.stdout)
+    }
+
+    fn json(&self) -> (i32, Value) {
+        let r = self.root.run(&["diagnose", "--json"]);
+        let v: Value = serde_json::from_str(&r.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", r.stdout, r.stderr));
+        let schema: Value = serde_json::from_slice(
+            &fs::read(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report.schema.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "schema errors {errors:?}");
+        (r.code.unwrap(), v)
+    }
+}
+
+fn line<'a>(lines: &'a [(String, String, String)], name: &str) -> (&'a str, &'a str) {
+    let l = lines
+        .iter()
+        .find(|l| l.1 == name)
+        .unwrap_or_else(|| panic!("no {name} line in {lines:?}"));
+    (&l.0, &l.2)
+}
+
+fn statuses(v: &Value) -> Vec<(String, String)> {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_healthy_guest_passes_every_check() {
+    let port = dls(0);
+    let g = Guest::new(Some(&token_for(
+        "localhost",
+        port,
+        1_700_000_000,
+        2_078_691_200,
+    )));
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 0, "{out}");
+    let names: Vec<&str> = lines.iter().map(|l| l.1.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "driver",
+            "vgpu",
+            "token",
+            "token-mode",
+            "token-dir",
+            "gridd.conf",
+            "gridd",
+            "dls-dns",
+            "dls-tcp",
+            "dls-tls",
+            "dls-https",
+            "clock",
+            "license"
+        ],
+        "{out}"
+    );
+    assert!(lines.iter().all(|l| l.0 == "OK"), "{out}");
+    assert!(
+        line(&lines, "dls-dns").1.contains("localhost resolves to"),
+        "{out}"
+    );
+    assert!(
+        line(&lines, "dls-tls").1.contains("CN=loopback dls"),
+        "{out}"
+    );
+    assert!(
+        line(&lines, "clock")
+            .1
+            .contains("DLS localhost (within 60 s)"),
+        "{out}"
+    );
+    assert!(
+        line(&lines, "license")
+            .1
+            .starts_with("licensed, NVIDIA Virtual Compute Server"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("13 checks: 13 ok, 0 warning, 0 failed, 0 skipped\n"),
+        "{out}"
+    );
+
+    let (code, v) = g.json();
+    assert_eq!(code, 0);
+    assert_eq!(v["state"], "licensed");
+    assert_eq!(v["failure"], Value::Null);
+    assert_eq!(v["dls"][0]["host"], "localhost");
+    assert_eq!(v["dls"][0]["port"], port);
+    let probe = &v["dls_probes"][0];
+    assert_eq!(probe["port"], port);
+    assert_eq!(probe["steps"].as_array().unwrap().len(), 4);
+    assert!(probe["clock_skew_seconds"].as_f64().unwrap().abs() < 2.0);
+    assert_eq!(probe["certificate"]["subject"], "CN=loopback dls");
+    assert!(statuses(&v).iter().all(|s| s.1 == "ok"));
+}
+
+#[test]
+fn a_skewed_dls_clock_is_a_failure_with_its_fix() {
+    let port = dls(-600);
+    let g = Guest::new(Some(&token_for(
+        "localhost",
+        port,
+        1_700_000_000,
+        2_078_691_200,
+    )));
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "clock");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.contains("s ahead of DLS localhost (more than the 60 s allowed)"),
+        "{msg}"
+    );
+    assert!(msg.contains("-> ") && msg.contains("timedatectl"), "{msg}");
+    assert_eq!(line(&lines, "dls-https").0, "OK");
+    // Licensed still, but the failure shows: a warning there.
+    assert_eq!(line(&lines, "license").0, "WARN", "{out}");
+
+    let (code, v) = g.json();
+    assert_eq!(code, 2);
+    assert_eq!(v["state"], "licensed");
+    assert_eq!(v["failure"]["reason"], "clock_skew");
+    let m = v["failure"]["message"].as_str().unwrap();
+    assert!(
+        m.starts_with("guest clock is ") && m.contains("ahead of DLS localhost"),
+        "{m}"
+    );
+    let skew = v["dls_probes"][0]["clock_skew_seconds"].as_f64().unwrap();
+    assert!((598.0..=602.0).contains(&skew), "{skew}");
+}
+
+#[test]
+fn a_refused_dls_port_names_the_step_and_the_host() {
+    let port = free_port();
+    let g = Guest::new(Some(&token_for(
+        "127.0.0.1",
+        port,
+        1_700_000_000,
+        2_078_691_200,
+    )));
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    assert_eq!(line(&lines, "dls-dns").0, "OK");
+    let (status, msg) = line(&lines, "dls-tcp");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.starts_with(&format!(
+            "127.0.0.1:{port}: TCP connect failed: connection refused -> open TCP {port}"
+        )),
+        "{msg}"
+    );
+    assert_eq!(
+        line(&lines, "dls-tls"),
+        (
+            "SKIP",
+            &*format!("127.0.0.1:{port}: skipped, TCP connect failed")
+        )
+    );
+    assert_eq!(line(&lines, "clock").0, "SKIP");
+
+    let (_, v) = g.json();
+    assert_eq!(v["failure"]["reason"], "dls_unreachable");
+    assert_eq!(
+        v["failure"]["message"],
+        format!("DLS 127.0.0.1:{port}: TCP connect failed: connection refused")
+    );
+}
+
+#[test]
+fn no_token_fails_and_skips_the_dls() {
+    let g = Guest::new(None);
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "token");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.starts_with("no token at ") && msg.contains("vgpu-license-agent install --token-file"),
+        "{msg}"
+    );
+    assert_eq!(line(&lines, "token-mode").0, "SKIP");
+    assert_eq!(
+        line(&lines, "dls"),
+        ("SKIP", "DLS checks skipped: no usable token names a DLS")
+    );
+    assert!(!lines.iter().any(|l| l.1.starts_with("dls-")), "{out}");
+
+    let (code, v) = g.json();
+    assert_eq!(code, 2);
+    assert_eq!(v["failure"]["reason"], "token_missing");
+    assert_eq!(v["dls_probes"], Value::Array(vec![]));
+}
+
+#[test]
+fn an_expired_token_says_so_and_how_to_replace_it() {
+    let g = Guest::new(Some(&token_for(
+        "localhost",
+        443,
+        1_600_000_000,
+        1_650_000_000,
+    )));
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "token");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.contains("the installed token expired at 2022-04-15T05:20:00Z"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("-> generate a client configuration token on the DLS"),
+        "{msg}"
+    );
+    let (_, v) = g.json();
+    assert_eq!(v["failure"]["reason"], "token_expired");
+}
+
+#[test]
+fn warnings_for_mode_strays_and_legacy_keys_exit_1() {
+    let port = dls(0);
+    let g = Guest::new(Some(&token_for(
+        "localhost",
+        port,
+        1_700_000_000,
+        2_078_691_200,
+    )));
+    let r = &g.root;
+    fs::set_permissions(r.token_path(), fs::Permissions::from_mode(0o600)).unwrap();
+    r.file("etc/nvidia/ClientConfigToken/old.tok", b"x");
+    r.file(
+        "etc/nvidia/gridd.conf",
+        b"FeatureType=1\nServerAddress=10.0.0.5\n",
+    );
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 1, "{out}");
+    let (status, msg) = line(&lines, "token-mode");
+    assert_eq!(status, "WARN");
+    assert!(
+        msg.starts_with("mode 0600, NVIDIA asks for 0744") && msg.contains("-> chmod 0744"),
+        "{msg}"
+    );
+    let (status, msg) = line(&lines, "token-dir");
+    assert_eq!(status, "WARN");
+    assert!(msg.contains("also holds old.tok"), "{msg}");
+    let (status, msg) = line(&lines, "gridd.conf");
+    assert_eq!(status, "WARN");
+    assert!(
+        msg.contains("ServerAddress=10.0.0.5") && msg.contains("legacy"),
+        "{msg}"
+    );
+    assert_eq!(line(&lines, "license").0, "OK", "{out}");
+}
+
+#[test]
+fn a_wrong_feature_type_and_a_stopped_gridd_fail() {
+    let port = dls(0);
+    let g = Guest::new(Some(&token_for(
+        "localhost",
+        port,
+        1_700_000_000,
+        2_078_691_200,
+    )));
+    g.root.file("etc/nvidia/gridd.conf", b"FeatureType=4\n");
+    g.root.file("unit-state", b"inactive\n");
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "gridd.conf");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.contains("FeatureType=4")
+            && msg.contains("GRID A100-4C")
+            && msg.contains("-> set FeatureType=1"),
+        "{msg}"
+    );
+    let (status, msg) = line(&lines, "gridd");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.starts_with("nvidia-gridd.service is inactive -> `systemctl enable --now"),
+        "{msg}"
+    );
+
+    let (_, v) = g.json();
+    assert_eq!(v["failure"]["reason"], "gridd_not_running");
+    let by_name = statuses(&v);
+    assert!(by_name.contains(&("gridd.conf".into(), "fail".into())));
+}
+
+#[test]
+fn no_driver_is_a_failure_not_an_error() {
+    let g = Guest::new(None);
+    let smi = script(
+        &g.root,
+        "nvidia-smi",
+        "echo 'NVIDIA-SMI has failed because it couldn'\\''t communicate with the NVIDIA driver.' >&2; exit 9",
+    );
+    g.root.dropin(
+        "60-smi.toml",
+        &format!("[commands]\nnvidia_smi = \"{smi}\"\n"),
+    );
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "driver");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.contains("couldn't communicate with the NVIDIA driver")
+            && msg.contains("-> install the NVIDIA vGPU"),
+        "{msg}"
+    );
+    assert_eq!(line(&lines, "vgpu").0, "SKIP");
+    let (_, v) = g.json();
+    assert_eq!(v["state"], "no_driver");
+}
