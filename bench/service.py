@@ -10,7 +10,7 @@
 Usage: python3 bench/service.py [--binary target/release/vgpu-license-agent] [--lines 50]
 Needs root for nothing; needs journald (started when its socket is missing).
 """
-import argparse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time
+import argparse, os, shutil, socket, statistics, subprocess, tempfile, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -101,14 +101,28 @@ def latency(binary, n):
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         assert wait_for(lambda: status_has(f"{root}/status.json", '"licensed"'), 15), "no report"
-        lat_status, lat_metrics = [], []
+        # A reader of its own: when `journalctl --follow` shows a line, it has reached readers
+        # of the journal; the rest is the agent's.
+        seen = {}
+        jc = subprocess.Popen(["journalctl", "--follow", "--lines=0", "-o", "cat",
+                               "SYSLOG_IDENTIFIER=nvidia-gridd"], stdout=subprocess.PIPE, text=True)
+        def reader():
+            for line in jc.stdout:
+                seen.setdefault(line.split("(Info: ")[-1].split(",")[0], time.monotonic())
+        threading.Thread(target=reader, daemon=True).start()
+        time.sleep(1)
+        lat_status, lat_metrics, lat_journal = [], [], []
         for i in range(n):
             marker = f"bench-{os.getpid()}-{i}"
             t0 = time.monotonic()
             send_gridd(f"License renewed successfully. (Info: {marker}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
             assert wait_for(lambda: status_has(f"{root}/status.json", marker)), marker
-            lat_status.append((time.monotonic() - t0) * 1000)
+            t1 = time.monotonic()
+            lat_status.append((t1 - t0) * 1000)
+            if wait_for(lambda: marker in seen, 2):
+                lat_journal.append((t1 - seen[marker]) * 1000)
             time.sleep(0.05)
+        jc.terminate()
         # Metrics show a failure as soon as it happens: a counter by reason.
         for i in range(min(n, 20)):
             before = open(f"{root}/prom/vgpu_license_agent.prom").read()
@@ -118,7 +132,7 @@ def latency(binary, n):
             lat_metrics.append((time.monotonic() - t0) * 1000)
             send_gridd(f"License renewed successfully. (Info: ok-{i}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
             time.sleep(0.1)
-        return lat_status, lat_metrics
+        return lat_status, lat_metrics, lat_journal
     finally:
         agent.terminate(); agent.wait()
         shutil.rmtree(root, ignore_errors=True)
@@ -185,10 +199,11 @@ def main():
     ap.add_argument("--seconds", type=int, default=60)
     a = ap.parse_args()
     ensure_journald()
-    st, me = latency(a.binary, a.lines)
+    st, me, own = latency(a.binary, a.lines)
     q = lambda v: f"median {statistics.median(v):6.1f} ms, p90 {sorted(v)[int(len(v) * 0.9) - 1]:6.1f} ms, max {max(v):6.1f} ms (n={len(v)})"
     print(f"gridd line -> status.json:      {q(st)}")
     print(f"gridd failure -> metrics file:  {q(me)}")
+    print(f"of which after journalctl -f showed the line (the agent's own part): {q(own)}")
     # One hour compressed into SECONDS: nvidia-smi at the rate of an hour (12 polls at the
     # default 300 s) plus SECONDS of idle; a second run without polls gives the idle rate.
     polls_per_hour = 3600 // 300

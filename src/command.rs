@@ -72,6 +72,36 @@ fn reader(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
     rx
 }
 
+/// Process groups of the commands running now, so that a stopping service leaves none.
+static RUNNING: std::sync::Mutex<Vec<Pid>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps a process group in [`RUNNING`] while its command runs.
+struct Running(Pid);
+
+impl Running {
+    fn register(pgid: Pid) -> Running {
+        RUNNING.lock().unwrap_or_else(|e| e.into_inner()).push(pgid);
+        Running(pgid)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| *p != self.0);
+    }
+}
+
+/// Kills every command still running (and what it started), for a clean stop. Their
+/// callers see them end and reap them.
+pub fn kill_all() {
+    for pgid in RUNNING.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let _ = killpg(*pgid, Signal::SIGKILL);
+    }
+}
+
 /// Runs `argv` with standard input closed, waiting at most `timeout`.
 pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
     let (program, args) = argv.split_first().ok_or_else(|| {
@@ -92,6 +122,7 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
     let err_rx = reader(child.stderr.take().expect("piped"));
     let deadline = Instant::now() + timeout;
     let pgid = Pid::from_raw(child.id() as i32);
+    let _running = Running::register(pgid);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),

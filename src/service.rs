@@ -97,7 +97,11 @@ pub fn run(settings: Settings, config_path: &Path) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
-    rt.block_on(main_loop(settings, config_path.to_path_buf()))
+    let code = rt.block_on(main_loop(settings, config_path.to_path_buf()));
+    // Commands still running (a hung nvidia-smi, say) are killed; their threads reap them.
+    crate::command::kill_all();
+    rt.shutdown_timeout(Duration::from_secs(2));
+    code
 }
 
 fn init_logging() {

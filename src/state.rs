@@ -174,6 +174,8 @@ pub fn advice(
     profile: Option<&str>,
 ) -> String {
     let dls = server.map_or("the DLS".to_string(), |s| format!("the DLS {s}"));
+    // The same at the start of a sentence.
+    let the_dls = server.map_or("The DLS".to_string(), |s| format!("The DLS {s}"));
     match reason {
         Reason::TokenMissing => "No client configuration token is installed: download it from the DLS and install it with `vgpu-license-agent install --token-file FILE` (or drop it with cloud-init write_files), which restarts nvidia-gridd.".into(),
         Reason::TokenInvalid => "nvidia-gridd could not read the token: keep exactly one file in /etc/nvidia/ClientConfigToken, the .tok from the DLS byte for byte (no gridd.conf, no old tokens); `vgpu-license-agent install --token-file FILE` does that and restarts nvidia-gridd.".into(),
@@ -186,14 +188,14 @@ pub fn advice(
                 _ => String::new(),
             };
             match ed {
-                Some(ed) => format!("{dls} has no free license of {ed}{why}: add licenses of that edition to the DLS's pool (or free some) and bind them to this service instance, or give the VM a profile whose edition the DLS holds."),
-                None => format!("{dls} has no free license of the edition this profile needs: add licenses of that edition to the DLS's pool, or free some."),
+                Some(ed) => format!("{the_dls} has no free license of {ed}{why}: add licenses of that edition to the DLS's pool (or free some) and bind them to this service instance, or give the VM a profile whose edition the DLS holds."),
+                None => format!("{the_dls} has no free license of the edition this profile needs: add licenses of that edition to the DLS's pool, or free some."),
             }
         }
         Reason::TrustedStore => "nvidia-gridd's local trusted store is damaged or from another machine (a cloned image?): stop nvidia-gridd, move /var/lib/nvidia/GridLicensing aside, start it again; seal images with `vgpu-license-agent prepare-image --purge-client-state`.".into(),
         Reason::LicensingUnsupported => "This GPU is not a licensable vGPU (passthrough or bare metal under the GRID guest driver): nothing to license here; use the data-center driver, or give the VM a vGPU profile.".into(),
         Reason::FeatureTypeInvalid => "FeatureType in /etc/nvidia/gridd.conf does not fit this GPU: set FeatureType=1 for a vGPU (the driver picks the edition from the profile), e.g. `vgpu-license-agent install --feature-type 1 ...`; 2 or 4 only for passthrough, then restart nvidia-gridd.".into(),
-        Reason::DlsUnreachable => format!("{dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
+        Reason::DlsUnreachable => format!("{the_dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
         Reason::GriddNotRunning => "nvidia-gridd is not running: `systemctl enable --now nvidia-gridd`, then read `journalctl -u nvidia-gridd` if it stops again.".into(),
         Reason::Unspecified => format!("nvidia-gridd failed to get a license from {dls} without saying why: run `vgpu-license-agent diagnose` to check DNS, TCP, TLS and the clock against the DLS."),
         Reason::Other => format!("nvidia-gridd reported an error from the licensing library: run `vgpu-license-agent diagnose`; if {dls} is reachable and the clock is right, look for this client in the DLS's own log."),
@@ -286,12 +288,17 @@ pub fn evaluate(obs: Observations) -> Report {
         })
         .or(log_license);
 
+    let dls_host = obs
+        .token
+        .as_ref()
+        .and_then(|t| t.nodes.first())
+        .map(|n| n.host.clone());
     // Nothing here needs a license: the agent's token and gridd findings do not matter.
     let own_failure = obs.own_failure.filter(|_| state != State::NotLicensable);
     let failure = match own_failure {
         Some((reason, message)) => Some(Failure {
             reason,
-            advice: advice(reason, None, None, profile.as_deref()),
+            advice: advice(reason, dls_host.as_deref(), None, profile.as_deref()),
             message,
             at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
         }),
