@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use crate::observe::smi::SmiGpu;
+use crate::state::edition_for_profile;
 
 /// Legacy license-server keys, unused when a client configuration token is installed.
 pub const LEGACY_KEYS: [&str; 4] = [
@@ -205,19 +206,6 @@ impl GriddConf {
     }
 }
 
-/// The edition the driver asks for with a vGPU profile (`NVIDIA L40S-24Q`, `GRID A100-4C`,
-/// `H100L-1-12C`), from the profile's last letter.
-pub fn edition_for_profile(profile: &str) -> Option<&'static str> {
-    let last = profile.trim().chars().last()?;
-    match last.to_ascii_uppercase() {
-        'Q' => Some("NVIDIA RTX Virtual Workstation"),
-        'B' => Some("NVIDIA Virtual PC"),
-        'A' => Some("NVIDIA Virtual Applications"),
-        'C' => Some("NVIDIA Virtual Compute Server"),
-        _ => None,
-    }
-}
-
 /// A warning, with the right value, when `feature_type` does not fit the vGPUs nvidia-smi
 /// shows (every vGPU guest needs 1: the driver picks the edition from the profile).
 pub fn feature_type_advice(feature_type: u8, gpus: &[SmiGpu]) -> Option<String> {
@@ -356,9 +344,5 @@ EnableUI=FALSE
                 .contains("unlicensed")
         );
         assert_eq!(feature_type_advice(2, &[pt]), None);
-        assert_eq!(
-            edition_for_profile("H100L-1-12C"),
-            Some("NVIDIA Virtual Compute Server")
-        );
     }
 }

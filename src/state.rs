@@ -13,7 +13,8 @@ use crate::report::{
 use crate::time::rfc3339;
 use crate::token::Token;
 
-/// The edition a vGPU profile needs, from the profile's last letter.
+/// The edition a vGPU profile needs (`NVIDIA L40S-24Q`, `GRID A100-4C`, MIG-backed
+/// `H100L-1-12C`), from the profile's last letter.
 pub fn edition_for_profile(profile: &str) -> Option<&'static str> {
     let name = profile.split_whitespace().last()?;
     if !name.contains('-') {
