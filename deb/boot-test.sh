@@ -104,11 +104,17 @@ banner "boot: systemd-nspawn -b --register=no --keep-unit"
 systemd-nspawn -b -D "$GUEST" --register=no --keep-unit --console=read-only \
 	>"$WORK/console.log" 2>&1 &
 NSPAWN_PID=$!
-for _ in $(seq 30); do
-	LEADER=$(ps -o pid= --ppid "$NSPAWN_PID" 2>/dev/null | head -1 | tr -d ' ')
+# The guest's pid 1 is the child of nspawn in a pid namespace of its own (nspawn's first child
+# is a short-lived helper in ours: nsentering it races its exit).
+HOST_PIDNS=$(readlink "/proc/$NSPAWN_PID/ns/pid")
+for _ in $(seq 60); do
+	for p in $(ps -o pid= --ppid "$NSPAWN_PID" 2>/dev/null); do
+		ns=$(readlink "/proc/$p/ns/pid" 2>/dev/null) || continue
+		[ "$ns" != "$HOST_PIDNS" ] && LEADER=$p
+	done
 	[ -n "$LEADER" ] && break
 	kill -0 "$NSPAWN_PID" 2>/dev/null || break
-	sleep 1
+	sleep 0.5
 done
 if [ -z "$LEADER" ]; then
 	tail -30 "$WORK/console.log" >&2
@@ -182,12 +188,172 @@ check_catalog() {
 }
 check "journalctl -x shows the catalog's explanation" check_catalog
 
-# The agent itself (needs the service `run` and the simulator's nvidia-gridd/nvidia-smi):
-# active; it restarted the real nvidia-gridd unit; `systemctl status` shows its STATUS= line;
-# `vgpu-license-agent status --wait 60` exits 0 once licensed; a token dropped as cloud-init's
-# write_files would (wrong mode on purpose) is fixed; an injected failure is explained.
+# The agent itself, against the simulator of tests/sim/ (built by `cargo test` or
+# `cargo build --examples`): its nvidia-gridd becomes the real nvidia-gridd.service unit, its
+# nvidia-smi /usr/bin/nvidia-smi, and its fake DLS runs in the guest as sim-dls.service on a
+# loopback port named by the token. Then, with the guest's own systemctl and journalctl: the
+# agent is active; a token dropped as cloud-init's write_files would (wrong mode on purpose) is
+# fixed to 0744 and the agent restarts the real nvidia-gridd unit; `systemctl status` shows
+# the agent's state line; `vgpu-license-agent status --wait 60` exits 0 once licensed; a
+# failure injected into the simulation (the DLS's clock an hour off) is explained by
+# `journalctl -x` from the catalog.
+# SIM_EXAMPLES: where the simulator's programs are (set SIM_EXAMPLES_PREBUILT=1 to use them
+# as they are, without cargo).
+SIM_EXAMPLES=${SIM_EXAMPLES:-$TARGET_DIR/debug/examples}
+SIM_DIR_GUEST=/var/lib/vgpu-sim
+SIM_DLS_PORT=${SIM_DLS_PORT:-38443}
+TOKEN_GUEST=/etc/nvidia/ClientConfigToken/client_configuration_token.tok
+
+# wait_until SECONDS COMMAND...: polls COMMAND every half second until it succeeds.
+wait_until() {
+	local deadline=$((SECONDS + $1))
+	shift
+	until "$@"; do
+		[ "$SECONDS" -lt "$deadline" ] || return 1
+		sleep 0.5
+	done
+}
+gridd_said() { guest journalctl -b --no-pager -o cat _COMM=nvidia-gridd | grep -qF "$1"; }
+token_mode_is() { [ "$(guest stat -c %a "$TOKEN_GUEST" 2>/dev/null)" = "$1" ]; }
+gridd_restarted_since() {
+	local now
+	now=$(guest systemctl show -P InvocationID nvidia-gridd.service)
+	[ -n "$now" ] && [ "$now" != "$1" ] && [ "$(guest systemctl is-active nvidia-gridd.service)" = active ]
+}
+agent_logged() { [ -n "$(guest journalctl -b --no-pager -o cat _SYSTEMD_UNIT="$NAME.service" MESSAGE_ID="$1")" ]; }
+catalog_id() { sed -n "/^-- /{s/^-- //;h};/^Subject: .*$1/{g;p;q}" "$ROOT/packaging/$NAME.catalog"; }
+agent_journal_tail() {
+	echo "--- the agent's journal:"
+	guest journalctl -b --no-pager -u "$NAME.service" | tail -25
+	echo "--- nvidia-gridd's journal:"
+	guest journalctl -b --no-pager -u nvidia-gridd.service | tail -15
+}
+
+install_sim() {
+	install -m 0755 "$SIM_EXAMPLES/sim-nvidia-gridd" "$GUEST/usr/bin/nvidia-gridd" &&
+		install -m 0755 "$SIM_EXAMPLES/sim-nvidia-smi" "$GUEST/usr/bin/nvidia-smi" &&
+		install -m 0755 "$SIM_EXAMPLES/sim-dls" "$GUEST/usr/local/bin/sim-dls" || return 1
+	mkdir -p "$GUEST$SIM_DIR_GUEST"
+	# A gridd that does not notice a new token by itself: only a restart gets it licensed.
+	echo '{"retry_seconds": 2.0, "pickup_new_token": false}' >"$GUEST$SIM_DIR_GUEST/sim.json"
+	echo '{"mode": "up", "skew_seconds": 0}' >"$GUEST$SIM_DIR_GUEST/dls.json"
+	cat >"$GUEST/etc/systemd/system/sim-dls.service" <<UNIT
+[Unit]
+Description=simulated DLS (vgpu-license-agent boot test)
+[Service]
+ExecStart=/usr/local/bin/sim-dls --listen 127.0.0.1:$SIM_DLS_PORT --control $SIM_DIR_GUEST/dls.json
+UNIT
+	cat >"$GUEST/etc/systemd/system/nvidia-gridd.service" <<UNIT
+[Unit]
+Description=NVIDIA Grid Daemon (simulated: vgpu-license-agent boot test)
+Wants=sim-dls.service
+After=network-online.target sim-dls.service
+[Service]
+Environment=SIM_DIR=$SIM_DIR_GUEST
+ExecStart=/usr/bin/nvidia-gridd
+[Install]
+WantedBy=multi-user.target
+UNIT
+	guest systemctl daemon-reload &&
+		guest systemctl start sim-dls.service &&
+		guest systemctl restart nvidia-gridd.service &&
+		wait_until 30 gridd_said "Unable to fetch the client configuration token file" &&
+		guest nvidia-smi -q | grep -q 'License Status *: Unlicensed'
+}
+
+check_agent_active() {
+	local state
+	state=$(guest systemctl is-active "$NAME.service")
+	echo "$NAME.service: $state"
+	[ "$state" = active ] || {
+		agent_journal_tail
+		return 1
+	}
+}
+
+# cloud-init's write_files with a wrong `permissions` (0600): the agent fixes the mode and
+# restarts nvidia-gridd.service through the real systemctl.
+check_token_dropped() {
+	local before rc=0
+	before=$(guest systemctl show -P InvocationID nvidia-gridd.service)
+	"$SIM_EXAMPLES/sim-dls" --write-token "127.0.0.1:$SIM_DLS_PORT" "$WORK/token" || return 1
+	# As write_files does it: parent directories 0755, the file with the mode it was given.
+	guest sh -c "mkdir -p -m 0755 ${TOKEN_GUEST%/*} && umask 077 && cat >$TOKEN_GUEST" <"$WORK/token" || return 1
+	rm -f "$WORK/token"
+	wait_until 60 token_mode_is 744 || {
+		echo "the token's mode is $(guest stat -c %a "$TOKEN_GUEST"), not 744" >&2
+		rc=1
+	}
+	wait_until 60 gridd_restarted_since "$before" || {
+		echo "nvidia-gridd.service was not restarted" >&2
+		rc=1
+	}
+	wait_until 30 agent_logged "$(catalog_id 'restarted nvidia-gridd')" || {
+		echo "no 'restarted nvidia-gridd' message from the agent" >&2
+		rc=1
+	}
+	[ $rc = 0 ] || agent_journal_tail
+	return $rc
+}
+
+check_status_wait() {
+	local rc
+	guest vgpu-license-agent status --wait 60
+	rc=$?
+	echo "exit $rc"
+	[ $rc = 0 ] || agent_journal_tail
+	[ $rc = 0 ]
+}
+
+check_systemctl_status() {
+	local out
+	out=$(guest systemctl status --no-pager --lines=0 "$NAME.service")
+	echo "$out"
+	grep -q 'Status: "licensed' <<<"$out"
+}
+
+# A failure injected into the simulation: the DLS's clock an hour ahead. gridd's next
+# acquisition fails with clock windback; the agent says so with the catalog's MESSAGE_ID.
+check_explained_failure() {
+	local id out
+	id=$(catalog_id clock_skew)
+	[ -n "$id" ] || return 1
+	echo '{"mode": "up", "skew_seconds": 3600}' >"$GUEST$SIM_DIR_GUEST/dls.json"
+	sleep 1 # sim-dls reads its control file every 200 ms
+	guest systemctl restart nvidia-gridd.service || return 1
+	wait_until 90 agent_logged "$id" || {
+		agent_journal_tail
+		return 1
+	}
+	out=$(guest journalctl -b -x --no-pager _SYSTEMD_UNIT="$NAME.service" MESSAGE_ID="$id")
+	echo "$out"
+	echo '{"mode": "up", "skew_seconds": 0}' >"$GUEST$SIM_DIR_GUEST/dls.json"
+	grep -q 'Synchronize the clock' <<<"$out"
+}
+
 agent_checks() {
-	skip "agent checks in the guest: the service (run) and the simulator are not in this build"
+	local b
+	# Built (or brought up to date) here: `cargo test --all-targets` builds examples only as
+	# test harnesses.
+	if [ -z "${SIM_EXAMPLES_PREBUILT:-}" ] && command -v cargo >/dev/null; then
+		banner "building the simulator (cargo build --examples)"
+		(cd "$ROOT" && cargo build --examples) || true
+	fi
+	for b in sim-nvidia-gridd sim-nvidia-smi sim-dls; do
+		if [ ! -x "$SIM_EXAMPLES/$b" ]; then
+			skip "agent checks in the guest: the simulator is not built ($SIM_EXAMPLES/$b; cargo build --examples)"
+			return
+		fi
+	done
+	local failed_before=${#FAILED[@]}
+	check "the simulator (nvidia-gridd unit, nvidia-smi, a DLS) runs in the guest" install_sim
+	[ "${#FAILED[@]}" -eq "$failed_before" ] || return
+	check "the agent is active" check_agent_active
+	check "a token dropped with mode 0600 is fixed to 0744 and nvidia-gridd.service restarted" check_token_dropped
+	check "vgpu-license-agent status --wait 60 exits 0 once licensed" check_status_wait
+	check "systemctl status shows the agent's state line" check_systemctl_status
+	check "journalctl -x explains an injected failure (clock skew) from the catalog" check_explained_failure
+	check "the agent is still active" check_agent_active
 }
 agent_checks
 

@@ -82,10 +82,11 @@ impl Remedy {
         state: State,
         reason: Option<Reason>,
     ) -> Decision {
-        if matches!(
-            state,
-            State::Licensed | State::NotLicensable | State::NoDriver
-        ) {
+        let gridd_down = reason == Some(Reason::GriddNotRunning);
+        // A license held without gridd is lost at its expiry: gridd must run to renew it.
+        if matches!(state, State::NotLicensable | State::NoDriver)
+            || (state == State::Licensed && !gridd_down)
+        {
             // Healthy (or nothing gridd can do): start over.
             self.unlicensed_since = None;
             self.backoff = cfg.restart_backoff;
@@ -96,7 +97,6 @@ impl Remedy {
             return Decision::Hold(format!("a restart of nvidia-gridd cannot fix {r}"));
         }
         let since = *self.unlicensed_since.get_or_insert(now);
-        let gridd_down = reason == Some(Reason::GriddNotRunning);
         if !gridd_down && now - since < cfg.restart_grace.as_secs_f64() {
             return Decision::Nothing;
         }
@@ -211,6 +211,11 @@ mod tests {
         let d = m.decide(&c, 0.0, State::Unlicensed, Some(Reason::GriddNotRunning));
         assert!(matches!(d, Decision::Restart(_)));
         m.restarted(&c, 0.0, 0.0);
+        // Licensed, but gridd died: it must run to renew the lease.
+        assert!(matches!(
+            m.decide(&c, 200.0, State::Licensed, Some(Reason::GriddNotRunning)),
+            Decision::Restart(_)
+        ));
         assert_eq!(m.decide(&c, 10.0, State::Licensed, None), Decision::Nothing);
         assert_eq!(m.backoff, c.restart_backoff);
     }

@@ -167,7 +167,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let _watcher = watch_paths(&agent.settings, tx.clone());
     agent.watching = _watcher.is_some();
     let servers = serve_metrics(&agent.settings, metrics_rx).await;
-    agent.adopt();
+    // The token is adopted once the first report says whether gridd already holds a license.
     agent.check_unit();
     agent.read_smi();
 
@@ -195,6 +195,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             if !ready {
                 ready = true;
                 notify(&[sd_notify::NotifyState::Ready]);
+                agent.adopt();
             }
         }
     }
@@ -247,6 +248,9 @@ impl Agent {
                     }
                 }
                 self.next_smi = Instant::now() + self.smi_interval();
+                // nvidia-smi shows a lease until it expires, even with gridd dead: ask
+                // systemd at the same pace.
+                self.check_unit();
             }
             Msg::Unit(u) => {
                 self.busy.unit = false;
@@ -376,8 +380,12 @@ impl Agent {
         }
         let settings = self.settings.clone();
         let tx = self.tx.clone();
+        let licensed = self
+            .report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed);
         tokio::task::spawn_blocking(move || {
-            let result = install::adopt_dropped_token(&settings).map_err(|e| {
+            let result = install::adopt_dropped_token(&settings, licensed).map_err(|e| {
                 if e.downcast_ref::<NoToken>().is_some() {
                     AdoptError::NoToken
                 } else if let Some(r) = e.downcast_ref::<TokenRejected>() {

@@ -544,6 +544,8 @@ struct Core<'a> {
     feature_type: u8,
     dry_run: bool,
     restart: bool,
+    /// gridd already holds a license: a token it found on its own needs no restart.
+    licensed: bool,
     summary: String,
     warnings: Vec<String>,
 }
@@ -587,6 +589,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         feature_type,
         dry_run,
         restart,
+        licensed,
         summary,
         mut warnings,
     } = core;
@@ -691,7 +694,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         Some("the token or gridd.conf changed".to_string())
     } else if state.restart_pending {
         Some("an earlier restart failed or was interrupted".to_string())
-    } else if state.token_sha256.as_deref() != Some(sha.as_str()) {
+    } else if state.token_sha256.as_deref() != Some(sha.as_str()) && !licensed {
         Some("the agent has not restarted it since this token was put in place".to_string())
     } else {
         None
@@ -973,6 +976,7 @@ pub fn install_at(
             feature_type: req.feature_type,
             dry_run: req.dry_run,
             restart: req.restart,
+            licensed: false,
             summary: summary(&req.token, &token),
             warnings: warning.into_iter().collect(),
         },
@@ -987,7 +991,10 @@ pub fn install_at(
 ///
 /// Errors: no token at the path ([`NoToken`]), a bad or expired token ([`TokenRejected`]),
 /// or an I/O error; in each case nothing was changed.
-pub fn adopt_dropped_token(settings: &Settings) -> anyhow::Result<Outcome> {
+///
+/// `licensed`: gridd holds a license now; then a token it already found on its own (no file
+/// changed) does not cost it its lease through a restart.
+pub fn adopt_dropped_token(settings: &Settings, licensed: bool) -> anyhow::Result<Outcome> {
     let target = settings.paths.token_path();
     let bytes = match fs::symlink_metadata(&target) {
         Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
@@ -1017,6 +1024,7 @@ pub fn adopt_dropped_token(settings: &Settings) -> anyhow::Result<Outcome> {
             feature_type: settings.gridd.feature_type,
             dry_run: false,
             restart: true,
+            licensed,
             summary: summary(&bytes, &token),
             warnings: Vec::new(),
         },

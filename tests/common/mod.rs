@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod sim;
+
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;

@@ -1,0 +1,742 @@
+//! The simulator's harness: a simulated machine (a temporary root with the simulated GPU,
+//! nvidia-smi, nvidia-gridd and a fake DLS) and the real agent (`vgpu-license-agent run`)
+//! running against it, with the real journald and journalctl.
+//!
+//! The simulator's programs are examples of this crate (`tests/sim/`), built by `cargo test`
+//! (or `cargo build --examples`) into `target/<profile>/examples/`.
+//!
+//! All simulated gridds of all tests log to the one system journal as `nvidia-gridd`, and the
+//! agent follows every `nvidia-gridd` line of the journal: tests that run a simulated gridd
+//! therefore hold [`journal_lock`] (a file lock, so it also holds across test binaries run in
+//! parallel), and the agent's `journalctl` is the real one run through a wrapper that adds
+//! `--since` the machine's start, so that each test's agent sees only its own boot.
+
+#![allow(dead_code)]
+
+#[path = "../sim/dls.rs"]
+pub mod dls;
+#[path = "../sim/https.rs"]
+pub mod https;
+#[path = "../sim/shared.rs"]
+pub mod shared;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+#[allow(unused_imports)]
+pub use dls::{FakeDls, Mode};
+#[allow(unused_imports)]
+pub use shared::{GpuState, SimConfig, SmiMode};
+
+use super::BIN;
+
+/// Where `cargo test` put the simulator's programs.
+pub fn examples_dir() -> PathBuf {
+    Path::new(BIN)
+        .parent()
+        .expect("the binary's directory")
+        .join("examples")
+}
+
+/// Builds the simulator's programs, once per test process: `cargo test --all-targets` builds
+/// examples only as test harnesses, and leaves the programs of an earlier build stale.
+fn build_examples() -> Result<(), String> {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let mut cmd = Command::new(&cargo);
+            cmd.args(["build", "--examples", "--quiet"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .stdin(Stdio::null());
+            let profile = examples_dir()
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned());
+            if profile.as_deref() == Some("release") {
+                cmd.arg("--release");
+            }
+            match cmd.output() {
+                Ok(o) if o.status.success() => Ok(()),
+                Ok(o) => Err(format!(
+                    "cargo build --examples failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                )),
+                Err(e) => Err(format!("cannot run {}: {e}", cargo.to_string_lossy())),
+            }
+        })
+        .clone()
+}
+
+/// One of the simulator's programs (built on first use); panics with how to build it when it
+/// cannot be had.
+pub fn example(name: &str) -> PathBuf {
+    let built = build_examples();
+    let p = examples_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing ({}): build the simulator with `cargo build --examples`",
+        p.display(),
+        built.err().unwrap_or_default()
+    );
+    p
+}
+
+const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+const JOURNAL_DEV_LOG: &str = "/run/systemd/journal/dev-log";
+
+fn journald_answers() -> bool {
+    Path::new(JOURNAL_DEV_LOG).exists()
+        && std::os::unix::net::UnixDatagram::unbound()
+            .and_then(|s| s.connect(JOURNAL_SOCKET))
+            .is_ok()
+}
+
+/// Makes sure journald runs: where nothing answers on its socket (a container, CI), starts
+/// `/lib/systemd/systemd-journald` (once, detached; it stays) and waits for its sockets.
+pub fn ensure_journald() {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = DONE.get_or_init(|| {
+        if journald_answers() {
+            return Ok(());
+        }
+        // Across processes too: one starts it, the others wait for its sockets.
+        let _lock = lock_file("/tmp/vgpu-license-agent-journald.lock");
+        if journald_answers() {
+            return Ok(());
+        }
+        let bin = [
+            "/lib/systemd/systemd-journald",
+            "/usr/lib/systemd/systemd-journald",
+        ]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .ok_or("systemd-journald is not installed (apt-get install systemd)")?;
+        let mut cmd = Command::new(bin);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setsid only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        cmd.spawn()
+            .map_err(|e| format!("cannot start {bin}: {e} (run the tests as root)"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if journald_answers() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!(
+            "started {bin}, but nothing answers on {JOURNAL_SOCKET} (run the tests as root)"
+        ))
+    });
+    if let Err(e) = r {
+        panic!("journald: {e}");
+    }
+}
+
+fn lock_file(path: &str) -> Flock<fs::File> {
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    Flock::lock(f, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap_or_else(|e| panic!("lock {path}: {e}"))
+}
+
+/// Held by every test that runs a simulated gridd (see the module's doc).
+pub fn journal_lock() -> Flock<fs::File> {
+    lock_file("/tmp/vgpu-license-agent-sim-journal.lock")
+}
+
+/// Polls `f` until it gives a value; panics after `timeout` with `what` and `context()`.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                context()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub use dls::token_for;
+
+/// gridd's journal entries (JSON objects) of this boot matching `matches`
+/// (`journalctl` match arguments), optionally since a `--since` value.
+pub fn journal(matches: &[&str], since: Option<&str>) -> Vec<Value> {
+    let mut cmd = Command::new("journalctl");
+    cmd.args(["--boot", "--output=json", "--no-pager"]);
+    if let Some(s) = since {
+        cmd.arg(format!("--since={s}"));
+    }
+    let out = cmd.args(matches).output().expect("journalctl runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// `MESSAGE` of a journal entry (journald gives non-UTF-8 messages as byte arrays).
+pub fn message(e: &Value) -> String {
+    match &e["MESSAGE"] {
+        Value::String(s) => s.clone(),
+        Value::Array(b) => String::from_utf8_lossy(
+            &b.iter()
+                .filter_map(|v| v.as_u64().map(|x| x as u8))
+                .collect::<Vec<_>>(),
+        )
+        .into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// The messages the simulated gridd `pid` logged to the journal.
+pub fn gridd_messages(pid: i32) -> Vec<String> {
+    journal(&["_COMM=nvidia-gridd", &format!("_PID={pid}")], None)
+        .iter()
+        .map(message)
+        .collect()
+}
+
+/// Writes `bytes` to `path` with `mode`, creating the directory.
+pub fn write_mode(path: &Path, bytes: &[u8], mode: u32) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, bytes).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn write_script(path: &Path, text: &str) {
+    write_mode(path, text.as_bytes(), 0o755);
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let v: Vec<&str> = text.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `/proc/PID/stat`: (state letter, parent pid, start time in ticks).
+pub fn proc_stat(pid: i32) -> Option<(char, i32, u64)> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((
+        f.first()?.chars().next()?,
+        f.get(1)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
+}
+
+/// The processes whose parent is `pid`: (pid, comm, start time).
+pub fn children_of(pid: i32) -> Vec<(i32, String, u64)> {
+    let mut v = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Some((_, ppid, start)) = proc_stat(p)
+            && ppid == pid
+        {
+            let comm = fs::read_to_string(format!("/proc/{p}/comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            v.push((p, comm, start));
+        }
+    }
+    v
+}
+
+/// The report's schema, checked on every status.json read.
+fn validator() -> &'static jsonschema::Validator {
+    static V: OnceLock<jsonschema::Validator> = OnceLock::new();
+    V.get_or_init(|| {
+        let schema: Value = serde_json::from_str(
+            &fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report.schema.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        jsonschema::validator_for(&schema).unwrap()
+    })
+}
+
+/// How the machine is set up before the agent starts.
+pub struct Setup {
+    pub sim: SimConfig,
+    /// Extra lines for the agent's config (appended after `[service]`'s keys).
+    pub service_extra: String,
+    /// The agent's `commands.timeout_seconds`.
+    pub command_timeout: u64,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            sim: SimConfig {
+                retry_seconds: 1.0,
+                exit_linger_ms: 200,
+                ..SimConfig::default()
+            },
+            service_extra: String::new(),
+            command_timeout: 3,
+        }
+    }
+}
+
+/// A simulated machine in a temporary root. Holds the journal lock for its life.
+pub struct Machine {
+    pub dir: tempfile::TempDir,
+    /// The sim dir: sim.json, the GPU state, gridd's pid file, the restart counter.
+    pub sim: PathBuf,
+    pub config: PathBuf,
+    pub dls: FakeDls,
+    /// `--since` of the agent's journal: this machine's boot.
+    pub since: String,
+    lock: Flock<fs::File>,
+}
+
+impl Machine {
+    pub fn new(setup: Setup) -> Machine {
+        ensure_journald();
+        let lock = journal_lock();
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-sim-")
+            .tempdir()
+            .unwrap();
+        let r = dir.path().to_path_buf();
+        let sim = r.join("sim");
+        fs::create_dir_all(&sim).unwrap();
+        let mut cfg = setup.sim;
+        cfg.token_dir = r.join("etc/nvidia/ClientConfigToken");
+        cfg.gridd_conf = r.join("etc/nvidia/gridd.conf");
+        cfg.save(&sim).unwrap();
+        fs::create_dir_all(&cfg.token_dir).unwrap();
+        fs::set_permissions(&cfg.token_dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::create_dir_all(r.join("var/lib/prometheus/node-exporter")).unwrap();
+        let dls = FakeDls::start();
+        let since = format!(
+            "@{:.6}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
+        );
+        let bin = r.join("bin");
+        write_script(
+            &bin.join("nvidia-smi"),
+            &format!(
+                "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
+                example("sim-nvidia-smi").display(),
+                sim.display()
+            ),
+        );
+        write_script(
+            &bin.join("systemctl"),
+            &format!(
+                "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
+                example("sim-systemctl").display(),
+                sim.display()
+            ),
+        );
+        // The real journalctl; --since hides the other tests' (earlier boots') gridd lines.
+        write_script(
+            &bin.join("journalctl"),
+            &format!("#!/bin/sh\nexec journalctl '--since={since}' \"$@\"\n"),
+        );
+        let _ = example("sim-nvidia-gridd");
+        let config = r.join("agent/config.toml");
+        fs::create_dir_all(config.parent().unwrap()).unwrap();
+        let m = Machine {
+            dir,
+            sim,
+            config,
+            dls,
+            since,
+            lock,
+        };
+        m.write_config(&format!(
+            "[paths]\n\
+             token_dir = \"{r}/etc/nvidia/ClientConfigToken\"\n\
+             gridd_conf = \"{r}/etc/nvidia/gridd.conf\"\n\
+             state_dir = \"{r}/var/lib/vgpu-license-agent\"\n\
+             status_file = \"{r}/run/vgpu-license-agent/status.json\"\n\
+             metrics_textfile = \"{r}/var/lib/prometheus/node-exporter/vgpu_license_agent.prom\"\n\
+             gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]\n\
+             [commands]\n\
+             nvidia_smi = \"{r}/bin/nvidia-smi\"\n\
+             journalctl = \"{r}/bin/journalctl\"\n\
+             systemctl = \"{r}/bin/systemctl\"\n\
+             restart_gridd = [\"{restart}\", \"--sim-dir\", \"{r}/sim\"]\n\
+             timeout_seconds = {timeout}\n\
+             [service]\n\
+             poll_unlicensed_seconds = 1\n\
+             poll_licensed_seconds = 2\n\
+             restart_grace_seconds = 2\n\
+             restart_backoff_seconds = 1\n\
+             restart_backoff_max_seconds = 4\n\
+             restart_budget_per_hour = 3\n\
+             probe_timeout_seconds = 2\n\
+             {extra}",
+            r = r.display(),
+            restart = example("sim-restart-gridd").display(),
+            extra = setup.service_extra,
+            timeout = setup.command_timeout,
+        ));
+        m
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn write_config(&self, text: &str) {
+        fs::write(&self.config, text).unwrap();
+    }
+
+    pub fn config_text(&self) -> String {
+        fs::read_to_string(&self.config).unwrap()
+    }
+
+    pub fn sim_config(&self) -> SimConfig {
+        SimConfig::load(&self.sim)
+    }
+
+    /// Changes the simulated machine (read by nvidia-smi on each run, by gridd at start).
+    pub fn update_sim(&self, f: impl FnOnce(&mut SimConfig)) {
+        let mut c = self.sim_config();
+        f(&mut c);
+        c.save(&self.sim).unwrap();
+    }
+
+    pub fn token_dir(&self) -> PathBuf {
+        self.sim_config().token_dir
+    }
+
+    pub fn token_path(&self) -> PathBuf {
+        self.token_dir().join("client_configuration_token.tok")
+    }
+
+    /// A valid token for this machine's DLS.
+    pub fn token(&self) -> Vec<u8> {
+        token_for("127.0.0.1", self.dls.port(), "sim")
+    }
+
+    /// Installs the token as cloud-init's write_files would, with `mode`.
+    pub fn drop_token(&self, mode: u32) -> Vec<u8> {
+        let t = self.token();
+        write_mode(&self.token_path(), &t, mode);
+        t
+    }
+
+    pub fn status_path(&self) -> PathBuf {
+        self.path("run/vgpu-license-agent/status.json")
+    }
+
+    pub fn metrics_path(&self) -> PathBuf {
+        self.path("var/lib/prometheus/node-exporter/vgpu_license_agent.prom")
+    }
+
+    /// Starts the simulated gridd (not counted as a restart); returns its pid.
+    pub fn start_gridd(&self) -> i32 {
+        shared::start_gridd_bin(&example("sim-nvidia-gridd"), &self.sim)
+            .expect("the simulated gridd starts")
+    }
+
+    pub fn gridd_pid(&self) -> Option<i32> {
+        shared::running_gridd(&self.sim)
+    }
+
+    /// Kills the simulated gridd with SIGKILL (a crash: no Shutdown line).
+    pub fn crash_gridd(&self) -> i32 {
+        let pid = wait_for(
+            "a simulated gridd to run",
+            Duration::from_secs(10),
+            || self.gridd_pid(),
+            || self.gridd_log(),
+        );
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        wait_for(
+            "the killed gridd to be gone",
+            Duration::from_secs(5),
+            || (!shared::gridd_alive(pid)).then_some(()),
+            String::new,
+        );
+        pid
+    }
+
+    /// Restarts done through the restart command.
+    pub fn restarts(&self) -> usize {
+        fs::read_to_string(self.sim.join(shared::RESTARTS_FILE))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    pub fn gpu_state(&self) -> Option<GpuState> {
+        GpuState::load(&self.sim)
+    }
+
+    /// The simulated nvidia-smi's `-q` output now.
+    pub fn smi(&self, args: &[&str]) -> std::process::Output {
+        Command::new(self.path("bin/nvidia-smi"))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// gridd's own log (a copy of what it sent to the journal), for failure messages.
+    pub fn gridd_log(&self) -> String {
+        tail(&self.sim.join(shared::GRIDD_LOG), 40)
+    }
+
+    /// Every nvidia-gridd message of this machine's boot in the journal.
+    pub fn journal_messages(&self) -> Vec<String> {
+        journal(
+            &["_COMM=nvidia-gridd", "+", "SYSLOG_IDENTIFIER=nvidia-gridd"],
+            Some(&self.since),
+        )
+        .iter()
+        .map(message)
+        .collect()
+    }
+
+    /// The agent's entries in the journal (its own lines, with their MESSAGE_IDs) since this
+    /// machine's start.
+    pub fn agent_journal(&self, agent_pid: u32) -> Vec<Value> {
+        journal(&[&format!("_PID={agent_pid}")], Some(&self.since))
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        // Stop this machine's gridd before the lock goes, and let its last lines reach the
+        // journal, so that the next test's agent does not see them.
+        if let Some(pid) = shared::stop_gridd(&self.sim, Duration::from_secs(5)) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let shutdown = format!("Shutdown ({pid})");
+            while Instant::now() < deadline && !gridd_messages(pid).contains(&shutdown) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// The real agent, `vgpu-license-agent run --config`, running against a [`Machine`].
+pub struct Agent {
+    child: Child,
+    status: PathBuf,
+    metrics: PathBuf,
+    out: PathBuf,
+    err: PathBuf,
+    gridd_log: PathBuf,
+    token: Vec<u8>,
+    since: String,
+}
+
+impl Agent {
+    pub fn start(m: &Machine) -> Agent {
+        let out = m.path("agent.out");
+        let err = m.path("agent.err");
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&m.config)
+            .env_remove("VGPU_LICENSE_AGENT_CONFIG")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("VGPU_LICENSE_AGENT_FAULT")
+            .env("SIM_DIR", &m.sim)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&out).unwrap())
+            .stderr(fs::File::create(&err).unwrap())
+            .spawn()
+            .expect("vgpu-license-agent run starts");
+        Agent {
+            child,
+            status: m.status_path(),
+            metrics: m.metrics_path(),
+            out,
+            err,
+            gridd_log: m.sim.join(shared::GRIDD_LOG),
+            token: m.token(),
+            since: m.since.clone(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// status.json, checked to be whole, valid JSON and valid against the report's schema;
+    /// `None` while it does not exist.
+    pub fn status(&self) -> Option<Value> {
+        let bytes = match fs::read(&self.status) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("{}: {e}", self.status.display()),
+        };
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            panic!(
+                "status.json is not whole JSON ({e}): {}",
+                String::from_utf8_lossy(&bytes)
+            )
+        });
+        if let Err(e) = validator().validate(&v) {
+            panic!("status.json does not match the report's schema: {e}\n{v:#}");
+        }
+        self.assert_no_secret(&String::from_utf8_lossy(&bytes));
+        Some(v)
+    }
+
+    pub fn metrics(&self) -> String {
+        fs::read_to_string(&self.metrics).unwrap_or_default()
+    }
+
+    /// A sample's value in the metrics textfile: `name` with its labels as written, e.g.
+    /// `vgpu_license_state{state="licensed"}`.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            (k == name).then(|| v.parse().ok())?
+        })
+    }
+
+    /// The agent's output so far (stdout and stderr).
+    pub fn logs(&self) -> String {
+        format!(
+            "{}\n{}",
+            fs::read_to_string(&self.out).unwrap_or_default(),
+            fs::read_to_string(&self.err).unwrap_or_default()
+        )
+    }
+
+    /// The agent's own lines in the journal (it logs there when journald runs).
+    pub fn journal_lines(&self) -> Vec<String> {
+        journal(&[&format!("_PID={}", self.pid())], Some(&self.since))
+            .iter()
+            .map(|e| {
+                let id = e["MESSAGE_ID"].as_str().unwrap_or("-");
+                format!("[{id}] {}", message(e))
+            })
+            .collect()
+    }
+
+    /// What to print when a wait fails: the last status, the agent's and gridd's logs.
+    pub fn context(&self) -> String {
+        let status = fs::read_to_string(&self.status).unwrap_or_else(|_| "(none)".into());
+        let journal = self.journal_lines();
+        format!(
+            "--- status.json:\n{status}\n--- metrics:\n{}\n--- agent's journal (tail):\n{}\n--- agent's stderr (tail):\n{}\n--- gridd (tail):\n{}",
+            self.metrics(),
+            journal[journal.len().saturating_sub(40)..].join("\n"),
+            tail(&self.err, 40),
+            tail(&self.gridd_log, 30),
+        )
+    }
+
+    /// Waits until status.json satisfies `pred`; returns it.
+    pub fn wait_status(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        wait_for(
+            what,
+            timeout,
+            || self.status().filter(|v| pred(v)),
+            || self.context(),
+        )
+    }
+
+    pub fn wait_state(&self, state: &str, timeout: Duration) -> Value {
+        self.wait_status(&format!("state {state:?}"), timeout, |v| {
+            v["state"] == state
+        })
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// The exit status, once it exited within `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// The agent's child processes now: (pid, comm, start time).
+    pub fn children(&self) -> Vec<(i32, String, u64)> {
+        children_of(self.child.id() as i32)
+    }
+
+    /// Panics if the token's content shows in `text`.
+    pub fn assert_no_secret(&self, text: &str) {
+        for part in super::secret_parts(&self.token) {
+            assert!(!text.contains(&part), "the token's content was printed");
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+            if self.wait_exit(Duration::from_secs(5)).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+        if !std::thread::panicking() {
+            let logs = self.logs();
+            self.assert_no_secret(&logs);
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! End-to-end scenarios of `vgpu-license-agent run` (issue 4, item 8): the real agent, the
+//! real journald and journalctl, against the simulator of `tests/sim/` (a GPU with its
+//! nvidia-smi, an nvidia-gridd that logs the real daemon's lines and talks TLS to a fake
+//! DLS on a loopback port, a restart command that counts restarts).
+//!
+//! Every scenario is named `scenario_*`, so that they run on their own with
+//!
+//!     cargo test --test service scenario_
+//!
+//! (the simulator's programs are built on first use, with `cargo build --examples`).
+//! They run one at a time (a file lock; see `tests/common/sim.rs`), as root where journald
+//! must be started. Every check polls `status.json` (whole, valid JSON, valid against the
+//! report's schema on every read) with a deadline; the few fixed waits are windows in which
+//! something must NOT happen (no restart storm).
+
+mod common;
+
+use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::sim::{self, Agent, Machine, Mode, Setup, SimConfig, SmiMode, wait_for};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use vgpu_license_agent::report::message_ids;
+
+/// Deadline of a change the agent must make or report.
+const T: Duration = Duration::from_secs(30);
+
+fn setup(f: impl FnOnce(&mut SimConfig)) -> Setup {
+    let mut s = Setup::default();
+    f(&mut s.sim);
+    s
+}
+
+/// gridd.conf as `install` writes it, so that the agent has nothing to fix there.
+fn write_gridd_conf(m: &Machine) {
+    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
+}
+
+fn reason(v: &Value) -> Option<&str> {
+    v["failure"]["reason"].as_str()
+}
+
+fn has_event(v: &Value, text: &str) -> bool {
+    v["events"].as_array().is_some_and(|e| {
+        e.iter()
+            .any(|e| e["message"].as_str().is_some_and(|m| m.contains(text)))
+    })
+}
+
+/// Runs the restart command as the agent would (counted).
+fn restart_gridd_by_hand(m: &Machine) -> i32 {
+    let out = Command::new(sim::example("sim-restart-gridd"))
+        .arg("--sim-dir")
+        .arg(&m.sim)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// What the agent logged (its journal entries and its standard error), as text.
+fn agent_says(m: &Machine, a: &Agent) -> String {
+    let mut s: String = m
+        .agent_journal(a.pid())
+        .iter()
+        .map(|e| sim::message(e) + "\n")
+        .collect();
+    s += &a.logs();
+    s
+}
+
+/// The machine licensed, with the agent watching: the start of most scenarios. Returns
+/// once the agent has settled: licensed, it has seen the gridd that runs, and every restart it
+/// made (it may restart gridd once at its start, for a token it has not restarted it for) is
+/// done and counted.
+fn licensed(s: Setup) -> (Machine, Agent) {
+    let m = Machine::new(s);
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    settle(&m, &a);
+    (m, a)
+}
+
+fn settle(m: &Machine, a: &Agent) {
+    wait_for(
+        "the agent to settle on a licensed gridd",
+        T,
+        || {
+            let pid = m.gridd_pid()?;
+            let v = a.status()?;
+            (v["state"] == "licensed"
+                && has_event(&v, &format!("Started ({pid})"))
+                && a.metric("vgpu_license_gridd_restarts_total") == Some(m.restarts() as f64))
+            .then_some(())
+        },
+        || a.context(),
+    );
+}
+
+#[test]
+fn scenario_happy_path() {
+    let (m, a) = licensed(Setup::default());
+    let v = a.wait_status("the acquisition in the events", T, |v| {
+        has_event(v, "License acquired successfully")
+    });
+    assert_eq!(v["state"], "licensed");
+    assert!(v["failure"].is_null(), "{v:#}");
+    assert_eq!(v["license"]["edition"], "NVIDIA RTX Virtual Workstation");
+    let expiry = v["license"]["expiry"].as_str().expect("an expiry");
+    let expiry = chrono::DateTime::parse_from_rfc3339(expiry).unwrap();
+    let lease = (expiry.with_timezone(&chrono::Utc) - chrono::Utc::now()).num_seconds();
+    assert!((86000..=86400).contains(&lease), "{lease}");
+    assert_eq!(v["gpus"][0]["profile"], "NVIDIA L40S-24Q");
+    assert_eq!(v["gpus"][0]["virtualization_mode"], "VGPU");
+    assert_eq!(
+        v["dls"],
+        serde_json::json!([{"host": "127.0.0.1", "port": m.dls.port()}])
+    );
+
+    // The metrics of the contract, from the same report.
+    wait_for(
+        "the metrics to say licensed",
+        T,
+        || (a.metric("vgpu_license_licensed") == Some(1.0)).then_some(()),
+        || a.context(),
+    );
+    assert_eq!(
+        a.metric("vgpu_license_state{state=\"licensed\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        a.metric("vgpu_license_state{state=\"unlicensed\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        a.metric("vgpu_license_expiry_timestamp_seconds"),
+        Some(expiry.timestamp() as f64)
+    );
+    // Nothing to fix. The agent may restart gridd once at its start, for a token it has not
+    // restarted gridd for yet (it cannot know whether gridd read it); never more.
+    assert!(m.restarts() <= 1, "{}", a.context());
+    assert_eq!(
+        a.metric("vgpu_license_gridd_restarts_total"),
+        Some(m.restarts() as f64),
+        "{}",
+        a.context()
+    );
+    let before = m.restarts();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(m.restarts(), before, "no restart while licensed");
+    assert_eq!(
+        std::fs::metadata(m.status_path())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o644
+    );
+}
+
+#[test]
+fn scenario_token_dropped_with_the_wrong_mode() {
+    // A gridd that does not notice a new token by itself: only a restart helps.
+    let m = Machine::new(setup(|s| s.pickup_new_token = false));
+    write_gridd_conf(&m);
+    let first = m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("no token reported", T, |v| {
+        v["state"] != "licensed" && reason(v) == Some("token_missing")
+    });
+    assert_eq!(v["state"], "unlicensed");
+    assert_eq!(m.restarts(), 0, "no restart for a missing token");
+
+    // cloud-init's write_files, with the wrong mode.
+    m.drop_token(0o600);
+    a.wait_state("licensed", T);
+    assert_eq!(
+        std::fs::metadata(m.token_path())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o744
+    );
+    assert!(m.restarts() >= 1);
+    assert_ne!(m.gridd_pid(), Some(first), "gridd was restarted");
+    wait_for(
+        "the restart in the metrics",
+        T,
+        || {
+            a.metric("vgpu_license_gridd_restarts_total")
+                .filter(|n| *n >= 1.0)
+        },
+        || a.context(),
+    );
+    let v = a.status().unwrap();
+    assert!(v["failure"].is_null(), "{v:#}");
+}
+
+#[test]
+fn scenario_dls_down_then_back() {
+    // A gridd that does not retry by itself, like one started before the network.
+    let m = Machine::new(setup(|s| s.acquire_retry = false));
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.dls.set_mode(Mode::Refusing);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("the DLS failure reported", T, |v| {
+        matches!(reason(v), Some("dls_unreachable" | "unspecified"))
+    });
+    assert_ne!(v["state"], "licensed");
+    wait_for(
+        "a restart of gridd",
+        T,
+        || (m.restarts() >= 1).then_some(()),
+        || a.context(),
+    );
+    // The agent's own probe names the step that fails.
+    a.wait_status("dls_unreachable from the probe", T, |v| {
+        reason(v) == Some("dls_unreachable")
+    });
+
+    m.dls.set_mode(Mode::Up);
+    a.wait_state("licensed", T);
+    let budget = 3;
+    assert!(m.restarts() <= budget, "{} restarts", m.restarts());
+    let after = m.restarts();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(m.restarts(), after, "no restart once licensed");
+    let v = a.status().unwrap();
+    assert!(v["failure"].is_null(), "{v:#}");
+}
+
+#[test]
+fn scenario_clock_skew_is_reported_without_a_restart_storm() {
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.dls.set_skew(3600);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("clock_skew", T, |v| reason(v) == Some("clock_skew"));
+    assert_ne!(v["state"], "licensed");
+    assert!(
+        v["failure"]["advice"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    );
+    // Past the grace period and several backoffs: a restart cannot fix the clock.
+    std::thread::sleep(Duration::from_secs(8));
+    let v = a.status().unwrap();
+    assert_eq!(reason(&v), Some("clock_skew"), "{v:#}");
+    assert!(m.restarts() <= 1, "{} restarts: a storm", m.restarts());
+    wait_for(
+        "the failure counted in the metrics",
+        T,
+        || {
+            a.metric("vgpu_license_failures_total{reason=\"clock_skew\"}")
+                .filter(|n| *n >= 1.0)
+        },
+        || a.context(),
+    );
+    // In the journal with the catalog's ID, so that `journalctl -x` explains it.
+    wait_for(
+        "the clock_skew failure in the agent's journal",
+        T,
+        || {
+            m.agent_journal(a.pid())
+                .iter()
+                .any(|e| e["MESSAGE_ID"] == message_ids::FAILURE_CLOCK_SKEW)
+                .then_some(())
+        },
+        || a.context(),
+    );
+    if let Some(skew) = a.metric("vgpu_license_dls_clock_skew_seconds") {
+        assert!((skew + 3600.0).abs() < 10.0, "guest minus DLS: {skew}");
+    }
+    // The clock is fixed (here: the DLS's): gridd's next try succeeds.
+    m.dls.set_skew(0);
+    a.wait_state("licensed", T);
+}
+
+#[test]
+fn scenario_invalid_token_is_reported_without_a_restart() {
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    let mut bad = m.token();
+    bad.truncate(bad.len() - 40);
+    sim::write_mode(&m.token_path(), &bad, 0o744);
+    let gridd = m.start_gridd();
+    // The real gridd exits on it.
+    wait_for(
+        "gridd to exit on the bad token",
+        T,
+        || (!sim::shared::gridd_alive(gridd)).then_some(()),
+        || m.gridd_log(),
+    );
+    let a = Agent::start(&m);
+    let v = a.wait_status("token_invalid", T, |v| reason(v) == Some("token_invalid"));
+    assert_ne!(v["state"], "licensed");
+    std::thread::sleep(Duration::from_secs(6));
+    let v = a.status().unwrap();
+    assert_eq!(reason(&v), Some("token_invalid"), "{v:#}");
+    assert_eq!(m.restarts(), 0, "a restart cannot fix the token");
+    assert_eq!(std::fs::read(m.token_path()).unwrap(), bad, "left as it is");
+}
+
+#[test]
+fn scenario_gridd_crash_is_noticed_and_gridd_restarted() {
+    let (m, a) = licensed(Setup::default());
+    let old = m.crash_gridd();
+    let new = wait_for(
+        "a new gridd after the crash",
+        T,
+        || m.gridd_pid().filter(|p| *p != old),
+        || a.context(),
+    );
+    assert!(m.restarts() >= 1, "the agent restarted it");
+    a.wait_status("the new gridd's start in the events", T, |v| {
+        has_event(v, &format!("Started ({new})")) && v["state"] == "licensed"
+    });
+}
+
+#[test]
+fn scenario_gridd_crash_while_unlicensed() {
+    // gridd retrying against a DLS that is away, then gone: the unit is down.
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.dls.set_mode(Mode::Refusing);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_status("a failure", T, |v| !v["failure"].is_null());
+    let old = m.crash_gridd();
+    m.dls.set_mode(Mode::Up);
+    wait_for(
+        "a new gridd after the crash",
+        T,
+        || m.gridd_pid().filter(|p| *p != old),
+        || a.context(),
+    );
+    a.wait_state("licensed", T);
+}
+
+#[test]
+fn scenario_nvidia_smi_hanging_never_blocks_the_agent() {
+    let (m, a) = licensed(Setup::default());
+    m.update_sim(|s| s.smi_mode = SmiMode::Hang);
+    // Reported: the report or the agent's log says nvidia-smi failed.
+    wait_for(
+        "the hung nvidia-smi reported",
+        T,
+        || {
+            let report = std::fs::read_to_string(m.status_path()).unwrap_or_default();
+            (report.contains("nvidia-smi") || agent_says(&m, &a).contains("nvidia-smi"))
+                .then_some(())
+        },
+        || a.context(),
+    );
+    // Still working: gridd's next lines reach status.json while nvidia-smi hangs.
+    let new = restart_gridd_by_hand(&m);
+    let started = Instant::now();
+    a.wait_status("gridd's new start in status.json", T, |v| {
+        has_event(v, &format!("Started ({new})"))
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "slow: {:?}",
+        started.elapsed()
+    );
+    // Hung ones are killed, not piled up.
+    let smis = a
+        .children()
+        .iter()
+        .filter(|(_, comm, _)| comm.contains("nvidia-smi"))
+        .count();
+    assert!(smis <= 1, "{smis} nvidia-smi children");
+    m.update_sim(|s| s.smi_mode = SmiMode::Normal);
+    a.wait_status("nvidia-smi read again", T, |v| {
+        v["state"] == "licensed" && v["gpus"][0]["profile"] == "NVIDIA L40S-24Q"
+    });
+}
+
+#[test]
+fn scenario_journalctl_killed_is_restarted() {
+    let (m, a) = licensed(Setup::default());
+    let journalctl = |a: &Agent| {
+        a.children()
+            .into_iter()
+            .find(|(_, comm, _)| comm == "journalctl")
+            .map(|(pid, _, _)| pid)
+    };
+    let old = wait_for(
+        "the agent's journalctl",
+        T,
+        || journalctl(&a),
+        || a.context(),
+    );
+    kill(Pid::from_raw(old), Signal::SIGKILL).unwrap();
+    wait_for(
+        "a new journalctl",
+        T,
+        || journalctl(&a).filter(|p| *p != old),
+        || a.context(),
+    );
+    let new = restart_gridd_by_hand(&m);
+    a.wait_status("gridd's later lines in status.json", T, |v| {
+        has_event(v, &format!("Started ({new})")) && v["state"] == "licensed"
+    });
+}
+
+#[test]
+fn scenario_sighup_with_a_bad_config_keeps_the_old_one() {
+    let (m, mut a) = licensed(Setup::default());
+    let good = m.config_text();
+    m.write_config(&format!("{good}bogus_key_for_the_test = 1\n"));
+    a.signal(Signal::SIGHUP);
+    wait_for(
+        "the agent to say why the config was refused",
+        T,
+        || {
+            agent_says(&m, &a)
+                .contains("bogus_key_for_the_test")
+                .then_some(())
+        },
+        || a.context(),
+    );
+    assert!(a.running(), "still running:\n{}", a.context());
+    // Still working with the old config (its restart command, its journalctl).
+    let new = restart_gridd_by_hand(&m);
+    a.wait_status("gridd's later lines in status.json", T, |v| {
+        has_event(v, &format!("Started ({new})")) && v["state"] == "licensed"
+    });
+    // And a good config is taken on the next SIGHUP.
+    m.write_config(&good);
+    a.signal(Signal::SIGHUP);
+    assert!(
+        a.wait_exit(Duration::from_secs(2)).is_none(),
+        "{}",
+        a.context()
+    );
+}
+
+#[test]
+fn scenario_sigterm_in_the_middle_of_work() {
+    // Commands' time limit far beyond "promptly": a stop must not wait for a hung child.
+    let m = Machine::new(Setup {
+        command_timeout: 20,
+        ..Setup::default()
+    });
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.dls.set_mode(Mode::Blackhole);
+    m.start_gridd();
+    let mut a = Agent::start(&m);
+    a.wait_status("a first report", T, |_| true);
+    // Work in flight: a hung nvidia-smi (and gridd stuck on a DLS that never answers).
+    m.update_sim(|s| s.smi_mode = SmiMode::Hang);
+    let children = wait_for(
+        "an nvidia-smi running under the agent",
+        T,
+        || {
+            let c = a.children();
+            c.iter()
+                .any(|(_, comm, _)| comm.contains("nvidia-smi"))
+                .then_some(c)
+        },
+        || a.context(),
+    );
+    a.signal(Signal::SIGTERM);
+    let started = Instant::now();
+    let status = a.wait_exit(Duration::from_secs(25));
+    let status =
+        status.unwrap_or_else(|| panic!("still running 25 s after SIGTERM\n{}", a.context()));
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", a.context());
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after SIGTERM: it waited for its hung nvidia-smi's time limit"
+    );
+    // status.json whole (or removed), never half written.
+    let _ = a.status();
+    // No child left behind (gone, not even a zombie waiting for a parent).
+    let left: HashSet<_> = children
+        .iter()
+        .filter(|(pid, _, start)| sim::proc_stat(*pid).is_some_and(|(_, _, s)| s == *start))
+        .collect();
+    assert!(left.is_empty(), "children left: {left:?}");
+}

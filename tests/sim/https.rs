@@ -1,0 +1,124 @@
+//! The client side of a DLS exchange as the simulated gridd does it: TCP, TLS (any
+//! certificate: the real gridd checks the DLS's against NVIDIA's own roots, not the OS's),
+//! then `POST /auth/v1/origin` (the real client's first step) for the answer's `Date`.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+
+/// Accepts any certificate: the simulated DLS's is self-signed (the real gridd checks it
+/// against NVIDIA's own roots, not the OS's).
+#[derive(Debug)]
+struct AnyCert(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `POST /auth/v1/origin` over TLS (the first step of the real client), returning the
+/// answer's `Date`.
+pub fn https_date(host: &str, port: u16, timeout: Duration) -> Result<DateTime<Utc>, String> {
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("resolve: {e}"))?
+        .next()
+        .ok_or("resolve: no address")?;
+    let tcp = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+    tcp.set_read_timeout(Some(timeout)).ok();
+    tcp.set_write_timeout(Some(timeout)).ok();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let body = r#"{"candidate_origin_ref":"00000000-0000-0000-0000-000000000000","environment":{"hostname":"sim"}}"#;
+    write!(
+        tls,
+        "POST /auth/v1/origin HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .map_err(|e| format!("tls: {e}"))?;
+    tls.flush().map_err(|e| format!("tls: {e}"))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tls.read(&mut buf).map_err(|e| format!("tls: {e}"))?;
+        if n == 0 {
+            return Err("closed before an HTTP answer".into());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > 64 * 1024 {
+            return Err("HTTP header too long".into());
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let mut lines = text.lines();
+    let status = lines.next().unwrap_or_default();
+    if !status.starts_with("HTTP/1.") {
+        return Err(format!("not HTTP: {status:?}"));
+    }
+    let date = lines
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case("date").then(|| v.trim())
+        })
+        .ok_or("no Date header")?;
+    DateTime::parse_from_rfc2822(date)
+        .map(|d| d.with_timezone(&Utc))
+        .map_err(|e| format!("bad Date {date:?}: {e}"))
+}

@@ -1,0 +1,236 @@
+//! The simulated `nvidia-smi`: prints the simulated GPU in the real layout (`-q`, `-q -x`,
+//! `-L`, the plain table), its license as the simulated gridd left it in the sim dir's
+//! `state.json`. `smi_mode` in `sim.json` makes it hang forever or fail as with no driver.
+//!
+//!     sim-nvidia-smi [--sim-dir DIR] [-q [-x]] [-L]
+
+#[path = "shared.rs"]
+mod shared;
+
+use chrono::{Local, Utc};
+use shared::{GpuState, SimConfig, SmiMode};
+
+const DRIVER: &str = "550.90.07";
+const CUDA: &str = "12.4";
+const NO_DRIVER: &str = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\n";
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = shared::sim_dir(&mut args);
+    let cfg = SimConfig::load(&dir);
+    match cfg.smi_mode {
+        SmiMode::Hang => loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        },
+        SmiMode::NoDriver => {
+            print!("{NO_DRIVER}");
+            std::process::exit(9);
+        }
+        SmiMode::Normal => {}
+    }
+    let now = Utc::now().timestamp();
+    let state = GpuState::load(&dir).unwrap_or(GpuState {
+        unlicensed_since: now,
+        ..GpuState::default()
+    });
+    let gpu = Gpu::new(&cfg, &state, now);
+    let flags: Vec<&str> = args.iter().map(String::as_str).collect();
+    let query = flags.iter().any(|f| matches!(*f, "-q" | "--query"));
+    let xml = flags.iter().any(|f| matches!(*f, "-x" | "--xml-format"));
+    let known = flags.iter().all(|f| {
+        matches!(
+            *f,
+            "-q" | "--query" | "-x" | "--xml-format" | "-L" | "--list-gpus"
+        )
+    });
+    if !known || (xml && !query) {
+        println!("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.");
+        std::process::exit(2);
+    }
+    if flags.iter().any(|f| matches!(*f, "-L" | "--list-gpus")) {
+        println!("GPU 0: {} (UUID: {})", gpu.product, gpu.uuid);
+    } else if query && xml {
+        print!("{}", gpu.xml());
+    } else if query {
+        print!("{}", gpu.text());
+    } else {
+        print!("{}", gpu.table());
+    }
+}
+
+struct Gpu {
+    bus_id: String,
+    product: String,
+    brand: String,
+    uuid: &'static str,
+    mode: &'static str,
+    /// Edition and License Status, where there is a license section.
+    license: Option<(String, String)>,
+}
+
+impl Gpu {
+    fn new(cfg: &SimConfig, state: &GpuState, now: i64) -> Gpu {
+        if cfg.passthrough {
+            let product = cfg
+                .profile
+                .rsplit_once('-')
+                .map_or(cfg.profile.clone(), |(p, _)| p.to_string());
+            return Gpu {
+                bus_id: cfg.bus_id.clone(),
+                product,
+                brand: "NVIDIA".into(),
+                uuid: "GPU-7e1b8d52-4c1a-5f0e-9a3b-2d6f8c0e1a44",
+                mode: "Pass-Through",
+                license: None,
+            };
+        }
+        Gpu {
+            bus_id: cfg.bus_id.clone(),
+            product: cfg.profile.clone(),
+            brand: cfg.edition(),
+            uuid: "GPU-62f13b27-1eda-11b2-a8b5-0869ebe25264",
+            mode: "VGPU",
+            license: Some((cfg.edition(), state.license_status(cfg, now))),
+        }
+    }
+
+    fn text(&self) -> String {
+        let kv = |indent: usize, k: &str, v: &str| {
+            let key = format!("{}{k}", " ".repeat(indent));
+            format!("{key:<42}: {v}\n")
+        };
+        let head = |indent: usize, k: &str| format!("{}{k}\n", " ".repeat(indent));
+        let mut s = String::new();
+        s += "\n==============NVSMI LOG==============\n\n";
+        s += &kv(
+            0,
+            "Timestamp",
+            &Local::now().format("%a %b %d %H:%M:%S %Y").to_string(),
+        );
+        s += &kv(0, "Driver Version", DRIVER);
+        s += &kv(0, "CUDA Version", CUDA);
+        s += "\n";
+        s += &kv(0, "Attached GPUs", "1");
+        s += &format!("GPU {}\n", self.bus_id);
+        s += &kv(4, "Product Name", &self.product);
+        s += &kv(4, "Product Brand", &self.brand);
+        s += &kv(4, "Product Architecture", "Ada Lovelace");
+        s += &kv(4, "Display Mode", "Enabled");
+        s += &kv(4, "Display Active", "Disabled");
+        s += &kv(4, "Persistence Mode", "Enabled");
+        s += &kv(4, "Addressing Mode", "None");
+        s += &head(4, "MIG Mode");
+        s += &kv(8, "Current", "Disabled");
+        s += &kv(8, "Pending", "Disabled");
+        s += &kv(4, "Accounting Mode", "Disabled");
+        s += &kv(4, "Accounting Mode Buffer Size", "4000");
+        s += &head(4, "Driver Model");
+        s += &kv(8, "Current", "N/A");
+        s += &kv(8, "Pending", "N/A");
+        s += &kv(4, "Serial Number", "N/A");
+        s += &kv(4, "GPU UUID", self.uuid);
+        s += &kv(4, "Minor Number", "0");
+        s += &kv(4, "VBIOS Version", "00.00.00.00.00");
+        s += &kv(4, "MultiGPU Board", "No");
+        s += &kv(4, "Board ID", "0x201");
+        s += &kv(4, "Board Part Number", "N/A");
+        s += &kv(4, "GPU Part Number", "26B9-890-A1");
+        s += &kv(4, "FRU Part Number", "N/A");
+        s += &kv(4, "Module ID", "N/A");
+        s += &head(4, "Inforom Version");
+        s += &kv(8, "Image Version", "N/A");
+        s += &kv(8, "OEM Object", "N/A");
+        s += &kv(8, "ECC Object", "N/A");
+        s += &kv(8, "Power Management Object", "N/A");
+        s += &head(4, "Inforom BBX Object Flush");
+        s += &kv(8, "Latest Timestamp", "N/A");
+        s += &kv(8, "Latest Duration", "N/A");
+        s += &head(4, "GPU Operation Mode");
+        s += &kv(8, "Current", "N/A");
+        s += &kv(8, "Pending", "N/A");
+        s += &kv(4, "GSP Firmware Version", "N/A");
+        s += &head(4, "GPU Virtualization Mode");
+        s += &kv(8, "Virtualization Mode", self.mode);
+        s += &kv(8, "Host VGPU Mode", "N/A");
+        s += &kv(8, "vGPU Heterogeneous Mode", "N/A");
+        if let Some((edition, status)) = &self.license {
+            s += &head(4, "vGPU Software Licensed Product");
+            s += &kv(8, "Product Name", edition);
+            s += &kv(8, "License Status", status);
+        }
+        s += &head(4, "PCI");
+        s += &kv(8, "Bus", "0x02");
+        s += &kv(8, "Device", "0x01");
+        s += &kv(8, "Domain", "0x0000");
+        s += &kv(8, "Device Id", "0x26B910DE");
+        s += &kv(8, "Bus Id", &self.bus_id);
+        s += &kv(4, "Fan Speed", "N/A");
+        s += &kv(4, "Performance State", "P0");
+        s += &head(4, "FB Memory Usage");
+        s += &kv(8, "Total", "24576 MiB");
+        s += &kv(8, "Reserved", "1650 MiB");
+        s += &kv(8, "Used", "0 MiB");
+        s += &kv(8, "Free", "22925 MiB");
+        s += &kv(4, "Compute Mode", "Default");
+        s += "\n";
+        s
+    }
+
+    fn xml(&self) -> String {
+        let mut s = String::new();
+        s += "<?xml version=\"1.0\" ?>\n";
+        s += "<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v12.dtd\">\n";
+        s += "<nvidia_smi_log>\n";
+        s += &format!(
+            "\t<timestamp>{}</timestamp>\n",
+            Local::now().format("%a %b %d %H:%M:%S %Y")
+        );
+        s += &format!("\t<driver_version>{DRIVER}</driver_version>\n");
+        s += &format!("\t<cuda_version>{CUDA}</cuda_version>\n");
+        s += "\t<attached_gpus>1</attached_gpus>\n";
+        s += &format!("\t<gpu id=\"{}\">\n", self.bus_id);
+        s += &format!("\t\t<product_name>{}</product_name>\n", self.product);
+        s += &format!("\t\t<product_brand>{}</product_brand>\n", self.brand);
+        s += "\t\t<product_architecture>Ada Lovelace</product_architecture>\n";
+        s += "\t\t<display_mode>Enabled</display_mode>\n";
+        s += "\t\t<persistence_mode>Enabled</persistence_mode>\n";
+        s += &format!("\t\t<uuid>{}</uuid>\n", self.uuid);
+        s += "\t\t<gpu_virtualization_mode>\n";
+        s += &format!(
+            "\t\t\t<virtualization_mode>{}</virtualization_mode>\n",
+            self.mode
+        );
+        s += "\t\t\t<host_vgpu_mode>N/A</host_vgpu_mode>\n";
+        s += "\t\t\t<vgpu_heterogeneous_mode>N/A</vgpu_heterogeneous_mode>\n";
+        s += "\t\t</gpu_virtualization_mode>\n";
+        if let Some((edition, status)) = &self.license {
+            s += "\t\t<vgpu_software_licensed_product>\n";
+            s += &format!("\t\t\t<licensed_product_name>{edition}</licensed_product_name>\n");
+            s += &format!("\t\t\t<license_status>{status}</license_status>\n");
+            s += "\t\t</vgpu_software_licensed_product>\n";
+        }
+        s += "\t\t<pci>\n";
+        s += &format!("\t\t\t<pci_bus_id>{}</pci_bus_id>\n", self.bus_id);
+        s += "\t\t</pci>\n";
+        s += "\t</gpu>\n\n";
+        s += "</nvidia_smi_log>\n";
+        s
+    }
+
+    fn table(&self) -> String {
+        let now = Local::now().format("%a %b %e %H:%M:%S %Y");
+        format!(
+            "{now}       \n\
++-----------------------------------------------------------------------------------------+\n\
+| NVIDIA-SMI {DRIVER}              Driver Version: {DRIVER}      CUDA Version: {CUDA}     |\n\
+|-----------------------------------------+------------------------+----------------------+\n\
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n\
+| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n\
+|=========================================+========================+======================|\n\
+|   0  {:<20}           On  | {:<16} On |                    0 |\n\
+| N/A   N/A    P0            N/A /  N/A   |       0MiB /  24576MiB |      0%      Default |\n\
++-----------------------------------------+------------------------+----------------------+\n",
+            self.product, self.bus_id
+        )
+    }
+}
