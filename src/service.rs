@@ -182,7 +182,14 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     info!("vgpu-license-agent started");
     loop {
         tokio::select! {
-            Some(msg) = rx.recv() => { agent.handle(msg); agent.dirty = true; }
+            Some(msg) = rx.recv() => {
+                agent.handle(msg);
+                // A backlog (this boot's journal at start) makes one report, not one each.
+                while let Ok(msg) = rx.try_recv() {
+                    agent.handle(msg);
+                }
+                agent.dirty = true;
+            }
             _ = tick.tick() => agent.tick(),
             _ = watchdog.tick() => notify(&[sd_notify::NotifyState::Watchdog]),
             _ = sighup.recv() => { agent.reload(); agent.dirty = true; }
