@@ -110,17 +110,12 @@ impl Root {
             secrets: Vec::new(),
         };
         root.write_config(&format!(
-            "[paths]\n\
-             token_dir = \"{r}/etc/nvidia/ClientConfigToken\"\n\
-             gridd_conf = \"{r}/etc/nvidia/gridd.conf\"\n\
-             state_dir = \"{r}/var/lib/vgpu-license-agent\"\n\
-             status_file = \"{r}/run/vgpu-license-agent/status.json\"\n\
-             metrics_textfile = \"{r}/var/lib/prometheus/node-exporter/vgpu_license_agent.prom\"\n\
-             gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]\n\
+            "{paths}\
              [commands]\n\
              restart_gridd = [\"{restart}\"]\n\
              nvidia_smi = \"{r}/no-nvidia-smi\"\n\
              timeout_seconds = 10\n{extra}",
+            paths = paths_toml(&r),
             r = r.display(),
             restart = restart.display(),
         ));
@@ -287,4 +282,19 @@ impl Drop for Mount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
+}
+
+/// The `[paths]` table of a config whose every path lies below the temporary root `r`, laid
+/// out as on a guest.
+pub fn paths_toml(r: &Path) -> String {
+    format!(
+        "[paths]\n\
+         token_dir = \"{r}/etc/nvidia/ClientConfigToken\"\n\
+         gridd_conf = \"{r}/etc/nvidia/gridd.conf\"\n\
+         state_dir = \"{r}/var/lib/vgpu-license-agent\"\n\
+         status_file = \"{r}/run/vgpu-license-agent/status.json\"\n\
+         metrics_textfile = \"{r}/var/lib/prometheus/node-exporter/vgpu_license_agent.prom\"\n\
+         gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]\n",
+        r = r.display()
+    )
 }

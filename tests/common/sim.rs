@@ -388,13 +388,7 @@ impl Machine {
             lock,
         };
         m.write_config(&format!(
-            "[paths]\n\
-             token_dir = \"{r}/etc/nvidia/ClientConfigToken\"\n\
-             gridd_conf = \"{r}/etc/nvidia/gridd.conf\"\n\
-             state_dir = \"{r}/var/lib/vgpu-license-agent\"\n\
-             status_file = \"{r}/run/vgpu-license-agent/status.json\"\n\
-             metrics_textfile = \"{r}/var/lib/prometheus/node-exporter/vgpu_license_agent.prom\"\n\
-             gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]\n\
+            "{paths}\
              [commands]\n\
              nvidia_smi = \"{r}/bin/nvidia-smi\"\n\
              journalctl = \"{r}/bin/journalctl\"\n\
@@ -410,6 +404,7 @@ impl Machine {
              restart_budget_per_hour = 3\n\
              probe_timeout_seconds = 2\n\
              {extra}",
+            paths = super::paths_toml(&r),
             r = r.display(),
             restart = example("sim-restart-gridd").display(),
             extra = setup.service_extra,
