@@ -142,8 +142,8 @@ fn scenario_happy_path() {
         a.metric("vgpu_license_expiry_timestamp_seconds"),
         Some(expiry.timestamp() as f64)
     );
-    // Nothing to fix. The agent may restart gridd once at its start, for a token it has not
-    // restarted gridd for yet (it cannot know whether gridd read it); never more.
+    // Nothing to fix. The agent restarts gridd at most once at its start: for a token it has
+    // not restarted gridd for yet, unless gridd already holds a license with it.
     assert!(m.restarts() <= 1, "{}", a.context());
     assert_eq!(
         a.metric("vgpu_license_gridd_restarts_total"),
@@ -493,4 +493,62 @@ fn scenario_sigterm_in_the_middle_of_work() {
         .filter(|(pid, _, start)| sim::proc_stat(*pid).is_some_and(|(_, _, s)| s == *start))
         .collect();
     assert!(left.is_empty(), "children left: {left:?}");
+}
+
+/// `status`, the metrics socket, the textfile, the journal and status.json are one report.
+#[test]
+fn scenario_every_output_tells_the_same() {
+    let socket = std::env::temp_dir().join(format!("vla-metrics-{}.sock", std::process::id()));
+    let (m, a) = licensed(Setup {
+        service_extra: format!("metrics_socket = \"{}\"\n", socket.display()),
+        ..Setup::default()
+    });
+    let v = a.wait_state("licensed", T);
+
+    // `status` reads the running service's report and exits as a monitoring check.
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", a.context());
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["state"], v["state"]);
+    assert_eq!(s["license"], v["license"]);
+    assert_eq!(s["agent_pid"], a.pid());
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["status", "--wait", "5"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("From the running service's report"), "{text}");
+    assert!(text.contains("State:    licensed"), "{text}");
+
+    // The socket serves what the textfile holds.
+    use std::io::{Read, Write};
+    let mut conn = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    assert!(body.contains("vgpu_license_licensed 1\n"), "{body}");
+    assert_eq!(body, a.metrics(), "socket and textfile differ");
+
+    // The journal has the state change, with its catalog MESSAGE_ID.
+    wait_for(
+        "the licensed entry in the journal",
+        T,
+        || {
+            m.agent_journal(a.pid())
+                .into_iter()
+                .find(|e| e["MESSAGE_ID"] == message_ids::LICENSED)
+        },
+        || a.context(),
+    );
+    let _ = std::fs::remove_file(&socket);
 }
