@@ -226,7 +226,7 @@ impl Agent {
         match msg {
             Msg::FollowerStarted => self.fold = LogFold::new(MAX_EVENTS),
             Msg::Gridd(e) => {
-                let kind = e.kind;
+                let kind = e.what.kind;
                 self.fold.push(*e);
                 // Read nvidia-smi right after gridd says something (coalesced).
                 self.next_smi = self

@@ -61,8 +61,8 @@ impl LogFold {
     pub fn push(&mut self, e: GriddEvent) {
         use EventKind as K;
         self.total += 1;
-        self.legacy |= e.legacy;
-        match e.kind {
+        self.legacy |= e.what.legacy;
+        match e.what.kind {
             K::Acquired | K::Renewed => {
                 self.failure = None;
                 self.unsupported = false;
@@ -72,7 +72,7 @@ impl LogFold {
             K::Unsupported => self.unsupported = true,
             _ => {}
         }
-        if e.reason.is_some() {
+        if e.what.reason.is_some() {
             self.failure = Some(e.clone());
         }
         if self.max_events == 0 {
@@ -142,11 +142,11 @@ fn lease_valid_at(acq: Option<&Stamp>, expiry: DateTime<Utc>, last: Option<&Stam
 fn event_of(e: &GriddEvent) -> Event {
     Event {
         at: e.stamp.and_then(|s| s.at()),
-        kind: e.kind,
-        server: e.server.clone(),
-        edition: e.edition.clone(),
-        expiry: e.expiry.map(rfc3339),
-        reason: e.reason,
+        kind: e.what.kind,
+        server: e.what.server.clone(),
+        edition: e.what.edition.clone(),
+        expiry: e.what.expiry.map(rfc3339),
+        reason: e.what.reason,
         message: e.message.clone(),
     }
 }
@@ -232,7 +232,7 @@ pub fn evaluate(obs: Observations) -> Report {
             let state = if fold.unsupported {
                 Some(State::NotLicensable)
             } else if let Some(h) = &fold.holding {
-                let valid = h.expiry.is_none_or(|exp| {
+                let valid = h.what.expiry.is_none_or(|exp| {
                     lease_valid_at(h.stamp.as_ref(), exp, stats.last_stamp.as_ref())
                 });
                 Some(if valid {
@@ -247,8 +247,8 @@ pub fn evaluate(obs: Observations) -> Report {
             };
             let license = fold.holding.as_ref().map(|h| License {
                 status: None,
-                edition: h.edition.clone(),
-                expiry: h.expiry.map(rfc3339),
+                edition: h.what.edition.clone(),
+                expiry: h.what.expiry.map(rfc3339),
             });
             (evs, state, fold.failure, license, fold.omitted, fold.legacy)
         }
@@ -304,13 +304,13 @@ pub fn evaluate(obs: Observations) -> Report {
             at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
         }),
         None => log_failure.map(|f| {
-            let reason = f.reason.unwrap_or(Reason::Other);
+            let reason = f.what.reason.unwrap_or(Reason::Other);
             Failure {
                 reason,
                 advice: advice(
                     reason,
-                    f.server.as_deref(),
-                    f.edition.as_deref(),
+                    f.what.server.as_deref(),
+                    f.what.edition.as_deref(),
                     profile.as_deref(),
                 ),
                 at: f.stamp.and_then(|s| s.at()),

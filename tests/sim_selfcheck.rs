@@ -132,14 +132,14 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
     let events = parsed_events(pid);
     let acquired = events
         .iter()
-        .find(|e| e.kind == EventKind::Acquired)
+        .find(|e| e.what.kind == EventKind::Acquired)
         .expect("an acquired event");
-    assert_eq!(acquired.server.as_deref(), Some("127.0.0.1"));
+    assert_eq!(acquired.what.server.as_deref(), Some("127.0.0.1"));
     assert_eq!(
-        acquired.edition.as_deref(),
+        acquired.what.edition.as_deref(),
         Some("NVIDIA RTX Virtual Workstation")
     );
-    let expiry = acquired.expiry.expect("an expiry");
+    let expiry = acquired.what.expiry.expect("an expiry");
     let lease = (expiry - chrono::Utc::now()).num_seconds();
     assert!((86380..=86400).contains(&lease), "{lease}");
     // gridd's format: no zero padding.
@@ -233,7 +233,7 @@ fn gridd_without_a_readable_token_keeps_trying_and_picks_one_up() {
     assert!(
         events
             .iter()
-            .any(|e| e.reason == Some(Reason::TokenMissing))
+            .any(|e| e.what.reason == Some(Reason::TokenMissing))
     );
 }
 
@@ -302,11 +302,9 @@ fn gridd_exits_on_a_token_it_cannot_decode_or_a_stray_file() {
     assert_eq!(tail[..3], want);
     assert_eq!(tail[3], format!("Shutdown ({pid})"));
     let events = parsed_events(pid);
-    assert!(
-        events
-            .iter()
-            .any(|e| e.kind == EventKind::TokenError && e.reason == Some(Reason::TokenInvalid))
-    );
+    assert!(events.iter().any(
+        |e| e.what.kind == EventKind::TokenError && e.what.reason == Some(Reason::TokenInvalid)
+    ));
     // A good token, and a gridd.conf put in the token directory.
     m.drop_token(0o744);
     sim::write_mode(&m.token_dir().join("gridd.conf"), b"FeatureType=1\n", 0o644);
@@ -331,11 +329,9 @@ fn gridd_meets_clock_skew_and_an_unreachable_dls() {
         pid,
         "Failed to acquire license from 127.0.0.1 (Info: NVIDIA RTX Virtual Workstation - Error: Clock windback has been detected)",
     );
-    assert!(
-        parsed_events(pid)
-            .iter()
-            .any(|e| e.kind == EventKind::AcquireFailed && e.reason == Some(Reason::ClockSkew))
-    );
+    assert!(parsed_events(pid).iter().any(
+        |e| e.what.kind == EventKind::AcquireFailed && e.what.reason == Some(Reason::ClockSkew)
+    ));
     // A DLS that refuses, then one that speaks no TLS: the bare line.
     m.dls.set_skew(0);
     m.dls.set_mode(Mode::Refusing);
@@ -400,7 +396,7 @@ fn leases_renew_expire_and_the_grace_period_ends() {
     assert!(
         parsed_events(pid)
             .iter()
-            .any(|e| e.kind == EventKind::Renewed && e.expiry.is_some())
+            .any(|e| e.what.kind == EventKind::Renewed && e.what.expiry.is_some())
     );
     // The DLS goes away: renewals fail, the lease runs out, the grace period, then throttled.
     m.dls.set_mode(Mode::Refusing);
@@ -418,7 +414,7 @@ fn leases_renew_expire_and_the_grace_period_ends() {
     assert!(
         parsed_events(pid)
             .iter()
-            .any(|e| e.kind == EventKind::UnlicensedNotice)
+            .any(|e| e.what.kind == EventKind::UnlicensedNotice)
     );
 }
 
@@ -430,7 +426,7 @@ fn passthrough_gpu_is_not_licensable() {
     assert!(
         parsed_events(pid)
             .iter()
-            .any(|e| e.reason == Some(Reason::LicensingUnsupported))
+            .any(|e| e.what.reason == Some(Reason::LicensingUnsupported))
     );
     let snap = smi::parse(&m.smi(&["-q"]).stdout).unwrap();
     assert_eq!(

@@ -92,19 +92,13 @@ impl Stamp {
     }
 }
 
-/// One meaningful gridd log line.
+/// One meaningful gridd log line: when, from which process, its text, and what it says.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GriddEvent {
     pub stamp: Option<Stamp>,
     pub pid: Option<u32>,
-    pub kind: EventKind,
-    pub server: Option<String>,
-    pub edition: Option<String>,
-    pub expiry: Option<DateTime<Utc>>,
-    pub reason: Option<Reason>,
     pub message: String,
-    /// A line of the legacy (pre-2022, port 7070 license server) licensing path.
-    pub legacy: bool,
+    pub what: Classified,
 }
 
 /// What a message text says, before the line's time and process are attached.
@@ -115,6 +109,7 @@ pub struct Classified {
     pub edition: Option<String>,
     pub expiry: Option<DateTime<Utc>>,
     pub reason: Option<Reason>,
+    /// A line of the legacy (pre-2022, port 7070 license server) licensing path.
     pub legacy: bool,
 }
 
@@ -631,13 +626,8 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
         (self.sink)(GriddEvent {
             stamp,
             pid,
-            kind: c.kind,
-            server: c.server,
-            edition: c.edition,
-            expiry: c.expiry,
-            reason: c.reason,
             message: message.trim().to_string(),
-            legacy: c.legacy,
+            what: c,
         });
     }
 
@@ -913,7 +903,7 @@ mod tests {
              nvidia-gridd: Failed to acquire license from 10.0.0.5\n",
         );
         assert_eq!(ev.len(), 3);
-        assert_eq!(ev[2].reason, Some(Reason::TrustedStore));
+        assert_eq!(ev[2].what.reason, Some(Reason::TrustedStore));
         // Another process, or too far apart: no inheritance.
         let (ev, _) = events(
             "Jan 1 00:00:00 h nvidia-gridd[1]: Failed to register client (2)\n\
@@ -921,8 +911,8 @@ mod tests {
              Jan 1 00:00:02 h nvidia-gridd[1]: Failed to register client (2)\n\
              Jan 1 00:01:02 h nvidia-gridd[1]: Failed to acquire license from 10.0.0.5\n",
         );
-        assert_eq!(ev[1].reason, Some(Reason::Unspecified));
-        assert_eq!(ev[3].reason, Some(Reason::Unspecified));
+        assert_eq!(ev[1].what.reason, Some(Reason::Unspecified));
+        assert_eq!(ev[3].what.reason, Some(Reason::Unspecified));
     }
 
     #[test]
@@ -934,7 +924,7 @@ mod tests {
              Jun 05 16:36:01 h nvidia-gridd[5805]: Invalid feature type requested\n",
         );
         assert_eq!(ev.len(), 1);
-        assert_eq!(ev[0].reason, Some(Reason::FeatureTypeInvalid));
+        assert_eq!(ev[0].what.reason, Some(Reason::FeatureTypeInvalid));
         assert_eq!(ev[0].pid, Some(5805));
         assert_eq!(ev[0].stamp.unwrap().at(), None, "no year: never invented");
     }
@@ -953,13 +943,13 @@ mod tests {
         );
         let (ev, st) = events(text);
         assert_eq!(ev.len(), 2);
-        assert_eq!(ev[0].kind, EventKind::Initialized);
+        assert_eq!(ev[0].what.kind, EventKind::Initialized);
         assert_eq!(ev[0].pid, Some(3239));
         assert_eq!(
             ev[0].stamp.unwrap().at().as_deref(),
             Some("2024-09-15T17:16:29Z")
         );
-        assert_eq!(ev[1].kind, EventKind::Started);
+        assert_eq!(ev[1].what.kind, EventKind::Started);
         assert_eq!(
             st.last_stamp.unwrap().at().as_deref(),
             Some("2024-09-15T17:16:39Z")
@@ -984,8 +974,8 @@ mod tests {
         assert_eq!(at[2].as_deref(), Some("2024-09-15T17:16:29Z"));
         assert_eq!(at[3].as_deref(), Some("2024-09-16T01:16:29"));
         assert_eq!(at[4].as_deref(), Some("2022-12-20T17:25:11"));
-        assert_eq!(ev[5].kind, EventKind::Shutdown);
-        assert_eq!(ev[6].server.as_deref(), Some("bare"));
+        assert_eq!(ev[5].what.kind, EventKind::Shutdown);
+        assert_eq!(ev[6].what.server.as_deref(), Some("bare"));
         assert_eq!(ev.len(), 7);
     }
 }
