@@ -24,8 +24,3 @@ pub mod status;
 pub mod time;
 pub mod token;
 pub mod token_inspect;
-
-/// Error of a command that is part of the contract but not built yet.
-pub fn not_built(command: &str) -> anyhow::Error {
-    anyhow::anyhow!("`{command}` is not available in this build yet")
-}

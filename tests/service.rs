@@ -167,7 +167,10 @@ fn scenario_happy_path() {
 #[test]
 fn scenario_token_dropped_with_the_wrong_mode() {
     // A gridd that does not notice a new token by itself: only a restart helps.
-    let m = Machine::new(setup(|s| s.pickup_new_token = false));
+    let mut s = setup(|s| s.pickup_new_token = false);
+    let (hook_url, hooks) = webhook_receiver();
+    s.service_extra = format!("webhook_url = \"{hook_url}\"\n");
+    let m = Machine::new(s);
     write_gridd_conf(&m);
     let first = m.start_gridd();
     let a = Agent::start(&m);
@@ -201,6 +204,48 @@ fn scenario_token_dropped_with_the_wrong_mode() {
     );
     let v = a.status().unwrap();
     assert!(v["failure"].is_null(), "{v:#}");
+    // The state change was POSTed to the webhook: the report itself.
+    let deadline = Instant::now() + T;
+    let posted = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let body = hooks
+            .recv_timeout(left)
+            .expect("a webhook POST of the licensed report");
+        let r: Value = serde_json::from_slice(&body).expect("JSON");
+        if r["state"] == "licensed" {
+            break r;
+        }
+    };
+    assert_eq!(posted["schema"], "vgpu-license-agent/report/v1");
+}
+
+/// A loopback HTTP server that answers 200 to every POST and hands over the bodies.
+fn webhook_receiver() -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut reader = BufReader::new(conn);
+            let mut length = 0usize;
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                line.clear();
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok() {
+                let _ = tx.send(body);
+            }
+            let _ = reader
+                .get_mut()
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    (url, rx)
 }
 
 #[test]
