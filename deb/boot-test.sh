@@ -121,7 +121,22 @@ if [ -z "$LEADER" ]; then
 	skip_all "systemd-nspawn could not boot the guest on this machine"
 fi
 echo "guest pid 1 is $LEADER"
-STATE=$(timeout "$BOOT_TIMEOUT" nsenter -t "$LEADER" -a systemctl is-system-running --wait 2>&1)
+# That process is nspawn's own code until it executes the guest's systemd, and before that its
+# mounts are not the guest's yet: a systemctl entered too early answers "offline". Ask again
+# until systemd runs there and answers with a state of its boot.
+DEADLINE=$((SECONDS + BOOT_TIMEOUT))
+STATE=
+while [ "$SECONDS" -lt "$DEADLINE" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; do
+	if [ "$(cat "/proc/$LEADER/comm" 2>/dev/null)" = systemd ]; then
+		STATE=$(timeout "$((DEADLINE - SECONDS + 1))" nsenter -t "$LEADER" -a \
+			systemctl is-system-running --wait 2>&1)
+		case "$STATE" in
+		offline | "") ;;
+		*) break ;;
+		esac
+	fi
+	sleep 0.5
+done
 echo "is-system-running: $STATE"
 case "$STATE" in
 running | degraded) ;;
