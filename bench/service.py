@@ -138,6 +138,38 @@ def latency(binary, n):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def journal_floor(n):
+    """What any journal reader sees, with no agent: when `journalctl --follow` shows a line
+    (journald wakes readers on a timer), and when the line is already in the journal file
+    (found by running `journalctl -n 1` in a loop)."""
+    seen = {}
+    jc = subprocess.Popen(["journalctl", "--follow", "--lines=0", "-o", "cat",
+                           "SYSLOG_IDENTIFIER=nvidia-gridd"], stdout=subprocess.PIPE, text=True)
+    def reader():
+        for line in jc.stdout:
+            seen.setdefault(line.strip(), time.monotonic())
+    threading.Thread(target=reader, daemon=True).start()
+    time.sleep(1)
+    follow, polled = [], []
+    try:
+        for i in range(n):
+            marker = f"floor-{os.getpid()}-{i}"
+            t0 = time.monotonic()
+            send_gridd(marker)
+            while True:
+                out = subprocess.run(["journalctl", "-n", "1", "-o", "cat", "SYSLOG_IDENTIFIER=nvidia-gridd"],
+                                     capture_output=True, text=True).stdout
+                if marker in out:
+                    break
+            polled.append((time.monotonic() - t0) * 1000)
+            if wait_for(lambda: marker in seen, 2):
+                follow.append((seen[marker] - t0) * 1000)
+            time.sleep(0.1 + (i % 5) * 0.05)
+    finally:
+        jc.terminate()
+    return follow, polled
+
+
 def idle(binary, seconds, poll):
     root = tempfile.mkdtemp(prefix="vla-bench-")
     setup(root, poll)
@@ -204,6 +236,9 @@ def main():
     print(f"gridd line -> status.json:      {q(st)}")
     print(f"gridd failure -> metrics file:  {q(me)}")
     print(f"of which after journalctl -f showed the line (the agent's own part): {q(own)}")
+    follow, polled = journal_floor(min(a.lines, 30))
+    print(f"no agent: line -> in the journal file (journalctl -n 1 in a loop): {q(polled)}")
+    print(f"no agent: line -> a journalctl --follow reader:                  {q(follow)}")
     # One hour compressed into SECONDS: nvidia-smi at the rate of an hour (12 polls at the
     # default 300 s) plus SECONDS of idle; a second run without polls gives the idle rate.
     polls_per_hour = 3600 // 300

@@ -53,6 +53,9 @@ pub struct Commands {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gridd {
     pub feature_type: u8,
+    /// `feature_type` was set in a config file (not the default): the service then keeps
+    /// gridd.conf at that value; otherwise it leaves a FeatureType already there alone.
+    pub feature_type_configured: bool,
     /// nvidia-gridd's systemd unit.
     pub unit: String,
 }
@@ -115,6 +118,7 @@ impl Default for Settings {
             },
             gridd: Gridd {
                 feature_type: 1,
+                feature_type_configured: false,
                 unit: "nvidia-gridd.service".into(),
             },
             service: Service {
@@ -297,6 +301,7 @@ impl Settings {
         if let Some(t) = c.timeout_seconds {
             self.commands.timeout = Duration::from_secs(t);
         }
+        self.gridd.feature_type_configured |= frag.gridd.feature_type.is_some();
         merge!(self.gridd, frag.gridd, feature_type, unit);
         let sv = frag.service;
         let svc = &mut self.service;

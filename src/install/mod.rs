@@ -541,13 +541,23 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
 /// and restart.
 struct Core<'a> {
     bytes: &'a [u8],
-    feature_type: u8,
+    feature_type: FeatureType,
     dry_run: bool,
     restart: bool,
     /// gridd already holds a license: a token it found on its own needs no restart.
     licensed: bool,
     summary: String,
     warnings: Vec<String>,
+}
+
+/// What to do with gridd.conf's FeatureType.
+#[derive(Clone, Copy)]
+enum FeatureType {
+    /// Set it to this value (`install`, or a value set in the agent's config).
+    Set(u8),
+    /// Keep the one gridd.conf has; write this one only where there is none (the service's
+    /// adopt with the default config: an operator's `install --feature-type 4` stays).
+    Default(u8),
 }
 
 fn lock_wait(settings: &Settings) -> Duration {
@@ -593,11 +603,6 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         summary,
         mut warnings,
     } = core;
-    if feature_type != 1
-        && let Some(w) = gridd_conf::feature_type_advice(feature_type, &smi_gpus(settings))
-    {
-        warnings.push(w);
-    }
     let _lock = if dry_run {
         None
     } else {
@@ -608,11 +613,24 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     let cur = read_current(settings)?;
 
     // gridd.conf: FeatureType, and nothing else.
+    let (feature_type, keep_present) = match feature_type {
+        FeatureType::Set(ft) => (ft, false),
+        FeatureType::Default(ft) => (ft, true),
+    };
+    if feature_type != 1
+        && let Some(w) = gridd_conf::feature_type_advice(feature_type, &smi_gpus(settings))
+    {
+        warnings.push(w);
+    }
     let ft = feature_type.to_string();
     let (new_conf, conf_created, edits, conf_mode, conf_owner) = match &cur.conf {
         Some((old, meta)) => {
             let mut conf = GriddConf::parse(old);
-            let edits = conf.set("FeatureType", &ft);
+            let edits = if keep_present && conf.get("FeatureType").is_some() {
+                Vec::new()
+            } else {
+                conf.set("FeatureType", &ft)
+            };
             warnings.extend(conf.warnings(&paths.token_dir));
             (
                 conf.to_bytes(),
@@ -973,7 +991,7 @@ pub fn install_at(
     run_core(
         Core {
             bytes: &req.token,
-            feature_type: req.feature_type,
+            feature_type: FeatureType::Set(req.feature_type),
             dry_run: req.dry_run,
             restart: req.restart,
             licensed: false,
@@ -1021,7 +1039,11 @@ pub fn adopt_dropped_token(settings: &Settings, licensed: bool) -> anyhow::Resul
     run_core(
         Core {
             bytes: &bytes,
-            feature_type: settings.gridd.feature_type,
+            feature_type: if settings.gridd.feature_type_configured {
+                FeatureType::Set(settings.gridd.feature_type)
+            } else {
+                FeatureType::Default(settings.gridd.feature_type)
+            },
             dry_run: false,
             restart: true,
             licensed,

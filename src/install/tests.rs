@@ -115,6 +115,32 @@ fn a_token_already_in_place_is_restarted_for_once() {
 }
 
 #[test]
+fn adopt_keeps_the_feature_type_install_set_unless_the_config_names_one() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = settings(d.path());
+    let mut req = request(tok("a"));
+    req.feature_type = 4;
+    install(&req, &s).unwrap();
+    let path = s.paths.gridd_conf.clone();
+    let conf = || fs::read_to_string(&path).unwrap();
+    assert!(conf().contains("FeatureType=4"), "{}", conf());
+    assert_eq!(restarts(d.path()), 1);
+
+    // The service, with the default config, leaves the operator's value alone.
+    let o = adopt_dropped_token(&s, false).unwrap();
+    assert!(!o.changed(), "{:?}", o.changes);
+    assert_eq!(o.restart, Restart::NotNeeded);
+    assert!(conf().contains("FeatureType=4"));
+
+    // A value set in the agent's config is kept in place.
+    s.apply_toml("[gridd]\nfeature_type = 2\n").unwrap();
+    let o = adopt_dropped_token(&s, false).unwrap();
+    assert!(o.changed());
+    assert!(conf().contains("FeatureType=2") && !conf().contains("FeatureType=4"));
+    assert_eq!(restarts(d.path()), 2);
+}
+
+#[test]
 fn adopt_refuses_a_bad_or_missing_token_and_changes_nothing() {
     let d = tempfile::tempdir().unwrap();
     let s = settings(d.path());
