@@ -30,6 +30,10 @@ use crate::state::{LogFold, Observations, evaluate};
 const MAX_EVENTS: usize = 200;
 /// status.json is rewritten at least this often: its age tells `status` the service lives.
 const HEARTBEAT: Duration = Duration::from_secs(30);
+/// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
+/// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
+/// is made at once.
+const MIN_REPORT_GAP: Duration = Duration::from_millis(100);
 
 /// What comes back to the event loop.
 enum Msg {
@@ -178,6 +182,8 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ready = false;
+    let mut last_report: Option<Instant> = None;
+    let mut deferred: Option<Instant> = None;
 
     info!("vgpu-license-agent started");
     loop {
@@ -195,9 +201,21 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             _ = sighup.recv() => { agent.reload(); agent.dirty = true; }
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
+            _ = sleep_until_some(deferred) => deferred = None,
+        }
+        if deferred.is_some() {
+            continue;
+        }
+        if let Some(at) = last_report.map(|t| t + MIN_REPORT_GAP)
+            && agent.dirty
+            && at > Instant::now()
+        {
+            deferred = Some(at);
+            continue;
         }
         // The first report (after the first nvidia-smi answer or failure) makes us ready.
         if std::mem::take(&mut agent.dirty) && (agent.smi.is_some() || agent.smi_error.is_some()) {
+            last_report = Some(Instant::now());
             agent.publish();
             if !ready {
                 ready = true;
@@ -215,6 +233,14 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         s.abort();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Agent {
@@ -783,8 +809,21 @@ fn watch_paths(
     tx: mpsc::UnboundedSender<Msg>,
 ) -> Option<notify::RecommendedWatcher> {
     use notify::{RecursiveMode, Watcher};
+    let dir = settings.paths.token_dir.clone();
+    let conf = settings.paths.gridd_conf.clone();
+    // gridd.conf's directory may hold other files (status.json, say, in a custom layout): only
+    // the token directory and gridd.conf itself matter; anything else would wake us for our
+    // own writes.
+    let relevant = move |p: &Path| p.starts_with(&dir) || dir.starts_with(p) || p == conf;
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok_and(|e| !e.kind.is_access()) {
+        let wanted = match ev {
+            Ok(e) => {
+                !e.kind.is_access() && (e.paths.is_empty() || e.paths.iter().any(|p| relevant(p)))
+            }
+            // Events were lost (queue overflow): look again.
+            Err(_) => true,
+        };
+        if wanted {
             let _ = tx.send(Msg::TokenDirChanged);
         }
     })
