@@ -271,9 +271,20 @@ impl Settings {
 
     fn merge_toml(&mut self, text: &str) -> Result<(), String> {
         let frag: Fragment = toml::from_str(text).map_err(|e| {
+            // The line number and its key (a name says more than a number; the value is left
+            // out, a URL in it may hold credentials).
             let line = e
                 .span()
-                .map(|s| format!("line {}: ", text[..s.start].matches('\n').count() + 1))
+                .map(|s| {
+                    let n = text[..s.start].matches('\n').count();
+                    let line = text.lines().nth(n).unwrap_or("");
+                    let shown = line.split('=').next().unwrap_or("").trim();
+                    if shown.is_empty() || shown.len() > 120 {
+                        format!("line {}: ", n + 1)
+                    } else {
+                        format!("line {} ({shown}): ", n + 1)
+                    }
+                })
                 .unwrap_or_default();
             format!("{line}{}", e.message().replace('\n', " "))
         })?;

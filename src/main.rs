@@ -7,18 +7,35 @@ use vgpu_license_agent::cli::{Cli, Command, TokenCommand};
 use vgpu_license_agent::config::Settings;
 use vgpu_license_agent::{analyze, install, prepare, token_inspect};
 
+/// UNKNOWN in the monitoring-plugin convention: the check itself could not run.
+const UNKNOWN: u8 = 3;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            if !e.use_stderr() {
+                return ExitCode::SUCCESS; // --help, --version
+            }
+            // A check called wrongly is UNKNOWN to a monitoring system, not CRITICAL (2).
+            let check = std::env::args()
+                .skip(1)
+                .any(|a| matches!(a.as_str(), "status" | "analyze" | "diagnose"));
+            return ExitCode::from(if check { UNKNOWN } else { 2 });
+        }
+    };
+    let check = matches!(
+        cli.command,
+        Command::Status(_) | Command::Analyze(_) | Command::Diagnose(_)
+    );
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
             // One line: the error and its causes, outermost first.
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
             eprintln!("vgpu-license-agent: error: {}", chain.join(": "));
-            ExitCode::from(match e.downcast_ref::<analyze::InputError>() {
-                Some(_) => 3,
-                None => 1,
-            })
+            ExitCode::from(if check { UNKNOWN } else { 1 })
         }
     }
 }

@@ -499,3 +499,37 @@ fn no_driver_is_a_failure_not_an_error() {
     let (_, v) = g.json();
     assert_eq!(v["state"], "no_driver");
 }
+
+#[test]
+fn a_check_that_cannot_run_is_unknown_to_monitoring() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("config.toml");
+    fs::write(&bad, "[service]\npoll_licensed_seconds = \"often\"\n").unwrap();
+    let code = |args: &[&str]| {
+        let out = std::process::Command::new(common::BIN)
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code(), err)
+    };
+    let cfg = bad.to_str().unwrap();
+    // A bad config or a wrong option: 3 (UNKNOWN), never 1 (WARNING) or 2 (CRITICAL).
+    for args in [
+        &["--config", cfg, "status"][..],
+        &["--config", cfg, "diagnose"],
+        &["status", "--no-such-option"],
+        &["diagnose", "--json", "extra"],
+        &["analyze", "--smi", "/nonexistent/smi.txt"],
+    ] {
+        let (c, err) = code(args);
+        assert_eq!(c, Some(3), "{args:?}: {err}");
+        assert!(!err.trim().is_empty(), "{args:?}");
+    }
+    let (c, err) = code(&["--config", cfg, "status"]);
+    assert!(err.contains("poll_licensed_seconds"), "{c:?} {err}");
+    // Other commands keep the usual codes.
+    assert_eq!(code(&["install", "--no-such-option"]).0, Some(2));
+    assert_eq!(code(&["--config", cfg, "prepare-image"]).0, Some(1));
+    assert_eq!(code(&["status", "--help"]).0, Some(0));
+}

@@ -848,6 +848,35 @@ fn apply(
         return Err(e);
     }
 
+    // Small fixes first: one that fails leaves the strays where they are.
+    for change in plan {
+        match change {
+            Change::CreateDir { .. } | Change::ChmodDir { .. } => {
+                if let Change::ChmodDir { path, to, .. } = change {
+                    fs::set_permissions(path, fs::Permissions::from_mode(*to)).map_err(|e| {
+                        io_err(
+                            format!("cannot change the mode of {}", path.display()),
+                            e,
+                            "check the file system",
+                        )
+                    })?;
+                }
+                done.insert(0, change.clone());
+            }
+            Change::RemoveTemp { path } => match fs::remove_file(path) {
+                Ok(()) => done.push(change.clone()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(io_err(
+                        format!("cannot remove {}", path.display()),
+                        e,
+                        "remove it yourself",
+                    ));
+                }
+            },
+            _ => {}
+        }
+    }
     // Move strays (and keep the previous token) aside; undo on error.
     let aside: Vec<&Change> = plan
         .iter()
@@ -905,35 +934,6 @@ fn apply(
         }
     }
 
-    // Small fixes, then the renames.
-    for change in plan {
-        match change {
-            Change::CreateDir { .. } | Change::ChmodDir { .. } => {
-                if let Change::ChmodDir { path, to, .. } = change {
-                    fs::set_permissions(path, fs::Permissions::from_mode(*to)).map_err(|e| {
-                        io_err(
-                            format!("cannot change the mode of {}", path.display()),
-                            e,
-                            "check the file system",
-                        )
-                    })?;
-                }
-                done.insert(0, change.clone());
-            }
-            Change::RemoveTemp { path } => match fs::remove_file(path) {
-                Ok(()) => done.push(change.clone()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(io_err(
-                        format!("cannot remove {}", path.display()),
-                        e,
-                        "remove it yourself",
-                    ));
-                }
-            },
-            _ => {}
-        }
-    }
     if let Some(stage) = token_stage {
         stage.commit().map_err(|e| {
             for (from, to) in moved.iter().rev() {
