@@ -124,6 +124,22 @@ impl Remedy {
         Decision::Restart(why)
     }
 
+    /// Whether a restart now stays within the budget and the backoff: restarts the agent owes
+    /// for other reasons (one that failed before) wait for this too.
+    pub fn may_restart(&mut self, cfg: &Service, now: f64) -> bool {
+        self.restarts_last_hour(now) < cfg.restart_budget_per_hour as usize
+            && now >= self.not_before
+    }
+
+    /// A reloaded config: the restarts made so far still count against the budget, and the
+    /// backoff reached stays within the new bounds.
+    pub fn reconfigure(&mut self, cfg: &Service) {
+        self.backoff = self.backoff.clamp(
+            cfg.restart_backoff,
+            cfg.restart_backoff_max.max(cfg.restart_backoff),
+        );
+    }
+
     /// Records a restart made at `now`: the backoff doubles (up to the maximum), the grace
     /// period starts again. `jitter` in [0, 1) spreads the wait (±20 %), so that a fleet does
     /// not restart in step.
@@ -202,6 +218,37 @@ mod tests {
             m.decide(&c, 3721.0, State::Unlicensed, reason),
             Decision::Restart(_)
         ));
+    }
+
+    #[test]
+    fn a_reload_keeps_the_restarts_made_and_bounds_the_backoff() {
+        let c = cfg();
+        let mut m = Remedy::new(&c);
+        for t in [0.0, 1000.0, 2000.0] {
+            assert!(m.may_restart(&c, t));
+            m.restarted(&c, t, 0.5);
+        }
+        // Budget spent: neither the remedy nor an owed restart may go.
+        assert!(!m.may_restart(&c, 2500.0));
+        let mut smaller = c.clone();
+        smaller.restart_backoff_max = Duration::from_secs(100);
+        m.reconfigure(&smaller);
+        assert_eq!(m.backoff, Duration::from_secs(100));
+        assert!(!m.may_restart(&smaller, 2500.0));
+        assert!(matches!(
+            m.decide(
+                &smaller,
+                2500.0,
+                State::Unlicensed,
+                Some(Reason::Unspecified)
+            ),
+            Decision::Wait(_)
+        ));
+        // Within backoff after a restart: not yet.
+        let mut m = Remedy::new(&c);
+        m.restarted(&c, 0.0, 0.5);
+        assert!(!m.may_restart(&c, 30.0));
+        assert!(m.may_restart(&c, 60.0));
     }
 
     #[test]

@@ -34,6 +34,8 @@ const HEARTBEAT: Duration = Duration::from_secs(30);
 /// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
 /// is made at once.
 const MIN_REPORT_GAP: Duration = Duration::from_millis(100);
+/// How often systemd is asked whether gridd runs while no license is held.
+const UNIT_CHECK: Duration = Duration::from_secs(5);
 
 /// What comes back to the event loop.
 enum Msg {
@@ -74,6 +76,9 @@ struct Agent {
     smi_error: Option<String>,
     gridd_unit: Option<Result<(), String>>,
     probe_failure: Option<(Reason, String)>,
+    /// The failure's reason as gridd's own lines give it, before a probe refined it: whether
+    /// the agent keeps probing (a clock skew it found is looked at again, and clears).
+    gridd_reason: Option<Reason>,
     counters: Counters,
     remedy: Remedy,
     report: Option<Report>,
@@ -81,6 +86,7 @@ struct Agent {
     own_since: Option<((Reason, String), chrono::DateTime<Utc>)>,
     busy: InFlight,
     next_smi: Instant,
+    next_unit: Instant,
     next_probe: Instant,
     adopt_again: bool,
     next_adopt: Instant,
@@ -143,12 +149,14 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         smi_error: None,
         gridd_unit: None,
         probe_failure: None,
+        gridd_reason: None,
         counters: Counters::default(),
         report: None,
         failure_key: None,
         own_since: None,
         busy: InFlight::default(),
         next_smi: now,
+        next_unit: now,
         next_probe: now,
         adopt_again: false,
         next_adopt: now + Duration::from_secs(30),
@@ -370,11 +378,17 @@ impl Agent {
         if now >= self.next_smi {
             self.read_smi();
         }
-        if self
-            .report
-            .as_ref()
-            .is_some_and(|r| r.state != State::Licensed)
+        // Without a license, whether gridd runs decides the next step: ask systemd every few
+        // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
+        if now >= self.next_unit
+            && self.report.as_ref().is_some_and(|r| {
+                !matches!(
+                    r.state,
+                    State::Licensed | State::NotLicensable | State::NoDriver
+                )
+            })
         {
+            self.next_unit = now + UNIT_CHECK;
             self.check_unit();
         }
         self.remedy_step();
@@ -407,26 +421,29 @@ impl Agent {
     /// A token dropped by cloud-init (or anyone): validated, mode fixed, strays moved aside,
     /// gridd restarted: the same code as `install`.
     fn adopt(&mut self) {
+        // Whether gridd already holds a license decides whether a token in place needs a
+        // restart: wait for the first report (it adopts at once).
+        let Some(report) = &self.report else { return };
+        let licensed = report.state == State::Licensed;
         if std::mem::replace(&mut self.busy.adopt, true) {
             self.adopt_again = true;
             return;
         }
         let settings = self.settings.clone();
         let tx = self.tx.clone();
-        let licensed = self
-            .report
-            .as_ref()
-            .is_some_and(|r| r.state == State::Licensed);
+        let now = self.now_secs();
+        let retry_owed = self.remedy.may_restart(&self.settings.service, now);
         tokio::task::spawn_blocking(move || {
-            let result = install::adopt_dropped_token(&settings, licensed).map_err(|e| {
-                if e.downcast_ref::<NoToken>().is_some() {
-                    AdoptError::NoToken
-                } else if let Some(r) = e.downcast_ref::<TokenRejected>() {
-                    AdoptError::Rejected(r.to_string())
-                } else {
-                    AdoptError::Other(format!("{e:#}"))
-                }
-            });
+            let result =
+                install::adopt_dropped_token(&settings, licensed, retry_owed).map_err(|e| {
+                    if e.downcast_ref::<NoToken>().is_some() {
+                        AdoptError::NoToken
+                    } else if let Some(r) = e.downcast_ref::<TokenRejected>() {
+                        AdoptError::Rejected(r.to_string())
+                    } else {
+                        AdoptError::Other(format!("{e:#}"))
+                    }
+                });
             let _ = tx.send(Msg::Adopted(result));
         });
     }
@@ -454,7 +471,12 @@ impl Agent {
                         self.next_smi = Instant::now() + Duration::from_secs(1);
                         self.check_unit();
                     }
-                    Restart::Failed(why) => error!("restarting nvidia-gridd failed: {why}"),
+                    Restart::Failed(why) => {
+                        // A failed attempt counts against the budget and the backoff too.
+                        self.remedy
+                            .restarted(&self.settings.service, self.now_secs(), 0.5);
+                        error!("restarting nvidia-gridd failed: {why}");
+                    }
                     _ => {}
                 }
             }
@@ -520,6 +542,7 @@ impl Agent {
             .then(|| self.probe_failure.clone())
             .flatten();
         let mut report = evaluate(obs.clone());
+        self.gridd_reason = report.failure.as_ref().map(|f| f.reason);
         // The DLS probe names the cause of a failure gridd left vague.
         if let Some(p) = probe_failure
             && crate::probe::refines(report.failure.as_ref().map(|f| f.reason))
@@ -636,11 +659,12 @@ impl Agent {
         let Some(report) = &self.report else { return };
         let state = report.state;
         let reason = report.failure.as_ref().map(|f| f.reason);
-        // A failure without a specific reason: the agent finds the cause itself.
+        // A failure gridd left without a specific reason: the agent finds the cause itself,
+        // and looks again while it lasts (what it found may have been fixed since).
         let vague = matches!(
-            reason,
+            self.gridd_reason,
             Some(Reason::Unspecified) | Some(Reason::DlsUnreachable)
-        ) || (state == State::Unlicensed && reason.is_none());
+        ) || (state == State::Unlicensed && self.gridd_reason.is_none());
         if vague && Instant::now() >= self.next_probe {
             self.probe();
         }
@@ -695,7 +719,7 @@ impl Agent {
         match Settings::load(&self.config_path) {
             Ok(s) => {
                 info!("config reloaded from {}", self.config_path.display());
-                self.remedy = Remedy::new(&s.service);
+                self.remedy.reconfigure(&s.service);
                 self.settings = s;
                 self.next_smi = Instant::now();
             }

@@ -546,6 +546,9 @@ struct Core<'a> {
     restart: bool,
     /// gridd already holds a license: a token it found on its own needs no restart.
     licensed: bool,
+    /// Retry a restart that failed before (the service says no while its restart budget or
+    /// backoff says wait; the restart stays owed).
+    retry_owed: bool,
     summary: String,
     warnings: Vec<String>,
 }
@@ -600,6 +603,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         dry_run,
         restart,
         licensed,
+        retry_owed,
         summary,
         mut warnings,
     } = core;
@@ -710,7 +714,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     let sha = sha256_hex(bytes);
     let reason = if changes.iter().any(Change::needs_restart) {
         Some("the token or gridd.conf changed".to_string())
-    } else if state.restart_pending {
+    } else if state.restart_pending && retry_owed {
         Some("an earlier restart failed or was interrupted".to_string())
     } else if state.token_sha256.as_deref() != Some(sha.as_str()) && !licensed {
         Some("the agent has not restarted it since this token was put in place".to_string())
@@ -995,6 +999,7 @@ pub fn install_at(
             dry_run: req.dry_run,
             restart: req.restart,
             licensed: false,
+            retry_owed: true,
             summary: summary(&req.token, &token),
             warnings: warning.into_iter().collect(),
         },
@@ -1012,7 +1017,11 @@ pub fn install_at(
 ///
 /// `licensed`: gridd holds a license now; then a token it already found on its own (no file
 /// changed) does not cost it its lease through a restart.
-pub fn adopt_dropped_token(settings: &Settings, licensed: bool) -> anyhow::Result<Outcome> {
+pub fn adopt_dropped_token(
+    settings: &Settings,
+    licensed: bool,
+    retry_owed: bool,
+) -> anyhow::Result<Outcome> {
     let target = settings.paths.token_path();
     let bytes = match fs::symlink_metadata(&target) {
         Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
@@ -1047,6 +1056,7 @@ pub fn adopt_dropped_token(settings: &Settings, licensed: bool) -> anyhow::Resul
             dry_run: false,
             restart: true,
             licensed,
+            retry_owed,
             summary: summary(&bytes, &token),
             warnings: Vec::new(),
         },

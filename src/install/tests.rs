@@ -59,7 +59,7 @@ fn adopts_a_token_dropped_by_cloud_init_once() {
     fs::set_permissions(s.paths.token_path(), fs::Permissions::from_mode(0o600)).unwrap();
     fs::write(s.paths.token_dir.join("old.tok"), b"old").unwrap();
 
-    let o = adopt_dropped_token(&s, false).unwrap();
+    let o = adopt_dropped_token(&s, false, true).unwrap();
     assert_eq!(o.restart, Restart::Done);
     assert!(o.changes.iter().any(|c| matches!(
         c,
@@ -86,7 +86,7 @@ fn adopts_a_token_dropped_by_cloud_init_once() {
     );
     assert_eq!(restarts(d.path()), 1);
 
-    let again = adopt_dropped_token(&s, false).unwrap();
+    let again = adopt_dropped_token(&s, false, true).unwrap();
     assert!(!again.changed());
     assert_eq!(again.restart, Restart::NotNeeded);
     assert_eq!(restarts(d.path()), 1);
@@ -104,7 +104,7 @@ fn a_token_already_in_place_is_restarted_for_once() {
     fs::set_permissions(s.paths.token_path(), fs::Permissions::from_mode(0o744)).unwrap();
     fs::write(&s.paths.gridd_conf, b"FeatureType=1\n").unwrap();
     fs::set_permissions(&s.paths.gridd_conf, fs::Permissions::from_mode(0o644)).unwrap();
-    let o = adopt_dropped_token(&s, false).unwrap();
+    let o = adopt_dropped_token(&s, false, true).unwrap();
     assert!(!o.changed(), "{:?}", o.changes);
     assert_eq!(o.restart, Restart::Done);
     assert!(o.restart_reason.unwrap().contains("not restarted it since"));
@@ -127,14 +127,14 @@ fn adopt_keeps_the_feature_type_install_set_unless_the_config_names_one() {
     assert_eq!(restarts(d.path()), 1);
 
     // The service, with the default config, leaves the operator's value alone.
-    let o = adopt_dropped_token(&s, false).unwrap();
+    let o = adopt_dropped_token(&s, false, true).unwrap();
     assert!(!o.changed(), "{:?}", o.changes);
     assert_eq!(o.restart, Restart::NotNeeded);
     assert!(conf().contains("FeatureType=4"));
 
     // A value set in the agent's config is kept in place.
     s.apply_toml("[gridd]\nfeature_type = 2\n").unwrap();
-    let o = adopt_dropped_token(&s, false).unwrap();
+    let o = adopt_dropped_token(&s, false, true).unwrap();
     assert!(o.changed());
     assert!(conf().contains("FeatureType=2") && !conf().contains("FeatureType=4"));
     assert_eq!(restarts(d.path()), 2);
@@ -144,12 +144,12 @@ fn adopt_keeps_the_feature_type_install_set_unless_the_config_names_one() {
 fn adopt_refuses_a_bad_or_missing_token_and_changes_nothing() {
     let d = tempfile::tempdir().unwrap();
     let s = settings(d.path());
-    let e = adopt_dropped_token(&s, false).unwrap_err();
+    let e = adopt_dropped_token(&s, false, true).unwrap_err();
     assert!(e.downcast_ref::<NoToken>().is_some(), "{e}");
     fs::create_dir_all(&s.paths.token_dir).unwrap();
     fs::write(s.paths.token_path(), b"FeatureType=1\n").unwrap();
     fs::write(s.paths.token_dir.join("stray"), b"x").unwrap();
-    let e = adopt_dropped_token(&s, false).unwrap_err();
+    let e = adopt_dropped_token(&s, false, true).unwrap_err();
     assert!(matches!(
         e.downcast_ref::<TokenRejected>(),
         Some(TokenRejected::Invalid(TokenError::LooksLikeGriddConf))
@@ -158,7 +158,7 @@ fn adopt_refuses_a_bad_or_missing_token_and_changes_nothing() {
     assert!(!s.paths.gridd_conf.exists());
     let expired = make_token(&payload("e", 1700000001)).into_bytes();
     fs::write(s.paths.token_path(), expired).unwrap();
-    let e = adopt_dropped_token(&s, false).unwrap_err();
+    let e = adopt_dropped_token(&s, false, true).unwrap_err();
     assert!(matches!(
         e.downcast_ref::<TokenRejected>(),
         Some(TokenRejected::Expired(_))
