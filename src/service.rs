@@ -719,6 +719,37 @@ impl Agent {
         match Settings::load(&self.config_path) {
             Ok(s) => {
                 info!("config reloaded from {}", self.config_path.display());
+                // What was set up at start (the follower, the watcher, the listeners) keeps
+                // its old settings: say so rather than pretend.
+                let (old, new) = (&self.settings, &s);
+                for (key, changed) in [
+                    (
+                        "commands.journalctl",
+                        old.commands.journalctl != new.commands.journalctl,
+                    ),
+                    (
+                        "paths.token_dir",
+                        old.paths.token_dir != new.paths.token_dir,
+                    ),
+                    (
+                        "paths.gridd_conf",
+                        old.paths.gridd_conf != new.paths.gridd_conf,
+                    ),
+                    (
+                        "service.metrics_socket",
+                        old.service.metrics_socket != new.service.metrics_socket,
+                    ),
+                    (
+                        "service.metrics_listen",
+                        old.service.metrics_listen != new.service.metrics_listen,
+                    ),
+                ] {
+                    if changed {
+                        warn!(
+                            "{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent)"
+                        );
+                    }
+                }
                 self.remedy.reconfigure(&s.service);
                 self.settings = s;
                 self.next_smi = Instant::now();
