@@ -14,7 +14,7 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "vgpu-license-agent", version, about, long_about = None)]
 #[command(
     after_help = "Exit codes of status, analyze and diagnose: 0 licensed, 1 warning \
-(acquiring, in grace, expiring soon), 2 critical (restricted, failing, not installed), 3 unknown."
+(acquiring, in grace, expiring soon), 2 critical (restricted, failing, not installed), 3 unknown (the check could not run)."
 )]
 pub struct Cli {
     /// Agent config file (drop-ins are read from `<dir of FILE>/config.d/*.toml`).

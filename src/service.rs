@@ -187,14 +187,16 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         .map_or(Duration::from_secs(10), |d| d / 3)
         .max(Duration::from_millis(100));
     let mut watchdog = tokio::time::interval(watchdog_every);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_tick = Instant::now() + Duration::from_secs(1);
     let mut ready = false;
     let mut last_report: Option<Instant> = None;
     let mut deferred: Option<Instant> = None;
 
     info!("vgpu-license-agent started");
     loop {
+        // What happened may have brought a deadline nearer (nvidia-smi after a gridd line, a
+        // new failure in the last report).
+        next_tick = next_tick.min(agent.next_tick());
         tokio::select! {
             Some(msg) = rx.recv() => {
                 agent.handle(msg);
@@ -204,7 +206,10 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
                 }
                 agent.dirty = true;
             }
-            _ = tick.tick() => agent.tick(),
+            _ = tokio::time::sleep_until(next_tick.into()) => {
+                agent.tick();
+                next_tick = agent.next_tick();
+            }
             _ = watchdog.tick() => notify(&[sd_notify::NotifyState::Watchdog]),
             _ = sighup.recv() => { agent.reload(); agent.dirty = true; }
             _ = sigterm.recv() => break,
@@ -352,8 +357,26 @@ impl Agent {
         }
     }
 
-    /// Once a second: what is due. While a license is held almost nothing is, so that an idle
-    /// hour costs next to no CPU.
+    /// When to look at what is due again: every second while something may change with time
+    /// alone (grace, backoff, acquiring); with a license held and no failure, at the next
+    /// deadline, so that an idle hour costs next to no CPU.
+    fn next_tick(&self) -> Instant {
+        let now = Instant::now();
+        let quiet = self
+            .report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed && r.failure.is_none());
+        if !quiet {
+            return now + Duration::from_secs(1);
+        }
+        [self.next_smi, self.next_adopt, self.written + HEARTBEAT]
+            .into_iter()
+            .min()
+            .unwrap_or(now)
+            .clamp(now + Duration::from_secs(1), now + HEARTBEAT)
+    }
+
+    /// What is due now.
     fn tick(&mut self) {
         let now = Instant::now();
         // In case a change escaped the watcher (or there is none): look at the token again.

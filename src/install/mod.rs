@@ -857,13 +857,7 @@ fn apply(
         match change {
             Change::CreateDir { .. } | Change::ChmodDir { .. } => {
                 if let Change::ChmodDir { path, to, .. } = change {
-                    fs::set_permissions(path, fs::Permissions::from_mode(*to)).map_err(|e| {
-                        io_err(
-                            format!("cannot change the mode of {}", path.display()),
-                            e,
-                            "check the file system",
-                        )
-                    })?;
+                    chmod(path, *to)?;
                 }
                 done.insert(0, change.clone());
             }
@@ -949,13 +943,7 @@ fn apply(
     }
     for change in plan {
         if let Change::ChmodToken { path, to, .. } = change {
-            fs::set_permissions(path, fs::Permissions::from_mode(*to)).map_err(|e| {
-                io_err(
-                    format!("cannot change the mode of {}", path.display()),
-                    e,
-                    "check the file system",
-                )
-            })?;
+            chmod(path, *to)?;
             done.push(change.clone());
         }
     }
@@ -971,6 +959,16 @@ fn apply(
         }));
     }
     Ok(done)
+}
+
+fn chmod(path: &Path, mode: u32) -> anyhow::Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| {
+        io_err(
+            format!("cannot change the mode of {}", path.display()),
+            e,
+            "check the file system",
+        )
+    })
 }
 
 fn plan_entry(plan: &[Change], f: impl Fn(&Change) -> bool) -> Change {
