@@ -39,6 +39,9 @@ fn packaged_config_comments_show_the_defaults() {
     let mut s = Settings::default();
     s.apply_toml(&text)
         .unwrap_or_else(|e| panic!("uncommented packaging/config.toml: {e}"));
+    // The one difference: feature_type set at all asks the service to keep it in place.
+    assert!(s.gridd.feature_type_configured);
+    s.gridd.feature_type_configured = false;
     assert_eq!(
         s,
         Settings::default(),
