@@ -558,8 +558,9 @@ struct Core<'a> {
 enum FeatureType {
     /// Set it to this value (`install`, or a value set in the agent's config).
     Set(u8),
-    /// Keep the one gridd.conf has; write this one only where there is none (the service's
-    /// adopt with the default config: an operator's `install --feature-type 4` stays).
+    /// Keep the one gridd.conf has when it can serve this guest; else write this one (the
+    /// service's adopt with the default config: an operator's `install --feature-type 4` on a
+    /// passthrough guest stays, the driver template's `FeatureType=0` does not).
     Default(u8),
 }
 
@@ -617,12 +618,25 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     let cur = read_current(settings)?;
 
     // gridd.conf: FeatureType, and nothing else.
-    let (feature_type, keep_present) = match feature_type {
-        FeatureType::Set(ft) => (ft, false),
-        FeatureType::Default(ft) => (ft, true),
+    // nvidia-smi is asked at most once, and only about a FeatureType other than 1.
+    let smi = std::cell::OnceCell::new();
+    let gpus = || smi.get_or_init(|| smi_gpus(settings));
+    let present = cur
+        .conf
+        .as_ref()
+        .and_then(|(old, _)| GriddConf::parse(old).get("FeatureType"))
+        .map(|e| e.value);
+    let feature_type = match feature_type {
+        FeatureType::Set(ft) => ft,
+        // A value that can serve this guest stays (2 or 4 on passthrough); none, 0 (the
+        // driver's template: unlicensed) or one that does not fit the vGPU profile does not.
+        FeatureType::Default(ft) => match present.as_deref().map(str::parse::<u8>) {
+            Some(Ok(v)) if v != 0 && gridd_conf::feature_type_advice(v, gpus()).is_none() => v,
+            _ => ft,
+        },
     };
     if feature_type != 1
-        && let Some(w) = gridd_conf::feature_type_advice(feature_type, &smi_gpus(settings))
+        && let Some(w) = gridd_conf::feature_type_advice(feature_type, gpus())
     {
         warnings.push(w);
     }
@@ -630,11 +644,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     let (new_conf, conf_created, edits, conf_mode, conf_owner) = match &cur.conf {
         Some((old, meta)) => {
             let mut conf = GriddConf::parse(old);
-            let edits = if keep_present && conf.get("FeatureType").is_some() {
-                Vec::new()
-            } else {
-                conf.set("FeatureType", &ft)
-            };
+            let edits = conf.set("FeatureType", &ft);
             warnings.extend(conf.warnings(&paths.token_dir));
             (
                 conf.to_bytes(),

@@ -132,12 +132,32 @@ fn adopt_keeps_the_feature_type_install_set_unless_the_config_names_one() {
     assert_eq!(o.restart, Restart::NotNeeded);
     assert!(conf().contains("FeatureType=4"));
 
+    // The driver template's FeatureType=0 (unlicensed) is not kept.
+    fs::write(&path, b"# template\nFeatureType=0\nEnableUI=FALSE\n").unwrap();
+    adopt_dropped_token(&s, false, true).unwrap();
+    assert_eq!(conf(), "# template\nFeatureType=1\nEnableUI=FALSE\n");
+    install(&req, &s).unwrap();
+    assert!(conf().contains("FeatureType=4"));
+    // Nor is a passthrough value on a guest whose nvidia-smi shows a vGPU.
+    let smi = d.path().join("nvidia-smi");
+    fs::write(
+        &smi,
+        "#!/bin/sh\nprintf 'GPU 00000000:00:05.0\\n    Product Name : NVIDIA L40S-24Q\\n    GPU Virtualization Mode\\n        Virtualization Mode : VGPU\\n    vGPU Software Licensed Product\\n        Product Name : NVIDIA RTX Virtual Workstation\\n        License Status : Unlicensed (Restricted)\\n'\n",
+    )
+    .unwrap();
+    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    s.commands.nvidia_smi = smi.display().to_string();
+    let o = adopt_dropped_token(&s, false, true).unwrap();
+    assert!(conf().contains("FeatureType=1"), "{:?}", o.changes);
+    install(&req, &s).unwrap();
+    s.commands.nvidia_smi = d.path().join("none").display().to_string();
+    assert!(conf().contains("FeatureType=4"));
+
     // A value set in the agent's config is kept in place.
     s.apply_toml("[gridd]\nfeature_type = 2\n").unwrap();
     let o = adopt_dropped_token(&s, false, true).unwrap();
     assert!(o.changed());
     assert!(conf().contains("FeatureType=2") && !conf().contains("FeatureType=4"));
-    assert_eq!(restarts(d.path()), 2);
 }
 
 #[test]
