@@ -287,10 +287,13 @@ check_agent_active() {
 }
 
 # cloud-init's write_files with a wrong `permissions` (0600): the agent fixes the mode and
-# restarts nvidia-gridd.service through the real systemctl.
+# restarts nvidia-gridd.service through the real systemctl. The image has the driver's
+# template gridd.conf (FeatureType=0): the agent rewrites it, from inside its sandbox.
 check_token_dropped() {
 	local before rc=0
 	before=$(guest systemctl show -P InvocationID nvidia-gridd.service)
+	printf '# gridd.conf.template of the driver\nFeatureType=0\nEnableUI=FALSE\n' >"$GUEST/etc/nvidia/gridd.conf"
+	chmod 0644 "$GUEST/etc/nvidia/gridd.conf"
 	"$SIM_EXAMPLES/sim-dls" --write-token "127.0.0.1:$SIM_DLS_PORT" "$WORK/token" || return 1
 	# As write_files does it: parent directories 0755, the file with the mode it was given.
 	guest sh -c "mkdir -p -m 0755 ${TOKEN_GUEST%/*} && umask 077 && cat >$TOKEN_GUEST" <"$WORK/token" || return 1
@@ -301,6 +304,11 @@ check_token_dropped() {
 	}
 	wait_until 60 gridd_restarted_since "$before" || {
 		echo "nvidia-gridd.service was not restarted" >&2
+		rc=1
+	}
+	[ "$(cat "$GUEST/etc/nvidia/gridd.conf")" = "$(printf '# gridd.conf.template of the driver\nFeatureType=1\nEnableUI=FALSE')" ] || {
+		echo "gridd.conf was not set to FeatureType=1 with its other lines kept:" >&2
+		cat "$GUEST/etc/nvidia/gridd.conf" >&2
 		rc=1
 	}
 	wait_until 30 agent_logged "$(catalog_id 'restarted nvidia-gridd')" || {
@@ -364,7 +372,7 @@ agent_checks() {
 	check "the simulator (nvidia-gridd unit, nvidia-smi, a DLS) runs in the guest" install_sim
 	[ "${#FAILED[@]}" -eq "$failed_before" ] || return
 	check "the agent is active" check_agent_active
-	check "a token dropped with mode 0600 is fixed to 0744 and nvidia-gridd.service restarted" check_token_dropped
+	check "a token dropped with mode 0600 is fixed to 0744, gridd.conf's FeatureType=0 set to 1, nvidia-gridd.service restarted" check_token_dropped
 	check "vgpu-license-agent status --wait 60 exits 0 once licensed" check_status_wait
 	check "systemctl status shows the agent's state line" check_systemctl_status
 	check "journalctl -x explains an injected failure (clock skew) from the catalog" check_explained_failure
