@@ -112,6 +112,9 @@ pub struct Observations {
 }
 
 /// The time of the log's last line as an instant, assuming UTC where the zone is unknown.
+/// Local time is at most this far ahead of UTC anywhere (UTC+14).
+const UNKNOWN_ZONE_SLACK_HOURS: i64 = 14;
+
 fn approx_utc(st: &Stamp) -> Option<DateTime<Utc>> {
     st.utc().or_else(|| st.naive_as_utc())
 }
@@ -126,11 +129,14 @@ fn lease_valid_at(acq: Option<&Stamp>, expiry: DateTime<Utc>, last: Option<&Stam
     }
     if let Some(t) = approx_utc(last) {
         // The log's zone is unknown: held unless past the expiry in every zone on Earth.
-        return expiry + chrono::Duration::hours(14) > t;
+        return expiry
+            .checked_add_signed(chrono::Duration::hours(UNKNOWN_ZONE_SLACK_HOURS))
+            .is_none_or(|e| e > t);
     }
     // No year anywhere: compare positions within the year, the window from the acquisition
-    // to the expiry possibly wrapping over New Year.
-    let e = Stamp::from_utc(expiry).ord();
+    // to the expiry possibly wrapping over New Year. The line's zone is unknown here too:
+    // the same slack as above.
+    let e = Stamp::from_utc(expiry).ord() + UNKNOWN_ZONE_SLACK_HOURS * 3600;
     let l = last.ord();
     match acq {
         Some(a) if a.ord() <= e => a.ord() <= l && l <= e,
@@ -450,5 +456,31 @@ mod tests {
         assert!(lease_valid_at(Some(&st(12, 20)), exp, Some(&st(12, 21))));
         assert!(lease_valid_at(Some(&st(12, 20)), exp, Some(&st(1, 4))));
         assert!(!lease_valid_at(Some(&st(12, 20)), exp, Some(&st(1, 6))));
+    }
+
+    #[test]
+    fn a_yearless_log_in_an_unknown_zone_gets_the_same_slack_as_one_with_years() {
+        let exp = crate::time::parse_gmt("2024-9-16 17:16:31 GMT").unwrap();
+        let st = |year, h: u32| Stamp {
+            year,
+            month: 9,
+            day: 16,
+            secs: h * 3600,
+            offset: None,
+        };
+        for year in [None, Some(2024)] {
+            // 20:00 local may be 12:00 UTC (UTC+8): still held.
+            assert!(
+                lease_valid_at(Some(&st(year, 1)), exp, Some(&st(year, 20))),
+                "{year:?}"
+            );
+        }
+        // Past the expiry in every zone: not held.
+        let late = Stamp {
+            day: 17,
+            secs: 8 * 3600,
+            ..st(None, 0)
+        };
+        assert!(!lease_valid_at(Some(&st(None, 1)), exp, Some(&late)));
     }
 }

@@ -22,7 +22,8 @@ pub fn parse_ymd_hms(s: &str) -> Option<NaiveDateTime> {
     let mi = t.next()?.trim().parse::<u32>().ok()?;
     let sec = t.next().unwrap_or("0");
     let sec = sec.split('.').next()?.trim().parse::<u32>().ok()?;
-    if t.next().is_some() {
+    // Four-digit years only: what RFC 3339 can write, and far from chrono's limits.
+    if t.next().is_some() || !(1970..=9999).contains(&y) {
         return None;
     }
     NaiveDate::from_ymd_opt(i32::try_from(y).ok()?, mo, da)?.and_hms_opt(h, mi, sec)
@@ -54,6 +55,9 @@ mod tests {
         assert_eq!(parse_gmt("N/A"), None);
         assert_eq!(parse_gmt("Permanent"), None);
         assert_eq!(parse_gmt("2022-13-1 0:0:0 GMT"), None);
+        assert_eq!(parse_gmt("262142-12-31 23:59:59 GMT"), None);
+        assert_eq!(parse_gmt("99999-1-1 0:0:0 GMT"), None);
+        assert!(parse_gmt("9999-12-31 23:59:59 GMT").is_some());
         assert_eq!(parse_gmt("2022-5-27"), None);
     }
 }

@@ -101,6 +101,8 @@ fn megabyte_lines_and_invalid_utf8() {
     assert_eq!(stats.skipped_long_lines, 1);
 }
 
+const GROWTH_BOUND: f64 = 32.0;
+
 fn best_of(runs: usize, f: impl Fn()) -> Duration {
     (0..runs)
         .map(|_| {
@@ -113,12 +115,13 @@ fn best_of(runs: usize, f: impl Fn()) -> Duration {
 }
 
 /// Time for `input` repeated 8 times against `input` once, best of several runs: a linear
-/// parser gives about 8, a quadratic one about 64.
+/// parser gives about 8, a quadratic one about 64. The bound used, 32, sits between them
+/// with room for a busy machine (caches, a parallel build) to skew one of the two timings.
 fn growth(unit: &[u8], parse: impl Fn(&[u8])) -> f64 {
     let small = unit.repeat(64);
     let large = unit.repeat(512);
-    let t1 = best_of(5, || parse(&small));
-    let t8 = best_of(5, || parse(&large));
+    let t1 = best_of(7, || parse(&small));
+    let t8 = best_of(7, || parse(&large));
     t8.as_secs_f64() / t1.as_secs_f64().max(1e-9)
 }
 
@@ -139,7 +142,7 @@ fn parsing_time_grows_linearly() {
             journal::scan(input, |e| fold.push(e)).unwrap();
         });
         assert!(
-            ratio < 24.0,
+            ratio < GROWTH_BOUND,
             "journal: 8x the input took {ratio:.1}x the time for {:?}",
             String::from_utf8_lossy(&shape[..30])
         );
@@ -153,6 +156,6 @@ fn parsing_time_grows_linearly() {
         let ratio = growth(&unit, |input| {
             smi::parse(input).unwrap();
         });
-        assert!(ratio < 24.0, "smi: 8x the input took {ratio:.1}x the time");
+        assert!(ratio < GROWTH_BOUND, "smi: 8x the input took {ratio:.1}x the time");
     }
 }

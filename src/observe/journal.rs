@@ -637,9 +637,14 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
             // Only yearless syslog lines take the header's year and zone; a line with its
             // own year said its own zone (or that it had none we know).
             if st.year.is_none() {
-                // Lines below a header from December may be from January of the next year.
-                st.year = Some(if st.month < ctx.month {
+                // The header's year, but across New Year: a January line under a December
+                // header is from the next year, a December line under a January header (a
+                // line from before the unit started) from the one before.
+                let (m, c) = (i64::from(st.month), i64::from(ctx.month));
+                st.year = Some(if c - m > 6 {
                     ctx.year + 1
+                } else if m - c > 6 {
+                    ctx.year - 1
                 } else {
                     ctx.year
                 });
@@ -977,5 +982,40 @@ mod tests {
         assert_eq!(ev[5].what.kind, EventKind::Shutdown);
         assert_eq!(ev[6].what.server.as_deref(), Some("bare"));
         assert_eq!(ev.len(), 7);
+    }
+
+    #[test]
+    fn a_status_header_gives_earlier_lines_its_year() {
+        // Lines from before the unit's start (its previous run) keep the header's year, and
+        // December lines under a January header are from the year before.
+        let at = |header: &str, line: &str| {
+            let (ev, _) = events(&format!(
+                "     Active: active (running) since {header}; 1h ago\n{line} h nvidia-gridd[1]: NLS initialized\n"
+            ));
+            ev[0].stamp.and_then(|s| s.at())
+        };
+        let sat = "Sat 2025-03-01 00:00:05 UTC";
+        assert_eq!(
+            at(sat, "Feb 28 23:59:50").as_deref(),
+            Some("2025-02-28T23:59:50Z")
+        );
+        assert_eq!(
+            at(sat, "Mar 02 10:00:00").as_deref(),
+            Some("2025-03-02T10:00:00Z")
+        );
+        let jan = "Thu 2026-01-01 00:00:05 UTC";
+        assert_eq!(
+            at(jan, "Dec 31 23:00:00").as_deref(),
+            Some("2025-12-31T23:00:00Z")
+        );
+    }
+
+    #[test]
+    fn an_expiry_past_year_9999_is_no_expiry_and_no_panic() {
+        let (ev, _) = events(
+            "Tue Dec 20 17:25:11 2022:<1>:License acquired successfully. (Info: a, b; Expiry: 262142-12-31 23:59:59 GMT)\n",
+        );
+        assert_eq!(ev[0].what.kind, EventKind::Acquired);
+        assert_eq!(ev[0].what.expiry, None);
     }
 }
