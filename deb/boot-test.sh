@@ -380,6 +380,30 @@ agent_checks() {
 }
 agent_checks
 
+# apt remove stops the agent; installing the package again starts it (not only try-restart,
+# which would leave it stopped until the next boot), and an upgrade keeps it running.
+agent_active() { [ "$(guest systemctl is-active "$NAME.service")" = active ]; }
+check_remove_reinstall() {
+	DEBIAN_FRONTEND=noninteractive guest apt-get remove -y -q "$NAME" || return 1
+	[ "$(guest systemctl is-active "$NAME.service")" != active ] || {
+		echo "still active after apt remove" >&2
+		return 1
+	}
+	cp "$DEB" "$GUEST/tmp/" && guest dpkg -i "/tmp/$(basename "$DEB")" || return 1
+	wait_until 30 agent_active || {
+		echo "not started again by the install after apt remove: $(guest systemctl is-active "$NAME.service")" >&2
+		return 1
+	}
+	local pid
+	pid=$(guest systemctl show -P MainPID "$NAME.service")
+	guest dpkg -i "/tmp/$(basename "$DEB")" || return 1
+	if ! agent_active || [ "$(guest systemctl show -P MainPID "$NAME.service")" = "$pid" ]; then
+		echo "a reinstall over a running agent did not restart it" >&2
+		return 1
+	fi
+}
+check "apt remove stops the agent, installing again starts it" check_remove_reinstall
+
 check_purge() {
 	DEBIAN_FRONTEND=noninteractive guest apt-get purge -y -q "$NAME" || return 1
 	local left

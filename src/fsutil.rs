@@ -99,8 +99,14 @@ pub fn stage(
     }
     file.write_all(bytes)?;
     file.sync_all()?;
+    // The old file's owner, where it differs: a root-owned file (the usual case) needs no
+    // chown at all, which the service's sandbox does not allow (no CAP_CHOWN, @chown filtered).
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        if (m.uid(), m.gid()) != (uid, gid) {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        }
     }
     file.set_permissions(fs::Permissions::from_mode(mode))?;
     file.sync_all()?;

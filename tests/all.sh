@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
 APT_PACKAGES=(cloud-init lintian prometheus shellcheck dpkg-dev man-db binutils
-  debootstrap systemd-container ca-certificates)
+  debootstrap systemd-container ca-certificates procps)
 
 failed=()
 skipped=()
