@@ -156,6 +156,9 @@ fn parsing_time_grows_linearly() {
         let ratio = growth(&unit, |input| {
             smi::parse(input).unwrap();
         });
-        assert!(ratio < GROWTH_BOUND, "smi: 8x the input took {ratio:.1}x the time");
+        assert!(
+            ratio < GROWTH_BOUND,
+            "smi: 8x the input took {ratio:.1}x the time"
+        );
     }
 }

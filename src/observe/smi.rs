@@ -172,7 +172,7 @@ pub fn parse_text(text: &str) -> SmiSnapshot {
             snap.driver_version = value;
         } else if key.eq_ignore_ascii_case("Product Name") {
             if in_license {
-                let gpu = current(&mut snap);
+                let gpu = current_for(&mut snap, |g| g.edition.is_some());
                 gpu.edition = value;
                 gpu.has_license_section = true;
             } else if section.is_none() {
@@ -182,7 +182,7 @@ pub fn parse_text(text: &str) -> SmiSnapshot {
                 }
             }
         } else if key.eq_ignore_ascii_case("License Status") {
-            let gpu = current(&mut snap);
+            let gpu = current_for(&mut snap, |g| g.license_status.is_some());
             gpu.license_status = value;
             gpu.has_license_section = true;
         } else if key.eq_ignore_ascii_case("Virtualization Mode") {
@@ -198,6 +198,20 @@ fn current(snap: &mut SmiSnapshot) -> &mut SmiGpu {
         snap.gpus.push(SmiGpu::default());
     }
     snap.gpus.last_mut().expect("just ensured")
+}
+
+/// Like [`current`], but in an excerpt without `GPU ...` lines a field seen again starts the
+/// next GPU (`nvidia-smi -q | grep -i license` on a guest with two vGPUs): one GPU's status
+/// never hides another's.
+fn current_for(snap: &mut SmiSnapshot, seen: impl Fn(&SmiGpu) -> bool) -> &mut SmiGpu {
+    if snap
+        .gpus
+        .last()
+        .is_some_and(|g| g.bus_id.is_none() && seen(g))
+    {
+        snap.gpus.push(SmiGpu::default());
+    }
+    current(snap)
 }
 
 /// `Mon Mar 31 05:01:08 2025`
@@ -278,6 +292,36 @@ mod tests {
         assert_eq!(classify_status("Unlicensed (Restricted)"), Restricted);
         assert_eq!(classify_status("Unknown"), Unknown);
         assert_eq!(classify_status("Something new"), Unknown);
+    }
+
+    #[test]
+    fn an_excerpt_of_two_gpus_keeps_both_statuses() {
+        // `nvidia-smi -q | grep -i -A2 licensed` on a guest with two vGPUs.
+        let text = "\
+    vGPU Software Licensed Product
+        Product Name                      : NVIDIA RTX Virtual Workstation
+        License Status                    : Unlicensed (Restricted)
+    vGPU Software Licensed Product
+        Product Name                      : NVIDIA RTX Virtual Workstation
+        License Status                    : Licensed (Expiry: 2030-1-1 0:0:0 GMT)
+";
+        let snap = parse_text(text);
+        let statuses: Vec<_> = snap
+            .gpus
+            .iter()
+            .map(|g| g.license_status.as_deref().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            statuses,
+            [
+                "Unlicensed (Restricted)",
+                "Licensed (Expiry: 2030-1-1 0:0:0 GMT)"
+            ]
+        );
+        assert!(snap.gpus.iter().all(|g| g.edition.is_some()));
+        // Bare status lines, one per GPU.
+        let snap = parse_text("License Status : Licensed\nLicense Status : Unlicensed\n");
+        assert_eq!(snap.gpus.len(), 2);
     }
 
     #[test]
