@@ -311,6 +311,17 @@ pub fn evaluate(obs: Observations) -> Report {
         }),
         None => log_failure.map(|f| {
             let reason = f.what.reason.unwrap_or(Reason::Other);
+            // The year the event list found for it (from a later dated line).
+            let stamp = log_events
+                .iter()
+                .rev()
+                .find(|e| {
+                    e.message == f.message
+                        && e.stamp.map(|s| (s.month, s.day, s.secs))
+                            == f.stamp.map(|s| (s.month, s.day, s.secs))
+                })
+                .and_then(|e| e.stamp)
+                .or(f.stamp);
             Failure {
                 reason,
                 advice: advice(
@@ -319,7 +330,7 @@ pub fn evaluate(obs: Observations) -> Report {
                     f.what.edition.as_deref(),
                     profile.as_deref(),
                 ),
-                at: f.stamp.and_then(|s| s.at()),
+                at: stamp.and_then(|s| s.at()),
                 message: f.message,
             }
         }),
@@ -441,6 +452,21 @@ mod tests {
             Some("NVIDIA Virtual Applications")
         );
         assert_eq!(edition_for_profile("NVIDIA H100 80GB HBM3"), None);
+    }
+
+    #[test]
+    fn the_failure_takes_the_year_its_event_got() {
+        let text = "Dec 20 17:00:00 h nvidia-gridd[1]: Unable to fetch the client configuration token file\n\
+                    2022-12-20T18:00:00+00:00 h nvidia-gridd[1]: NLS initialized\n";
+        let mut fold = LogFold::new(10);
+        let stats = crate::observe::journal::scan(text.as_bytes(), |e| fold.push(e)).unwrap();
+        let r = evaluate(Observations {
+            log: Some((fold, stats)),
+            ..Default::default()
+        });
+        let f = r.failure.expect("a failure");
+        assert_eq!(f.at.as_deref(), r.events[0].at.as_deref());
+        assert!(f.at.is_some_and(|a| a.starts_with("2022-12-20T17:00:00")));
     }
 
     #[test]
