@@ -269,7 +269,8 @@ fn a_read_only_token_directory_changes_nothing() {
     assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
     let line = r.error_line();
     assert!(
-        line.contains("Read-only file system") || line.contains("Permission denied"),
+        (line.contains("Read-only file system") && line.contains("remount it read-write"))
+            || (line.contains("Permission denied") && line.contains("as root")),
         "{line}"
     );
     assert!(line.contains("nothing was changed"), "{line}");
@@ -318,6 +319,7 @@ fn a_full_disk_changes_nothing() {
     assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
     let line = r.error_line();
     assert!(line.contains("No space left on device"), "{line}");
+    assert!(line.contains("make room"), "{line}");
     assert!(line.contains("nothing was changed"), "{line}");
     assert_eq!(
         (fs::read(&token_path).ok(), fs::read(root.gridd_conf()).ok()),

@@ -812,11 +812,21 @@ fn apply(
     let dir = &paths.token_dir;
     let mut done = Vec::new();
     let write_err = |what: &str, at: &Path, e: io::Error| {
-        io_err(
-            format!("cannot write {what} in {}", at.display()),
-            e,
-            "make room or make the directory writable (is the file system full or read-only?), then run install again",
-        )
+        let fix = match e.raw_os_error() {
+            Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => {
+                "make room on that file system, then run install again"
+            }
+            Some(nix::libc::EROFS) => {
+                "the file system is read-only: remount it read-write (or, for the service, check ReadWritePaths= in its unit), then run install again"
+            }
+            Some(nix::libc::EPERM) | Some(nix::libc::EACCES) => {
+                "run install as root (sudo); under systemd, check the unit's sandbox (ReadWritePaths=, SystemCallFilter=)"
+            }
+            _ => {
+                "check that the directory is writable and the file system healthy, then run install again"
+            }
+        };
+        io_err(format!("cannot write {what} in {}", at.display()), e, fix)
     };
 
     // Stage the new files first: nothing visible changes yet. Directories created for them
