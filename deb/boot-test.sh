@@ -389,14 +389,18 @@ check_remove_reinstall() {
 		echo "still active after apt remove" >&2
 		return 1
 	}
-	cp "$DEB" "$GUEST/tmp/" && guest dpkg -i "/tmp/$(basename "$DEB")" || return 1
+	# Not /tmp: the booted guest has a tmpfs there.
+	local deb_guest
+	deb_guest=/var/tmp/$(basename "$DEB")
+	cp "$DEB" "$GUEST$deb_guest" && guest dpkg -i "$deb_guest" || return 1
 	wait_until 30 agent_active || {
 		echo "not started again by the install after apt remove: $(guest systemctl is-active "$NAME.service")" >&2
 		return 1
 	}
 	local pid
 	pid=$(guest systemctl show -P MainPID "$NAME.service")
-	guest dpkg -i "/tmp/$(basename "$DEB")" || return 1
+	guest dpkg -i "$deb_guest" || return 1
+	rm -f "$GUEST$deb_guest"
 	if ! agent_active || [ "$(guest systemctl show -P MainPID "$NAME.service")" = "$pid" ]; then
 		echo "a reinstall over a running agent did not restart it" >&2
 		return 1
