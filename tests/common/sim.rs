@@ -549,6 +549,39 @@ impl Drop for Machine {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        // A restart in flight when the agent was stopped may start one more gridd: every
+        // process of this machine's simulation goes.
+        for _ in 0..3 {
+            kill_mentioning(&self.sim);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// SIGKILLs every process whose command line names `dir` (the simulator's programs take
+/// `--sim-dir DIR`).
+fn kill_mentioning(dir: &Path) {
+    let needle = dir.as_os_str().as_encoded_bytes();
+    let me = std::process::id();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid as u32 == me {
+            continue;
+        }
+        let Ok(cmdline) = fs::read(p.path().join("cmdline")) else {
+            continue;
+        };
+        if cmdline.windows(needle.len()).any(|w| w == needle) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 }
 

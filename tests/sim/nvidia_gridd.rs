@@ -94,6 +94,19 @@ fn main() {
         }
     });
 
+    // Not part of the real daemon: a simulated machine that is gone (its directory removed
+    // by the test that made it) takes its gridd with it, silently, so that a gridd restarted
+    // in the very moment a test ended cannot log into the next test's journal.
+    let orphan_dir = dir.clone();
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            if !orphan_dir.exists() {
+                std::process::exit(0);
+            }
+        }
+    });
+
     let log = Syslog::new("nvidia-gridd", cfg.echo, Some(dir.join(shared::GRIDD_LOG)));
     let edition = cfg.edition();
     let mut g = Gridd {
