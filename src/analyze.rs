@@ -1,17 +1,18 @@
 //! `analyze`: saved outputs through the same parsers and state machine that the service
 //! feeds live.
 
-use std::fs::File;
-use std::io::{self, Read};
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 
 use crate::cli::AnalyzeArgs;
+use crate::input::{self, Links, ReadError};
 use crate::observe::{journal, smi};
 use crate::report::{Report, human, metrics};
 use crate::state::{LogFold, Observations, evaluate};
+use crate::text::show_path;
 use crate::token::Token;
 
 /// An input that could not be read or understood (exit code 3, unknown).
@@ -27,31 +28,42 @@ impl std::fmt::Display for InputError {
 impl std::error::Error for InputError {}
 
 /// nvidia-smi output of many GPUs is a few hundred KB; this bounds a wrong file.
-const MAX_SMI_BYTES: u64 = 64 << 20;
+const MAX_SMI_BYTES: usize = 64 << 20;
 
-fn open(path: &Path) -> Result<Box<dyn Read>, InputError> {
+/// How long standard input may take to deliver a whole saved output.
+const STDIN_DEADLINE: Duration = Duration::from_secs(300);
+
+/// A saved journal larger than this is not one gridd's log can fill (it logs a few lines an
+/// hour); the cap keeps `analyze --journal -` on an endless stream from running forever.
+const MAX_JOURNAL_BYTES: usize = 1 << 30;
+
+fn shown(path: &Path) -> String {
     if path == Path::new("-") {
-        return Ok(Box::new(io::stdin().lock()));
+        "standard input".into()
+    } else {
+        show_path(path)
     }
-    File::open(path)
-        .map(|f| Box::new(f) as Box<dyn Read>)
-        .map_err(|e| InputError(format!("cannot read {}: {e}", path.display())))
+}
+
+/// The whole of a saved output: a regular file or standard input, at most `cap` bytes.
+fn read_all(path: &Path, cap: usize, what: &str) -> Result<Vec<u8>, InputError> {
+    let read = if path == Path::new("-") {
+        input::read_stdin(cap, STDIN_DEADLINE)
+    } else {
+        input::read_file(path, cap, Links::Follow)
+    };
+    read.map_err(|e| match e {
+        ReadError::TooLarge(_) => InputError(format!(
+            "{}: {e}, not {what}; give the saved output itself",
+            shown(path)
+        )),
+        e => InputError(format!("cannot read {}: {e}", shown(path))),
+    })
 }
 
 fn read_smi(path: &Path) -> Result<smi::SmiSnapshot, InputError> {
-    let mut bytes = Vec::new();
-    open(path)?
-        .take(MAX_SMI_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| InputError(format!("cannot read {}: {e}", path.display())))?;
-    if bytes.len() as u64 > MAX_SMI_BYTES {
-        return Err(InputError(format!(
-            "{}: larger than {} MB, not nvidia-smi output; give the output of `nvidia-smi -q`",
-            path.display(),
-            MAX_SMI_BYTES >> 20
-        )));
-    }
-    smi::parse(&bytes).map_err(|e| InputError(format!("{}: {e}", path.display())))
+    let bytes = read_all(path, MAX_SMI_BYTES, "nvidia-smi output")?;
+    smi::parse(&bytes).map_err(|e| InputError(format!("{}: {e}", shown(path))))
 }
 
 /// Builds the report from saved outputs.
@@ -87,8 +99,15 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     }
     if let Some(path) = &args.journal {
         let mut fold = LogFold::new(args.max_events);
-        let stats = journal::scan(open(path)?, |e| fold.push(e))
-            .map_err(|e| InputError(format!("cannot read {}: {e}", path.display())))?;
+        let reader = input::open_stream(path, MAX_JOURNAL_BYTES, STDIN_DEADLINE)
+            .map_err(|e| InputError(format!("cannot read {}: {e}", shown(path))))?;
+        let stats = journal::scan(reader, |e| fold.push(e)).map_err(|e| {
+            InputError(format!(
+                "cannot read {}: {}",
+                shown(path),
+                input::describe(&e)
+            ))
+        })?;
         if fold.total() == 0 {
             notes.push(format!("{}: no nvidia-gridd lines found", path.display()));
         }
@@ -99,11 +118,11 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         obs.log = Some((fold, stats));
     }
     if let Some(path) = &args.token {
-        let mut bytes = Vec::new();
-        open(path)?
-            .take(crate::token::MAX_TOKEN_BYTES as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| InputError(format!("cannot read {}: {e}", path.display())))?;
+        let bytes = read_all(
+            path,
+            crate::token::MAX_TOKEN_BYTES,
+            "a client configuration token",
+        )?;
         let token =
             Token::decode(&bytes).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
         obs.token = Some(token);
@@ -122,9 +141,9 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     } else if args.json {
         let mut out = serde_json::to_string_pretty(&report).context("serializing the report")?;
         out.push('\n');
-        print!("{out}");
+        print!("{}", crate::text::for_terminal(&out));
     } else {
-        print!("{}", human::render(&report));
+        print!("{}", crate::text::for_terminal(&human::render(&report)));
     }
     Ok(ExitCode::from(report.exit_code))
 }

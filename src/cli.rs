@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 /// Keeps an NVIDIA vGPU guest licensed: installs the client configuration token and
@@ -76,8 +77,8 @@ pub struct AnalyzeArgs {
     /// Print the report as Prometheus metrics (the service's textfile format).
     #[arg(long, conflicts_with = "json")]
     pub metrics: bool,
-    /// Keep at most this many of the latest events in the report.
-    #[arg(long, value_name = "N", default_value_t = 200)]
+    /// Keep at most this many of the latest events in the report (1 to 100000).
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
     pub max_events: usize,
 }
 
@@ -86,8 +87,8 @@ pub struct StatusArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Wait up to SECONDS for a license; return as soon as licensed.
-    #[arg(long, value_name = "SECONDS")]
+    /// Wait up to SECONDS (at most 86400, a day) for a license; return as soon as licensed.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub wait: Option<u64>,
 }
 

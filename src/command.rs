@@ -67,9 +67,24 @@ fn reader(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         let _ = (&mut r).take(MAX_OUTPUT).read_to_end(&mut buf);
+        // Past the cap, drain: a command blocked on a full pipe would run into its limit.
+        let _ = std::io::copy(&mut r, &mut std::io::sink());
         let _ = tx.send(buf);
     });
     rx
+}
+
+/// Whether the child has exited, without reaping it: while it is a zombie its pid (and so
+/// its process group's id) cannot be reused, and the group can be killed safely.
+fn exited(pid: Pid) -> bool {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    matches!(
+        waitid(
+            Id::Pid(pid),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT
+        ),
+        Ok(WaitStatus::Exited(..)) | Ok(WaitStatus::Signaled(..)) | Err(_)
+    )
 }
 
 /// Process groups of the commands running now, so that a stopping service leaves none.
@@ -123,20 +138,27 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
     let deadline = Instant::now() + timeout;
     let pgid = Pid::from_raw(child.id() as i32);
     let _running = Running::register(pgid);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => break None,
+    let finished = loop {
+        if exited(pgid) {
+            break true;
         }
+        if Instant::now() >= deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     };
-    let Some(status) = status else {
-        // The command and whatever it started in its group.
-        let _ = killpg(pgid, Signal::SIGKILL);
-        let _ = child.wait();
+    // The whole group ends with its leader: what the command left running in the background
+    // (holding its output open, or not) would otherwise outlive it, and the readers would
+    // wait for it. The leader is not reaped yet, so the group's id is still its own.
+    let _ = killpg(pgid, Signal::SIGKILL);
+    let status = child.wait();
+    if !finished {
         return Err(RunError::TimedOut(timeout));
-    };
-    let grace = Duration::from_millis(500);
+    }
+    let status = status.map_err(RunError::Spawn)?;
+    // The pipes close once the group is gone; the grace only covers a grandchild that moved
+    // to a group of its own and kept them open.
+    let grace = Duration::from_secs(2);
     Ok(Output {
         status,
         stdout: out_rx.recv_timeout(grace).unwrap_or_default(),
@@ -170,6 +192,38 @@ mod tests {
         let e = run(&sh("sleep 30 & sleep 30"), Duration::from_millis(300)).unwrap_err();
         assert!(matches!(e, RunError::TimedOut(_)));
         assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_child_left_holding_the_output_loses_nothing_and_is_ended() {
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("pid");
+        let script = format!(
+            "echo first; (echo $$ >/dev/null; sleep 300) & echo $! >{}; echo last",
+            pidfile.display()
+        );
+        let start = Instant::now();
+        let o = run(&sh(&script), Duration::from_secs(20)).unwrap();
+        assert!(o.status.success());
+        assert_eq!(o.stdout, b"first\nlast\n");
+        assert!(start.elapsed() < Duration::from_secs(10));
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Gone, or a zombie of an init that has not reaped it yet. The kill is sent before
+        // `run` returns; the kernel may still be tearing the process down (its files are
+        // closed before it leaves the run queue), so allow it a moment.
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.split_whitespace().nth(2).is_none_or(|s| s != "Z"))
+        };
+        let until = Instant::now() + Duration::from_secs(5);
+        while alive() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!alive(), "the background child {pid} outlived its command");
     }
 
     #[test]

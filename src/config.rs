@@ -148,7 +148,12 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "config {}: {}", self.file.display(), self.message)
+        write!(
+            f,
+            "config {}: {}",
+            crate::text::show_path(&self.file),
+            crate::text::escape(&self.message)
+        )
     }
 }
 
@@ -213,6 +218,21 @@ struct ServiceFragment {
     webhook_url: Option<String>,
 }
 
+/// A config file larger than this is not one.
+const MAX_CONFIG_BYTES: usize = 1 << 20;
+
+/// The range of `commands.timeout_seconds` (and of `install --timeout`).
+pub const RANGE_TIMEOUT: (u64, u64) = (1, 3600);
+
+/// Every number in the config is checked against a range when it is loaded, so that no
+/// value can overflow a time computed from it later (a panic would end the service).
+fn in_range(key: &str, v: u64, (min, max): (u64, u64)) -> Result<(), String> {
+    if v < min || v > max {
+        return Err(format!("{key} = {v}: expected between {min} and {max}"));
+    }
+    Ok(())
+}
+
 macro_rules! merge {
     ($dst:expr, $src:expr, $($field:ident),+) => {
         $( if let Some(v) = $src.$field { $dst.$field = v.into(); } )+
@@ -244,10 +264,14 @@ impl Settings {
         }
         let mut settings = Settings::default();
         for file in files {
-            let text = std::fs::read_to_string(&file).map_err(|e| ConfigError {
-                file: file.clone(),
-                message: format!("cannot read: {e}"),
-            })?;
+            // Root's files, maybe links (a drop-in linked from elsewhere), but never a FIFO or
+            // a huge file: the service must not hang or fill memory at a reload.
+            let text =
+                crate::input::read_text(&file, MAX_CONFIG_BYTES, crate::input::Links::Follow)
+                    .map_err(|e| ConfigError {
+                        file: file.clone(),
+                        message: format!("cannot read: {e}"),
+                    })?;
             settings.apply_toml(&text).map_err(|message| ConfigError {
                 file: file.clone(),
                 message,
@@ -310,31 +334,78 @@ impl Settings {
             restart_gridd
         );
         if let Some(t) = c.timeout_seconds {
+            in_range("commands.timeout_seconds", t, RANGE_TIMEOUT)?;
             self.commands.timeout = Duration::from_secs(t);
         }
         self.gridd.feature_type_configured |= frag.gridd.feature_type.is_some();
         merge!(self.gridd, frag.gridd, feature_type, unit);
         let sv = frag.service;
         let svc = &mut self.service;
-        for (value, field, unit) in [
-            (sv.expiry_warning_hours, &mut svc.expiry_warning, 3600),
-            (sv.poll_unlicensed_seconds, &mut svc.poll_unlicensed, 1),
-            (sv.poll_licensed_seconds, &mut svc.poll_licensed, 1),
-            (sv.restart_grace_seconds, &mut svc.restart_grace, 1),
-            (sv.restart_backoff_seconds, &mut svc.restart_backoff, 1),
+        for (key, value, field, unit, range) in [
             (
+                "service.expiry_warning_hours",
+                sv.expiry_warning_hours,
+                &mut svc.expiry_warning,
+                3600,
+                (0, 24 * 365),
+            ),
+            (
+                "service.poll_unlicensed_seconds",
+                sv.poll_unlicensed_seconds,
+                &mut svc.poll_unlicensed,
+                1,
+                (1, 3600),
+            ),
+            (
+                "service.poll_licensed_seconds",
+                sv.poll_licensed_seconds,
+                &mut svc.poll_licensed,
+                1,
+                (1, 86_400),
+            ),
+            (
+                "service.restart_grace_seconds",
+                sv.restart_grace_seconds,
+                &mut svc.restart_grace,
+                1,
+                (0, 3600),
+            ),
+            (
+                "service.restart_backoff_seconds",
+                sv.restart_backoff_seconds,
+                &mut svc.restart_backoff,
+                1,
+                (1, 86_400),
+            ),
+            (
+                "service.restart_backoff_max_seconds",
                 sv.restart_backoff_max_seconds,
                 &mut svc.restart_backoff_max,
                 1,
+                (1, 7 * 86_400),
             ),
-            (sv.probe_timeout_seconds, &mut svc.probe_timeout, 1),
-            (sv.clock_skew_max_seconds, &mut svc.clock_skew_max, 1),
+            (
+                "service.probe_timeout_seconds",
+                sv.probe_timeout_seconds,
+                &mut svc.probe_timeout,
+                1,
+                (1, 300),
+            ),
+            (
+                "service.clock_skew_max_seconds",
+                sv.clock_skew_max_seconds,
+                &mut svc.clock_skew_max,
+                1,
+                (1, 86_400),
+            ),
         ] {
             if let Some(v) = value {
-                *field = Duration::from_secs(v.saturating_mul(unit));
+                in_range(key, v, range)?;
+                *field = Duration::from_secs(v * unit);
             }
         }
         if let Some(n) = sv.restart_budget_per_hour {
+            in_range("service.restart_budget_per_hour", u64::from(n), (0, 60))?;
             svc.restart_budget_per_hour = n;
         }
         if sv.metrics_socket.is_some() {
@@ -387,13 +458,15 @@ impl Settings {
             ));
         }
         if let Some(url) = &svc.webhook_url
-            && !url.starts_with("https://")
-            && !url.starts_with("http://127.0.0.1")
-            && !url.starts_with("http://localhost")
+            && !(url.starts_with("https://")
+                || url.starts_with("http://127.0.0.1")
+                || url.starts_with("http://localhost"))
         {
-            return Err(format!(
-                "service.webhook_url = {url:?}: expected an https:// URL (plain http only to localhost)"
-            ));
+            // The value is not shown: a webhook URL often carries its credentials.
+            return Err(
+                "service.webhook_url: expected an https:// URL (plain http only to localhost)"
+                    .into(),
+            );
         }
         if self.commands.timeout.is_zero() {
             return Err("commands.timeout_seconds: expected at least 1".into());

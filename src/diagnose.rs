@@ -154,7 +154,7 @@ pub fn run(args: &JsonArg, settings: &Settings) -> anyhow::Result<ExitCode> {
         out.push('\n');
         print!("{out}");
     } else {
-        print!("{}", render(&d.checks));
+        print!("{}", crate::text::for_terminal(&render(&d.checks)));
     }
     Ok(ExitCode::from(d.exit_code()))
 }
@@ -170,13 +170,26 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     checks.push(gridd_conf_check(settings, smi));
     checks.push(gridd_check(settings));
 
-    let probes = match &obs.token {
-        Some(t) => probe::probe_all(&probe::targets(t), settings.service.probe_timeout),
-        None => Vec::new(),
-    };
+    let targets = obs.token.as_ref().map(probe::targets).unwrap_or_default();
+    let probes = probe::probe_all(&targets, settings.service.probe_timeout);
     if obs.token.is_some() {
         for p in &probes {
             checks.extend(probe_checks(p, settings, now));
+        }
+        let left = probe::not_probed(&targets);
+        if left > 0 {
+            checks.push(
+                check(
+                    "dls",
+                    Status::Warn,
+                    format!(
+                        "the token names {} DLS endpoints; the first {} were probed, {left} not",
+                        targets.len(),
+                        probe::MAX_PROBED
+                    ),
+                )
+                .fix("a DLS has one or two nodes: download the client configuration token again from the DLS"),
+            );
         }
     } else {
         checks.push(check(
@@ -204,6 +217,11 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
 const DRIVER_FIX: &str = "install the NVIDIA vGPU (GRID) guest driver of the host's vGPU software release, then check that `nvidia-smi -q` lists the GPU";
 
 fn driver_check(smi: &SmiSnapshot) -> Check {
+    if let Some(why) = smi.unanswered.as_ref().filter(|_| smi.gpus.is_empty()) {
+        return check("driver", Status::Fail, format!("nvidia-smi did not answer: {why}")).fix(
+            "look for NVRM or Xid errors in `dmesg`; a hung driver is usually cleared by rebooting the guest",
+        );
+    }
     if smi.gpus.is_empty() {
         let why = smi
             .driver_error
@@ -373,9 +391,13 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>) -> Vec<Check> {
 fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot) -> Check {
     let path = &settings.paths.gridd_conf;
     let shown = path.display();
-    let bytes = match std::fs::read(path) {
+    let bytes = match crate::input::read_file(
+        path,
+        crate::install::MAX_GRIDD_CONF_BYTES,
+        crate::input::Links::Refuse,
+    ) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(e) if e.is_not_found() => {
             return check(
                 "gridd.conf",
                 Status::Ok,

@@ -25,7 +25,7 @@ pub fn is_temp_name(name: &str) -> bool {
 
 /// A fault to inject, for tests on machines where a full disk or a crash cannot be made for
 /// real. Read from `VGPU_LICENSE_AGENT_FAULT` in debug builds only; release builds ignore it.
-fn fault(name: &str) -> bool {
+pub(crate) fn fault(name: &str) -> bool {
     cfg!(debug_assertions)
         && std::env::var("VGPU_LICENSE_AGENT_FAULT").is_ok_and(|v| v.split(',').any(|f| f == name))
 }
@@ -183,10 +183,22 @@ pub fn mode_of(meta: &fs::Metadata) -> u32 {
 /// Moves `src` (a file, a symlink or a directory) to `dst`, by rename, or by copying and
 /// removing where they are on different file systems. `dst` must not exist.
 pub fn move_path(src: &Path, dst: &Path) -> io::Result<()> {
-    match fs::rename(src, dst) {
+    let renamed = if fault("exdev") {
+        Err(io::Error::from_raw_os_error(nix::libc::EXDEV))
+    } else {
+        fs::rename(src, dst)
+    };
+    match renamed {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(nix::libc::EXDEV) => {
-            copy_tree(src, dst)?;
+            // A copy that fails half way is removed again: `src` stays whole and nothing is
+            // left at `dst`.
+            if let Err(e) = copy_tree(src, dst) {
+                if fs::symlink_metadata(dst).is_ok() {
+                    let _ = remove_tree(dst);
+                }
+                return Err(e);
+            }
             remove_tree(src)
         }
         Err(e) => Err(e),
@@ -216,6 +228,9 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
             .mode(0o600)
             .open(dst)?;
         io::copy(&mut from, &mut to)?;
+        if fault("copy-enospc") {
+            return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
+        }
         to.set_permissions(fs::Permissions::from_mode(mode_of(&meta)))?;
         to.sync_all()?;
     } else {
@@ -274,6 +289,88 @@ pub fn list_dir(dir: &Path) -> io::Result<Vec<(OsString, PathBuf)>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// Why a directory the agent manages is not trusted.
+#[derive(Debug)]
+pub enum ManagedDirError {
+    /// It is a symlink (to this): the agent never follows one out of its own directories.
+    Symlink(PathBuf),
+    /// It exists but is not a directory.
+    NotDir,
+    /// It holds what the agent does not expect there (these names, escaped).
+    Unexpected(Vec<String>),
+    Io(io::Error),
+}
+
+impl std::fmt::Display for ManagedDirError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ManagedDirError::Symlink(to) => write!(
+                f,
+                "is a symlink (to {}), and the agent never follows a symlink out of a directory it manages: make it a real directory, or point the config at the real one",
+                crate::text::show_path(to)
+            ),
+            ManagedDirError::NotDir => f.write_str("is not a directory: move that file away"),
+            ManagedDirError::Unexpected(names) => {
+                const SHOWN: usize = 5;
+                let mut list = names
+                    .iter()
+                    .take(SHOWN)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if names.len() > SHOWN {
+                    list.push_str(&format!(" and {} more", names.len() - SHOWN));
+                }
+                write!(
+                    f,
+                    "holds what is not the agent's ({list}): the agent changes nothing in a directory it does not own; give it a directory of its own in the config, or move those away"
+                )
+            }
+            ManagedDirError::Io(e) => write!(f, "cannot be read: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ManagedDirError {}
+
+/// The entries of a directory the agent manages, sorted by name, after checking that it is
+/// one: not a symlink, a directory (or absent: no entries), holding only what `expected`
+/// accepts (given each entry's name and its own metadata, links not followed). Nothing is
+/// changed here; a caller that would move or remove entries calls this first, so a wrong
+/// `token_dir = "/etc/nvidia"` or a symlink to `/` is refused, not cleaned.
+pub fn managed_entries(
+    dir: &Path,
+    expected: impl Fn(&str, &fs::Metadata) -> bool,
+) -> Result<Vec<(OsString, PathBuf)>, ManagedDirError> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(ManagedDirError::Symlink(
+                fs::read_link(dir).unwrap_or_default(),
+            ));
+        }
+        Ok(m) if !m.is_dir() => return Err(ManagedDirError::NotDir),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(ManagedDirError::Io(e)),
+    }
+    let entries = list_dir(dir).map_err(ManagedDirError::Io)?;
+    let mut unexpected = Vec::new();
+    for (name, path) in &entries {
+        let ok = match fs::symlink_metadata(path) {
+            Ok(m) => expected(&name.to_string_lossy(), &m),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
+            Err(e) => return Err(ManagedDirError::Io(e)),
+        };
+        if !ok {
+            unexpected.push(crate::text::escape(&name.to_string_lossy()).into_owned());
+        }
+    }
+    if !unexpected.is_empty() {
+        return Err(ManagedDirError::Unexpected(unexpected));
+    }
+    Ok(entries)
 }
 
 /// An exclusive lock on a file, held until dropped.
@@ -342,6 +439,37 @@ mod tests {
         assert!(list_dir(d.path()).unwrap().is_empty());
         assert!(is_temp_name(&format!("{}1-2-3", temp_prefix("t.tok"))));
         assert!(!is_temp_name("t.tok"));
+    }
+
+    #[test]
+    fn a_managed_directory_is_refused_when_a_symlink_or_holding_the_unexpected() {
+        let d = tempfile::tempdir().unwrap();
+        let real = d.path().join("real");
+        fs::create_dir(&real).unwrap();
+        fs::write(real.join("gridd.conf"), b"x").unwrap();
+        fs::create_dir(real.join("sub")).unwrap();
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let only_tok = |n: &str, m: &fs::Metadata| n.ends_with(".tok") && m.is_file();
+        assert!(matches!(
+            managed_entries(&link, only_tok),
+            Err(ManagedDirError::Symlink(_))
+        ));
+        let e = managed_entries(&real, only_tok).unwrap_err();
+        assert!(e.to_string().contains("(gridd.conf, sub)"), "{e}");
+        assert!(
+            managed_entries(&d.path().join("absent"), only_tok)
+                .unwrap()
+                .is_empty()
+        );
+        fs::remove_file(real.join("gridd.conf")).unwrap();
+        fs::remove_dir(real.join("sub")).unwrap();
+        fs::write(real.join("a.tok"), b"x").unwrap();
+        assert_eq!(managed_entries(&real, only_tok).unwrap().len(), 1);
+        assert!(matches!(
+            managed_entries(&real.join("a.tok"), only_tok),
+            Err(ManagedDirError::NotDir)
+        ));
     }
 
     #[test]

@@ -15,17 +15,48 @@ use crate::state::{LogFold, Observations};
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
 
 /// What running `nvidia-smi -q` gave.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum SmiRead {
     Snapshot(SmiSnapshot),
-    /// It could not be run, failed, or timed out: the one-line reason.
+    /// It could not be run or failed: the one-line reason.
     Failed(String),
+    /// It did not answer within the time limit and was killed: the one-line reason.
+    TimedOut(String),
+}
+
+impl SmiRead {
+    /// The one-line reason of a failed reading ("" for a snapshot).
+    pub fn reason(&self) -> &str {
+        match self {
+            SmiRead::Snapshot(_) => "",
+            SmiRead::Failed(why) | SmiRead::TimedOut(why) => why,
+        }
+    }
+
+    /// The snapshot that stands for this reading in the observations.
+    pub fn into_snapshot(self) -> SmiSnapshot {
+        match self {
+            SmiRead::Snapshot(s) => s,
+            SmiRead::Failed(why) => SmiSnapshot {
+                driver_error: Some(why),
+                ..SmiSnapshot::default()
+            },
+            SmiRead::TimedOut(why) => SmiSnapshot {
+                unanswered: Some(why),
+                ..SmiSnapshot::default()
+            },
+        }
+    }
 }
 
 /// Runs `nvidia-smi -q` with the configured time limit.
 pub fn read_smi(settings: &Settings) -> SmiRead {
     let argv = vec![settings.commands.nvidia_smi.clone(), "-q".to_string()];
     match command::run(&argv, settings.commands.timeout) {
+        Err(e @ command::RunError::TimedOut(_)) => SmiRead::TimedOut(format!(
+            "{}: {e} (commands.timeout_seconds); the driver may be hung: check `dmesg` for NVRM errors",
+            settings.commands.nvidia_smi
+        )),
         Err(e) => SmiRead::Failed(format!("{}: {e}", settings.commands.nvidia_smi)),
         Ok(out) => {
             let parsed = smi::parse(&out.stdout).unwrap_or_default();
@@ -54,11 +85,22 @@ pub fn journal_args(settings: &Settings, follow: bool) -> Vec<String> {
         argv.push("--follow".into());
         argv.push("--lines=all".into());
     }
-    argv.extend([
-        "_COMM=nvidia-gridd".into(),
-        "+".into(),
-        "SYSLOG_IDENTIFIER=nvidia-gridd".into(),
-    ]);
+    // Only root's entries: `SYSLOG_IDENTIFIER` is the sender's to choose, `_UID` is journald's.
+    // Different fields AND, `+` ORs groups, so each group names `_UID=0` again. The parser
+    // checks each entry once more (journal::Trust::Journal): root's other programs pass here.
+    argv.extend(
+        [
+            "_UID=0",
+            "_COMM=nvidia-gridd",
+            "+",
+            "_UID=0",
+            "_SYSTEMD_UNIT=nvidia-gridd.service",
+            "+",
+            "_UID=0",
+            "SYSLOG_IDENTIFIER=nvidia-gridd",
+        ]
+        .map(String::from),
+    );
     argv
 }
 
@@ -78,7 +120,8 @@ pub fn read_journal(
         ));
     }
     let mut fold = LogFold::new(max_events);
-    let stats = journal::scan(&out.stdout[..], |e| fold.push(e)).map_err(|e| e.to_string())?;
+    let stats =
+        journal::scan_journal(&out.stdout[..], |e| fold.push(e)).map_err(|e| e.to_string())?;
     Ok((fold, stats))
 }
 
@@ -135,7 +178,6 @@ impl std::fmt::Display for TokenProblem {
 
 /// Looks at the installed token and its directory.
 pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
-    use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
     let path = settings.paths.token_path();
     let strays = std::fs::read_dir(&settings.paths.token_dir)
@@ -151,23 +193,22 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     let mode = std::fs::symlink_metadata(&path)
         .ok()
         .map(|m| m.permissions().mode() & 0o7777);
-    let token = match std::fs::File::open(&path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(TokenProblem::Missing),
+    // Never blocks and never follows a link: a FIFO or a symlink planted as the token is
+    // reported, not read.
+    let token = match crate::input::read_file(&path, MAX_TOKEN_BYTES, crate::input::Links::Refuse) {
+        Err(e) if e.is_not_found() => Err(TokenProblem::Missing),
+        Err(crate::input::ReadError::TooLarge(_)) => Err(TokenProblem::Invalid(
+            crate::token::TokenError::TooLarge(MAX_TOKEN_BYTES + 1),
+        )),
         Err(e) => Err(TokenProblem::Unreadable(e.to_string())),
-        Ok(f) => {
-            let mut bytes = Vec::new();
-            match f.take(MAX_TOKEN_BYTES as u64 + 1).read_to_end(&mut bytes) {
-                Err(e) => Err(TokenProblem::Unreadable(e.to_string())),
-                Ok(_) => match Token::decode(&bytes) {
-                    Err(e) => Err(TokenProblem::Invalid(e)),
-                    Ok(t) => match t.validity(now) {
-                        Validity::Valid => Ok(t),
-                        Validity::Expired(at) => Err(TokenProblem::Expired(at)),
-                        Validity::NotYetValid(at) => Err(TokenProblem::NotYetValid(at)),
-                    },
-                },
-            }
-        }
+        Ok(bytes) => match Token::decode(&bytes) {
+            Err(e) => Err(TokenProblem::Invalid(e)),
+            Ok(t) => match t.validity(now) {
+                Validity::Valid => Ok(t),
+                Validity::Expired(at) => Err(TokenProblem::Expired(at)),
+                Validity::NotYetValid(at) => Err(TokenProblem::NotYetValid(at)),
+            },
+        },
     };
     TokenState {
         path,
@@ -207,13 +248,7 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
             .unwrap_or(chrono::Duration::hours(12)),
         ..Observations::default()
     };
-    obs.smi = Some(match read_smi(settings) {
-        SmiRead::Snapshot(s) => s,
-        SmiRead::Failed(why) => SmiSnapshot {
-            driver_error: Some(why),
-            ..SmiSnapshot::default()
-        },
-    });
+    obs.smi = Some(read_smi(settings).into_snapshot());
     if let Ok((fold, mut stats)) = read_journal(settings, max_events) {
         // Live, the log ends now: a lease past its expiry is not held.
         stats.last_stamp = Some(crate::observe::journal::Stamp::from_utc(now));

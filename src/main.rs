@@ -34,7 +34,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the error and its causes, outermost first.
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("vgpu-license-agent: error: {}", chain.join(": "));
+            // Escaped: an error may quote a file name, a URL or a line from outside.
+            eprintln!(
+                "vgpu-license-agent: error: {}",
+                vgpu_license_agent::text::escape(&chain.join(": "))
+            );
             ExitCode::from(if check { UNKNOWN } else { 1 })
         }
     }

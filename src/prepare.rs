@@ -57,10 +57,6 @@ fn entries(dir: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(fsutil::list_dir(dir)?.into_iter().map(|(_, p)| p).collect())
 }
 
-fn exists(p: &Path) -> bool {
-    p.symlink_metadata().is_ok()
-}
-
 /// Removes the token and the agent's state (and gridd's client state with `purge`).
 pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Result<Prepared> {
     let paths = &settings.paths;
@@ -87,17 +83,42 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
     } else {
         None
     };
-    let mut plan = Vec::new();
-    plan.extend(entries(&paths.token_dir).map_err(|e| cannot(&paths.token_dir, e))?);
+    // Every directory is checked before anything is removed: one that is a symlink or holds
+    // what is not the agent's stops the whole command, with nothing removed.
+    let mut plan: Vec<PathBuf> = crate::install::token_dir_entries(settings)?
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    crate::install::check_state_dir(settings)?;
     plan.extend(entries(&paths.state_dir).map_err(|e| cannot(&paths.state_dir, e))?);
-    for f in [&paths.status_file, &paths.metrics_textfile] {
-        if exists(f) {
-            plan.push(f.clone());
+    for (key, f) in [
+        ("paths.status_file", &paths.status_file),
+        ("paths.metrics_textfile", &paths.metrics_textfile),
+    ] {
+        match f.symlink_metadata() {
+            Ok(m) if m.is_file() || m.file_type().is_symlink() => plan.push(f.clone()),
+            Ok(_) => {
+                return Err(anyhow!(
+                    "{} ({key}) is not a file; the agent removes only its own files: check the config; nothing was removed",
+                    crate::text::show_path(f)
+                ));
+            }
+            Err(_) => {}
         }
     }
     let mut left = Vec::new();
     for dir in &paths.gridd_client_state {
-        let inside = entries(dir).map_err(|e| cannot(dir, e))?;
+        // gridd's own directory: any content is its state, but a link out of it is not.
+        let inside: Vec<PathBuf> = fsutil::managed_entries(dir, |_, _| true)
+            .map_err(|e| {
+                anyhow!(
+                    "nvidia-gridd's client state {} (paths.gridd_client_state) {e}; nothing was removed",
+                    crate::text::show_path(dir)
+                )
+            })?
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
         if inside.is_empty() {
             continue;
         }
@@ -141,7 +162,7 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
 pub fn run(args: &PrepareImageArgs, settings: &Settings) -> anyhow::Result<()> {
     let done = prepare(settings, args.purge_client_state, args.dry_run)?;
     for line in done.lines() {
-        println!("{line}");
+        println!("{}", crate::text::for_terminal(&line));
     }
     Ok(())
 }

@@ -195,8 +195,30 @@ pub fn targets(token: &Token) -> Vec<(String, u16)> {
     out
 }
 
-/// Probes every target at once (HA DLS nodes in parallel), results in the targets' order.
+/// At most this many (host, port) targets are probed: an HA DLS has two nodes (four targets
+/// where the auth port differs); a token that lists thousands must not make thousands of
+/// connections from every guest.
+pub const MAX_PROBED: usize = 8;
+
+/// At most this many probes run at once.
+const PARALLEL: usize = 4;
+
+/// How many of `targets` [`probe_all`] leaves out.
+pub fn not_probed(targets: &[(String, u16)]) -> usize {
+    targets.len().saturating_sub(MAX_PROBED)
+}
+
+/// Probes the first [`MAX_PROBED`] targets, [`PARALLEL`] at a time (HA DLS nodes in
+/// parallel), results in the targets' order.
 pub fn probe_all(targets: &[(String, u16)], timeout: Duration) -> Vec<NodeProbe> {
+    let targets = &targets[..targets.len().min(MAX_PROBED)];
+    targets
+        .chunks(PARALLEL)
+        .flat_map(|chunk| probe_parallel(chunk, timeout))
+        .collect()
+}
+
+fn probe_parallel(targets: &[(String, u16)], timeout: Duration) -> Vec<NodeProbe> {
     std::thread::scope(|s| {
         let handles: Vec<_> = targets
             .iter()

@@ -73,7 +73,8 @@ struct Agent {
     tx: mpsc::UnboundedSender<Msg>,
     fold: LogFold,
     smi: Option<SmiSnapshot>,
-    smi_error: Option<String>,
+    /// The last reading, when it failed or timed out.
+    smi_error: Option<SmiRead>,
     gridd_unit: Option<Result<(), String>>,
     probe_failure: Option<(Reason, String)>,
     /// The failure's reason as gridd's own lines give it, before a probe refined it: whether
@@ -286,11 +287,11 @@ impl Agent {
                         self.smi = Some(s);
                         self.smi_error = None;
                     }
-                    SmiRead::Failed(why) => {
-                        if self.smi_error.as_deref() != Some(why.as_str()) {
+                    SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
+                        if self.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
                             warn!("nvidia-smi: {why}");
                         }
-                        self.smi_error = Some(why);
+                        self.smi_error = Some(read);
                     }
                 }
                 self.next_smi = Instant::now() + self.smi_interval();
@@ -520,10 +521,7 @@ impl Agent {
             ..Observations::default()
         };
         obs.smi = Some(match (&self.smi, &self.smi_error) {
-            (_, Some(why)) => SmiSnapshot {
-                driver_error: Some(why.clone()),
-                ..SmiSnapshot::default()
-            },
+            (_, Some(failed)) => failed.clone().into_snapshot(),
             (Some(s), None) => s.clone(),
             (None, None) => SmiSnapshot::default(),
         });
@@ -669,8 +667,8 @@ impl Agent {
         };
         let body = json.to_vec();
         let timeout = self.settings.commands.timeout;
-        tokio::task::spawn_blocking(move || {
-            if let Err(e) = install::fetch::post_json(&url, body, timeout) {
+        tokio::spawn(async move {
+            if let Err(e) = install::fetch::post_json(&url, body, timeout).await {
                 warn!("webhook: {e}");
             }
         });

@@ -260,6 +260,9 @@ pub fn evaluate(obs: Observations) -> Report {
         }
         None => (Vec::new(), None, None, None, 0, false),
     };
+    if let Some(why) = obs.smi.as_ref().and_then(|s| s.unanswered.as_ref()) {
+        notes.push(format!("nvidia-smi did not answer: {why}"));
+    }
     if legacy {
         notes.push("This guest uses the legacy licensing path (a license server on port 7070, drivers before 2022): no client configuration token is involved there.".into());
     }
@@ -386,8 +389,11 @@ pub fn evaluate(obs: Observations) -> Report {
 /// The state nvidia-smi alone shows.
 pub fn smi_state(s: &SmiSnapshot) -> State {
     if s.gpus.is_empty() {
-        // nvidia-smi's own complaint, or a whole output that lists no GPU.
-        return if s.driver_error.is_some() || s.whole {
+        // nvidia-smi's own complaint, or a whole output that lists no GPU. One that did not
+        // answer at all proves nothing.
+        return if s.unanswered.is_some() {
+            State::Unknown
+        } else if s.driver_error.is_some() || s.whole {
             State::NoDriver
         } else {
             State::Unknown

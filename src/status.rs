@@ -24,10 +24,17 @@ fn service_alive(pid: u32) -> bool {
         .is_ok_and(|c| c.trim_end().starts_with("vgpu-license-ag"))
 }
 
+/// A status.json larger than this was not written by the service (a few KB, or a few
+/// hundred KB with many events).
+pub const MAX_STATUS_BYTES: usize = 16 << 20;
+
 /// The service's report, when a running service wrote it.
 pub fn from_service(settings: &Settings) -> Option<(Report, Duration)> {
     let path = &settings.paths.status_file;
-    let bytes = std::fs::read(path).ok()?;
+    // Root's own file, but bounded all the same: a FIFO or a huge file there must not hang
+    // or fill `status`.
+    let bytes =
+        crate::input::read_file(path, MAX_STATUS_BYTES, crate::input::Links::Refuse).ok()?;
     let report: Report = serde_json::from_slice(&bytes).ok()?;
     if !report.agent_pid.is_some_and(service_alive) {
         return None;
@@ -58,7 +65,9 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
         let (report, source) = current(settings);
         match deadline {
             Some(d) if report.state != State::Licensed && Instant::now() < d => {
-                std::thread::sleep(Duration::from_secs(1).min(d - Instant::now()));
+                std::thread::sleep(
+                    Duration::from_secs(1).min(d.saturating_duration_since(Instant::now())),
+                );
             }
             _ => break (report, source),
         }
@@ -73,7 +82,7 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
             ),
             Source::Observed => println!("The service is not running: observed now."),
         }
-        print!("{}", human::render(&report));
+        print!("{}", crate::text::for_terminal(&human::render(&report)));
         if args.wait.is_some() && report.state != State::Licensed {
             println!(
                 "Not licensed after waiting {} s{}",
@@ -86,5 +95,6 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    Ok(ExitCode::from(report.exit_code))
+    // 0-3 whatever a status.json says: a monitoring system reads anything else as a crash.
+    Ok(ExitCode::from(report.exit_code.min(3)))
 }

@@ -74,9 +74,10 @@ impl fmt::Display for TokenError {
         const FIX: &str = "download the client configuration token again from the DLS (Service Instance > Generate client config token) and install the file unchanged";
         match self {
             TokenError::Empty => write!(f, "the token is empty; {FIX}"),
-            TokenError::TooLarge(n) => write!(
+            TokenError::TooLarge(_) => write!(
                 f,
-                "{n} bytes is far more than a client configuration token (a few KB); give the .tok file downloaded from the DLS"
+                "larger than {} KiB, far more than a client configuration token (a few KB); give the .tok file downloaded from the DLS",
+                MAX_TOKEN_BYTES >> 10
             ),
             TokenError::NotUtf8 => write!(
                 f,

@@ -1,19 +1,20 @@
 //! `token inspect`: what a token says, never its key or signature.
 
 use std::fmt::Write as _;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
+use anyhow::{Context, anyhow};
 use chrono::Utc;
 use serde::Serialize;
 
 use crate::cli::TokenInspectArgs;
 use crate::config::Settings;
+use crate::input::{self, Links, ReadError};
 use crate::report::human::both_times;
+use crate::text::{escape, show_path};
 use crate::time::rfc3339;
-use crate::token::{MAX_TOKEN_BYTES, Token, Validity};
+use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
 
 #[derive(Serialize)]
 struct Inspection<'a> {
@@ -24,21 +25,23 @@ struct Inspection<'a> {
     validity: &'static str,
 }
 
-/// Reads at most a little more than a token can be, so 10 MB of junk costs nothing.
+/// Reads a regular file or standard input, never more than a token can be, so 10 MB of
+/// junk, a FIFO or an endless pipe costs nothing.
 fn read_limited(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    let reader: Box<dyn Read> = if path == Path::new("-") {
-        Box::new(std::io::stdin().lock())
+    let read = if path == Path::new("-") {
+        input::read_stdin(MAX_TOKEN_BYTES, crate::install::source::STDIN_DEADLINE)
     } else {
-        Box::new(
-            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?,
-        )
+        input::read_file(path, MAX_TOKEN_BYTES, Links::Follow)
     };
-    reader
-        .take(MAX_TOKEN_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(bytes)
+    let shown = if path == Path::new("-") {
+        "standard input".to_string()
+    } else {
+        show_path(path)
+    };
+    read.map_err(|e| match e {
+        ReadError::TooLarge(_) => anyhow!("{shown}: {}", TokenError::TooLarge(MAX_TOKEN_BYTES + 1)),
+        e => anyhow!("cannot read {shown}: {e}"),
+    })
 }
 
 /// The human rendering.
@@ -48,19 +51,21 @@ pub fn render(file: &str, t: &Token, validity: Validity) -> String {
     let _ = writeln!(
         o,
         "Issuer:     {}",
-        t.issuer.as_deref().unwrap_or("(not given)")
+        escape(t.issuer.as_deref().unwrap_or("(not given)"))
     );
     if let Some(i) = &t.instance_ref {
-        let _ = writeln!(o, "Instance:   {i}");
+        let _ = writeln!(o, "Instance:   {}", escape(i));
     }
     for s in &t.scope_refs {
-        let _ = writeln!(o, "Scope:      {s}");
+        let _ = writeln!(o, "Scope:      {}", escape(s));
     }
     for n in &t.nodes {
         let _ = writeln!(
             o,
             "DLS node:   {} (auth port {}, lease port {})",
-            n.host, n.auth_port, n.lease_port
+            escape(&n.host),
+            n.auth_port,
+            n.lease_port
         );
     }
     for (label, t) in [
@@ -96,9 +101,9 @@ pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitC
         .clone()
         .unwrap_or_else(|| settings.paths.token_path());
     let bytes = read_limited(&path)?;
-    let token = Token::decode(&bytes).with_context(|| path.display().to_string())?;
+    let token = Token::decode(&bytes).with_context(|| show_path(&path))?;
     let validity = token.validity(Utc::now());
-    let file = path.display().to_string();
+    let file = show_path(&path);
     if args.json {
         let out = Inspection {
             file,
@@ -111,7 +116,10 @@ pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitC
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        print!("{}", render(&file, &token, validity));
+        print!(
+            "{}",
+            crate::text::for_terminal(&render(&file, &token, validity))
+        );
     }
     Ok(match validity {
         Validity::Valid => ExitCode::SUCCESS,

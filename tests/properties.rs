@@ -3,9 +3,58 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use vgpu_license_agent::cli::Cli;
+use vgpu_license_agent::config::Settings;
+use vgpu_license_agent::gridd_conf::GriddConf;
 use vgpu_license_agent::observe::{journal, smi};
 use vgpu_license_agent::state::{LogFold, Observations, evaluate};
 use vgpu_license_agent::token::Token;
+
+/// Every numeric key of the config.
+const NUMERIC_KEYS: &[(&str, &str)] = &[
+    ("commands", "timeout_seconds"),
+    ("gridd", "feature_type"),
+    ("service", "expiry_warning_hours"),
+    ("service", "poll_unlicensed_seconds"),
+    ("service", "poll_licensed_seconds"),
+    ("service", "restart_grace_seconds"),
+    ("service", "restart_backoff_seconds"),
+    ("service", "restart_backoff_max_seconds"),
+    ("service", "restart_budget_per_hour"),
+    ("service", "probe_timeout_seconds"),
+    ("service", "clock_skew_max_seconds"),
+];
+
+/// Every numeric flag, with the command it belongs to.
+const NUMERIC_FLAGS: &[&[&str]] = &[
+    &["status", "--wait"],
+    &["analyze", "--smi", "x", "--max-events"],
+    &["install", "--token-url", "https://x/t", "--timeout"],
+    &["install", "--token-url", "https://x/t", "--retries"],
+    &["install", "--token-file", "x", "--feature-type"],
+];
+
+/// Whatever a config holds, a loaded one gives durations that no later computation
+/// (an instant plus a duration, a chrono duration) can overflow.
+fn durations_are_safe(s: &Settings) {
+    let sv = &s.service;
+    for d in [
+        s.commands.timeout,
+        sv.expiry_warning,
+        sv.poll_unlicensed,
+        sv.poll_licensed,
+        sv.restart_grace,
+        sv.restart_backoff,
+        sv.restart_backoff_max,
+        sv.probe_timeout,
+        sv.clock_skew_max,
+    ] {
+        assert!(d <= Duration::from_secs(366 * 86_400), "{d:?}");
+        assert!(Instant::now().checked_add(d * 4).is_some());
+        assert!(chrono::Duration::from_std(d).is_ok());
+    }
+    assert!(sv.restart_budget_per_hour <= 60);
+}
 
 /// Pieces of real lines, so that random inputs reach deep into the parsers.
 const PIECES: &[&str] = &[
@@ -40,6 +89,9 @@ const PIECES: &[&str] = &[
     "[",
     "]",
     "#",
+    "<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v12.dtd\">",
+    "<!DOCTYPE x [<!ENTITY a \"aaaa\">]>",
+    "&a;",
 ];
 
 fn pieces() -> impl Strategy<Value = Vec<u8>> {
@@ -58,6 +110,10 @@ fn everything(input: &[u8]) {
     let mut fold = LogFold::new(50);
     let stats = journal::scan(input, |e| fold.push(e)).unwrap();
     let _ = Token::decode(input);
+    let _ = GriddConf::parse(input);
+    let text = String::from_utf8_lossy(input);
+    let escaped = vgpu_license_agent::text::escape(&text);
+    assert!(!escaped.chars().any(char::is_control), "{escaped:?}");
     let _ = journal::classify(&String::from_utf8_lossy(input));
     let report = evaluate(Observations {
         smi: snap,
@@ -78,6 +134,61 @@ proptest! {
     #[test]
     fn line_fragments_never_panic(input in pieces()) {
         everything(&input);
+    }
+
+    #[test]
+    fn any_number_in_any_config_key_is_taken_or_refused(
+        key in prop::sample::select(NUMERIC_KEYS),
+        value in prop_oneof![
+            any::<u64>().prop_map(|v| v.to_string()),
+            any::<i64>().prop_map(|v| v.to_string()),
+            (0u64..100_000).prop_map(|v| v.to_string()),
+            Just("1e300".to_string()),
+            Just("\"12\"".to_string()),
+            Just("99999999999999999999999".to_string()),
+        ],
+    ) {
+        let mut s = Settings::default();
+        let text = format!("[{}]\n{} = {value}\n", key.0, key.1);
+        match s.apply_toml(&text) {
+            Ok(()) => durations_are_safe(&s),
+            Err(e) => {
+                prop_assert!(e.contains(key.1), "{e}");
+                prop_assert!(!e.contains('\n'), "{e}");
+                durations_are_safe(&s);
+            }
+        }
+    }
+
+    #[test]
+    fn any_number_in_any_flag_is_parsed_or_refused(
+        flag in prop::sample::select(NUMERIC_FLAGS),
+        value in prop_oneof![
+            any::<u64>().prop_map(|v| v.to_string()),
+            any::<i64>().prop_map(|v| v.to_string()),
+            Just("18446744073709551616".to_string()),
+            Just("nan".to_string()),
+        ],
+    ) {
+        use clap::Parser;
+        let mut args = vec!["vgpu-license-agent"];
+        args.extend_from_slice(flag);
+        args.push(&value);
+        if let Ok(cli) = Cli::try_parse_from(&args) {
+            match cli.command {
+                vgpu_license_agent::cli::Command::Status(a) => {
+                    prop_assert!(a.wait.is_none_or(|w| w <= 86_400));
+                }
+                vgpu_license_agent::cli::Command::Analyze(a) => {
+                    prop_assert!((1..=100_000).contains(&a.max_events));
+                }
+                vgpu_license_agent::cli::Command::Install(a) => {
+                    prop_assert!(a.timeout.is_none_or(|t| (1..=3600).contains(&t)));
+                    prop_assert!(a.retries <= 20);
+                }
+                _ => {}
+            }
+        }
     }
 }
 

@@ -359,6 +359,29 @@ fn journal_json_export_and_trusted_store_sequence() {
     assert_eq!(r["observed_at"], "2023-11-14T22:13:23Z");
 }
 
+/// In a `journalctl -o json` export, journald's own fields say who logged an entry: a user's
+/// `logger -t nvidia-gridd` is not gridd, whatever it calls itself. Hand-made entries without
+/// any such field are taken by their `SYSLOG_IDENTIFIER`.
+#[test]
+fn journal_json_export_with_forged_gridd_lines() {
+    let lines = [
+        r#"{"__REALTIME_TIMESTAMP":"1700000000000000","SYSLOG_IDENTIFIER":"nvidia-gridd","MESSAGE":"NLS initialized"}"#,
+        r#"{"__REALTIME_TIMESTAMP":"1700000001000000","_UID":"0","_COMM":"nvidia-gridd","_PID":"77","SYSLOG_IDENTIFIER":"nvidia-gridd","MESSAGE":"License acquired successfully. (Info: 10.0.0.5, NVIDIA Virtual PC; Expiry: 2035-1-1 0:0:0 GMT)"}"#,
+        r#"{"__REALTIME_TIMESTAMP":"1700000002000000","_UID":"1000","_COMM":"logger","_PID":"900","SYSLOG_IDENTIFIER":"nvidia-gridd","SYSLOG_PID":"77","MESSAGE":"Failed to acquire license from 10.0.0.5 (Info: NVIDIA Virtual PC - Error: Clock windback has been detected)"}"#,
+        r#"{"__REALTIME_TIMESTAMP":"1700000003000000","_UID":"1000","_COMM":"nvidia-gridd","_EXE":"/home/u/nvidia-gridd","_PID":"901","SYSLOG_IDENTIFIER":"nvidia-gridd","MESSAGE":"Failed to acquire license from 10.0.0.5 (Info: NVIDIA Virtual PC - Error: Clock windback has been detected)"}"#,
+    ];
+    let (r, code) = analyze(&["--journal", "-"], Some(lines.join("\n").as_bytes()));
+    let kinds: Vec<&str> = r["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["initialized", "acquired"], "{r:#}");
+    assert!(r["failure"].is_null(), "{r:#}");
+    assert_eq!((r["state"].as_str(), code), (Some("licensed"), 0), "{r:#}");
+}
+
 #[test]
 fn a_lease_that_expired_before_the_log_ends() {
     let lines = [

@@ -597,3 +597,148 @@ fn scenario_every_output_tells_the_same() {
     );
     let _ = std::fs::remove_file(&socket);
 }
+
+/// A clock windback failure as gridd logs it (tests/sim), from a DLS no gridd here talks to.
+const FORGED_WINDBACK: &str = "Failed to acquire license from forged.example (Info: NVIDIA RTX Virtual Workstation - Error: Clock windback has been detected)";
+
+/// Runs `program` as nobody: uid and gid 65534, and no supplementary groups (the standard
+/// library drops root's when it sets a uid).
+fn as_nobody(program: &std::path::Path, args: &[&str], stdin: &[u8]) {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let mut child = Command::new(program)
+        .args(args)
+        .uid(65534)
+        .gid(65534)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} {args:?}: {}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Any local user can log under gridd's name; only journald's own fields tell who did. The
+/// agent's journal follower, `status` (observing on its own) and `analyze` of a JSON export
+/// all ignore such lines, and still count the simulated gridd's (root, process nvidia-gridd).
+#[test]
+fn scenario_a_forged_gridd_line_changes_nothing() {
+    let (m, mut a) = licensed(Setup::default());
+    let gridd = m.gridd_pid().expect("gridd runs").to_string();
+    let logger = ["/usr/bin/logger", "/bin/logger"]
+        .into_iter()
+        .map(std::path::Path::new)
+        .find(|p| p.is_file())
+        .expect("logger (util-linux) is installed");
+    // A copy of logger named nvidia-gridd: journald then records `_COMM=nvidia-gridd` too.
+    let dir = tempfile::Builder::new()
+        .prefix("vgpu-forger-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let renamed = dir.path().join("nvidia-gridd");
+    std::fs::copy(logger, &renamed).unwrap();
+    std::fs::set_permissions(&renamed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // As gridd sends them (a syslog datagram, gridd's pid in the header), and through the
+    // native protocol claiming journald's fields (journald drops a client's `_` fields).
+    let syslog = [
+        "--socket",
+        "/run/systemd/journal/dev-log",
+        "--tag",
+        "nvidia-gridd",
+        &format!("--id={gridd}"),
+        FORGED_WINDBACK,
+    ];
+    as_nobody(logger, &syslog, b"");
+    as_nobody(&renamed, &syslog, b"");
+    as_nobody(
+        logger,
+        &["--journald"],
+        format!(
+            "SYSLOG_IDENTIFIER=nvidia-gridd\nSYSLOG_PID={gridd}\n_UID=0\n_COMM=nvidia-gridd\n\
+             _SYSTEMD_UNIT=nvidia-gridd.service\nMESSAGE={FORGED_WINDBACK}\n"
+        )
+        .as_bytes(),
+    );
+    wait_for(
+        "the forged lines in the journal",
+        T,
+        || {
+            let forged = sim::journal(&["SYSLOG_IDENTIFIER=nvidia-gridd"], Some(&m.since));
+            let forged: Vec<_> = forged
+                .iter()
+                .filter(|e| sim::message(e) == FORGED_WINDBACK)
+                .collect();
+            (forged.len() == 3 && forged.iter().all(|e| e["_UID"] == "65534")).then_some(())
+        },
+        || a.context(),
+    );
+    // gridd's next lines come after the forged ones: once they are in status.json, the agent
+    // has read past the forgeries.
+    let new = restart_gridd_by_hand(&m);
+    let started = format!("Started ({new})");
+    let v = a.wait_status("the new gridd's lines in status.json", T, |v| {
+        has_event(v, &started) && v["state"] == "licensed"
+    });
+    assert!(!has_event(&v, "forged.example"), "{v:#}");
+    assert!(v["failure"].is_null(), "{v:#}");
+    assert_eq!(
+        a.metric("vgpu_license_failures_total{reason=\"clock_skew\"}")
+            .unwrap_or(0.0),
+        0.0,
+        "{}",
+        a.context()
+    );
+
+    // `analyze` of everything journald holds of this machine's boot, as JSON.
+    let export = Command::new(m.path("bin/journalctl"))
+        .args(["--boot", "--output=json", "--no-pager"])
+        .output()
+        .unwrap();
+    assert!(export.status.success());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .args(["analyze", "--json", "--journal", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&export.stdout)
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout).expect("analyze's JSON report");
+    assert!(has_event(&r, &started), "{r:#}");
+    assert!(!has_event(&r, "forged.example"), "{r:#}");
+    assert_ne!(reason(&r), Some("clock_skew"), "{r:#}");
+
+    // `status` with no service running observes on its own (its own journalctl).
+    a.signal(Signal::SIGTERM);
+    assert!(
+        a.wait_exit(Duration::from_secs(10)).is_some(),
+        "{}",
+        a.context()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    let s: Value = serde_json::from_slice(&out.stdout).expect("status's JSON report");
+    assert!(has_event(&s, &started), "{s:#}");
+    assert!(!has_event(&s, "forged.example"), "{s:#}");
+    assert_ne!(reason(&s), Some("clock_skew"), "{s:#}");
+}

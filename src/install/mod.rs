@@ -11,13 +11,14 @@
 pub mod fetch;
 pub mod source;
 
+use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +26,8 @@ use crate::cli::InstallArgs;
 use crate::config::Settings;
 use crate::fsutil::{self, LockError};
 use crate::gridd_conf::{self, Edit, GriddConf};
+use crate::input::{self, Links, ReadError};
+use crate::text::show_path;
 use crate::time::rfc3339;
 use crate::token::{Token, TokenError, Validity};
 
@@ -330,7 +333,7 @@ struct InstallState {
 
 impl InstallState {
     fn load(state_dir: &Path) -> InstallState {
-        fs::read(state_dir.join(STATE_FILE))
+        input::read_file(&state_dir.join(STATE_FILE), 1 << 20, Links::Refuse)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
@@ -395,15 +398,16 @@ struct Current {
     conf: Option<(Vec<u8>, fs::Metadata)>,
 }
 
-fn read_no_follow(path: &Path) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)?;
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf)?;
-    Ok(buf)
+/// A gridd.conf larger than this is not one (the driver's template is about 2 KB).
+pub const MAX_GRIDD_CONF_BYTES: usize = 1 << 20;
+
+/// A file the agent manages, read without following a link and without blocking, at most
+/// `cap` bytes.
+fn read_no_follow(path: &Path, cap: usize) -> io::Result<Vec<u8>> {
+    input::read_file(path, cap, Links::Refuse).map_err(|e| match e {
+        ReadError::Io(e) => e,
+        other => io::Error::other(other.to_string()),
+    })
 }
 
 fn refuse_symlink(path: &Path, what: &str) -> anyhow::Error {
@@ -421,7 +425,9 @@ fn refuse_symlink(path: &Path, what: &str) -> anyhow::Error {
 fn read_current(settings: &Settings) -> anyhow::Result<Current> {
     let dir = &settings.paths.token_dir;
     let target = settings.paths.token_path();
-    let dir_mode = match fs::metadata(dir) {
+    check_state_dir(settings)?;
+    let entries = token_dir_entries(settings)?;
+    let dir_mode = match fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => Some(fsutil::mode_of(&m)),
         Ok(_) => {
             return Err(anyhow!(
@@ -449,7 +455,7 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
             ));
         }
         Ok(m) => {
-            let bytes = read_no_follow(&target).map_err(|e| {
+            let bytes = read_no_follow(&target, crate::token::MAX_TOKEN_BYTES).map_err(|e| {
                 io_err(
                     format!("cannot read the installed token {}", target.display()),
                     e,
@@ -470,13 +476,6 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
     let mut strays = Vec::new();
     let mut temps = Vec::new();
     if dir_mode.is_some() {
-        let entries = fsutil::list_dir(dir).map_err(|e| {
-            io_err(
-                format!("cannot list the token directory {}", dir.display()),
-                e,
-                "check its permissions",
-            )
-        })?;
         for (name, path) in entries {
             if name == settings.paths.token_file.as_str() {
                 continue;
@@ -510,7 +509,7 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
             ));
         }
         Ok(m) => {
-            let bytes = read_no_follow(conf_path).map_err(|e| {
+            let bytes = read_no_follow(conf_path, MAX_GRIDD_CONF_BYTES).map_err(|e| {
                 io_err(
                     format!("cannot read {}", conf_path.display()),
                     e,
@@ -568,8 +567,53 @@ fn lock_wait(settings: &Settings) -> Duration {
     settings.commands.timeout * 2 + Duration::from_secs(30)
 }
 
+/// Whether `name` (with metadata `m`, links not followed) belongs in the token directory:
+/// the token, a temporary file of ours, or another token (`*.tok`, anything but a
+/// directory), which install moves aside by a rename (never opening it: a FIFO planted there
+/// is moved, not read).
+pub fn expected_in_token_dir(token_file: &str, name: &str, m: &fs::Metadata) -> bool {
+    name == token_file || fsutil::is_temp_name(name) || (name.ends_with(".tok") && !m.is_dir())
+}
+
+/// Whether `name` belongs in the agent's state directory.
+pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
+    ((name == LOCK_FILE || name == STATE_FILE) && m.is_file())
+        || (name == "replaced" && m.is_dir())
+        || fsutil::is_temp_name(name)
+}
+
+/// The token directory's entries, once it is known to be the agent's own.
+pub fn token_dir_entries(settings: &Settings) -> anyhow::Result<Vec<(OsString, PathBuf)>> {
+    let dir = &settings.paths.token_dir;
+    fsutil::managed_entries(dir, |n, m| {
+        expected_in_token_dir(&settings.paths.token_file, n, m)
+    })
+    .map_err(|e| {
+        anyhow!(
+            "the token directory {} (paths.token_dir) {e}; {}",
+            show_path(dir),
+            nothing_changed()
+        )
+    })
+}
+
+/// Refuses a state directory that is not the agent's own.
+pub fn check_state_dir(settings: &Settings) -> anyhow::Result<()> {
+    let dir = &settings.paths.state_dir;
+    fsutil::managed_entries(dir, expected_in_state_dir)
+        .map(drop)
+        .map_err(|e| {
+            anyhow!(
+                "the state directory {} (paths.state_dir) {e}; {}",
+                show_path(dir),
+                nothing_changed()
+            )
+        })
+}
+
 fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
     let state_dir = &settings.paths.state_dir;
+    check_state_dir(settings)?;
     fsutil::create_dir_mode(state_dir, 0o755).map_err(|e| {
         io_err(
             format!(
@@ -608,6 +652,10 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         summary,
         mut warnings,
     } = core;
+    // Both directories are checked before the lock is taken: taking it creates the state
+    // directory, and a refused install changes nothing.
+    token_dir_entries(settings)?;
+    check_state_dir(settings)?;
     let _lock = if dry_run {
         None
     } else {
@@ -796,6 +844,27 @@ fn save_state(state: &mut InstallState, settings: &Settings, outcome: &mut Outco
 
 /// Applies a plan. On an error before the token is renamed into place, everything is undone.
 /// Returns the changes as made (stray destinations may differ from the plan's).
+/// How to take back one step of [`apply`] that already changed something.
+enum Undo {
+    Chmod(PathBuf, u32),
+    /// Move back from the first path to the second.
+    MoveBack(PathBuf, PathBuf),
+    RemoveFile(PathBuf),
+    /// Remove a directory made for this install (only when empty again).
+    RemoveDir(PathBuf),
+}
+
+impl Undo {
+    fn run(self) {
+        let _ = match self {
+            Undo::Chmod(p, mode) => fs::set_permissions(&p, fs::Permissions::from_mode(mode)),
+            Undo::MoveBack(from, to) => fsutil::move_path(&from, &to),
+            Undo::RemoveFile(p) => fs::remove_file(&p),
+            Undo::RemoveDir(p) => fs::remove_dir(&p),
+        };
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn apply(
     plan: &[Change],
@@ -872,94 +941,119 @@ fn apply(
         return Err(e);
     }
 
-    // Small fixes first: one that fails leaves the strays where they are.
-    for change in plan {
-        match change {
-            Change::CreateDir { .. } | Change::ChmodDir { .. } => {
-                if let Change::ChmodDir { path, to, .. } = change {
-                    chmod(path, *to)?;
-                }
-                done.insert(0, change.clone());
-            }
-            Change::RemoveTemp { path } => match fs::remove_file(path) {
-                Ok(()) => done.push(change.clone()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(io_err(
-                        format!("cannot remove {}", path.display()),
-                        e,
-                        "remove it yourself",
-                    ));
-                }
-            },
-            _ => {}
-        }
-    }
-    // Move strays (and keep the previous token) aside; undo on error.
-    let aside: Vec<&Change> = plan
-        .iter()
-        .filter(|c| matches!(c, Change::MoveStray { .. } | Change::SavePrevious { .. }))
-        .collect();
-    let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
-    let mut saved_copy: Option<PathBuf> = None;
-    if !aside.is_empty() {
-        let result = (|| -> io::Result<()> {
-            fsutil::create_dir_mode(replaced_root, REPLACED_MODE)?;
-            let into = fsutil::create_unique_dir(replaced_root, stamp, REPLACED_MODE)?;
-            for c in &aside {
-                match c {
-                    Change::MoveStray { from, .. } => {
-                        let to = into.join(from.file_name().unwrap_or_default());
-                        fsutil::move_path(from, &to)?;
-                        moved.push((from.clone(), to.clone()));
-                        done.push(Change::MoveStray {
-                            from: from.clone(),
-                            to,
-                        });
+    // From here every step that changes something records how to take it back: when a
+    // later step fails, they are undone in reverse order (directory modes restored, strays
+    // moved back, the copy of the previous token and the directories made for it removed), so
+    // "nothing was changed" stays true.
+    let mut undo: Vec<Undo> = Vec::new();
+    let result = (|| -> anyhow::Result<()> {
+        // Small fixes first: one that fails leaves the strays where they are.
+        for change in plan {
+            match change {
+                Change::CreateDir { .. } | Change::ChmodDir { .. } => {
+                    if let Change::ChmodDir { path, from, to } = change {
+                        chmod(path, *to)?;
+                        undo.push(Undo::Chmod(path.clone(), *from));
                     }
-                    Change::SavePrevious { from, .. } => {
-                        let to = into.join(&paths.token_file);
-                        fs::copy(from, &to)?;
-                        fs::File::open(&to)?.sync_all()?;
-                        saved_copy = Some(to.clone());
-                        done.push(Change::SavePrevious {
-                            from: from.clone(),
-                            to,
-                        });
-                    }
-                    _ => {}
+                    done.insert(0, change.clone());
                 }
+                // Our own leftovers: removing one again is nothing to undo.
+                Change::RemoveTemp { path } => match fs::remove_file(path) {
+                    Ok(()) => done.push(change.clone()),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(io_err(
+                            format!("cannot remove {}", path.display()),
+                            e,
+                            "remove it yourself",
+                        ));
+                    }
+                },
+                _ => {}
             }
-            fsutil::fsync_dir(&into)?;
-            fsutil::fsync_dir(dir)
-        })();
-        if let Err(e) = result {
-            for (from, to) in moved.iter().rev() {
-                let _ = fsutil::move_path(to, from);
-            }
-            if let Some(copy) = saved_copy {
-                let _ = fs::remove_file(copy);
-            }
-            return Err(io_err(
-                format!(
-                    "cannot move the other files of {} aside into {}",
-                    dir.display(),
-                    replaced_root.display()
-                ),
-                e,
-                "make room in the state directory or make it writable, then run install again",
-            ));
         }
-    }
-
-    if let Some(stage) = token_stage {
-        stage.commit().map_err(|e| {
-            for (from, to) in moved.iter().rev() {
-                let _ = fsutil::move_path(to, from);
+        // Move strays (and keep the previous token) aside.
+        let aside: Vec<&Change> = plan
+            .iter()
+            .filter(|c| matches!(c, Change::MoveStray { .. } | Change::SavePrevious { .. }))
+            .collect();
+        if !aside.is_empty() {
+            let moved = (|| -> io::Result<()> {
+                if fsutil::create_dir_mode(replaced_root, REPLACED_MODE)? {
+                    undo.push(Undo::RemoveDir(replaced_root.to_path_buf()));
+                }
+                let into = fsutil::create_unique_dir(replaced_root, stamp, REPLACED_MODE)?;
+                undo.push(Undo::RemoveDir(into.clone()));
+                for c in &aside {
+                    match c {
+                        Change::MoveStray { from, .. } => {
+                            let to = into.join(from.file_name().unwrap_or_default());
+                            if fsutil::fault("stray-move-fails")
+                                && done.iter().any(|d| matches!(d, Change::MoveStray { .. }))
+                            {
+                                return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
+                            }
+                            fsutil::move_path(from, &to)?;
+                            undo.push(Undo::MoveBack(to.clone(), from.clone()));
+                            done.push(Change::MoveStray {
+                                from: from.clone(),
+                                to,
+                            });
+                        }
+                        Change::SavePrevious { from, .. } => {
+                            let to = into.join(&paths.token_file);
+                            // Registered first: a copy that fails half way is removed too.
+                            undo.push(Undo::RemoveFile(to.clone()));
+                            fs::copy(from, &to)?;
+                            fs::File::open(&to)?.sync_all()?;
+                            done.push(Change::SavePrevious {
+                                from: from.clone(),
+                                to,
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                fsutil::fsync_dir(&into)?;
+                fsutil::fsync_dir(dir)
+            })();
+            moved.map_err(|e| {
+                io_err(
+                    format!(
+                        "cannot move the other files of {} aside into {}",
+                        dir.display(),
+                        replaced_root.display()
+                    ),
+                    e,
+                    "make room in the state directory or make it writable, then run install again",
+                )
+            })?;
+        }
+        if let Some(stage) = token_stage {
+            if fsutil::fault("token-commit-fails") {
+                drop(stage);
+                return Err(write_err(
+                    "the new token",
+                    dir,
+                    io::Error::from_raw_os_error(nix::libc::EIO),
+                ));
             }
-            write_err("the new token", dir, e)
-        })?;
-        done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
+            stage
+                .commit()
+                .map_err(|e| write_err("the new token", dir, e))?;
+            done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        for step in undo.into_iter().rev() {
+            step.run();
+        }
+        drop(conf_stage.take());
+        for d in created_dirs.iter().rev() {
+            let _ = fs::remove_dir(d);
+        }
+        return Err(e);
     }
     for change in plan {
         if let Change::ChmodToken { path, to, .. } = change {
@@ -1043,20 +1137,15 @@ pub fn adopt_dropped_token(
     let target = settings.paths.token_path();
     let bytes = match fs::symlink_metadata(&target) {
         Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
-        Ok(_) => {
-            let mut bytes = Vec::new();
-            use std::io::Read;
-            fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(nix::libc::O_NOFOLLOW)
-                .open(&target)
-                .and_then(|f| {
-                    f.take(crate::token::MAX_TOKEN_BYTES as u64 + 1)
-                        .read_to_end(&mut bytes)
-                })
-                .with_context(|| format!("cannot read the token {}", target.display()))?;
-            bytes
-        }
+        Ok(_) => input::read_file(&target, crate::token::MAX_TOKEN_BYTES, Links::Refuse).map_err(
+            |e| match e {
+                ReadError::TooLarge(_) => {
+                    TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1))
+                        .into()
+                }
+                e => anyhow!("cannot read the token {}: {e}", show_path(&target)),
+            },
+        )?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(NoToken(target).into());
         }
@@ -1127,10 +1216,13 @@ pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
     };
     let outcome = install(&req, settings)?;
     for w in &outcome.warnings {
-        eprintln!("vgpu-license-agent: warning: {w}");
+        eprintln!(
+            "vgpu-license-agent: warning: {}",
+            crate::text::escape(&w.to_string())
+        );
     }
     for line in outcome.lines() {
-        println!("{line}");
+        println!("{}", crate::text::for_terminal(&line));
     }
     if let Restart::Failed(why) = &outcome.restart {
         let what = if outcome.changed() {

@@ -1,64 +1,59 @@
 //! Where `install` gets the token's bytes: a file, standard input, a base64 string or an HTTPS
 //! URL. Nothing here ever puts the token's content (or a URL's credentials) in a message.
 
-use std::io::{self, IsTerminal, Read};
+use std::io::{self, IsTerminal};
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use base64::Engine;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 use crate::cli::TokenSource;
+use crate::input::{self, Links, ReadError};
+use crate::text::show_path;
 use crate::token::{MAX_TOKEN_BYTES, TokenError};
 
-/// Reads at most `MAX_TOKEN_BYTES`; past that, counts the rest and says how large it was.
-pub fn read_capped(mut r: impl Read) -> io::Result<Result<Vec<u8>, TokenError>> {
-    let mut buf = Vec::new();
-    (&mut r)
-        .take(MAX_TOKEN_BYTES as u64 + 1)
-        .read_to_end(&mut buf)?;
-    if buf.len() > MAX_TOKEN_BYTES {
-        let rest = io::copy(&mut r, &mut io::sink())?;
-        return Ok(Err(TokenError::TooLarge(buf.len() + rest as usize)));
-    }
-    Ok(Ok(buf))
-}
+/// How long standard input may take to deliver a whole token where no config says (`token
+/// inspect -`): a pipe from a command that never writes or never closes must not hang.
+pub const STDIN_DEADLINE: Duration = Duration::from_secs(60);
 
-/// The token's bytes from a file (`-` for standard input). An input too large to be a token is
-/// a [`TokenError::TooLarge`] with its real size.
-pub fn from_file(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let bytes = if path == Path::new("-") {
-        let stdin = io::stdin();
-        if stdin.is_terminal() {
+/// The token's bytes from a file (`-` for standard input, which must end within
+/// `stdin_deadline`: a pipe that never closes must not hang cloud-init). Only a regular file
+/// is read (a symlink to one is followed: a Kubernetes Secret volume is made of them), never
+/// more than `MAX_TOKEN_BYTES` of it.
+pub fn from_file(path: &Path, stdin_deadline: Duration) -> anyhow::Result<Vec<u8>> {
+    let read = if path == Path::new("-") {
+        if io::stdin().is_terminal() {
             bail!(
                 "--token-file -: standard input is a terminal; pipe the token in (install --token-file - < client_configuration_token.tok) or give its path"
             );
         }
-        read_capped(stdin.lock()).context("cannot read the token from standard input")?
+        input::read_stdin(MAX_TOKEN_BYTES, stdin_deadline)
     } else {
-        let meta = std::fs::metadata(path).map_err(|e| {
-            anyhow!(
-                "cannot read the token file {}: {e}; give the path of the .tok file downloaded from the DLS",
-                path.display()
-            )
-        })?;
-        if meta.is_dir() {
-            bail!(
-                "cannot read the token file {}: it is a directory; give the path of the .tok file downloaded from the DLS",
-                path.display()
-            );
-        }
-        let file = std::fs::File::open(path).map_err(|e| {
-            anyhow!(
-                "cannot read the token file {}: {e}; check its permissions, or pipe it in with --token-file -",
-                path.display()
-            )
-        })?;
-        read_capped(file)
-            .map_err(|e| anyhow!("cannot read the token file {}: {e}", path.display()))?
+        input::read_file(path, MAX_TOKEN_BYTES, Links::Follow)
     };
-    Ok(bytes?)
+    let shown = if path == Path::new("-") {
+        "standard input".to_string()
+    } else {
+        format!("the token file {}", show_path(path))
+    };
+    match read {
+        Ok(bytes) => Ok(bytes),
+        Err(ReadError::TooLarge(_)) => Err(anyhow!(
+            "{shown}: {}",
+            TokenError::TooLarge(MAX_TOKEN_BYTES + 1)
+        )),
+        Err(e @ ReadError::NotRegular(_)) => Err(anyhow!(
+            "cannot read {shown}: {e}; give the path of the .tok file downloaded from the DLS"
+        )),
+        Err(e) if e.is_not_found() => Err(anyhow!(
+            "cannot read {shown}: {e}; give the path of the .tok file downloaded from the DLS"
+        )),
+        Err(e) => Err(anyhow!(
+            "cannot read {shown}: {e}; check its permissions, or pipe it in with --token-file -"
+        )),
+    }
 }
 
 const B64_STD: GeneralPurpose = GeneralPurpose::new(
@@ -103,7 +98,8 @@ pub fn read(
     retries: u32,
 ) -> anyhow::Result<Vec<u8>> {
     if let Some(path) = &source.token_file {
-        from_file(path)
+        // The same time limit as a download's attempt: the config's commands.timeout_seconds.
+        from_file(path, timeout)
     } else if let Some(text) = &source.token_base64 {
         from_base64(text)
     } else if let Some(url) = &source.token_url {
@@ -132,13 +128,5 @@ mod tests {
             "{e}"
         );
         assert!(from_base64(" \n").is_err());
-    }
-
-    #[test]
-    fn oversized_input_keeps_its_size() {
-        let r = read_capped(io::repeat(b'a').take(10 << 20)).unwrap();
-        assert_eq!(r, Err(TokenError::TooLarge(10 << 20)));
-        let r = read_capped(&b"small"[..]).unwrap();
-        assert_eq!(r, Ok(b"small".to_vec()));
     }
 }

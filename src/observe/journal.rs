@@ -1,12 +1,13 @@
 //! nvidia-gridd's log into events.
 //!
-//! Accepted, line by line and mixed freely: `journalctl -o json` (only entries whose `_COMM`
-//! or `SYSLOG_IDENTIFIER` is `nvidia-gridd`), journalctl/syslog text (`host nvidia-gridd[PID]:
-//! msg`, `nvidia-gridd: msg`, with or without a timestamp; short, short-precise, short-iso and
-//! short-full styles), a pasted `systemctl status nvidia-gridd` (its `Active: ... since` header
-//! gives the year and zone), the Windows container's `ctime:<N>:msg` style and bare gridd
-//! messages one per line. Lines of other programs are ignored even when their text looks like
-//! gridd's.
+//! Accepted, line by line and mixed freely: `journalctl -o json` (only entries that journald's
+//! own fields show nvidia-gridd sent: see [`Trust`]), journalctl/syslog text (`host
+//! nvidia-gridd[PID]: msg`, `nvidia-gridd: msg`, with or without a timestamp; short,
+//! short-precise, short-iso and short-full styles), a pasted `systemctl status nvidia-gridd`
+//! (its `Active: ... since` header gives the year and zone), the Windows container's
+//! `ctime:<N>:msg` style and bare gridd messages one per line. Lines of other programs are
+//! ignored even when their text looks like gridd's. Text, which cannot say who logged it, is
+//! read only from saved logs, never from the agent's own journal stream.
 //!
 //! The input is streamed in large chunks: a `journalctl -o json` export is searched for
 //! `nvidia-gridd` and only the lines holding it are parsed, so memory stays flat and the speed
@@ -24,6 +25,8 @@ use crate::report::{EventKind, Reason};
 use crate::time::rfc3339;
 
 const IDENT: &str = "nvidia-gridd";
+/// gridd's unit, as journald records it in `_SYSTEMD_UNIT`.
+const UNIT: &str = "nvidia-gridd.service";
 /// Lines longer than this are skipped (no gridd line is anywhere near it).
 pub const MAX_LINE: usize = 8 << 20;
 const CHUNK: usize = 1 << 20;
@@ -567,10 +570,57 @@ fn str_field<'v>(entry: &'v Value, key: &str) -> Option<&'v str> {
     entry.get(key)?.as_str()
 }
 
-/// The line parser: feed it lines, it emits events. Keeps only O(1) state. [`scan`] drives it
-/// over a whole input; the service feeds it the lines of `journalctl --follow`.
+/// Whose word a journal entry is taken on for having come from nvidia-gridd.
+///
+/// `SYSLOG_IDENTIFIER` is whatever the sender wrote: any local user can run `logger -t
+/// nvidia-gridd "... Clock windback has been detected"`, and a forged failure would steer the
+/// agent (clock skew, for one, stops its restarts). The fields starting with `_` are journald's
+/// own, taken from the sending socket's credentials and the sender's `/proc` entry; journald
+/// drops any a client sends. Only they can tell gridd's lines from such forgeries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trust {
+    /// The agent's own `journalctl -o json` of this machine: an entry counts only when journald
+    /// vouches that root sent it (`_UID=0`) and that the sender was gridd (`_COMM`, `_EXE` or
+    /// `_SYSTEMD_UNIT`). When journald could not read the sender's process (it had already
+    /// exited: gridd's last lines can be such), root's word in `SYSLOG_IDENTIFIER` is taken.
+    Journal,
+    /// A saved log the operator hands to `analyze`: the same checks for the fields it has, and
+    /// `SYSLOG_IDENTIFIER` alone for entries without any (hand-made or trimmed exports); the
+    /// file is the operator's own, and its text lines cannot be checked at all.
+    Export,
+}
+
+/// Whether journald's fields of `entry` show that nvidia-gridd logged it, under `trust`.
+fn from_gridd(entry: &Value, trust: Trust) -> bool {
+    match entry.get("_UID") {
+        Some(uid) if uid.as_str() != Some("0") => return false,
+        None if trust == Trust::Journal => return false,
+        _ => {}
+    }
+    let is = |key: &str, want: &dyn Fn(&str) -> bool| {
+        entry.get(key).map(|v| v.as_str().is_some_and(want))
+    };
+    let process = [
+        is("_COMM", &|c| c == IDENT),
+        is("_EXE", &|e| {
+            e.strip_suffix(IDENT).is_some_and(|d| d.ends_with('/'))
+        }),
+        is("_SYSTEMD_UNIT", &|u| u == UNIT),
+    ];
+    if process.iter().any(Option::is_some) {
+        // What journald knows of the sender decides; a name it chose for itself does not.
+        process.contains(&Some(true))
+    } else {
+        str_field(entry, "SYSLOG_IDENTIFIER") == Some(IDENT)
+    }
+}
+
+/// The line parser: feed it lines, it emits events. Keeps only O(1) state. [`scan`] and
+/// [`scan_journal`] drive it over a whole input; the service feeds it the lines of its
+/// `journalctl --output=json --follow`.
 pub struct LineParser<F: FnMut(GriddEvent)> {
     sink: F,
+    trust: Trust,
     stats: ScanStats,
     /// Recent specific failures: (pid, time, reason, line number).
     recent: VecDeque<(Option<u32>, Option<i64>, Reason, u64)>,
@@ -578,16 +628,24 @@ pub struct LineParser<F: FnMut(GriddEvent)> {
 }
 
 impl<F: FnMut(GriddEvent)> LineParser<F> {
+    /// A parser of the agent's own `journalctl --output=json`: only entries journald vouches
+    /// for count ([`Trust::Journal`]), and lines that are not journal JSON are ignored.
     pub fn new(sink: F) -> Self {
+        Self::with_trust(sink, Trust::Journal)
+    }
+
+    pub fn with_trust(sink: F, trust: Trust) -> Self {
         LineParser {
             sink,
+            trust,
             stats: ScanStats::default(),
             recent: VecDeque::new(),
             line_no: 0,
         }
     }
 
-    /// Parses one line (without its newline): journal JSON when it starts with `{`, else text.
+    /// Parses one line (without its newline): journal JSON when it starts with `{`, else text
+    /// (text only under [`Trust::Export`]).
     pub fn feed(&mut self, line: &[u8]) {
         self.line(line, true);
     }
@@ -658,8 +716,7 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
         let Ok(entry) = serde_json::from_slice::<Value>(line) else {
             return false;
         };
-        let is_gridd = str_field(&entry, "_COMM") == Some(IDENT)
-            || str_field(&entry, "SYSLOG_IDENTIFIER") == Some(IDENT);
+        let is_gridd = from_gridd(&entry, self.trust);
         let stamp = str_field(&entry, "__REALTIME_TIMESTAMP")
             .and_then(|us| us.parse::<i64>().ok())
             .and_then(DateTime::from_timestamp_micros)
@@ -731,13 +788,31 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
         if json && first.is_some_and(|i| line[i] == b'{') && self.json_line(line) {
             return;
         }
-        self.text_line(line);
+        // Text says nothing journald vouches for: `journalctl --output=json` prints none, so
+        // such a line in the agent's own journal stream is not gridd's.
+        if self.trust == Trust::Export {
+            self.text_line(line);
+        }
     }
 }
 
-/// Reads a gridd log from `reader`, calling `sink` for every event, oldest first.
-pub fn scan<R: Read, F: FnMut(GriddEvent)>(mut reader: R, sink: F) -> io::Result<ScanStats> {
-    let mut sc = LineParser::new(sink);
+/// Reads a saved gridd log from `reader` ([`Trust::Export`]), calling `sink` for every event,
+/// oldest first.
+pub fn scan<R: Read, F: FnMut(GriddEvent)>(reader: R, sink: F) -> io::Result<ScanStats> {
+    scan_with(reader, Trust::Export, sink)
+}
+
+/// Reads the agent's own `journalctl --output=json` ([`Trust::Journal`]) from `reader`.
+pub fn scan_journal<R: Read, F: FnMut(GriddEvent)>(reader: R, sink: F) -> io::Result<ScanStats> {
+    scan_with(reader, Trust::Journal, sink)
+}
+
+fn scan_with<R: Read, F: FnMut(GriddEvent)>(
+    mut reader: R,
+    trust: Trust,
+    sink: F,
+) -> io::Result<ScanStats> {
+    let mut sc = LineParser::with_trust(sink, trust);
     let finder = memmem::Finder::new(IDENT.as_bytes());
     let mut buf = vec![0u8; CHUNK];
     let (mut start, mut end) = (0usize, 0usize);
@@ -959,6 +1034,113 @@ mod tests {
             st.last_stamp.unwrap().at().as_deref(),
             Some("2024-09-15T17:16:39Z")
         );
+    }
+
+    #[test]
+    fn only_entries_journald_vouches_for_are_gridds() {
+        const WINDBACK: &str = "Failed to acquire license from dls.example (Info: NVIDIA RTX Virtual Workstation - Error: Clock windback has been detected)";
+        let count = |trust: Trust, line: &str| {
+            let mut n = 0;
+            let mut p = LineParser::with_trust(|_| n += 1, trust);
+            p.feed(line.as_bytes());
+            n
+        };
+        let entry = |fields: &str| {
+            format!(
+                r#"{{"__REALTIME_TIMESTAMP":"1726420589000000",{fields}"MESSAGE":"{WINDBACK}"}}"#
+            )
+        };
+        // (fields, counts from the agent's own journalctl, counts in a saved export)
+        let cases = [
+            // `logger -t nvidia-gridd` by a user: the name is the sender's, the rest journald's.
+            (
+                r#""_UID":"1000","_COMM":"logger","SYSLOG_IDENTIFIER":"nvidia-gridd","#,
+                false,
+                false,
+            ),
+            // A user's copy of a program named nvidia-gridd.
+            (
+                r#""_UID":"65534","_COMM":"nvidia-gridd","_EXE":"/tmp/x/nvidia-gridd","SYSLOG_IDENTIFIER":"nvidia-gridd","#,
+                false,
+                false,
+            ),
+            (r#""_UID":0,"_COMM":"nvidia-gridd","#, false, false),
+            // root's logger is not gridd either.
+            (
+                r#""_UID":"0","_COMM":"logger","SYSLOG_IDENTIFIER":"nvidia-gridd","#,
+                false,
+                false,
+            ),
+            (
+                r#""_UID":"0","_GID":"0","_COMM":"nvidia-gridd","_PID":"3239","SYSLOG_IDENTIFIER":"nvidia-gridd","#,
+                true,
+                true,
+            ),
+            (
+                r#""_UID":"0","_COMM":"gridd-helper","_SYSTEMD_UNIT":"nvidia-gridd.service","#,
+                true,
+                true,
+            ),
+            (
+                r#""_UID":"0","_COMM":"renamed","_EXE":"/usr/bin/nvidia-gridd","#,
+                true,
+                true,
+            ),
+            (
+                r#""_UID":"0","_SYSTEMD_UNIT":"cron.service","SYSLOG_IDENTIFIER":"nvidia-gridd","#,
+                false,
+                false,
+            ),
+            // Sent by root from a process already gone when journald looked at it.
+            (
+                r#""_UID":"0","SYSLOG_IDENTIFIER":"nvidia-gridd","#,
+                true,
+                true,
+            ),
+            // No sender known at all: a hand-made or trimmed export only.
+            (r#""SYSLOG_IDENTIFIER":"nvidia-gridd","#, false, true),
+            (r#""_COMM":"nvidia-gridd","#, false, true),
+            (
+                r#""_COMM":"bash","SYSLOG_IDENTIFIER":"nvidia-gridd","#,
+                false,
+                false,
+            ),
+        ];
+        for (fields, journal, export) in cases {
+            let line = entry(fields);
+            assert_eq!(count(Trust::Journal, &line), usize::from(journal), "{line}");
+            assert_eq!(count(Trust::Export, &line), usize::from(export), "{line}");
+        }
+        // journalctl's JSON never holds text lines: in the agent's stream they are nobody's.
+        let text = format!("Sep 16 01:16:29 h nvidia-gridd[1]: {WINDBACK}");
+        assert_eq!(count(Trust::Journal, &text), 0);
+        assert_eq!(count(Trust::Export, &text), 1);
+        assert_eq!(count(Trust::Journal, &format!("{{not json {WINDBACK}")), 0);
+
+        // The same through whole scans; a forged windback between gridd's own lines is dropped.
+        let log = [
+            r#"{"__REALTIME_TIMESTAMP":"1726420589000000","_UID":"0","_COMM":"nvidia-gridd","_PID":"3239","SYSLOG_IDENTIFIER":"nvidia-gridd","MESSAGE":"NLS initialized"}"#.to_string(),
+            entry(r#""_UID":"1000","_COMM":"logger","_PID":"4000","SYSLOG_IDENTIFIER":"nvidia-gridd","#),
+            r#"{"__REALTIME_TIMESTAMP":"1726420599000000","_UID":"0","_COMM":"nvidia-gridd","_PID":"3239","MESSAGE":"Acquiring license. (Info: d; e)"}"#.to_string(),
+        ]
+        .join("\n");
+        for kinds in [
+            {
+                let mut v = Vec::new();
+                scan_journal(log.as_bytes(), |e| v.push(e.what.kind)).unwrap();
+                v
+            },
+            events(&log).0.into_iter().map(|e| e.what.kind).collect(),
+        ] {
+            assert_eq!(kinds, [EventKind::Initialized, EventKind::Acquiring]);
+        }
+        let mut n = 0;
+        let st = scan_journal(
+            format!("{text}\nSep 16 01:16:30 h nvidia-gridd[1]: NLS initialized\n").as_bytes(),
+            |_| n += 1,
+        )
+        .unwrap();
+        assert_eq!((n, st.gridd_lines), (0, 0));
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub struct SmiSnapshot {
     pub whole: bool,
     /// nvidia-smi's own complaint when there is no driver or no device.
     pub driver_error: Option<String>,
+    /// nvidia-smi did not answer within its time limit (the one-line reason): what the GPU
+    /// shows is unknown, which is not the same as no driver.
+    pub unanswered: Option<String>,
 }
 
 /// A `License Status` value, classified.
@@ -220,10 +223,39 @@ fn parse_smi_timestamp(s: &str) -> Option<chrono::NaiveDateTime> {
     chrono::NaiveDateTime::parse_from_str(&s, "%a %b %d %H:%M:%S %Y").ok()
 }
 
+/// Whether an XML text has a DOCTYPE with an internal subset (`[...]`) or declares an entity.
+fn declares_entities(text: &str) -> bool {
+    if memchr::memmem::find(text.as_bytes(), b"<!ENTITY").is_some() {
+        return true;
+    }
+    match text.find("<!DOCTYPE") {
+        Some(i) => {
+            let decl = &text[i..];
+            match (decl.find('['), decl.find('>')) {
+                (Some(open), Some(end)) => open < end,
+                (Some(_), None) => true,
+                _ => false,
+            }
+        }
+        None => false,
+    }
+}
+
 /// Parses `nvidia-smi -q -x`.
 pub fn parse_xml(text: &str) -> Result<SmiSnapshot, String> {
+    // nvidia-smi's XML names an external DTD (`<!DOCTYPE nvidia_smi_log SYSTEM "...">`),
+    // which is never loaded, and declares no entities. A document that declares some is not
+    // nvidia-smi's, and expanding them ("billion laughs") could take gigabytes: refused
+    // before parsing.
+    if declares_entities(text) {
+        return Err(
+            "XML with a DTD internal subset or entity declarations: nvidia-smi -q -x never writes one; give the unedited output of `nvidia-smi -q -x`".into(),
+        );
+    }
     let opts = roxmltree::ParsingOptions {
         allow_dtd: true,
+        // nvidia-smi -q -x of eight GPUs is about 5000 nodes.
+        nodes_limit: 1_000_000,
         ..Default::default()
     };
     let doc = roxmltree::Document::parse_with_options(text, opts)

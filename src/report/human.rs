@@ -6,6 +6,7 @@ use std::fmt::Write;
 use chrono::{DateTime, Local};
 
 use super::{Report, State};
+use crate::text::escape;
 
 fn describe(state: State) -> &'static str {
     match state {
@@ -40,10 +41,10 @@ pub fn render(r: &Report) -> String {
     let _ = writeln!(o, "State:    {}", describe(r.state));
     if let Some(l) = &r.license {
         if let Some(ed) = &l.edition {
-            let _ = writeln!(o, "Edition:  {ed}");
+            let _ = writeln!(o, "Edition:  {}", escape(ed));
         }
         if let Some(st) = &l.status {
-            let _ = writeln!(o, "Status:   {st}");
+            let _ = writeln!(o, "Status:   {}", escape(st));
         }
         if let Some(exp) = &l.expiry {
             let _ = writeln!(o, "Expires:  {}", both_times(exp));
@@ -53,15 +54,15 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(
             o,
             "GPU:      {} {} ({})",
-            g.bus_id.as_deref().unwrap_or("-"),
-            g.profile.as_deref().unwrap_or("unknown profile"),
-            g.virtualization_mode.as_deref().unwrap_or("mode not shown"),
+            escape(g.bus_id.as_deref().unwrap_or("-")),
+            escape(g.profile.as_deref().unwrap_or("unknown profile")),
+            escape(g.virtualization_mode.as_deref().unwrap_or("mode not shown")),
         );
     }
     if let Some(dls) = &r.dls {
         let nodes: Vec<String> = dls
             .iter()
-            .map(|d| format!("{}:{}", d.host, d.port))
+            .map(|d| format!("{}:{}", escape(&d.host), d.port))
             .collect();
         let _ = writeln!(o, "DLS:      {}", nodes.join(", "));
     }
@@ -69,7 +70,7 @@ pub fn render(r: &Report) -> String {
         let _ = writeln!(
             o,
             "Server:   {} (from gridd's last {} line)",
-            last.server.as_deref().unwrap_or_default(),
+            escape(last.server.as_deref().unwrap_or_default()),
             serde_json::to_value(last.kind)
                 .ok()
                 .and_then(|v| v.as_str().map(String::from))
@@ -81,11 +82,16 @@ pub fn render(r: &Report) -> String {
             f.at.as_deref()
                 .map(|a| format!(" at {a}"))
                 .unwrap_or_default();
-        let _ = writeln!(o, "Failure:  {}{at}: {}", f.reason.as_str(), f.message);
-        let _ = writeln!(o, "Fix:      {}", f.advice);
+        let _ = writeln!(
+            o,
+            "Failure:  {}{at}: {}",
+            f.reason.as_str(),
+            escape(&f.message)
+        );
+        let _ = writeln!(o, "Fix:      {}", escape(&f.advice));
     }
     for n in &r.notes {
-        let _ = writeln!(o, "Note:     {n}");
+        let _ = writeln!(o, "Note:     {}", escape(n));
     }
     if !r.events.is_empty() {
         let _ = writeln!(
@@ -103,7 +109,7 @@ pub fn render(r: &Report) -> String {
                 o,
                 "  {}  {}",
                 e.at.as_deref().unwrap_or("(no time)"),
-                e.message
+                escape(&e.message)
             );
         }
     }
