@@ -8,8 +8,12 @@
 # boot the tree with systemd-nspawn -b and check from inside with the guest's own systemctl
 # and journalctl (nsenter into the guest's pid 1). Runs as root on a throwaway machine.
 #
-# Exit: 0 passed, 1 failed, 77 skipped (nspawn or debootstrap cannot run here; said loudly,
-# never counted as passed). BOOT_TEST_KEEP=1 keeps the guest tree and its console log.
+# Exit: 0 passed, 1 failed, 77 skipped. A skip, said loudly and never counted as passed, is
+# only for a machine that cannot run the test or a part of it: not root, a tool missing, no
+# mirror, a guest whose systemd never starts, no cargo to build the simulator. Once the
+# guest's systemd answers, every problem is a failure: a boot that never finishes (a unit
+# that hangs it) included. With VGPU_TESTS_NO_SKIP=1 (CI) a skip is a failure too.
+# BOOT_TEST_KEEP=1 keeps the guest tree and its console log.
 set -uo pipefail
 
 NAME=vgpu-license-agent
@@ -21,8 +25,14 @@ BOOT_TIMEOUT=120
 FAILED=()
 SKIPPED=()
 
+NO_SKIP=${VGPU_TESTS_NO_SKIP:-0}
+
 banner() { printf '\n======== %s ========\n' "$*"; }
 skip_all() {
+	if [ "$NO_SKIP" = 1 ]; then
+		echo "FAILED: boot test: cannot run here: $* (VGPU_TESTS_NO_SKIP=1: a skip is a failure)" >&2
+		exit 1
+	fi
 	echo "!!!!!!!! SKIPPED: boot test: $* !!!!!!!!" >&2
 	exit 77
 }
@@ -31,6 +41,10 @@ fail() {
 	FAILED+=("$*")
 }
 skip() {
+	if [ "$NO_SKIP" = 1 ]; then
+		fail "cannot run here: $* (VGPU_TESTS_NO_SKIP=1: a skip is a failure)"
+		return
+	fi
 	echo "!!!!!!!! SKIPPED: $* !!!!!!!!" >&2
 	SKIPPED+=("$*")
 }
@@ -39,6 +53,20 @@ check() {
 	shift
 	banner "$name"
 	if "$@"; then echo "ok: $name"; else fail "$name"; fi
+}
+# summary: says what failed and what was skipped; returns the exit status of the test.
+summary() {
+	banner "summary"
+	for s in "${SKIPPED[@]}"; do echo "SKIPPED: $s"; done
+	if [ ${#FAILED[@]} -gt 0 ]; then
+		for f in "${FAILED[@]}"; do echo "FAILED: $f"; done
+		return 1
+	fi
+	[ ${#SKIPPED[@]} -eq 0 ] || {
+		echo "boot test: parts skipped (see above): not a full pass"
+		return 77
+	}
+	echo "boot test passed"
 }
 
 DEB=${1:-$TARGET_DIR/debian/${NAME}_$(dpkg-parsechangelog -l "$ROOT/deb/changelog" -S Version)_$(dpkg --print-architecture).deb}
@@ -123,16 +151,30 @@ fi
 echo "guest pid 1 is $LEADER"
 # That process is nspawn's own code until it executes the guest's systemd, and before that its
 # mounts are not the guest's yet: a systemctl entered too early answers "offline". Ask again
-# until systemd runs there and answers with a state of its boot.
+# until systemd runs there and answers with a state of its boot; from then on the guest's
+# systemd is up, and the boot must finish.
+# boot_state [--wait]: the guest systemd's state ("offline" or nothing while it does not answer).
+boot_state() {
+	local left=$((DEADLINE - SECONDS))
+	# Never 0: that would be no time limit at all.
+	[ "$left" -gt 0 ] || left=1
+	timeout "$left" nsenter -t "$LEADER" -a systemctl is-system-running "$@" 2>/dev/null
+}
 DEADLINE=$((SECONDS + BOOT_TIMEOUT))
 STATE=
+SYSTEMD_UP=
 while [ "$SECONDS" -lt "$DEADLINE" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; do
 	if [ "$(cat "/proc/$LEADER/comm" 2>/dev/null)" = systemd ]; then
-		STATE=$(timeout "$((DEADLINE - SECONDS + 1))" nsenter -t "$LEADER" -a \
-			systemctl is-system-running --wait 2>&1)
+		STATE=$(boot_state)
 		case "$STATE" in
 		offline | "") ;;
-		*) break ;;
+		*)
+			SYSTEMD_UP=1
+			# Nothing when the wait ran out: the state the boot hangs in.
+			STATE=$(boot_state --wait)
+			[ -n "$STATE" ] || STATE=$(timeout 10 nsenter -t "$LEADER" -a systemctl is-system-running 2>/dev/null)
+			break
+			;;
 		esac
 	fi
 	sleep 0.5
@@ -142,9 +184,21 @@ case "$STATE" in
 running | degraded) ;;
 *)
 	tail -30 "$WORK/console.log" >&2
-	skip_all "the guest's systemd did not answer is-system-running (got: ${STATE:-nothing})"
+	[ -n "$SYSTEMD_UP" ] ||
+		skip_all "the guest's systemd never answered is-system-running (got: ${STATE:-nothing}): this machine cannot boot a systemd guest"
+	echo "--- jobs the guest's boot still waits for:" >&2
+	timeout 10 nsenter -t "$LEADER" -a systemctl list-jobs --no-pager >&2
+	echo "--- failed units:" >&2
+	timeout 10 nsenter -t "$LEADER" -a systemctl --failed --no-pager >&2
+	fail "the guest's systemd is up but did not reach running or degraded in ${BOOT_TIMEOUT}s (is-system-running: ${STATE:-nothing})"
+	summary
+	exit
 	;;
 esac
+if [ "$STATE" = degraded ]; then
+	echo "--- failed units (degraded):"
+	guest systemctl --failed --no-pager
+fi
 
 check_unit_loaded() {
 	guest systemctl is-enabled "$NAME.service" &&
@@ -355,18 +409,26 @@ check_explained_failure() {
 }
 
 agent_checks() {
-	local b
+	local b built=
 	# Built (or brought up to date) here: `cargo test --all-targets` builds examples only as
-	# test harnesses.
+	# test harnesses. A build that fails is a failure; only a machine without cargo (and
+	# without SIM_EXAMPLES_PREBUILT) cannot run these checks.
 	if [ -z "${SIM_EXAMPLES_PREBUILT:-}" ] && command -v cargo >/dev/null; then
 		banner "building the simulator (cargo build --examples)"
-		(cd "$ROOT" && cargo build --examples) || true
+		(cd "$ROOT" && cargo build --examples) || {
+			fail "agent checks in the guest: cargo build --examples failed"
+			return
+		}
+		built=1
 	fi
 	for b in sim-nvidia-gridd sim-nvidia-smi sim-dls; do
-		if [ ! -x "$SIM_EXAMPLES/$b" ]; then
-			skip "agent checks in the guest: the simulator is not built ($SIM_EXAMPLES/$b; cargo build --examples)"
-			return
+		[ -x "$SIM_EXAMPLES/$b" ] && continue
+		if [ -n "$built" ] || [ -n "${SIM_EXAMPLES_PREBUILT:-}" ]; then
+			fail "agent checks in the guest: the simulator's $b is not at $SIM_EXAMPLES/$b"
+		else
+			skip "agent checks in the guest: the simulator is not built ($SIM_EXAMPLES/$b) and there is no cargo to build it"
 		fi
+		return
 	done
 	local failed_before=${#FAILED[@]}
 	check "the simulator (nvidia-gridd unit, nvidia-smi, a DLS) runs in the guest" install_sim
@@ -422,14 +484,4 @@ check_purge() {
 }
 check "apt-get purge in the running guest leaves nothing behind" check_purge
 
-banner "summary"
-for s in "${SKIPPED[@]}"; do echo "SKIPPED: $s"; done
-if [ ${#FAILED[@]} -gt 0 ]; then
-	for f in "${FAILED[@]}"; do echo "FAILED: $f"; done
-	exit 1
-fi
-[ ${#SKIPPED[@]} -eq 0 ] || {
-	echo "boot test: parts skipped (see above): not a full pass"
-	exit 77
-}
-echo "boot test passed"
+summary

@@ -75,6 +75,10 @@ pub fn stage(
         .to_string_lossy()
         .into_owned();
     let dir = dir_of(target);
+    // A read-only file system refuses the temporary file itself: nothing is created.
+    if fault("erofs") {
+        return Err(io::Error::from_raw_os_error(nix::libc::EROFS));
+    }
     let mut attempt = 0;
     let (temp, mut file) = loop {
         let temp = dir.join(format!("{}{}", temp_prefix(&name), unique()));

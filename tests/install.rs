@@ -5,7 +5,9 @@ mod common;
 use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpListener;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Mount, Root, mode, token, valid_token};
@@ -21,6 +23,69 @@ fn installed_root() -> (Root, Vec<u8>) {
     root.install_ok(&old, &[]);
     assert_eq!(root.restarts(), 1);
     (root, old)
+}
+
+/// A part of a test that this machine cannot run, and why. With `VGPU_TESTS_NO_SKIP=1` (CI
+/// sets it) the test fails: a skip must never read as a pass there. Without it the skip is
+/// said on stderr, written past the test harness (which hides a passing test's output), and
+/// appended to the file `VGPU_TESTS_SKIP_LOG` names, for tests/all.sh's summary.
+fn skipped(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("install");
+    if std::env::var_os("VGPU_TESTS_NO_SKIP").is_some_and(|v| v == "1") {
+        panic!("{test}: cannot run here: {why} (VGPU_TESTS_NO_SKIP=1: a skip is a failure)");
+    }
+    let line = format!("!!!!!!!! SKIPPED: {test}: {why} !!!!!!!!\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(log) = std::env::var_os("VGPU_TESTS_SKIP_LOG")
+        && let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+/// `cmd` as a user without root's privileges, for what root would not see: permission bits.
+/// Not root: `cmd` itself. Root: `cmd` under `setpriv` as nobody (uid and gid 65534, no
+/// supplementary groups), with the whole fake root given to nobody so that the config, the
+/// token to install and the state directory stay within its reach; permission bits set on
+/// the tree are kept. `Err(why)` where setpriv cannot run.
+fn as_other_user(root: &Root, cmd: Command) -> Result<Command, String> {
+    if !is_root() {
+        return Ok(cmd);
+    }
+    let setpriv = ["--reuid=65534", "--regid=65534", "--clear-groups"];
+    match Command::new("setpriv").args(setpriv).arg("true").status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => return Err(format!("setpriv {} true: {s}", setpriv.join(" "))),
+        Err(e) => return Err(format!("setpriv (util-linux) cannot run: {e}")),
+    }
+    let chown = Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(root.dir.path())
+        .status()
+        .unwrap();
+    assert!(
+        chown.success(),
+        "chown -R 65534:65534 {:?}",
+        root.dir.path()
+    );
+    let mut c = Command::new("setpriv");
+    c.args(setpriv)
+        .arg("--")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdin(Stdio::null());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    Ok(c)
 }
 
 fn assert_unchanged(root: &Root, before: &(Option<Vec<u8>>, Option<Vec<u8>>), case: &str) {
@@ -98,7 +163,7 @@ fn the_bad_input_matrix_changes_nothing() {
             "looks truncated",
         ),
         ("cut in half", good[..good.len() / 2].to_vec(), "token"),
-        ("10 MB", big.clone(), "10485760 bytes is far more"),
+        ("10 MB", big.clone(), "larger than 64 KiB, far more"),
         (
             "invalid UTF-8",
             vec![0xff, 0xfe, 0x00, 0x41],
@@ -136,22 +201,37 @@ fn the_bad_input_matrix_changes_nothing() {
         assert!(r.error_line().contains(want), "stdin {case}: {}", r.stderr);
         assert_unchanged(&root, &before, case);
     }
-    // An unreadable file: a directory, a missing file, and (not as root) a file without read
-    // permission.
+    // An unreadable file: a directory, a missing file, and a file without read permission
+    // (for a user other than root, which reads it anyway).
     let d = root.path("in/a-dir");
     fs::create_dir_all(&d).unwrap();
     let r = root.run(&["install", "--token-file", d.to_str().unwrap()]);
     assert_eq!(r.code, Some(1));
-    assert!(r.error_line().contains("it is a directory"), "{}", r.stderr);
+    assert!(
+        r.error_line()
+            .contains("not a regular file but a directory"),
+        "{}",
+        r.stderr
+    );
     let r = root.run(&["install", "--token-file", "/nonexistent/dir/x.tok"]);
     assert_eq!(r.code, Some(1));
     assert!(r.error_line().contains("No such file"), "{}", r.stderr);
-    if !nix::unistd::Uid::effective().is_root() {
-        let f = root.file("in/noread.tok", &good);
-        fs::set_permissions(&f, fs::Permissions::from_mode(0o000)).unwrap();
-        let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
-        assert_eq!(r.code, Some(1));
-        assert!(r.error_line().contains("Permission denied"), "{}", r.stderr);
+    let f = root.file("in/noread.tok", &good);
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o000)).unwrap();
+    match as_other_user(
+        &root,
+        root.cmd(&["install", "--token-file", f.to_str().unwrap()]),
+    ) {
+        Ok(mut cmd) => {
+            let r = root.finish(cmd.output().unwrap());
+            assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+            let line = r.error_line();
+            assert!(
+                line.contains("cannot read the token file") && line.contains("Permission denied"),
+                "{line}"
+            );
+        }
+        Err(why) => skipped(&format!("a token file without read permission: {why}")),
     }
     assert_unchanged(&root, &before, "unreadable");
     // Bad base64, the token's text given as base64, a bad FeatureType.
@@ -243,41 +323,74 @@ fn a_symlink_at_the_target_is_never_written_through() {
 
 #[test]
 fn a_read_only_token_directory_changes_nothing() {
-    let (root, old) = installed_root();
-    let before = root.snapshot();
-    // A read-only mount where allowed (root); else a directory without write permission
-    // (which root would ignore, so that path runs only for other users).
-    let mount = Mount::tmpfs(&root.token_dir(), "size=1m,mode=0755");
-    match &mount {
-        Some(m) => {
-            eprintln!("read-only test: read-only tmpfs");
-            fs::write(root.token_path(), &old).unwrap();
-            fs::set_permissions(root.token_path(), fs::Permissions::from_mode(0o744)).unwrap();
-            assert!(m.remount("ro"));
-        }
-        None if !nix::unistd::Uid::effective().is_root() => {
-            eprintln!("read-only test: directory mode 0555");
-            fs::set_permissions(root.token_dir(), fs::Permissions::from_mode(0o555)).unwrap();
-        }
-        None => {
-            eprintln!("read-only test: skipped (root without mount)");
-            return;
+    // Both ways a token directory is not writable: a read-only file system (EROFS), and a
+    // directory without write permission for the user running install (EACCES).
+    let new = valid_token("new");
+    {
+        // A read-only tmpfs where mounting is allowed; else an injected EROFS (debug builds).
+        let (root, old) = installed_root();
+        let before = root.snapshot();
+        let mount = Mount::tmpfs(&root.token_dir(), "size=1m,mode=0755");
+        let f = root.file("in/new.tok", &new);
+        let mut cmd = root.cmd(&["install", "--token-file", f.to_str().unwrap()]);
+        let how = match &mount {
+            Some(m) => {
+                fs::write(root.token_path(), &old).unwrap();
+                fs::set_permissions(root.token_path(), fs::Permissions::from_mode(0o744)).unwrap();
+                assert!(m.remount("ro"));
+                Some("read-only tmpfs")
+            }
+            None if cfg!(debug_assertions) => {
+                cmd.env("VGPU_LICENSE_AGENT_FAULT", "erofs");
+                Some("injected EROFS (VGPU_LICENSE_AGENT_FAULT=erofs)")
+            }
+            None => {
+                skipped(
+                    "a read-only token directory: no tmpfs can be mounted here (needs root with CAP_SYS_ADMIN), and a release build has no injected EROFS (VGPU_LICENSE_AGENT_FAULT is read by debug builds only)",
+                );
+                None
+            }
+        };
+        if let Some(how) = how {
+            let r = root.finish(cmd.output().unwrap());
+            assert_eq!(r.code, Some(1), "{how}: {}{}", r.stdout, r.stderr);
+            let line = r.error_line();
+            assert!(
+                line.contains("Read-only file system")
+                    && line.contains("remount it read-write")
+                    && line.contains("nothing was changed"),
+                "{how}: {line}"
+            );
+            assert_unchanged(&root, &before, how);
         }
     }
-    let f = root.file("in/new.tok", &valid_token("new"));
-    let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
+    let (root, _) = installed_root();
+    let before = root.snapshot();
+    let f = root.file("in/new.tok", &new);
+    let cmd = root.cmd(&["install", "--token-file", f.to_str().unwrap()]);
+    // Root ignores the mode: install runs as another user.
+    let mut cmd = match as_other_user(&root, cmd) {
+        Ok(cmd) => cmd,
+        Err(why) => {
+            skipped(&format!(
+                "a token directory without write permission: {why}"
+            ));
+            return;
+        }
+    };
+    fs::set_permissions(root.token_dir(), fs::Permissions::from_mode(0o555)).unwrap();
+    let r = root.finish(cmd.output().unwrap());
+    // Writable again, so that the temporary root can be removed by a user other than root.
+    fs::set_permissions(root.token_dir(), fs::Permissions::from_mode(0o755)).unwrap();
     assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
     let line = r.error_line();
     assert!(
-        (line.contains("Read-only file system") && line.contains("remount it read-write"))
-            || (line.contains("Permission denied") && line.contains("as root")),
+        line.contains("Permission denied")
+            && line.contains("as root")
+            && line.contains("nothing was changed"),
         "{line}"
     );
-    assert!(line.contains("nothing was changed"), "{line}");
-    assert_unchanged(&root, &before, "read-only");
-    if mount.is_none() {
-        fs::set_permissions(root.token_dir(), fs::Permissions::from_mode(0o755)).unwrap();
-    }
+    assert_unchanged(&root, &before, "no write permission");
 }
 
 #[test]
@@ -307,7 +420,9 @@ fn a_full_disk_changes_nothing() {
         eprintln!("full-disk test: injected ENOSPC (no mount allowed)");
         cmd_fault = Some("enospc");
     } else {
-        eprintln!("full-disk test: skipped (no mount, release build)");
+        skipped(
+            "no tmpfs can be mounted here (needs root with CAP_SYS_ADMIN), and a release build has no injected ENOSPC (VGPU_LICENSE_AGENT_FAULT is read by debug builds only)",
+        );
         return;
     }
     let f = root.file("in/new.tok", &valid_token("new-and-different"));
@@ -341,9 +456,13 @@ fn a_crash_between_write_and_rename_is_cleaned_up_next_run() {
         .token_dir()
         .join(".client_configuration_token.tok.vla-tmp-99999-0000abcd-0");
     fs::write(&planted, &new[..100]).unwrap();
-    // ...and, in debug builds, a real crash (abort) right before the rename.
+    // ...and a real crash (abort) right before the rename, injected: debug builds only.
     let f = root.file("in/new.tok", &new);
-    if cfg!(debug_assertions) {
+    if !cfg!(debug_assertions) {
+        skipped(
+            "the crash before the rename: a release build has no injected abort (VGPU_LICENSE_AGENT_FAULT is read by debug builds only); the planted leftover is still checked",
+        );
+    } else {
         let out = root
             .cmd(&["install", "--token-file", f.to_str().unwrap()])
             .env("VGPU_LICENSE_AGENT_FAULT", "abort-before-rename")
@@ -385,9 +504,15 @@ fn a_crash_between_write_and_rename_is_cleaned_up_next_run() {
 fn strays_are_moved_aside_not_deleted() {
     let (mut root, old) = installed_root();
     fs::write(root.token_dir().join("old-token.tok"), b"stray token").unwrap();
-    fs::write(root.token_dir().join("gridd.conf"), b"FeatureType=1\n").unwrap();
-    fs::create_dir(root.token_dir().join("subdir")).unwrap();
-    fs::write(root.token_dir().join("subdir/x"), b"x").unwrap();
+    // Moved by a rename, never opened: a FIFO does not block install, a link is moved as a
+    // link (what it points to is not touched).
+    nix::unistd::mkfifo(
+        &root.token_dir().join("planted.tok"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let victim = root.file("victim", b"not the agent's");
+    std::os::unix::fs::symlink(&victim, root.token_dir().join("link.tok")).unwrap();
     let new = valid_token("new");
     let r = root.install_ok(&new, &[]);
     assert_eq!(r.stdout.matches("moved ").count(), 3, "{}", r.stdout);
@@ -415,11 +540,14 @@ fn strays_are_moved_aside_not_deleted() {
         fs::read(dirs[0].join("old-token.tok")).unwrap(),
         b"stray token"
     );
-    assert_eq!(
-        fs::read(dirs[0].join("gridd.conf")).unwrap(),
-        b"FeatureType=1\n"
+    assert!(
+        fs::symlink_metadata(dirs[0].join("planted.tok"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
     );
-    assert_eq!(fs::read(dirs[0].join("subdir/x")).unwrap(), b"x");
+    assert_eq!(fs::read_link(dirs[0].join("link.tok")).unwrap(), victim);
+    assert_eq!(fs::read(&victim).unwrap(), b"not the agent's");
     assert_eq!(
         fs::read(dirs[0].join("client_configuration_token.tok")).unwrap(),
         old
@@ -855,22 +983,29 @@ fn a_token_path_elsewhere_in_gridd_conf_gets_a_warning() {
 
 #[test]
 fn a_failed_write_on_a_fresh_root_leaves_no_new_directory() {
-    if !cfg!(debug_assertions) {
-        eprintln!("skipped: the injected fault exists in debug builds only");
-        return;
-    }
     let mut root = Root::new();
     let tok = valid_token("a");
     root.secrets.push(tok.clone());
-    fs::create_dir_all(root.path("etc/nvidia")).unwrap();
     let f = root.file("in/t.tok", &tok);
-    let out = root
-        .cmd(&["install", "--token-file", f.to_str().unwrap()])
-        .env("VGPU_LICENSE_AGENT_FAULT", "enospc")
-        .output()
-        .unwrap();
-    let r = root.finish(out);
-    assert_eq!(r.code, Some(1));
+    // etc/nvidia on a full 64 KiB tmpfs where mounting is allowed (the token directory can
+    // still be made there, its file cannot be written); else an injected ENOSPC.
+    let mount = Mount::tmpfs(&root.path("etc/nvidia"), "size=64k,mode=0755");
+    let mut cmd = root.cmd(&["install", "--token-file", f.to_str().unwrap()]);
+    if mount.is_some() {
+        let mut filler = fs::File::create(root.path("etc/nvidia/.filler")).unwrap();
+        let chunk = [0u8; 4096];
+        while filler.write_all(&chunk).is_ok() {}
+    } else if cfg!(debug_assertions) {
+        fs::create_dir_all(root.path("etc/nvidia")).unwrap();
+        cmd.env("VGPU_LICENSE_AGENT_FAULT", "enospc");
+    } else {
+        skipped(
+            "no tmpfs can be mounted here (needs root with CAP_SYS_ADMIN), and a release build has no injected ENOSPC (VGPU_LICENSE_AGENT_FAULT is read by debug builds only)",
+        );
+        return;
+    }
+    let r = root.finish(cmd.output().unwrap());
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
     assert!(
         r.error_line().contains("No space left on device"),
         "{}",
