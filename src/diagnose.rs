@@ -5,7 +5,7 @@
 //!
 //! The same observation as `status` and the service ([`live::observe`]), so the report it
 //! prints with `--json` is the one they print; the DLS probe's verdict becomes the report's
-//! failure where the report knows nothing more specific ([`probe::refines`]).
+//! failure where the report knows nothing more specific ([`crate::policy::probe_refines`]).
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -199,12 +199,8 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
         ));
     }
 
-    let first = state::evaluate(obs.clone());
-    if let Some(v) = probe::verdict(&probes, settings.service.clock_skew_max)
-        && probe::refines(first.failure.as_ref().map(|f| f.reason))
-    {
-        obs.own_failure = Some(v);
-    }
+    // The probe's finding is an observation: `evaluate` applies it where gridd was vague.
+    obs.probe_failure = probe::verdict(&probes, settings.service.clock_skew_max);
     let report = state::evaluate(obs);
     checks.push(license_check(&report, &checks));
     Diagnosis {
@@ -648,14 +644,7 @@ fn license_check(report: &Report, checks: &[Check]) -> Check {
 
 /// Whether a failing check already says what a failure of this reason says.
 fn covered(reason: Reason, checks: &[Check]) -> bool {
-    let names: &[&str] = match reason {
-        Reason::TokenMissing | Reason::TokenInvalid | Reason::TokenExpired => &["token"],
-        Reason::ClockSkew => &["clock"],
-        Reason::DlsUnreachable => &["dls-dns", "dls-tcp", "dls-tls", "dls-https"],
-        Reason::GriddNotRunning => &["gridd"],
-        Reason::FeatureTypeInvalid => &["gridd.conf"],
-        _ => &[],
-    };
+    let names = crate::policy::of(reason).diagnose_checks;
     checks
         .iter()
         .any(|c| c.status == Status::Fail && names.contains(&c.name))

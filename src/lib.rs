@@ -15,6 +15,7 @@ pub mod input;
 pub mod install;
 pub mod live;
 pub mod observe;
+pub mod policy;
 pub mod prepare;
 pub mod probe;
 pub mod remedy;

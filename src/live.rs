@@ -239,30 +239,82 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
     }
 }
 
-/// Everything observable now, with the agent's own findings as `own_failure`.
-pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Observations {
+/// What was read, as values: the parts of an observation.
+pub struct Parts<'a> {
+    pub smi: SmiSnapshot,
+    /// gridd's log so far (live, it ends now).
+    pub fold: Option<LogFold>,
+    /// The installed token as last read (its validity is judged again at `now`).
+    pub token: &'a Result<Token, TokenProblem>,
+    /// Whether gridd's unit runs (`None`: systemd could not say).
+    pub unit: Option<&'a Result<(), String>>,
+    /// The DLS probe's finding, for `evaluate` to apply where gridd's failure is vague.
+    pub probe: Option<(Reason, String)>,
+}
+
+/// The one way observations are put together, for `run`, `status` and `diagnose`. No I/O.
+pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Observations {
     let mut obs = Observations {
         at: Some(now),
         at_is_exact: true,
         expiry_warning: chrono::Duration::from_std(settings.service.expiry_warning)
             .unwrap_or(chrono::Duration::hours(12)),
+        smi: Some(parts.smi),
+        probe_failure: parts.probe,
         ..Observations::default()
     };
-    obs.smi = Some(read_smi(settings).into_snapshot());
-    if let Ok((fold, mut stats)) = read_journal(settings, max_events) {
+    if let Some(fold) = parts.fold {
         // Live, the log ends now: a lease past its expiry is not held.
-        stats.last_stamp = Some(crate::observe::journal::Stamp::from_utc(now));
+        let stats = crate::observe::journal::ScanStats {
+            last_stamp: Some(crate::observe::journal::Stamp::from_utc(now)),
+            ..Default::default()
+        };
         obs.log = Some((fold, stats));
     }
-    let token = token_state(settings, now);
-    match token.token {
+    match token_at(parts.token, now) {
         Ok(t) => obs.token = Some(t),
         Err(p) => obs.own_failure = Some((p.reason(), p.to_string())),
     }
     if obs.own_failure.is_none()
-        && let Some(Err(why)) = gridd_running(settings)
+        && let Some(Err(why)) = parts.unit
     {
-        obs.own_failure = Some((Reason::GriddNotRunning, why));
+        obs.own_failure = Some((Reason::GriddNotRunning, why.clone()));
     }
     obs
+}
+
+/// A token read earlier, judged at `now`: one valid then may have expired since.
+pub fn token_at(
+    token: &Result<Token, TokenProblem>,
+    now: DateTime<Utc>,
+) -> Result<Token, TokenProblem> {
+    match token {
+        Ok(t) => match t.validity(now) {
+            Validity::Valid => Ok(t.clone()),
+            Validity::Expired(at) => Err(TokenProblem::Expired(at)),
+            Validity::NotYetValid(at) => Err(TokenProblem::NotYetValid(at)),
+        },
+        Err(p) => Err(p.clone()),
+    }
+}
+
+/// Everything observable now (`status` and `diagnose`: no DLS probe here).
+pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Observations {
+    let smi = read_smi(settings).into_snapshot();
+    let fold = read_journal(settings, max_events)
+        .ok()
+        .map(|(fold, _)| fold);
+    let token = token_state(settings, now).token;
+    let unit = gridd_running(settings);
+    assemble(
+        settings,
+        now,
+        Parts {
+            smi,
+            fold,
+            token: &token,
+            unit: unit.as_ref(),
+            probe: None,
+        },
+    )
 }

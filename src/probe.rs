@@ -859,15 +859,5 @@ pub fn verdict(probes: &[NodeProbe], clock_skew_max: Duration) -> Option<(Reason
     })
 }
 
-/// Whether a probe's verdict says more than the report's current failure (of this reason):
-/// yes when there is none, or when it only says that gridd failed without a specific reason,
-/// or that the network failed without saying where.
-pub fn refines(current: Option<Reason>) -> bool {
-    matches!(
-        current,
-        None | Some(Reason::Unspecified | Reason::Other | Reason::DlsUnreachable)
-    )
-}
-
 #[cfg(test)]
 mod tests;

@@ -8,28 +8,6 @@ use std::time::Duration;
 use crate::config::Service;
 use crate::report::{Reason, State};
 
-/// Whether a restart of gridd can clear a failure of this reason.
-pub fn restart_can_help(reason: Option<Reason>) -> bool {
-    match reason {
-        // Stuck with no failure, or failures a new attempt may clear.
-        None
-        | Some(Reason::DlsUnreachable)
-        | Some(Reason::Unspecified)
-        | Some(Reason::Other)
-        | Some(Reason::GriddNotRunning) => true,
-        // A restart changes nothing here: the token, the DLS's pool, the GPU, the clock or
-        // the config must change first.
-        Some(Reason::TokenMissing)
-        | Some(Reason::TokenInvalid)
-        | Some(Reason::TokenExpired)
-        | Some(Reason::ClockSkew)
-        | Some(Reason::NoLicenseAvailable)
-        | Some(Reason::TrustedStore)
-        | Some(Reason::LicensingUnsupported)
-        | Some(Reason::FeatureTypeInvalid) => false,
-    }
-}
-
 /// The decision for now.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
@@ -92,7 +70,7 @@ impl Remedy {
             self.backoff = cfg.restart_backoff;
             return Decision::Nothing;
         }
-        if !restart_can_help(reason) {
+        if !crate::policy::restart_helps(reason) {
             let r = reason.map_or("unknown", Reason::as_str);
             return Decision::Hold(format!("a restart of nvidia-gridd cannot fix {r}"));
         }

@@ -72,8 +72,19 @@ impl LogFold {
             K::Unsupported => self.unsupported = true,
             _ => {}
         }
-        if e.what.reason.is_some() {
-            self.failure = Some(e.clone());
+        if let Some(new) = e.what.reason {
+            // The most telling failure: a generic line after a specific one from the same
+            // gridd process (its housekeeping as it gives up, a bare retry) does not hide it.
+            let keep = self.failure.as_ref().is_some_and(|old| {
+                old.pid == e.pid
+                    && old
+                        .what
+                        .reason
+                        .is_some_and(|r| !crate::policy::replaces(r, new))
+            });
+            if !keep {
+                self.failure = Some(e.clone());
+            }
         }
         if self.max_events == 0 {
             self.omitted += 1;
@@ -90,6 +101,18 @@ impl LogFold {
     pub fn total(&self) -> u64 {
         self.total
     }
+
+    /// The text of the failure gridd's log holds now, if any.
+    pub fn failure_message(&self) -> Option<&str> {
+        self.failure.as_ref().map(|f| f.message.as_str())
+    }
+
+    /// The reason of the failure gridd's log holds now, if any.
+    pub fn failure_reason(&self) -> Option<Reason> {
+        self.failure
+            .as_ref()
+            .map(|f| f.what.reason.unwrap_or(Reason::Other))
+    }
 }
 
 /// Everything observed, as values.
@@ -98,9 +121,13 @@ pub struct Observations {
     pub smi: Option<SmiSnapshot>,
     pub log: Option<(LogFold, ScanStats)>,
     pub token: Option<Token>,
-    /// A failure found by the agent itself (token checks, gridd unit, DLS probe), which
-    /// outranks what the log says.
+    /// A failure found by the agent itself (token checks, gridd unit), which outranks what
+    /// the log says.
     pub own_failure: Option<(Reason, String)>,
+    /// What the agent's DLS probe found: it names the cause where gridd's failure is vague
+    /// ([`crate::policy::probe_refines`]). With a license held it is a warning (a skewed
+    /// clock, a closed port: the next renewal fails).
+    pub probe_failure: Option<(Reason, String)>,
     /// The moment of observation: now for live commands, the time of the saved output for
     /// `analyze` (`None` when the output does not say).
     pub at: Option<DateTime<Utc>>,
@@ -303,8 +330,18 @@ pub fn evaluate(obs: Observations) -> Report {
         .as_ref()
         .and_then(|t| t.nodes.first())
         .map(|n| n.host.clone());
+    // The probe's finding counts where gridd's own failure says nothing specific.
+    let log_reason = log_failure
+        .as_ref()
+        .map(|f| f.what.reason.unwrap_or(Reason::Other));
+    let probe_failure = obs
+        .probe_failure
+        .filter(|_| crate::policy::probe_refines(log_reason));
     // Nothing here needs a license: the agent's token and gridd findings do not matter.
-    let own_failure = obs.own_failure.filter(|_| state != State::NotLicensable);
+    let own_failure = obs
+        .own_failure
+        .or(probe_failure)
+        .filter(|_| state != State::NotLicensable);
     let failure = match own_failure {
         Some((reason, message)) => Some(Failure {
             reason,
@@ -458,6 +495,34 @@ mod tests {
             Some("NVIDIA Virtual Applications")
         );
         assert_eq!(edition_for_profile("NVIDIA H100 80GB HBM3"), None);
+    }
+
+    #[test]
+    fn a_specific_failure_outranks_later_generic_lines_of_the_same_process() {
+        let fold_of = |text: &str| {
+            let mut fold = LogFold::new(10);
+            crate::observe::journal::scan(text.as_bytes(), |e| fold.push(e)).unwrap();
+            fold
+        };
+        // The same process: the specific reason stays.
+        let fold = fold_of(
+            "Jan 1 00:00:00 h nvidia-gridd[7]: Failed to acquire license from d (Info: NVIDIA Virtual PC - Error: Clock windback has been detected)\n\
+             Jan 1 00:00:01 h nvidia-gridd[7]: Failed to handle something: Error: bad\n\
+             Jan 1 00:00:02 h nvidia-gridd[7]: Failed to acquire license from d\n",
+        );
+        assert_eq!(fold.failure_reason(), Some(Reason::ClockSkew));
+        // A new process: its own failure, however vague, is the news.
+        let fold = fold_of(
+            "Jan 1 00:00:00 h nvidia-gridd[7]: Failed to acquire license from d (Info: NVIDIA Virtual PC - Error: Clock windback has been detected)\n\
+             Jan 1 00:01:00 h nvidia-gridd[8]: Failed to acquire license from d\n",
+        );
+        assert_eq!(fold.failure_reason(), Some(Reason::Unspecified));
+        // A generic failure gives way to a specific one after it.
+        let fold = fold_of(
+            "Jan 1 00:00:00 h nvidia-gridd[7]: Failed to acquire license from d\n\
+             Jan 1 00:00:09 h nvidia-gridd[7]: Licensing not supported for GPUs in the system\n",
+        );
+        assert_eq!(fold.failure_reason(), Some(Reason::LicensingUnsupported));
     }
 
     #[test]

@@ -297,6 +297,13 @@ pub fn classify(msg: &str) -> Option<Classified> {
         || starts("Your system is licensed for")
     {
         Classified::new(K::Other)
+    } else if starts("Failed to unlock PID file")
+        || starts("Failed to close PID file")
+        || starts("Failed to remove PID file")
+        || starts("Failed to handle license change events")
+    {
+        // gridd's housekeeping as it exits: an event, never the failure (the contract).
+        Classified::new(K::Other)
     } else if starts("Failed to ") || m.contains("Error:") {
         Classified::new(K::Other).reason(reason_of_error(m))
     } else {

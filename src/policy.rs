@@ -1,0 +1,102 @@
+//! What the agent does about each failure reason, in one table: whether a restart of gridd
+//! can clear it, whether the agent's own DLS probe can say more, which `diagnose` checks
+//! already show it, and how telling it is. Every caller (the restart decision, the probe, the
+//! failure selection, `diagnose`) asks here, so that they cannot disagree.
+
+use crate::report::Reason;
+
+/// How much a failure of a reason says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// It names nothing specific (`unspecified`, `other`): a later specific line of the same
+    /// gridd process replaces it, it never replaces an earlier specific one.
+    Generic,
+    /// It names the cause.
+    Specific,
+}
+
+/// The policy of one reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// A new attempt by gridd may clear it: restarting gridd is worth it (after the grace).
+    pub restart_helps: bool,
+    /// The agent's DLS probe (DNS, TCP, TLS, HTTPS Date) may name the cause more precisely.
+    pub probe_refines: bool,
+    /// The `diagnose` checks whose failure already says what this reason says.
+    pub diagnose_checks: &'static [&'static str],
+    pub severity: Severity,
+}
+
+const DLS_CHECKS: &[&str] = &["dls-dns", "dls-tcp", "dls-tls", "dls-https"];
+
+/// The table.
+pub fn of(reason: Reason) -> Policy {
+    use Reason as R;
+    use Severity::{Generic, Specific};
+    let (restart_helps, probe_refines, diagnose_checks, severity): (_, _, &[&str], _) = match reason
+    {
+        // A restart changes nothing here: the token, the DLS's pool, the GPU, the clock or
+        // the config must change first. The checks say which.
+        R::TokenMissing | R::TokenInvalid | R::TokenExpired => (false, false, &["token"], Specific),
+        R::ClockSkew => (false, false, &["clock"], Specific),
+        R::NoLicenseAvailable | R::TrustedStore | R::LicensingUnsupported => {
+            (false, false, &[], Specific)
+        }
+        R::FeatureTypeInvalid => (false, false, &["gridd.conf"], Specific),
+        // The network may come back: gridd tries again when restarted; the probe says
+        // which step (DNS, TCP, TLS) fails.
+        R::DlsUnreachable => (true, true, DLS_CHECKS, Specific),
+        R::GriddNotRunning => (true, false, &["gridd"], Specific),
+        // gridd said nothing specific: a new attempt may succeed, and the probe may find
+        // the cause (a closed port, a skewed clock) that gridd did not name.
+        R::Unspecified | R::Other => (true, true, &[], Generic),
+    };
+    Policy {
+        restart_helps,
+        probe_refines,
+        diagnose_checks,
+        severity,
+    }
+}
+
+/// Whether a restart of gridd can clear the current failure (`None`: no failure, but no
+/// license either: gridd is stuck acquiring).
+pub fn restart_helps(reason: Option<Reason>) -> bool {
+    reason.is_none_or(|r| of(r).restart_helps)
+}
+
+/// Whether the DLS probe may say more than the current failure (`None`: no license and no
+/// reason given).
+pub fn probe_refines(reason: Option<Reason>) -> bool {
+    reason.is_none_or(|r| of(r).probe_refines)
+}
+
+/// Whether a failure of reason `new` from the same gridd process replaces the current
+/// failure `old`: a generic line never hides a specific one before it.
+pub fn replaces(old: Reason, new: Reason) -> bool {
+    of(new).severity >= of(old).severity
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_a_consistent_policy() {
+        for r in Reason::ALL {
+            let p = of(r);
+            // What the probe can refine is vague, and a vague failure is worth a new attempt.
+            if p.probe_refines {
+                assert!(p.restart_helps, "{r:?}");
+            }
+            if p.severity == Severity::Generic {
+                assert!(p.probe_refines && p.diagnose_checks.is_empty(), "{r:?}");
+            }
+        }
+        assert!(replaces(Reason::Other, Reason::LicensingUnsupported));
+        assert!(!replaces(Reason::LicensingUnsupported, Reason::Other));
+        assert!(replaces(Reason::Unspecified, Reason::Other));
+        assert!(restart_helps(None) && probe_refines(None));
+        assert!(!restart_helps(Some(Reason::ClockSkew)));
+    }
+}

@@ -1,0 +1,781 @@
+//! The service's judgement, without I/O: when to read nvidia-smi, ask systemd, adopt the
+//! token, restart gridd, probe the DLS and publish the report. Events (what the world told
+//! us) go in through [`Core::handle`], time passes through [`Core::tick`], and out come
+//! [`Effect`]s for the shell to carry out; [`Core::next_wake`] says when to call again. The
+//! time is passed in ([`Now`]), so tests drive the core with simulated time, in-process.
+//!
+//! What is remembered (deadlines, restarts, what was probed) lives here; what was read (the
+//! gridd fold, the last nvidia-smi answer, the token) too, as values. The per-reason policy is
+//! [`crate::policy`]'s; the report is [`crate::state::evaluate`]'s.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::{error, info, warn};
+
+use crate::config::Settings;
+use crate::install::{Outcome, Restart};
+use crate::live::{self, Parts, SmiRead, TokenProblem};
+use crate::observe::journal::GriddEvent;
+use crate::observe::smi::SmiSnapshot;
+use crate::policy;
+use crate::remedy::{Decision, Remedy};
+use crate::report::metrics::{self, Counters};
+use crate::report::{DlsEndpoint, EventKind, Reason, Report, State, message_ids};
+use crate::state::{LogFold, evaluate};
+use crate::token::Token;
+
+/// Events kept in the live report.
+pub const MAX_EVENTS: usize = 200;
+/// status.json is rewritten at least this often: its age tells `status` the service lives.
+pub const HEARTBEAT: Duration = Duration::from_secs(30);
+/// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
+/// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
+/// is made at once.
+pub const MIN_REPORT_GAP: Duration = Duration::from_millis(100);
+/// How often systemd is asked whether gridd runs while no license is held.
+const UNIT_CHECK: Duration = Duration::from_secs(5);
+/// While something may change with time alone (grace, backoff, acquiring): look every second.
+const BUSY_TICK: Duration = Duration::from_secs(1);
+/// The same unchanged vague failure is probed again at most this often (or at the
+/// unlicensed poll interval, when longer).
+pub const PROBE_REPEAT: Duration = Duration::from_secs(30);
+/// The token is looked at again this often without a change seen (a watcher can miss one).
+const ADOPT_WATCHED: Duration = Duration::from_secs(300);
+const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
+
+/// The moment: monotonic time since the service started, and the wall clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Now {
+    pub mono: Duration,
+    pub wall: DateTime<Utc>,
+}
+
+/// What the world told the service.
+#[derive(Debug)]
+pub enum Event {
+    /// The journal follower (re)started: the fold is rebuilt from this boot's entries.
+    JournalRestarted,
+    Gridd(Box<GriddEvent>),
+    Smi(SmiRead),
+    /// Whether gridd's unit runs (`None`: systemd could not say).
+    Unit(Option<Result<(), String>>),
+    /// The installed token, read again.
+    Token(Result<Token, TokenProblem>),
+    /// Something changed in the token directory or gridd.conf.
+    TokenDirChanged,
+    Adopted(Result<Box<Outcome>, AdoptError>),
+    Restarted(Result<(), String>),
+    Probed {
+        verdict: Option<(Reason, String)>,
+        skew: Option<f64>,
+    },
+    /// A new config, already validated.
+    Reloaded(Box<Settings>),
+}
+
+/// Why a dropped token was not adopted.
+#[derive(Debug)]
+pub enum AdoptError {
+    NoToken,
+    Rejected(String),
+    Other(String),
+}
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    ReadSmi,
+    CheckUnit,
+    ReadToken,
+    /// Adopt a dropped token with install's code.
+    Adopt {
+        licensed: bool,
+        retry_owed: bool,
+    },
+    RestartGridd {
+        why: String,
+    },
+    Probe(Vec<DlsEndpoint>),
+    Publish(Box<Publication>),
+    /// The first report is out: tell systemd the service is ready.
+    Ready,
+}
+
+/// A report to send everywhere.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Publication {
+    pub report: Report,
+    /// status.json's content.
+    pub json: Vec<u8>,
+    pub metrics: String,
+    /// Write status.json, the metrics and systemd's status line (something changed, or the
+    /// heartbeat is due); else only the in-memory copy changed.
+    pub write: bool,
+    /// The state changed from an earlier one: tell the webhook.
+    pub webhook: bool,
+}
+
+/// Work running off the loop, so that nothing is started twice.
+#[derive(Debug, Default)]
+struct InFlight {
+    smi: bool,
+    unit: bool,
+    adopt: bool,
+    restart: bool,
+    probe: bool,
+}
+
+/// The service's state and judgement.
+pub struct Core {
+    settings: Settings,
+    heartbeat: Duration,
+    watching: bool,
+    fold: LogFold,
+    smi: Option<SmiSnapshot>,
+    /// The last reading, when it failed or timed out.
+    smi_error: Option<SmiRead>,
+    unit: Option<Result<(), String>>,
+    token: Option<Result<Token, TokenProblem>>,
+    probe_failure: Option<(Reason, String)>,
+    /// The vague failure the last probe was started for: the same one is probed again only
+    /// after [`PROBE_REPEAT`]; a new one at once.
+    probed: Option<FailureKey>,
+    counters: Counters,
+    remedy: Remedy,
+    report: Option<Report>,
+    metrics: String,
+    failure_key: Option<FailureKey>,
+    own_since: Option<((Reason, String), DateTime<Utc>)>,
+    busy: InFlight,
+    next_smi: Duration,
+    next_unit: Duration,
+    next_probe: Duration,
+    next_adopt: Duration,
+    adopt_again: bool,
+    /// When status.json was last written.
+    written: Duration,
+    last_report: Option<Duration>,
+    /// Something happened since the last report.
+    dirty: bool,
+    ready: bool,
+}
+
+/// A failure as the outside sees it: its reason and its text (and for the log, its time).
+pub type FailureKey = (Reason, String);
+
+impl Core {
+    /// A core for `settings`. `heartbeat`: how often status.json is rewritten at least (and
+    /// the watchdog pinged); `watching`: whether the token directory is watched.
+    pub fn new(settings: Settings, heartbeat: Duration, watching: bool, now: Now) -> Core {
+        Core {
+            remedy: Remedy::new(&settings.service),
+            settings,
+            heartbeat,
+            watching,
+            fold: LogFold::new(MAX_EVENTS),
+            smi: None,
+            smi_error: None,
+            unit: None,
+            token: None,
+            probe_failure: None,
+            probed: None,
+            counters: Counters::default(),
+            report: None,
+            metrics: String::new(),
+            failure_key: None,
+            own_since: None,
+            busy: InFlight::default(),
+            next_smi: now.mono,
+            next_unit: now.mono,
+            next_probe: now.mono,
+            next_adopt: now.mono + ADOPT_UNWATCHED,
+            adopt_again: false,
+            written: now.mono,
+            last_report: None,
+            dirty: false,
+            ready: false,
+        }
+    }
+
+    /// The first things to do: ask systemd, read nvidia-smi and the token. The token is
+    /// adopted once the first report says whether gridd already holds a license.
+    pub fn start(&mut self, now: Now) -> Vec<Effect> {
+        let mut fx = vec![Effect::ReadToken];
+        self.check_unit(&mut fx);
+        self.read_smi(now, &mut fx);
+        fx
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn report(&self) -> Option<&Report> {
+        self.report.as_ref()
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// One event. What follows from it over time comes from the next [`Core::tick`], which
+    /// the shell calls after each batch of events.
+    pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        self.dirty = true;
+        match event {
+            Event::JournalRestarted => self.fold = LogFold::new(MAX_EVENTS),
+            Event::Gridd(e) => {
+                let kind = e.what.kind;
+                if matches!(kind, EventKind::Acquired | EventKind::Renewed) {
+                    // What the probe found was about the failure this license ended.
+                    self.probe_failure = None;
+                }
+                self.fold.push(*e);
+                // Read nvidia-smi right after gridd says something (coalesced).
+                self.next_smi = self.next_smi.min(now.mono + Duration::from_millis(300));
+                if matches!(kind, EventKind::Started | EventKind::Shutdown) {
+                    self.check_unit(&mut fx);
+                }
+            }
+            Event::Smi(read) => {
+                self.busy.smi = false;
+                match read {
+                    SmiRead::Snapshot(s) => {
+                        if crate::state::smi_state(&s) == State::Licensed {
+                            self.probe_failure = None;
+                        }
+                        self.smi = Some(s);
+                        self.smi_error = None;
+                    }
+                    SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
+                        if self.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
+                            warn!("nvidia-smi: {}", crate::text::escape(why));
+                        }
+                        self.smi_error = Some(read);
+                    }
+                }
+                self.next_smi = now.mono + self.smi_interval(now);
+            }
+            Event::Unit(u) => {
+                self.busy.unit = false;
+                self.unit = u;
+            }
+            Event::Token(t) => {
+                if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
+                    // A new token is news: a vague failure is probed again at once.
+                    self.probed = None;
+                }
+                self.token = Some(t);
+            }
+            Event::TokenDirChanged => {
+                fx.push(Effect::ReadToken);
+                self.adopt(now, &mut fx);
+            }
+            Event::Adopted(result) => {
+                self.busy.adopt = false;
+                if result.as_ref().is_ok_and(|o| o.changed()) {
+                    fx.push(Effect::ReadToken);
+                }
+                self.adopted(result, now, &mut fx);
+                if std::mem::take(&mut self.adopt_again) {
+                    self.adopt(now, &mut fx);
+                }
+            }
+            Event::Restarted(result) => {
+                self.busy.restart = false;
+                match result {
+                    Ok(()) => {
+                        self.counters.gridd_restarts += 1;
+                        info!(
+                            message_id = message_ids::GRIDD_RESTARTED,
+                            "restarted nvidia-gridd"
+                        );
+                    }
+                    Err(why) => error!(
+                        "restarting nvidia-gridd failed: {}",
+                        crate::text::escape(&why)
+                    ),
+                }
+                // A restarted gridd's failure is news: probe it at once.
+                self.probed = None;
+                self.check_unit(&mut fx);
+                self.next_smi = now.mono + Duration::from_secs(1);
+            }
+            Event::Probed { verdict, skew } => {
+                self.busy.probe = false;
+                if skew.is_some() {
+                    self.counters.clock_skew_seconds = skew;
+                }
+                self.probe_failure = verdict;
+            }
+            Event::Reloaded(s) => self.reload(*s, now),
+        }
+        fx
+    }
+
+    /// What is due at `now`: periodic reads, the report, a restart or a probe.
+    pub fn tick(&mut self, now: Now) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        // In case a change escaped the watcher (or there is none): look at the token again.
+        if now.mono >= self.next_adopt {
+            self.next_adopt = now.mono
+                + if self.watching {
+                    ADOPT_WATCHED
+                } else {
+                    ADOPT_UNWATCHED
+                };
+            fx.push(Effect::ReadToken);
+            self.adopt(now, &mut fx);
+        }
+        let licensed = self
+            .report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed);
+        // The report is remade while something may change with time alone (grace, backoff,
+        // expiry), and at least as often as the heartbeat.
+        if !licensed || now.mono >= self.written + self.heartbeat {
+            self.dirty = true;
+        }
+        if now.mono >= self.next_smi {
+            self.read_smi(now, &mut fx);
+        }
+        // Without a license, whether gridd runs decides the next step: ask systemd every few
+        // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
+        if now.mono >= self.next_unit
+            && self.report.as_ref().is_some_and(|r| {
+                !matches!(
+                    r.state,
+                    State::Licensed | State::NotLicensable | State::NoDriver
+                )
+            })
+        {
+            self.next_unit = now.mono + UNIT_CHECK;
+            self.check_unit(&mut fx);
+        }
+        let readable = self.readable();
+        let gap_over = self
+            .last_report
+            .is_none_or(|t| now.mono >= t + MIN_REPORT_GAP);
+        // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
+        // looked at the token leaves the report to their answers: one report, not a
+        // heartbeat's and then (held back by the gap, a second wakeup) the answers'.
+        let asked = fx.iter().any(|e| {
+            matches!(
+                e,
+                Effect::ReadSmi | Effect::ReadToken | Effect::Adopt { .. }
+            )
+        });
+        if self.dirty && readable && gap_over && !(asked && self.quiet()) {
+            self.dirty = false;
+            self.last_report = Some(now.mono);
+            self.publish(now, &mut fx);
+            if !self.ready {
+                self.ready = true;
+                fx.push(Effect::Ready);
+                self.adopt(now, &mut fx);
+            }
+        }
+        self.remedy_step(now, &mut fx);
+        fx
+    }
+
+    /// When [`Core::tick`] is next due: a report held back by the gap, every second while
+    /// something may change with time alone, and with a license held and no failure only at
+    /// the next deadline (at most one heartbeat away), so that an idle hour costs next to no
+    /// wakeups.
+    pub fn next_wake(&self, now: Now) -> Duration {
+        if self.dirty && self.readable() {
+            return self
+                .last_report
+                .map_or(now.mono, |t| t + MIN_REPORT_GAP)
+                .max(now.mono);
+        }
+        if !self.quiet() {
+            return now.mono + BUSY_TICK;
+        }
+        // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
+        // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
+        let mut at = self.written + self.heartbeat;
+        if self.settings.service.poll_licensed < self.heartbeat {
+            at = at.min(self.next_smi);
+        }
+        at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
+    }
+
+    /// A license held and no failure: nothing changes with time alone.
+    fn quiet(&self) -> bool {
+        self.report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed && r.failure.is_none())
+    }
+
+    /// The first report waits for the first nvidia-smi answer (or failure) and the token.
+    fn readable(&self) -> bool {
+        (self.smi.is_some() || self.smi_error.is_some()) && self.token.is_some()
+    }
+
+    fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        if std::mem::replace(&mut self.busy.smi, true) {
+            return;
+        }
+        // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
+        self.next_smi = now.mono + Duration::from_secs(3600);
+        fx.push(Effect::ReadSmi);
+        // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
+        // the same pace (and at the same moment, so that both answers make one report).
+        self.check_unit(fx);
+    }
+
+    fn check_unit(&mut self, fx: &mut Vec<Effect>) {
+        if !std::mem::replace(&mut self.busy.unit, true) {
+            fx.push(Effect::CheckUnit);
+        }
+    }
+
+    /// nvidia-smi's interval: often while no license is held, rarely while one is, every
+    /// minute in the last hour of a lease.
+    fn smi_interval(&self, now: Now) -> Duration {
+        let svc = &self.settings.service;
+        match &self.report {
+            Some(r) if r.state == State::Licensed => {
+                let near_expiry = r
+                    .license
+                    .as_ref()
+                    .and_then(|l| l.expiry.as_deref())
+                    .and_then(|e| chrono::DateTime::parse_from_rfc3339(e).ok())
+                    .is_some_and(|e| (e.with_timezone(&Utc) - now.wall).num_seconds() < 3600);
+                if near_expiry {
+                    svc.poll_licensed.min(Duration::from_secs(60))
+                } else {
+                    svc.poll_licensed
+                }
+            }
+            _ => svc.poll_unlicensed,
+        }
+    }
+
+    /// A token dropped by cloud-init (or anyone): validated, mode fixed, strays moved aside,
+    /// gridd restarted: the same code as `install`.
+    fn adopt(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        // Whether gridd already holds a license decides whether a token in place needs a
+        // restart: wait for the first report (it adopts at once).
+        let Some(report) = &self.report else { return };
+        let licensed = report.state == State::Licensed;
+        if std::mem::replace(&mut self.busy.adopt, true) {
+            self.adopt_again = true;
+            return;
+        }
+        let retry_owed = self.remedy.may_restart(&self.settings.service, secs(now));
+        fx.push(Effect::Adopt {
+            licensed,
+            retry_owed,
+        });
+    }
+
+    fn adopted(
+        &mut self,
+        result: Result<Box<Outcome>, AdoptError>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
+        match result {
+            Ok(outcome) => {
+                if outcome.changed() || outcome.restart != Restart::NotNeeded {
+                    for line in outcome.lines() {
+                        info!("token: {}", crate::text::escape(&line));
+                    }
+                    // A new token, or one now in place: a vague failure is news again.
+                    self.probed = None;
+                }
+                for w in &outcome.warnings {
+                    warn!("token: {}", crate::text::escape(w));
+                }
+                match &outcome.restart {
+                    Restart::Done => {
+                        self.counters.gridd_restarts += 1;
+                        self.remedy
+                            .restarted(&self.settings.service, secs(now), 0.5);
+                        info!(
+                            message_id = message_ids::GRIDD_RESTARTED,
+                            "restarted nvidia-gridd for the token"
+                        );
+                        self.next_smi = now.mono + Duration::from_secs(1);
+                        self.check_unit(fx);
+                    }
+                    Restart::Failed(why) => {
+                        // A failed attempt counts against the budget and the backoff too.
+                        self.remedy
+                            .restarted(&self.settings.service, secs(now), 0.5);
+                        error!(
+                            "restarting nvidia-gridd failed: {}",
+                            crate::text::escape(why)
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            Err(AdoptError::NoToken) => {}
+            // cloud-init may still be writing it: the next change or tick tries again.
+            Err(AdoptError::Rejected(why)) => {
+                warn!("token not adopted: {}", crate::text::escape(&why))
+            }
+            Err(AdoptError::Other(why)) => {
+                error!("token not adopted: {}", crate::text::escape(&why))
+            }
+        }
+    }
+
+    /// The failure before any probe: the agent's own (token, unit), else gridd's.
+    fn base_reason(&self, now: Now) -> Option<Reason> {
+        let token = self
+            .token
+            .as_ref()
+            .map(|t| live::token_at(t, now.wall))
+            .and_then(Result::err)
+            .map(|p| p.reason());
+        let unit = match &self.unit {
+            Some(Err(_)) => Some(Reason::GriddNotRunning),
+            _ => None,
+        };
+        token.or(unit).or_else(|| self.fold.failure_reason())
+    }
+
+    /// Makes the report and says where it goes.
+    fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let smi = match (&self.smi, &self.smi_error) {
+            (_, Some(failed)) => failed.clone().into_snapshot(),
+            (Some(s), None) => s.clone(),
+            (None, None) => SmiSnapshot::default(),
+        };
+        let missing = Err(TokenProblem::Missing);
+        let obs = live::assemble(
+            &self.settings,
+            now.wall,
+            Parts {
+                smi,
+                fold: Some(self.fold.clone()),
+                token: self.token.as_ref().unwrap_or(&missing),
+                unit: self.unit.as_ref(),
+                probe: self.probe_failure.clone(),
+            },
+        );
+        // The agent's own findings hold since they were first seen, not since this moment.
+        let own = obs
+            .own_failure
+            .clone()
+            .or_else(|| self.probe_failure.clone());
+        match (&own, &self.own_since) {
+            (Some(o), Some((k, _))) if o == k => {}
+            (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
+            (None, _) => self.own_since = None,
+        }
+        let mut report = evaluate(obs);
+        report.agent_pid = Some(std::process::id());
+        if let (Some(f), Some(((reason, message), since))) =
+            (report.failure.as_mut(), &self.own_since)
+            && f.reason == *reason
+            && f.message == *message
+        {
+            f.at = Some(crate::time::rfc3339(*since));
+        }
+        // A new failure: counted once, logged with its catalog entry.
+        let key = report.failure.as_ref().map(|f| {
+            (
+                f.reason,
+                format!("{}|{}", f.message, f.at.as_deref().unwrap_or("")),
+            )
+        });
+        if let Some(f) = &report.failure
+            && key != self.failure_key
+        {
+            self.counters.count_failure(f.reason);
+            warn!(
+                message_id = message_ids::for_reason(f.reason),
+                vgpu_license_reason = f.reason.as_str(),
+                "{}: {} -> {}",
+                f.reason.as_str(),
+                crate::text::escape(&f.message),
+                crate::text::escape(&f.advice)
+            );
+        }
+        self.failure_key = key;
+        let previous = self.report.as_ref().map(|r| r.state);
+        if previous != Some(report.state) {
+            log_state_change(&report, previous);
+        }
+        let changed = self
+            .report
+            .as_ref()
+            .is_none_or(|old| !same_report(old, &report));
+        let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+        json.push(b'\n');
+        let metrics_text = metrics::render(&report, &self.counters);
+        let stale = now.mono >= self.written + self.heartbeat;
+        let write = changed || stale || self.metrics != metrics_text;
+        if write {
+            self.written = now.mono;
+            self.metrics.clone_from(&metrics_text);
+        }
+        let webhook = previous.is_some() && previous != Some(report.state);
+        self.report = Some(report.clone());
+        fx.push(Effect::Publish(Box::new(Publication {
+            report,
+            json,
+            metrics: metrics_text,
+            write,
+            webhook,
+        })));
+    }
+
+    /// Remedy: restart gridd when that can help, probe the DLS when a failure says nothing
+    /// specific.
+    fn remedy_step(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let Some(report) = &self.report else { return };
+        let state = report.state;
+        let reason = report.failure.as_ref().map(|f| f.reason);
+        if state == State::Licensed {
+            self.probe_failure = None;
+            self.probed = None;
+        } else {
+            // A failure gridd (or the agent) left vague: the agent finds the cause itself. A
+            // new one at once; the same one again after the rate limit (what was found may
+            // have been fixed since).
+            let base = self.base_reason(now);
+            let vague = match base {
+                Some(r) => policy::of(r).probe_refines,
+                None => state == State::Unlicensed,
+            };
+            let key = (
+                base.unwrap_or(Reason::Unspecified),
+                self.fold.failure_message().unwrap_or_default().to_string(),
+            );
+            let news = self.probed.as_ref() != Some(&key);
+            if vague && !self.busy.probe && (news || now.mono >= self.next_probe) {
+                self.busy.probe = true;
+                self.probed = Some(key);
+                self.next_probe =
+                    now.mono + self.settings.service.poll_unlicensed.max(PROBE_REPEAT);
+                let nodes = report.dls.clone().unwrap_or_default();
+                fx.push(Effect::Probe(nodes));
+            }
+        }
+        let t = secs(now);
+        if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
+            && !self.busy.restart
+            && !self.busy.adopt
+        {
+            info!("restarting nvidia-gridd: {why}");
+            self.busy.restart = true;
+            let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;
+            self.remedy.restarted(&self.settings.service, t, jitter);
+            fx.push(Effect::RestartGridd { why });
+        }
+    }
+
+    /// A reloaded config. What was set up at start (the follower, the watcher, the
+    /// listeners) keeps its old settings: say so rather than pretend.
+    fn reload(&mut self, s: Settings, now: Now) {
+        let (old, new) = (&self.settings, &s);
+        for (key, changed) in [
+            (
+                "commands.journalctl",
+                old.commands.journalctl != new.commands.journalctl,
+            ),
+            (
+                "paths.token_dir",
+                old.paths.token_dir != new.paths.token_dir,
+            ),
+            (
+                "paths.gridd_conf",
+                old.paths.gridd_conf != new.paths.gridd_conf,
+            ),
+            (
+                "service.metrics_socket",
+                old.service.metrics_socket != new.service.metrics_socket,
+            ),
+            (
+                "service.metrics_listen",
+                old.service.metrics_listen != new.service.metrics_listen,
+            ),
+        ] {
+            if changed {
+                warn!(
+                    "{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent)"
+                );
+            }
+        }
+        self.remedy.reconfigure(&s.service);
+        self.settings = s;
+        self.next_smi = now.mono;
+    }
+}
+
+fn secs(now: Now) -> f64 {
+    now.mono.as_secs_f64()
+}
+
+fn same_token(a: &Result<Token, TokenProblem>, b: &Result<Token, TokenProblem>) -> bool {
+    match (a, b) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(a), Err(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn log_state_change(report: &Report, previous: Option<State>) {
+    let edition = report
+        .license
+        .as_ref()
+        .and_then(|l| l.edition.clone())
+        .unwrap_or_default();
+    let expiry = report
+        .license
+        .as_ref()
+        .and_then(|l| l.expiry.clone())
+        .unwrap_or_default();
+    let id = if report.state == State::Licensed {
+        message_ids::LICENSED
+    } else {
+        message_ids::STATE_CHANGED
+    };
+    info!(
+        message_id = id,
+        vgpu_license_state = report.state.as_str(),
+        vgpu_license_previous_state = previous.map_or("none", State::as_str),
+        vgpu_license_edition = crate::text::escape(&edition).as_ref(),
+        vgpu_license_expiry = expiry.as_str(),
+        "license state: {}",
+        crate::text::escape(&status_line(report))
+    );
+}
+
+/// Two reports differ for the outside when anything but the time of observation differs.
+fn same_report(a: &Report, b: &Report) -> bool {
+    a.state == b.state
+        && a.license == b.license
+        && a.gpus == b.gpus
+        && a.events == b.events
+        && a.failure == b.failure
+        && a.dls == b.dls
+        && a.exit_code == b.exit_code
+        && a.notes == b.notes
+}
+
+/// The one line `systemctl status` shows.
+pub fn status_line(r: &Report) -> String {
+    let mut line = r.state.as_str().to_string();
+    if let Some(l) = &r.license {
+        if let Some(ed) = &l.edition {
+            line.push_str(&format!(", {ed}"));
+        }
+        if let Some(exp) = &l.expiry {
+            line.push_str(&format!(", expires {exp}"));
+        }
+    }
+    if let Some(f) = &r.failure {
+        line.push_str(&format!("; {}: {}", f.reason.as_str(), f.message));
+    }
+    line
+}

@@ -1,0 +1,428 @@
+//! `run`: the long-running service, a shell around [`core::Core`]. Events come in (gridd's
+//! journal from a `journalctl --follow` child, the answers of nvidia-smi, systemd, the token
+//! adoption, restarts and DLS probes, which run as blocking jobs off the event loop, each with
+//! its own time limit, signals, the watcher), the core decides, and the shell carries out its
+//! effects: start those jobs, and send the report everywhere (status.json, the metrics
+//! textfile and socket, the journal, systemd's status line, the webhook). The shell owns no
+//! licensing logic.
+
+pub mod core;
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::Utc;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info, warn};
+
+use crate::config::Settings;
+use crate::install::{self, NoToken, TokenRejected};
+use crate::live;
+use crate::observe::journal::LineParser;
+use crate::report::Reason;
+
+pub use self::core::status_line;
+use self::core::{AdoptError, Core, Effect, Event, HEARTBEAT, Now, Publication};
+
+/// Runs the service until SIGTERM or SIGINT.
+pub fn run(settings: Settings, config_path: &Path) -> anyhow::Result<ExitCode> {
+    init_logging();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        // The blocking jobs (nvidia-smi, systemctl, probes) come every few seconds to
+        // minutes: their threads stay, instead of being made anew (a wakeup and a clone
+        // each) for every job.
+        .thread_keep_alive(Duration::from_secs(600))
+        .max_blocking_threads(8)
+        .build()
+        .context("cannot start the runtime")?;
+    let code = rt.block_on(main_loop(settings, config_path.to_path_buf()));
+    // Commands still running (a hung nvidia-smi, say) are killed; their threads reap them.
+    crate::command::kill_all();
+    rt.shutdown_timeout(Duration::from_secs(2));
+    code
+}
+
+fn init_logging() {
+    use tracing_subscriber::prelude::*;
+    let journald = tracing_journald::layer()
+        .ok()
+        .map(|l| l.with_field_prefix(None));
+    let stderr = journald.is_none().then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_target(false)
+            .with_writer(std::io::stderr)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(journald)
+        .with(stderr)
+        .try_init();
+}
+
+fn notify(state: &[sd_notify::NotifyState]) {
+    let _ = sd_notify::notify(state);
+}
+
+/// The shell's clock: monotonic time since start, and the wall clock.
+struct Clock(Instant);
+
+impl Clock {
+    fn now(&self) -> Now {
+        Now {
+            mono: self.0.elapsed(),
+            wall: Utc::now(),
+        }
+    }
+
+    fn instant(&self, at: Duration) -> Instant {
+        self.0 + at
+    }
+}
+
+/// What the shell needs to carry out effects.
+struct Shell {
+    tx: mpsc::UnboundedSender<Event>,
+    metrics_tx: watch::Sender<String>,
+}
+
+impl Shell {
+    fn carry_out(&self, settings: &Settings, effects: Vec<Effect>) {
+        for effect in effects {
+            let settings = settings.clone();
+            let tx = self.tx.clone();
+            match effect {
+                Effect::ReadSmi => blocking(tx, move || Event::Smi(live::read_smi(&settings))),
+                Effect::CheckUnit => {
+                    blocking(tx, move || Event::Unit(live::gridd_running(&settings)))
+                }
+                Effect::ReadToken => blocking(tx, move || {
+                    Event::Token(live::token_state(&settings, Utc::now()).token)
+                }),
+                Effect::Adopt {
+                    licensed,
+                    retry_owed,
+                } => blocking(tx, move || {
+                    Event::Adopted(
+                        install::adopt_dropped_token(&settings, licensed, retry_owed)
+                            .map(Box::new)
+                            .map_err(|e| {
+                                if e.downcast_ref::<NoToken>().is_some() {
+                                    AdoptError::NoToken
+                                } else if let Some(r) = e.downcast_ref::<TokenRejected>() {
+                                    AdoptError::Rejected(r.to_string())
+                                } else {
+                                    AdoptError::Other(format!("{e:#}"))
+                                }
+                            }),
+                    )
+                }),
+                Effect::RestartGridd { .. } => blocking(tx, move || {
+                    Event::Restarted(install::restart_gridd(&settings))
+                }),
+                Effect::Probe(nodes) => blocking(tx, move || {
+                    let (verdict, skew) = probe_dls(&settings, &nodes);
+                    Event::Probed { verdict, skew }
+                }),
+                Effect::Publish(p) => self.publish(&settings, *p),
+                Effect::Ready => notify(&[sd_notify::NotifyState::Ready]),
+            }
+        }
+    }
+
+    fn publish(&self, settings: &Settings, p: Publication) {
+        if p.write {
+            write_file(&settings.paths.status_file, &p.json, true);
+            if settings
+                .paths
+                .metrics_textfile
+                .parent()
+                .is_some_and(Path::is_dir)
+            {
+                write_file(
+                    &settings.paths.metrics_textfile,
+                    p.metrics.as_bytes(),
+                    false,
+                );
+            }
+            notify(&[sd_notify::NotifyState::Status(&crate::text::escape(
+                &status_line(&p.report),
+            ))]);
+            self.metrics_tx.send_replace(p.metrics);
+        }
+        if p.webhook
+            && let Some(url) = settings.service.webhook_url.clone()
+        {
+            let timeout = settings.commands.timeout;
+            tokio::spawn(async move {
+                if let Err(e) = install::fetch::post_json(&url, p.json, timeout).await {
+                    warn!("webhook: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// Runs `job` off the loop; its result comes back as an event.
+fn blocking(tx: mpsc::UnboundedSender<Event>, job: impl FnOnce() -> Event + Send + 'static) {
+    tokio::task::spawn_blocking(move || {
+        let _ = tx.send(job());
+    });
+}
+
+async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<ExitCode> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (metrics_tx, metrics_rx) = watch::channel(String::new());
+    let clock = Clock(Instant::now());
+    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let follower = tokio::spawn(follow_journal(
+        live::journal_args(&settings, true),
+        tx.clone(),
+        stop_rx.clone(),
+    ));
+    let watcher = watch_paths(&settings, tx.clone());
+    let servers = serve_metrics(&settings, metrics_rx).await;
+    // Under systemd's watchdog, the ping rides on the heartbeat's wakeup (twice per period);
+    // without one there is no watchdog timer at all.
+    let watchdog = sd_notify::watchdog_enabled();
+    let heartbeat = watchdog.map_or(HEARTBEAT, |d| {
+        (d / 2).clamp(Duration::from_secs(1), HEARTBEAT)
+    });
+    let mut core = Core::new(settings, heartbeat, watcher.is_some(), clock.now());
+    let shell = Shell { tx, metrics_tx };
+    let effects = core.start(clock.now());
+    shell.carry_out(core.settings(), effects);
+
+    info!("vgpu-license-agent started");
+    loop {
+        let wake = clock.instant(core.next_wake(clock.now()));
+        tokio::select! {
+            Some(event) = rx.recv() => {
+                let mut effects = core.handle(event, clock.now());
+                // A backlog (this boot's journal at start) makes one report, not one each.
+                while let Ok(event) = rx.try_recv() {
+                    effects.extend(core.handle(event, clock.now()));
+                }
+                shell.carry_out(core.settings(), effects);
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = sighup.recv() => match Settings::load(&config_path) {
+                Ok(s) => {
+                    info!("config reloaded from {}", config_path.display());
+                    let effects = core.handle(Event::Reloaded(Box::new(s)), clock.now());
+                    shell.carry_out(core.settings(), effects);
+                }
+                Err(e) => error!("config not reloaded, keeping the last good one: {e}"),
+            },
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+        }
+        let effects = core.tick(clock.now());
+        shell.carry_out(core.settings(), effects);
+        if watchdog.is_some() {
+            notify(&[sd_notify::NotifyState::Watchdog]);
+        }
+    }
+    info!("stopping");
+    notify(&[sd_notify::NotifyState::Stopping]);
+    let _ = stop_tx.send(true);
+    // The follower kills and reaps its journalctl; blocking jobs end within their limits.
+    let _ = tokio::time::timeout(Duration::from_secs(5), follower).await;
+    for s in servers {
+        s.abort();
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_file(path: &Path, bytes: &[u8], create_dir: bool) {
+    if create_dir && let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Err(e) = crate::fsutil::write_atomic(path, bytes, 0o644) {
+        warn!("cannot write {}: {e}", path.display());
+    }
+}
+
+/// Follows gridd's journal, restarting `journalctl` with backoff whenever it ends.
+async fn follow_journal(
+    argv: Vec<String>,
+    tx: mpsc::UnboundedSender<Event>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let started = Instant::now();
+        let child = tokio::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn();
+        let why = match child {
+            Err(e) => format!("cannot start {}: {e}", argv[0]),
+            Ok(mut child) => {
+                let _ = tx.send(Event::JournalRestarted);
+                let stdout = child.stdout.take().expect("piped");
+                let mut lines = BufReader::new(stdout).split(b'\n');
+                let (etx, mut erx) = mpsc::unbounded_channel();
+                let mut parser = LineParser::new(|e| {
+                    let _ = etx.send(e);
+                });
+                let why = loop {
+                    tokio::select! {
+                        line = lines.next_segment() => match line {
+                            Ok(Some(line)) => {
+                                parser.feed(&line);
+                                while let Ok(e) = erx.try_recv() {
+                                    let _ = tx.send(Event::Gridd(Box::new(e)));
+                                }
+                            }
+                            Ok(None) => break "journalctl ended".to_string(),
+                            Err(e) => break format!("reading journalctl: {e}"),
+                        },
+                        _ = stop.changed() => {
+                            let _ = child.kill().await;
+                            return;
+                        }
+                    }
+                };
+                let _ = child.kill().await;
+                let _ = child.wait().await;
+                why
+            }
+        };
+        warn!("journal follower stopped: {why}; restarting it");
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff = Duration::from_millis(500);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Watches the token directory (or, until it exists, its parent) and gridd.conf.
+fn watch_paths(
+    settings: &Settings,
+    tx: mpsc::UnboundedSender<Event>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::{RecursiveMode, Watcher};
+    let dir = settings.paths.token_dir.clone();
+    let conf = settings.paths.gridd_conf.clone();
+    // gridd.conf's directory may hold other files (status.json, say, in a custom layout): only
+    // the token directory and gridd.conf itself matter; anything else would wake us for our
+    // own writes.
+    let relevant = move |p: &Path| p.starts_with(&dir) || dir.starts_with(p) || p == conf;
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        let wanted = match ev {
+            Ok(e) => {
+                !e.kind.is_access() && (e.paths.is_empty() || e.paths.iter().any(|p| relevant(p)))
+            }
+            // Events were lost (queue overflow): look again.
+            Err(_) => true,
+        };
+        if wanted {
+            let _ = tx.send(Event::TokenDirChanged);
+        }
+    })
+    .map_err(|e| warn!("cannot watch the token directory: {e}; checking it on each tick"))
+    .ok()?;
+    let dir = &settings.paths.token_dir;
+    let target = if dir.is_dir() {
+        dir.clone()
+    } else {
+        dir.parent().map_or(dir.clone(), Path::to_path_buf)
+    };
+    for p in [
+        target.as_path(),
+        settings.paths.gridd_conf.parent().unwrap_or(Path::new("/")),
+    ] {
+        if let Err(e) = watcher.watch(p, RecursiveMode::NonRecursive) {
+            warn!("cannot watch {}: {e}", p.display());
+        }
+    }
+    if target != *dir {
+        // Recursive on the parent until the directory exists.
+        let _ = watcher.watch(&target, RecursiveMode::Recursive);
+    }
+    Some(watcher)
+}
+
+/// Serves `GET /metrics` on the configured Unix socket and TCP address.
+async fn serve_metrics(
+    settings: &Settings,
+    metrics: watch::Receiver<String>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if let Some(path) = &settings.service.metrics_socket {
+        let _ = std::fs::remove_file(path);
+        match tokio::net::UnixListener::bind(path) {
+            Ok(l) => {
+                let m = metrics.clone();
+                tasks.push(tokio::spawn(async move {
+                    while let Ok((conn, _)) = l.accept().await {
+                        tokio::spawn(answer(conn, m.borrow().clone()));
+                    }
+                }));
+            }
+            Err(e) => warn!("cannot listen on {}: {e}", path.display()),
+        }
+    }
+    if let Some(addr) = &settings.service.metrics_listen {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                let m = metrics.clone();
+                tasks.push(tokio::spawn(async move {
+                    while let Ok((conn, _)) = l.accept().await {
+                        tokio::spawn(answer(conn, m.borrow().clone()));
+                    }
+                }));
+            }
+            Err(e) => warn!("cannot listen on {addr}: {e}"),
+        }
+    }
+    tasks
+}
+
+/// A minimal HTTP/1.0 answer: the metrics for any GET.
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut conn: S,
+    body: String,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = [0u8; 1024];
+    let _ = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf)).await;
+    let head = format!(
+        "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = conn.write_all(head.as_bytes()).await;
+    let _ = conn.write_all(body.as_bytes()).await;
+    let _ = conn.shutdown().await;
+}
+
+/// Probes every DLS node of the token: the failure the probes show (if any) and the clock
+/// skew measured against the first node that answered.
+fn probe_dls(
+    settings: &Settings,
+    nodes: &[crate::report::DlsEndpoint],
+) -> (Option<(Reason, String)>, Option<f64>) {
+    let targets: Vec<(String, u16)> = nodes.iter().map(|n| (n.host.clone(), n.port)).collect();
+    let probes = crate::probe::probe_all(&targets, settings.service.probe_timeout);
+    let skew = crate::probe::clock_skew(&probes);
+    (
+        crate::probe::verdict(&probes, settings.service.clock_skew_max),
+        skew,
+    )
+}

@@ -1,0 +1,569 @@
+//! The service's decisions, driven in-process with simulated time and a simulated world: no
+//! root, no journald, no threads. Each scenario feeds the core the lines real gridd logs
+//! (in the orders the samples show) and the answers nvidia-smi and systemd give, and checks
+//! what users rely on: the report, whether and when gridd is restarted, whether and when the
+//! DLS is probed, how often the core wakes.
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use proptest::prelude::*;
+use vgpu_license_agent::config::Settings;
+use vgpu_license_agent::live::{SmiRead, TokenProblem};
+use vgpu_license_agent::observe::journal::{self, GriddEvent};
+use vgpu_license_agent::observe::smi;
+use vgpu_license_agent::policy;
+use vgpu_license_agent::report::{Reason, State};
+use vgpu_license_agent::service::core::{
+    AdoptError, Core, Effect, Event, HEARTBEAT, Now, PROBE_REPEAT,
+};
+use vgpu_license_agent::token::Token;
+
+const LICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n";
+const UNLICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Unlicensed (Unrestricted)\n";
+
+/// gridd lines as the samples show them (the `(Info: ... - Error: ...)` forms are those of
+/// tests/fixtures/samples; the bare form is gridd's when it says nothing more).
+const ACQUIRED: &str = "License acquired successfully. (Info: dls-a.example, NVIDIA RTX Virtual Workstation; Expiry: 2099-1-1 0:0:0 GMT)";
+const BARE_FAILURE: &str = "Failed to acquire license from dls-a.example";
+const WINDBACK: &str = "Failed to acquire license from dls-a.example (Info: NVIDIA RTX Virtual Workstation - Error: Clock windback has been detected)";
+const NETWORK: &str = "Failed to acquire license from dls-a.example (Info: NVIDIA RTX Virtual Workstation - Error: Generic network communication failure)";
+const NO_POOL: &str = "Failed to acquire license from dls-a.example (Info: NVIDIA RTX Virtual Workstation - Error: No pool features found for : NVIDIA RTX Virtual Workstation)";
+const UNSUPPORTED: &str = "Licensing not supported for GPUs in the system";
+const PID_FILE: &str = "Failed to unlock PID file: Bad file descriptor";
+const PID_CLOSE: &str = "Failed to close PID file: Bad file descriptor";
+const TOKEN_BAD: &str = "Failed to decode signature from token";
+const TRUSTED_STORE: &str = "Failed to update local trusted store - Maximum buffer size exceeded";
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+}
+
+fn gridd(pid: u32, message: &str) -> GriddEvent {
+    let line = format!("Nov 30 12:00:00 guest nvidia-gridd[{pid}]: {message}\n");
+    let mut out = Vec::new();
+    journal::scan(line.as_bytes(), |e| out.push(e)).unwrap();
+    assert_eq!(out.len(), 1, "{message}");
+    out.remove(0)
+}
+
+fn token() -> Token {
+    Token::decode(&common::valid_token("core")).unwrap()
+}
+
+/// What the world answers, and what the core asked of it.
+struct World {
+    smi: &'static str,
+    smi_hangs: bool,
+    unit: Option<Result<(), String>>,
+    token: Result<Token, TokenProblem>,
+    probe: Option<(Reason, String)>,
+    /// Lines gridd logs after each restart.
+    after_restart: Vec<&'static str>,
+    restarts: Vec<Duration>,
+    probes: Vec<Duration>,
+    ticks: u32,
+    pid: u32,
+}
+
+impl World {
+    fn new(smi: &'static str) -> World {
+        World {
+            smi,
+            smi_hangs: false,
+            unit: Some(Ok(())),
+            token: Ok(token()),
+            probe: None,
+            after_restart: Vec::new(),
+            restarts: Vec::new(),
+            probes: Vec::new(),
+            ticks: 0,
+            pid: 100,
+        }
+    }
+}
+
+struct Sim {
+    core: Core,
+    world: World,
+    mono: Duration,
+    /// The core's first effects, carried out with whatever comes first (a gridd line of
+    /// this boot's journal, or time passing), as the journal's backlog comes with them.
+    pending: Vec<Effect>,
+}
+
+impl Sim {
+    fn new(settings: Settings, world: World) -> Sim {
+        let now = Now {
+            mono: Duration::ZERO,
+            wall: t0(),
+        };
+        let mut core = Core::new(settings, HEARTBEAT, true, now);
+        let pending = core.start(now);
+        Sim {
+            core,
+            world,
+            mono: Duration::ZERO,
+            pending,
+        }
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            mono: self.mono,
+            wall: t0() + chrono::Duration::from_std(self.mono).unwrap(),
+        }
+    }
+
+    /// The world answers every effect at once (a probe, a restart, nvidia-smi take no time
+    /// here); what it answers comes back as events.
+    fn carry_out(&mut self, effects: Vec<Effect>) {
+        let mut queue = effects;
+        while !queue.is_empty() {
+            let mut next = Vec::new();
+            let mut answered = false;
+            for e in queue {
+                let now = self.now();
+                let event = match e {
+                    Effect::ReadSmi if self.world.smi_hangs => Some(Event::Smi(SmiRead::TimedOut(
+                        "nvidia-smi: it did not finish within 10s and was killed".into(),
+                    ))),
+                    Effect::ReadSmi => Some(Event::Smi(SmiRead::Snapshot(
+                        smi::parse(self.world.smi.as_bytes()).unwrap(),
+                    ))),
+                    Effect::CheckUnit => Some(Event::Unit(self.world.unit.clone())),
+                    Effect::ReadToken => Some(Event::Token(self.world.token.clone())),
+                    Effect::Adopt { .. } => Some(Event::Adopted(Err(AdoptError::NoToken))),
+                    Effect::RestartGridd { .. } => {
+                        self.world.restarts.push(self.mono);
+                        self.world.pid += 1;
+                        for line in self.world.after_restart.clone() {
+                            let ev = gridd(self.world.pid, line);
+                            next.extend(self.core.handle(Event::Gridd(Box::new(ev)), now));
+                        }
+                        Some(Event::Restarted(Ok(())))
+                    }
+                    Effect::Probe(_) => {
+                        self.world.probes.push(self.mono);
+                        Some(Event::Probed {
+                            verdict: self.world.probe.clone(),
+                            skew: None,
+                        })
+                    }
+                    Effect::Publish(_) | Effect::Ready => None,
+                };
+                if let Some(ev) = event {
+                    next.extend(self.core.handle(ev, now));
+                    answered = true;
+                }
+            }
+            // As the shell does: after a batch of answers, what follows from them.
+            if answered {
+                next.extend(self.core.tick(self.now()));
+            }
+            queue = next;
+        }
+    }
+
+    /// A timer wakeup (answers to the effects are not counted: they are the world's).
+    fn tick(&mut self) {
+        self.world.ticks += 1;
+        let fx = self.core.tick(self.now());
+        self.carry_out(fx);
+    }
+
+    /// gridd logs a line; the core hears it and settles (the report is made within the
+    /// report gap).
+    fn log(&mut self, message: &str) {
+        let ev = gridd(self.world.pid, message);
+        self.handle(Event::Gridd(Box::new(ev)));
+    }
+
+    fn handle(&mut self, ev: Event) {
+        let mut fx = std::mem::take(&mut self.pending);
+        fx.extend(self.core.handle(ev, self.now()));
+        fx.extend(self.core.tick(self.now()));
+        self.carry_out(fx);
+        self.run(Duration::from_millis(200));
+    }
+
+    /// Lets `d` pass, waking the core whenever it asks.
+    fn run(&mut self, d: Duration) {
+        let pending = std::mem::take(&mut self.pending);
+        self.carry_out(pending);
+        let end = self.mono + d;
+        loop {
+            let wake = self.core.next_wake(self.now());
+            assert!(wake >= self.mono, "a wake in the past");
+            if wake > end {
+                break;
+            }
+            self.mono = wake;
+            self.tick();
+        }
+        self.mono = end;
+    }
+
+    fn state(&self) -> State {
+        self.core.report().expect("a report").state
+    }
+
+    fn reason(&self) -> Option<Reason> {
+        self.core
+            .report()
+            .and_then(|r| r.failure.as_ref())
+            .map(|f| f.reason)
+    }
+}
+
+fn settings() -> Settings {
+    let mut s = Settings::default();
+    s.service.restart_grace = Duration::from_secs(120);
+    s.service.restart_backoff = Duration::from_secs(60);
+    s.service.restart_backoff_max = Duration::from_secs(1800);
+    s.service.restart_budget_per_hour = 6;
+    s
+}
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+#[test]
+fn licensed_and_quiet_the_core_wakes_once_per_heartbeat_at_most() {
+    let mut sim = Sim::new(settings(), World::new(LICENSED));
+    sim.log(ACQUIRED);
+    sim.run(S(60));
+    assert_eq!(sim.state(), State::Licensed);
+    assert_eq!(sim.reason(), None);
+    let before = sim.world.ticks;
+    sim.run(S(3600));
+    let wakes = sim.world.ticks - before;
+    // One per heartbeat (30 s): nvidia-smi (every 5 min) and the token check ride on them.
+    assert!(wakes <= 3600 / 30 + 1, "{wakes} wakeups in an idle hour");
+    assert!(sim.world.restarts.is_empty() && sim.world.probes.is_empty());
+}
+
+#[test]
+fn a_bare_failure_after_a_license_is_probed_at_once() {
+    let mut w = World::new(LICENSED);
+    w.probe = Some((
+        Reason::DlsUnreachable,
+        "TCP dls-a.example:443: connection refused".into(),
+    ));
+    let mut sim = Sim::new(settings(), w);
+    sim.log(ACQUIRED);
+    sim.run(S(100));
+    // The license is lost: gridd says only that it failed.
+    sim.world.smi = UNLICENSED;
+    let seen = sim.mono;
+    sim.log(BARE_FAILURE);
+    sim.run(S(2));
+    let first = sim.world.probes.first().copied().expect("a probe");
+    assert!(
+        first >= seen && first <= seen + S(2),
+        "probed at {first:?}, seen at {seen:?}"
+    );
+    assert_eq!(sim.reason(), Some(Reason::DlsUnreachable));
+    // The same unchanged failure is probed again only after the rate limit.
+    sim.run(S(20));
+    assert_eq!(sim.world.probes.len(), 1, "{:?}", sim.world.probes);
+    sim.run(PROBE_REPEAT);
+    assert!(sim.world.probes.len() >= 2);
+}
+
+#[test]
+fn licensing_unsupported_outranks_the_housekeeping_that_follows_it() {
+    let mut sim = Sim::new(settings(), World::new(UNLICENSED));
+    sim.log(UNSUPPORTED);
+    sim.log(PID_FILE);
+    sim.log(PID_CLOSE);
+    // The failure is the specific line, not the housekeeping after it.
+    assert_eq!(sim.reason(), Some(Reason::LicensingUnsupported));
+    sim.run(S(3600));
+    assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
+    assert!(sim.world.probes.is_empty(), "{:?}", sim.world.probes);
+}
+
+#[test]
+fn clock_skew_and_other_causes_a_restart_cannot_fix_are_reported_not_retried() {
+    for (line, reason) in [
+        (WINDBACK, Reason::ClockSkew),
+        (NO_POOL, Reason::NoLicenseAvailable),
+        (TOKEN_BAD, Reason::TokenInvalid),
+        (TRUSTED_STORE, Reason::TrustedStore),
+    ] {
+        let mut sim = Sim::new(settings(), World::new(UNLICENSED));
+        sim.log(line);
+        assert_eq!(sim.reason(), Some(reason), "{line}");
+        sim.run(S(3600));
+        assert!(
+            sim.world.restarts.is_empty(),
+            "{line}: {:?}",
+            sim.world.restarts
+        );
+        assert!(
+            sim.world.probes.is_empty(),
+            "{line}: {:?}",
+            sim.world.probes
+        );
+        assert_eq!(sim.reason(), Some(reason), "{line}");
+    }
+}
+
+#[test]
+fn an_unreachable_dls_is_retried_after_the_grace_with_backoff_and_a_budget() {
+    let mut w = World::new(UNLICENSED);
+    w.after_restart = vec![NETWORK];
+    let mut sim = Sim::new(settings(), w);
+    sim.log(NETWORK);
+    assert_eq!(sim.reason(), Some(Reason::DlsUnreachable));
+    sim.run(S(119));
+    assert!(sim.world.restarts.is_empty(), "inside the grace");
+    sim.run(S(3600));
+    let r = &sim.world.restarts;
+    assert_eq!(r.len(), 6, "the budget: {r:?}");
+    assert!(r[0] >= S(120) && r[0] <= S(125), "{r:?}");
+    // Each wait at least 0.8 of the doubling backoff (jitter is ±20 %).
+    let mut backoff = 60.0;
+    for w in r.windows(2) {
+        let gap = (w[1] - w[0]).as_secs_f64();
+        assert!(gap >= 0.8 * backoff, "{gap} s < 0.8 x {backoff} s: {r:?}");
+        backoff = (backoff * 2.0_f64).min(1800.0);
+    }
+}
+
+#[test]
+fn gridd_not_running_is_restarted_at_once_and_a_missing_token_is_not() {
+    let mut w = World::new(UNLICENSED);
+    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    let mut sim = Sim::new(settings(), w);
+    sim.run(S(5));
+    assert_eq!(sim.reason(), Some(Reason::GriddNotRunning));
+    let first = sim.world.restarts.first().copied().expect("a restart");
+    assert!(first <= S(1), "restarted at {first:?}");
+
+    let mut w = World::new(UNLICENSED);
+    w.token = Err(TokenProblem::Missing);
+    let mut sim = Sim::new(settings(), w);
+    sim.run(S(3600));
+    assert_eq!(sim.reason(), Some(Reason::TokenMissing));
+    assert!(sim.world.restarts.is_empty() && sim.world.probes.is_empty());
+}
+
+#[test]
+fn a_hung_nvidia_smi_is_unknown_and_asked_again_later() {
+    let mut w = World::new(LICENSED);
+    w.smi_hangs = true;
+    let mut sim = Sim::new(settings(), w);
+    sim.run(S(60));
+    let r = sim.core.report().unwrap();
+    assert_eq!(r.state, State::Unknown);
+    assert!(
+        r.notes.iter().any(|n| n.contains("did not finish")),
+        "{:?}",
+        r.notes
+    );
+}
+
+#[test]
+fn a_new_token_is_news_for_the_probe() {
+    let mut w = World::new(UNLICENSED);
+    w.probe = Some((Reason::DlsUnreachable, "DNS: no such host".into()));
+    let mut sim = Sim::new(settings(), w);
+    sim.log(BARE_FAILURE);
+    sim.run(S(5));
+    assert_eq!(sim.world.probes.len(), 1);
+    // A token dropped and adopted: the same failure text is probed again at once.
+    let mut t = token();
+    t.token_id = Some("another".into());
+    sim.world.token = Ok(t);
+    sim.handle(Event::TokenDirChanged);
+    sim.run(S(2));
+    assert_eq!(sim.world.probes.len(), 2, "{:?}", sim.world.probes);
+}
+
+/// How a scenario sets up its world.
+type Setup = Box<dyn Fn(&mut World)>;
+
+/// Every reason of the contract, as gridd or the agent meets it: restarts exactly where the
+/// policy table says a restart helps, probes exactly where it says a probe refines.
+#[test]
+fn every_reason_follows_the_policy_table() {
+    let cases: Vec<(Reason, Setup, Option<&str>)> = vec![
+        (
+            Reason::TokenMissing,
+            Box::new(|w| w.token = Err(TokenProblem::Missing)),
+            None,
+        ),
+        (Reason::TokenInvalid, Box::new(|_| {}), Some(TOKEN_BAD)),
+        (
+            Reason::TokenExpired,
+            Box::new(|w| w.token = Err(TokenProblem::Expired(t0()))),
+            None,
+        ),
+        (Reason::ClockSkew, Box::new(|_| {}), Some(WINDBACK)),
+        (Reason::NoLicenseAvailable, Box::new(|_| {}), Some(NO_POOL)),
+        (Reason::TrustedStore, Box::new(|_| {}), Some(TRUSTED_STORE)),
+        (Reason::DlsUnreachable, Box::new(|_| {}), Some(NETWORK)),
+        (
+            Reason::GriddNotRunning,
+            Box::new(|w| w.unit = Some(Err("inactive".into()))),
+            None,
+        ),
+        (Reason::Unspecified, Box::new(|_| {}), Some(BARE_FAILURE)),
+        (
+            Reason::Other,
+            Box::new(|_| {}),
+            Some(
+                "Failed to acquire license from dls-a.example (Info: NVIDIA RTX Virtual Workstation - Error: Storage anchor break found.)",
+            ),
+        ),
+        (
+            Reason::FeatureTypeInvalid,
+            Box::new(|_| {}),
+            Some("Invalid feature type requested"),
+        ),
+    ];
+    for (reason, setup, line) in cases {
+        let mut w = World::new(UNLICENSED);
+        setup(&mut w);
+        let mut sim = Sim::new(settings(), w);
+        if let Some(line) = line {
+            sim.log(line);
+        }
+        sim.run(S(600));
+        assert_eq!(sim.reason(), Some(reason), "{reason:?}");
+        let p = policy::of(reason);
+        assert_eq!(
+            !sim.world.restarts.is_empty(),
+            p.restart_helps,
+            "{reason:?}: restarts {:?}",
+            sim.world.restarts
+        );
+        assert_eq!(
+            !sim.world.probes.is_empty(),
+            p.probe_refines,
+            "{reason:?}: probes {:?}",
+            sim.world.probes
+        );
+    }
+}
+
+/// One step of an arbitrary life.
+#[derive(Debug, Clone)]
+enum Step {
+    Wait(u64),
+    Log(usize),
+    Smi(bool),
+    Unit(bool),
+    Token(bool),
+    Probe(Option<Reason>),
+}
+
+const LINES: &[&str] = &[
+    ACQUIRED,
+    BARE_FAILURE,
+    WINDBACK,
+    NETWORK,
+    NO_POOL,
+    UNSUPPORTED,
+    PID_FILE,
+    TOKEN_BAD,
+    TRUSTED_STORE,
+];
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u64..300).prop_map(Step::Wait),
+        4 => (0..LINES.len()).prop_map(Step::Log),
+        1 => any::<bool>().prop_map(Step::Smi),
+        1 => any::<bool>().prop_map(Step::Unit),
+        1 => any::<bool>().prop_map(Step::Token),
+        1 => prop::option::of(prop::sample::select(vec![
+            Reason::DlsUnreachable,
+            Reason::ClockSkew,
+        ]))
+        .prop_map(Step::Probe),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Whatever happens, in whatever order: restarts stay within the hourly budget, never
+    /// two inside the backoff, never one for a failure the table says a restart cannot fix,
+    /// and a new vague failure is probed within 2 s.
+    #[test]
+    fn restarts_and_probes_keep_their_rules(steps in prop::collection::vec(step(), 1..40)) {
+        let cfg = settings();
+        let mut sim = Sim::new(cfg.clone(), World::new(UNLICENSED));
+        for s in steps {
+            match s {
+                Step::Wait(secs) => sim.run(Duration::from_secs(secs)),
+                Step::Log(i) => sim.log(LINES[i]),
+                Step::Smi(licensed) => {
+                    sim.world.smi = if licensed { LICENSED } else { UNLICENSED };
+                    sim.run(Duration::from_secs(1));
+                }
+                Step::Unit(up) => {
+                    sim.world.unit = Some(if up { Ok(()) } else { Err("inactive".into()) });
+                    sim.run(Duration::from_secs(1));
+                }
+                Step::Token(ok) => {
+                    sim.world.token = if ok { Ok(token()) } else { Err(TokenProblem::Missing) };
+                    sim.handle(Event::TokenDirChanged);
+                }
+                Step::Probe(r) => sim.world.probe = r.map(|r| (r, "probe".to_string())),
+            }
+            let r = &sim.world.restarts;
+            for (i, t) in r.iter().enumerate() {
+                let in_hour = r[i..].iter().filter(|u| **u < *t + Duration::from_secs(3600)).count();
+                prop_assert!(in_hour <= cfg.service.restart_budget_per_hour as usize, "{r:?}");
+            }
+            for w in r.windows(2) {
+                prop_assert!(
+                    (w[1] - w[0]).as_secs_f64() >= 0.8 * cfg.service.restart_backoff.as_secs_f64(),
+                    "{r:?}"
+                );
+            }
+        }
+    }
+
+    /// With a failure a restart cannot fix, no restart ever comes, whatever the timing.
+    #[test]
+    fn never_a_restart_for_what_a_restart_cannot_fix(
+        line in prop::sample::select(vec![WINDBACK, NO_POOL, TOKEN_BAD, TRUSTED_STORE, UNSUPPORTED]),
+        waits in prop::collection::vec(0u64..900, 1..8),
+    ) {
+        let mut sim = Sim::new(settings(), World::new(UNLICENSED));
+        sim.log(line);
+        for w in waits {
+            sim.run(Duration::from_secs(w));
+            if w % 3 == 0 {
+                sim.log(line);
+            }
+        }
+        prop_assert!(sim.world.restarts.is_empty(), "{line}: {:?}", sim.world.restarts);
+    }
+
+    /// A vague failure, new to the core, is probed within 2 s of being seen.
+    #[test]
+    fn a_new_vague_failure_is_probed_within_two_seconds(
+        before in 0u64..600,
+        line in prop::sample::select(vec![BARE_FAILURE, "Failed to acquire license from dls-a.example (Info: NVIDIA RTX Virtual Workstation - Error: Storage anchor break found.)"]),
+    ) {
+        let mut sim = Sim::new(settings(), World::new(LICENSED));
+        sim.log(ACQUIRED);
+        sim.run(Duration::from_secs(before));
+        sim.world.smi = UNLICENSED;
+        let seen = sim.mono;
+        sim.log(line);
+        sim.run(Duration::from_secs(2));
+        prop_assert!(
+            sim.world.probes.iter().any(|p| *p >= seen && *p <= seen + Duration::from_secs(2)),
+            "{:?} (seen at {seen:?})",
+            sim.world.probes
+        );
+    }
+}
