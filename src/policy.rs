@@ -47,6 +47,9 @@ pub fn of(reason: Reason) -> Policy {
         // which step (DNS, TCP, TLS) fails.
         R::DlsUnreachable => (true, true, DLS_CHECKS, Specific),
         R::GriddNotRunning => (true, false, &["gridd"], Specific),
+        // The lease still holds: a restart would return it and, with the DLS lost, leave
+        // the guest with none. Reported, with the time it runs out.
+        R::RenewalStalled => (false, false, &[], Specific),
         // gridd said nothing specific: a new attempt may succeed, and the probe may find
         // the cause (a closed port, a skewed clock) that gridd did not name.
         R::Unspecified | R::Other => (true, true, &[], Generic),

@@ -136,6 +136,9 @@ pub struct Observations {
     pub at_is_exact: bool,
     /// A lease expiring sooner than this after `at` is a warning.
     pub expiry_warning: chrono::Duration,
+    /// The service's finding that the lease's expiry has stopped moving: since when it
+    /// counts as stalled, and what to say.
+    pub renewal_stalled: Option<(DateTime<Utc>, String)>,
 }
 
 /// The time of the log's last line as an instant, assuming UTC where the zone is unknown.
@@ -230,6 +233,7 @@ pub fn advice(
         Reason::LicensingUnsupported => "This GPU is not a licensable vGPU (passthrough or bare metal under the GRID guest driver): nothing to license here; use the data-center driver, or give the VM a vGPU profile.".into(),
         Reason::FeatureTypeInvalid => "FeatureType in /etc/nvidia/gridd.conf does not fit this GPU: set FeatureType=1 for a vGPU (the driver picks the edition from the profile), e.g. `vgpu-license-agent install --feature-type 1 ...`; 2 or 4 only for passthrough, then restart nvidia-gridd.".into(),
         Reason::DlsUnreachable => format!("{the_dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
+        Reason::RenewalStalled => format!("gridd has not renewed the lease from {dls} for longer than its renewal interval allows: the license runs out at its expiry. Run `vgpu-license-agent diagnose` (DNS, TCP, TLS, the clock against the DLS) and look for this client in the DLS's log; restart nvidia-gridd only once the DLS answers: a restart returns the lease."),
         Reason::GriddNotRunning => "nvidia-gridd is not running: `systemctl enable --now nvidia-gridd`, then read `journalctl -u nvidia-gridd` if it stops again.".into(),
         Reason::Unspecified => format!("nvidia-gridd failed to get a license from {dls} without saying why: run `vgpu-license-agent diagnose` to check DNS, TCP, TLS and the clock against the DLS."),
         Reason::Other => format!("nvidia-gridd reported an error from the licensing library: run `vgpu-license-agent diagnose`; if {dls} is reachable and the clock is right, look for this client in the DLS's own log."),
@@ -375,6 +379,16 @@ pub fn evaluate(obs: Observations) -> Report {
             }
         }),
     };
+    // A lease held whose renewals have stalled: a warning while it still holds.
+    let failure = failure.or_else(|| {
+        let (since, message) = obs.renewal_stalled.filter(|_| state == State::Licensed)?;
+        Some(Failure {
+            reason: Reason::RenewalStalled,
+            advice: advice(Reason::RenewalStalled, dls_host.as_deref(), None, None),
+            message,
+            at: Some(rfc3339(since)),
+        })
+    });
 
     let expiry = license
         .as_ref()

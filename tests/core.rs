@@ -55,7 +55,7 @@ fn token() -> Token {
 
 /// What the world answers, and what the core asked of it.
 struct World {
-    smi: &'static str,
+    smi: String,
     smi_hangs: bool,
     unit: Option<Result<(), String>>,
     token: Result<Token, TokenProblem>,
@@ -69,9 +69,9 @@ struct World {
 }
 
 impl World {
-    fn new(smi: &'static str) -> World {
+    fn new(smi: &str) -> World {
         World {
-            smi,
+            smi: smi.to_string(),
             smi_hangs: false,
             unit: Some(Ok(())),
             token: Ok(token()),
@@ -244,6 +244,55 @@ fn licensed_and_quiet_the_core_wakes_once_per_heartbeat_at_most() {
     assert!(sim.world.restarts.is_empty() && sim.world.probes.is_empty());
 }
 
+/// nvidia-smi's License Status with this expiry, as gridd's driver prints it (unpadded).
+fn licensed_until(exp: DateTime<Utc>) -> String {
+    use chrono::{Datelike, Timelike};
+    LICENSED.replace(
+        "2099-1-1 0:0:0",
+        &format!(
+            "{}-{}-{} {}:{}:{}",
+            exp.year(),
+            exp.month(),
+            exp.day(),
+            exp.hour(),
+            exp.minute(),
+            exp.second()
+        ),
+    )
+}
+
+#[test]
+fn a_renewal_that_stalls_is_a_warning_until_the_expiry_moves_again() {
+    let exp = t0() + chrono::Duration::hours(24);
+    let mut sim = Sim::new(settings(), World::new(&licensed_until(exp)));
+    sim.log(ACQUIRED);
+    // Renewals come at about a fifth of the lease: two fifths (9.6 h of 24) without one is
+    // a stall.
+    sim.run(S(9 * 3600));
+    assert_eq!(sim.reason(), None, "not yet");
+    sim.run(S(3600));
+    let r = sim.core.report().unwrap();
+    assert_eq!(r.state, State::Licensed);
+    assert_eq!(sim.reason(), Some(Reason::RenewalStalled), "{r:?}");
+    assert_eq!(r.exit_code, 1);
+    let f = r.failure.as_ref().unwrap();
+    assert!(
+        f.message.contains("runs out at 2026-12-01T12:00:00Z"),
+        "{}",
+        f.message
+    );
+    // Counted once however long it lasts; no restart (it would return the lease).
+    let failures = sim.core.counters().failures;
+    sim.run(S(3600));
+    assert_eq!(sim.core.counters().failures, failures);
+    assert!(sim.world.restarts.is_empty());
+    // A renewal moves the expiry: the warning goes.
+    sim.world.smi = licensed_until(exp + chrono::Duration::hours(10));
+    sim.run(S(400));
+    assert_eq!(sim.reason(), None);
+    assert_eq!(sim.core.report().unwrap().exit_code, 0);
+}
+
 #[test]
 fn a_bare_failure_after_a_license_is_probed_at_once() {
     let mut w = World::new(LICENSED);
@@ -255,7 +304,7 @@ fn a_bare_failure_after_a_license_is_probed_at_once() {
     sim.log(ACQUIRED);
     sim.run(S(100));
     // The license is lost: gridd says only that it failed.
-    sim.world.smi = UNLICENSED;
+    sim.world.smi = UNLICENSED.into();
     let seen = sim.mono;
     sim.log(BARE_FAILURE);
     sim.run(S(2));
@@ -503,7 +552,7 @@ proptest! {
                 Step::Wait(secs) => sim.run(Duration::from_secs(secs)),
                 Step::Log(i) => sim.log(LINES[i]),
                 Step::Smi(licensed) => {
-                    sim.world.smi = if licensed { LICENSED } else { UNLICENSED };
+                    sim.world.smi = if licensed { LICENSED } else { UNLICENSED }.into();
                     sim.run(Duration::from_secs(1));
                 }
                 Step::Unit(up) => {
@@ -556,7 +605,7 @@ proptest! {
         let mut sim = Sim::new(settings(), World::new(LICENSED));
         sim.log(ACQUIRED);
         sim.run(Duration::from_secs(before));
-        sim.world.smi = UNLICENSED;
+        sim.world.smi = UNLICENSED.into();
         let seen = sim.mono;
         sim.log(line);
         sim.run(Duration::from_secs(2));

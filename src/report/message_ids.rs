@@ -28,9 +28,10 @@ pub const FAILURE_DLS_UNREACHABLE: &str = "e526d0b694ff430096612100c7534dcc";
 pub const FAILURE_GRIDD_NOT_RUNNING: &str = "97318e70705840c2a9c6011223070aaf";
 pub const FAILURE_UNSPECIFIED: &str = "f9987d50f90a49f093a9818273e35ce9";
 pub const FAILURE_OTHER: &str = "88cef4ab9cf5485c9ea15e557d20fc62";
+pub const FAILURE_RENEWAL_STALLED: &str = "9a6f696648e74ebd8b1658f29f1299a7";
 
 /// Every ID above, with its constant's name.
-pub const ALL: [(&str, &str); 15] = [
+pub const ALL: [(&str, &str); 16] = [
     ("STATE_CHANGED", STATE_CHANGED),
     ("LICENSED", LICENSED),
     ("GRIDD_RESTARTED", GRIDD_RESTARTED),
@@ -49,6 +50,7 @@ pub const ALL: [(&str, &str); 15] = [
     ("FAILURE_GRIDD_NOT_RUNNING", FAILURE_GRIDD_NOT_RUNNING),
     ("FAILURE_UNSPECIFIED", FAILURE_UNSPECIFIED),
     ("FAILURE_OTHER", FAILURE_OTHER),
+    ("FAILURE_RENEWAL_STALLED", FAILURE_RENEWAL_STALLED),
 ];
 
 /// The `MESSAGE_ID` of a failure with this reason.
@@ -66,6 +68,7 @@ pub fn for_reason(reason: Reason) -> &'static str {
         Reason::GriddNotRunning => FAILURE_GRIDD_NOT_RUNNING,
         Reason::Unspecified => FAILURE_UNSPECIFIED,
         Reason::Other => FAILURE_OTHER,
+        Reason::RenewalStalled => FAILURE_RENEWAL_STALLED,
     }
 }
 

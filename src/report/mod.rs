@@ -78,12 +78,13 @@ pub enum Reason {
     FeatureTypeInvalid,
     DlsUnreachable,
     GriddNotRunning,
+    RenewalStalled,
     Unspecified,
     Other,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::TokenMissing,
         Reason::TokenInvalid,
         Reason::TokenExpired,
@@ -94,6 +95,7 @@ impl Reason {
         Reason::FeatureTypeInvalid,
         Reason::DlsUnreachable,
         Reason::GriddNotRunning,
+        Reason::RenewalStalled,
         Reason::Unspecified,
         Reason::Other,
     ];
@@ -110,6 +112,7 @@ impl Reason {
             Reason::FeatureTypeInvalid => "feature_type_invalid",
             Reason::DlsUnreachable => "dls_unreachable",
             Reason::GriddNotRunning => "gridd_not_running",
+            Reason::RenewalStalled => "renewal_stalled",
             Reason::Unspecified => "unspecified",
             Reason::Other => "other",
         }

@@ -138,6 +138,8 @@ pub struct Core {
     unit: Option<Result<(), String>>,
     token: Option<Result<Token, TokenProblem>>,
     probe_failure: Option<(Reason, String)>,
+    /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
+    lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
     /// The vague failure the last probe was started for: the same one is probed again only
     /// after [`PROBE_REPEAT`]; a new one at once.
     probed: Option<FailureKey>,
@@ -179,6 +181,7 @@ impl Core {
             unit: None,
             token: None,
             probe_failure: None,
+            lease: None,
             probed: None,
             counters: Counters::default(),
             report: None,
@@ -246,6 +249,11 @@ impl Core {
                         if crate::state::smi_state(&s) == State::Licensed {
                             self.probe_failure = None;
                         }
+                        self.lease = match (lease_expiry(&s), self.lease) {
+                            (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
+                            (Some(exp), _) => Some((exp, now.wall)),
+                            (None, _) => None,
+                        };
                         self.smi = Some(s);
                         self.smi_error = None;
                     }
@@ -571,6 +579,10 @@ impl Core {
             (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
             (None, _) => self.own_since = None,
         }
+        let mut obs = obs;
+        obs.renewal_stalled = self
+            .lease
+            .and_then(|(exp, since)| stalled(exp, since, now.wall));
         let mut report = evaluate(obs);
         report.agent_pid = Some(std::process::id());
         if let (Some(f), Some(((reason, message), since))) =
@@ -710,6 +722,41 @@ impl Core {
         self.settings = s;
         self.next_smi = now.mono;
     }
+}
+
+/// The expiry of the lease nvidia-smi shows (the first licensed GPU's).
+fn lease_expiry(s: &SmiSnapshot) -> Option<DateTime<Utc>> {
+    s.gpus.iter().find_map(|g| {
+        match crate::observe::smi::classify_status(g.license_status.as_deref()?) {
+            crate::observe::smi::LicenseStatus::Licensed(exp) => exp,
+            _ => None,
+        }
+    })
+}
+
+/// gridd renews a lease at about a fifth of its period. An expiry that has not moved for
+/// two fifths of what was left of it when first seen (and at least ten minutes) means the
+/// renewals are failing: since when that holds, and what to say.
+pub fn stalled(
+    expiry: DateTime<Utc>,
+    since: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<(DateTime<Utc>, String)> {
+    let left_then = expiry - since;
+    let allowed = (left_then * 2 / 5).max(chrono::Duration::minutes(10));
+    let from = since + allowed;
+    if now < from || now >= expiry {
+        return None;
+    }
+    // The text stays the same while the stall lasts: it is one failure, counted once.
+    Some((
+        from,
+        format!(
+            "the lease's expiry has not moved since {} although gridd renews at about a fifth of the lease: renewals are failing; the license runs out at {}",
+            crate::time::rfc3339(since),
+            crate::time::rfc3339(expiry)
+        ),
+    ))
 }
 
 fn secs(now: Now) -> f64 {
