@@ -31,6 +31,9 @@ pub struct Paths {
     /// nvidia-gridd's client state directories (`prepare-image --purge-client-state` empties
     /// them).
     pub gridd_client_state: Vec<PathBuf>,
+    /// A file, or a directory holding one token, that the service watches and installs from
+    /// (a Kubernetes Secret shared into the guest, say).
+    pub token_source: Option<PathBuf>,
 }
 
 impl Paths {
@@ -104,6 +107,7 @@ impl Default for Settings {
                     "/var/lib/nvidia/GridLicensing".into(),
                     "/var/lib/nvidia/vGPULicensing".into(),
                 ],
+                token_source: None,
             },
             commands: Commands {
                 nvidia_smi: "nvidia-smi".into(),
@@ -182,6 +186,7 @@ struct PathsFragment {
     status_file: Option<PathBuf>,
     metrics_textfile: Option<PathBuf>,
     gridd_client_state: Option<Vec<PathBuf>>,
+    token_source: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -322,7 +327,8 @@ impl Settings {
             state_dir,
             status_file,
             metrics_textfile,
-            gridd_client_state
+            gridd_client_state,
+            token_source
         );
         let c = frag.commands;
         merge!(
@@ -490,6 +496,14 @@ impl Settings {
                     p.display()
                 ));
             }
+        }
+        if let Some(p) = &self.paths.token_source
+            && (!p.is_absolute() || p.starts_with(&self.paths.token_dir))
+        {
+            return Err(format!(
+                "paths.token_source = {:?}: expected an absolute path outside paths.token_dir (the file or directory the token comes from, e.g. a mounted Kubernetes Secret)",
+                p.display()
+            ));
         }
         for p in &self.paths.gridd_client_state {
             if !p.is_absolute() || p.parent().is_none() {

@@ -259,6 +259,8 @@ pub enum TokenRejected {
         not_before: DateTime<Utc>,
         now: DateTime<Utc>,
     },
+    /// `paths.token_source` gives no token (gone, empty, unreadable): the whole message.
+    Source(String),
 }
 
 impl std::fmt::Display for TokenRejected {
@@ -276,6 +278,7 @@ impl std::fmt::Display for TokenRejected {
                 rfc3339(*not_before),
                 rfc3339(*now)
             ),
+            TokenRejected::Source(why) => f.write_str(why),
         }
     }
 }
@@ -1169,6 +1172,92 @@ pub fn adopt_dropped_token(
         },
         settings,
     )
+}
+
+/// The service's adoption: from `paths.token_source` when one is set and holds a token other
+/// than the installed one, else a token dropped into the token directory
+/// ([`adopt_dropped_token`]).
+pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::Result<Outcome> {
+    if let Some(source) = &settings.paths.token_source {
+        let bytes = read_source(source, &settings.paths.token_file)?;
+        let installed = input::read_file(
+            &settings.paths.token_path(),
+            crate::token::MAX_TOKEN_BYTES,
+            Links::Refuse,
+        )
+        .ok();
+        if installed.as_deref() != Some(bytes.as_slice()) {
+            // A bad token is refused here, before anything changes: the installed one stays.
+            let (token, _) = validate(&bytes, Utc::now(), false)?;
+            return run_core(
+                Core {
+                    bytes: &bytes,
+                    feature_type: if settings.gridd.feature_type_configured {
+                        FeatureType::Set(settings.gridd.feature_type)
+                    } else {
+                        FeatureType::Default(settings.gridd.feature_type)
+                    },
+                    dry_run: false,
+                    restart: true,
+                    licensed: false,
+                    retry_owed,
+                    summary: summary(&bytes, &token),
+                    warnings: Vec::new(),
+                },
+                settings,
+            );
+        }
+    }
+    adopt_dropped_token(settings, licensed, retry_owed)
+}
+
+/// The token's bytes from `paths.token_source`: the file itself, or in a directory the file
+/// named like the installed token, else the only `*.tok` there. Links are followed (a
+/// Kubernetes Secret volume is made of them); what they lead to must be a regular file.
+fn read_source(source: &Path, token_file: &str) -> anyhow::Result<Vec<u8>> {
+    let shown = show_path(source);
+    let gone = |e: &dyn std::fmt::Display| {
+        TokenRejected::Source(format!(
+            "the token source {shown} (paths.token_source) cannot be read: {e}; the installed token stays"
+        ))
+    };
+    let file = match fs::metadata(source) {
+        Ok(m) if m.is_dir() => {
+            let named = source.join(token_file);
+            if named.exists() {
+                named
+            } else {
+                let toks: Vec<PathBuf> = fsutil::list_dir(source)
+                    .map_err(|e| gone(&e))?
+                    .into_iter()
+                    .filter(|(n, _)| {
+                        let n = n.to_string_lossy();
+                        !n.starts_with('.') && n.ends_with(".tok")
+                    })
+                    .map(|(_, p)| p)
+                    .collect();
+                match toks.as_slice() {
+                    [one] => one.clone(),
+                    [] => return Err(gone(&"it holds no *.tok file").into()),
+                    _ => {
+                        return Err(gone(&format!(
+                            "it holds {} *.tok files and none named {token_file}",
+                            toks.len()
+                        ))
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(_) => source.to_path_buf(),
+        Err(e) => return Err(gone(&e).into()),
+    };
+    input::read_file(&file, crate::token::MAX_TOKEN_BYTES, Links::Follow).map_err(|e| match e {
+        ReadError::TooLarge(_) => {
+            TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1)).into()
+        }
+        e => gone(&e).into(),
+    })
 }
 
 /// There is no token at the path.

@@ -108,7 +108,7 @@ impl Shell {
                     retry_owed,
                 } => blocking(tx, move || {
                     Event::Adopted(
-                        install::adopt_dropped_token(&settings, licensed, retry_owed)
+                        install::adopt(&settings, licensed, retry_owed)
                             .map(Box::new)
                             .map_err(|e| {
                                 if e.downcast_ref::<NoToken>().is_some() {
@@ -196,7 +196,10 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let heartbeat = watchdog.map_or(HEARTBEAT, |d| {
         (d / 2).clamp(Duration::from_secs(1), HEARTBEAT)
     });
-    let mut core = Core::new(settings, heartbeat, watcher.is_some(), clock.now());
+    // A token source is also looked at on the short interval: virtiofs (how KubeVirt shares
+    // a Secret) reports no changes made on the host.
+    let watched = watcher.is_some() && settings.paths.token_source.is_none();
+    let mut core = Core::new(settings, heartbeat, watched, clock.now());
     let shell = Shell { tx, metrics_tx };
     let effects = core.start(clock.now());
     shell.carry_out(core.settings(), effects);
@@ -320,10 +323,18 @@ fn watch_paths(
     use notify::{RecursiveMode, Watcher};
     let dir = settings.paths.token_dir.clone();
     let conf = settings.paths.gridd_conf.clone();
+    let source = settings.paths.token_source.clone();
     // gridd.conf's directory may hold other files (status.json, say, in a custom layout): only
     // the token directory and gridd.conf itself matter; anything else would wake us for our
     // own writes.
-    let relevant = move |p: &Path| p.starts_with(&dir) || dir.starts_with(p) || p == conf;
+    let relevant = move |p: &Path| {
+        p.starts_with(&dir)
+            || dir.starts_with(p)
+            || p == conf
+            || source
+                .as_ref()
+                .is_some_and(|s| p.starts_with(s) || s.starts_with(p))
+    };
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         let wanted = match ev {
             Ok(e) => {
@@ -355,6 +366,17 @@ fn watch_paths(
     if target != *dir {
         // Recursive on the parent until the directory exists.
         let _ = watcher.watch(&target, RecursiveMode::Recursive);
+    }
+    if let Some(source) = &settings.paths.token_source {
+        // A directory (a Secret volume swaps a `..data` link inside it) or a file's directory.
+        let at = if source.is_dir() {
+            source.as_path()
+        } else {
+            source.parent().unwrap_or(Path::new("/"))
+        };
+        if let Err(e) = watcher.watch(at, RecursiveMode::NonRecursive) {
+            warn!("cannot watch {}: {e}", at.display());
+        }
     }
     Some(watcher)
 }

@@ -1,0 +1,160 @@
+//! `paths.token_source`: the token delivered by the platform (a Kubernetes Secret shared into
+//! a KubeVirt guest) and rotated under the running service, against the real journald and
+//! the simulator. The source is laid out as a Secret volume is: the token file is a link
+//! through `..data`, a link to a timestamped directory that the kubelet swaps atomically.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::Path;
+use std::time::Duration;
+
+use common::sim::{self, Agent, Machine, Setup, token_for, wait_for};
+
+const T: Duration = Duration::from_secs(45);
+const NAME: &str = "client_configuration_token.tok";
+
+/// Publishes `bytes` in the Secret-like directory `dir` under a new timestamped directory and
+/// swaps `..data` to it in one rename, as the kubelet does.
+fn publish(dir: &Path, generation: u32, bytes: &[u8]) {
+    let data = dir.join(format!("..2026_11_30_{generation:04}"));
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join(NAME), bytes).unwrap();
+    fs::set_permissions(data.join(NAME), fs::Permissions::from_mode(0o644)).unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = fs::remove_file(&tmp);
+    symlink(data.file_name().unwrap(), &tmp).unwrap();
+    fs::rename(&tmp, dir.join("..data")).unwrap();
+    if fs::symlink_metadata(dir.join(NAME)).is_err() {
+        symlink(format!("..data/{NAME}"), dir.join(NAME)).unwrap();
+    }
+}
+
+fn installed(m: &Machine) -> Option<Vec<u8>> {
+    fs::read(m.token_path()).ok()
+}
+
+#[test]
+fn scenario_token_source_rotated_under_the_running_service() {
+    let m = Machine::new(Setup::default());
+    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
+    let source = m.path("run/vgpu-license/token");
+    fs::create_dir_all(&source).unwrap();
+    let port = m.dls.port();
+    let a_token = token_for("127.0.0.1", port, "rotation-a");
+    publish(&source, 1, &a_token);
+    let dropins = m.config.parent().unwrap().join("config.d");
+    fs::create_dir_all(&dropins).unwrap();
+    fs::write(
+        dropins.join("source.toml"),
+        format!("[paths]\ntoken_source = \"{}\"\n", source.display()),
+    )
+    .unwrap();
+    m.start_gridd();
+    let agent = Agent::start(&m);
+
+    // The first token is installed from the source (no token was in the directory).
+    wait_for(
+        "the source's token installed and licensed",
+        T,
+        || {
+            let v = agent.status()?;
+            (installed(&m).as_deref() == Some(a_token.as_slice()) && v["state"] == "licensed")
+                .then_some(())
+        },
+        || agent.context(),
+    );
+    let mode = fs::metadata(m.token_path()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o744);
+
+    // A rotation: installed once, gridd restarted once for it.
+    let before = m.restarts();
+    let b_token = token_for("127.0.0.1", port, "rotation-b");
+    publish(&source, 2, &b_token);
+    wait_for(
+        "the rotated token installed",
+        T,
+        || (installed(&m).as_deref() == Some(b_token.as_slice())).then_some(()),
+        || agent.context(),
+    );
+    wait_for(
+        "gridd restarted for the new token, licensed again",
+        T,
+        || {
+            let v = agent.status()?;
+            (m.restarts() > before && v["state"] == "licensed").then_some(())
+        },
+        || agent.context(),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(m.restarts(), before + 1, "one restart for one rotation");
+
+    // A rotation to a bad token: reported, the installed token kept, no restart.
+    let restarts = m.restarts();
+    publish(&source, 3, b"FeatureType=1\n# not a token\n");
+    wait_for(
+        "the bad token reported",
+        T,
+        || {
+            agent
+                .logs()
+                .contains("token not adopted")
+                .then_some(())
+                .or_else(|| {
+                    m.agent_journal(agent.pid())
+                        .iter()
+                        .any(|e| sim::message(e).contains("token not adopted"))
+                        .then_some(())
+                })
+        },
+        || agent.context(),
+    );
+    assert_eq!(installed(&m).as_deref(), Some(b_token.as_slice()));
+    assert_eq!(m.restarts(), restarts);
+    assert_eq!(agent.status().unwrap()["state"], "licensed");
+
+    // Back to a good one, twice in quick succession: the last one wins.
+    let c_token = token_for("127.0.0.1", port, "rotation-c");
+    let d_token = token_for("127.0.0.1", port, "rotation-d");
+    publish(&source, 4, &c_token);
+    publish(&source, 5, &d_token);
+    wait_for(
+        "the last of two quick rotations installed, licensed",
+        T,
+        || {
+            let v = agent.status()?;
+            (installed(&m).as_deref() == Some(d_token.as_slice()) && v["state"] == "licensed")
+                .then_some(())
+        },
+        || agent.context(),
+    );
+
+    // The source disappears (the Secret is unshared): the installed token stays.
+    fs::remove_dir_all(&source).unwrap();
+    wait_for(
+        "the missing source reported",
+        T,
+        || {
+            m.agent_journal(agent.pid())
+                .iter()
+                .any(|e| sim::message(e).contains("token_source) cannot be read"))
+                .then_some(())
+        },
+        || agent.context(),
+    );
+    assert_eq!(installed(&m).as_deref(), Some(d_token.as_slice()));
+    assert_eq!(agent.status().unwrap()["state"], "licensed");
+    // No token's content in anything the agent wrote or logged.
+    agent.assert_no_secret(&agent.logs());
+    for t in [&a_token, &b_token, &c_token, &d_token] {
+        for part in common::secret_parts(t) {
+            let logged: String = m
+                .agent_journal(agent.pid())
+                .iter()
+                .map(sim::message)
+                .collect();
+            assert!(!logged.contains(&part), "a token's content was logged");
+        }
+    }
+}
