@@ -20,7 +20,8 @@ cd "$(dirname "$0")/.." || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
 
 APT_PACKAGES=(cloud-init lintian prometheus shellcheck dpkg-dev man-db binutils
-  debootstrap systemd-container ca-certificates procps)
+  debootstrap systemd-container ca-certificates procps victoria-metrics python3-yaml
+  python3-jsonschema)
 
 NO_SKIP=${VGPU_TESTS_NO_SKIP:-0}
 passed=()

@@ -1,5 +1,6 @@
-//! The report as Prometheus text (classic exposition format). Names are fixed by the
-//! contract: alert rules depend on them.
+//! The report as Prometheus text (classic exposition format), and the same samples as
+//! OpenMetrics for the scrapers that ask for it (see `report::http`). Names are fixed by the
+//! contract: alert rules and dashboards depend on them.
 
 use std::fmt::Write;
 
@@ -7,7 +8,7 @@ use chrono::DateTime;
 
 use super::{Reason, Report, State};
 
-/// What the metrics count beyond one report.
+/// What the metrics show beyond one report.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counters {
     /// Failures seen, by reason (index: position in [`Reason::ALL`]).
@@ -16,6 +17,8 @@ pub struct Counters {
     pub gridd_restarts: u64,
     /// Guest clock minus the DLS's clock, last measured.
     pub clock_skew_seconds: Option<f64>,
+    /// The guest driver's version, as nvidia-smi printed it last (for the info metric).
+    pub driver_version: Option<String>,
 }
 
 impl Counters {
@@ -38,6 +41,70 @@ impl Counters {
 fn header(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}");
     let _ = writeln!(o, "# TYPE {name} {kind}");
+}
+
+/// The one series that carries what only the guest knows about itself, so that a fleet's
+/// queries can join it (`* on (instance) group_left (profile) vgpu_license_guest_info`)
+/// instead of every series carrying these labels (a driver update would then start a new
+/// series of each).
+pub const GUEST_INFO: &str = "vgpu_license_guest_info";
+
+/// A label value in the exposition formats: backslash, double quote and line feed escaped.
+fn label_value(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// The labels of [`GUEST_INFO`], in name order; unknown ones are left out (an empty label is
+/// no label to Prometheus anyway).
+pub fn guest_labels(report: &Report, c: &Counters) -> Vec<(&'static str, String)> {
+    let mut profiles: Vec<&str> = Vec::new();
+    for p in report.gpus.iter().filter_map(|g| g.profile.as_deref()) {
+        if !profiles.contains(&p) {
+            profiles.push(p);
+        }
+    }
+    let edition = report
+        .license
+        .as_ref()
+        .and_then(|l| l.edition.as_deref())
+        .or_else(|| report.gpus.iter().find_map(|g| g.edition.as_deref()));
+    // The token names the service instance: NVIDIA's Cloud License Service or a DLS.
+    let licensing = report.dls.as_ref().filter(|n| !n.is_empty()).map(|nodes| {
+        if nodes.iter().any(|n| {
+            n.host
+                .to_ascii_lowercase()
+                .ends_with(".cls.licensing.nvidia.com")
+        }) {
+            "cls"
+        } else {
+            "dls"
+        }
+    });
+    let mut labels = vec![("agent_version", env!("CARGO_PKG_VERSION").to_string())];
+    let known = [
+        ("driver_version", c.driver_version.clone()),
+        ("edition", edition.map(str::to_string)),
+        ("licensing", licensing.map(str::to_string)),
+        (
+            "profile",
+            (!profiles.is_empty()).then(|| profiles.join(",")),
+        ),
+    ];
+    for (k, v) in known {
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
+            labels.push((k, v));
+        }
+    }
+    labels
 }
 
 /// Renders the metrics.
@@ -86,6 +153,24 @@ pub fn render(report: &Report, c: &Counters) -> String {
             exp.timestamp()
         );
     }
+    // The failure the report shows now, as `vgpu_license_state` shows the state: a fleet's
+    // "which guests fail, and why" is a sum over this, where the counter below only says that
+    // a failure was seen.
+    header(
+        &mut o,
+        "vgpu_license_failure",
+        "gauge",
+        "1 for the reason of the failure the agent reports now, 0 for the others (all 0 without one).",
+    );
+    let current = report.failure.as_ref().map(|f| f.reason);
+    for r in Reason::ALL {
+        let _ = writeln!(
+            o,
+            "vgpu_license_failure{{reason=\"{}\"}} {}",
+            r.as_str(),
+            u8::from(current == Some(r))
+        );
+    }
     header(
         &mut o,
         "vgpu_license_failures_total",
@@ -115,6 +200,74 @@ pub fn render(report: &Report, c: &Counters) -> String {
         );
         let _ = writeln!(o, "vgpu_license_dls_clock_skew_seconds {skew}");
     }
+    header(
+        &mut o,
+        GUEST_INFO,
+        "gauge",
+        "Always 1; its labels say what only the guest knows: vGPU profile, driver version, edition, licensing (dls or cls).",
+    );
+    let labels: Vec<String> = guest_labels(report, c)
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
+        .collect();
+    let _ = writeln!(o, "{GUEST_INFO}{{{}}} 1", labels.join(","));
+    o
+}
+
+/// The content type of [`render`]'s text.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of [`openmetrics`]'s text.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// [`render`]'s text as OpenMetrics 1.0: the same samples; a counter's family is named
+/// without its `_total`, [`GUEST_INFO`] is of type `info` (its family without `_info`), HELP
+/// texts escape double quotes too, and the text ends with `# EOF`. It converts only what
+/// [`render`] writes (one HELP and TYPE per family, then its samples), which is why it is
+/// done on the text: the service keeps one rendering of each report and serves it in the
+/// format each scraper asks for.
+pub fn openmetrics(text: &str) -> String {
+    let mut types: Vec<(&str, &str)> = Vec::new();
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ")
+            && let Some((name, kind)) = rest.split_once(' ')
+        {
+            types.push((name, kind));
+        }
+    }
+    let family = |name: &str| -> (String, String) {
+        let kind = types
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or("unknown", |(_, k)| k);
+        match kind {
+            "counter" => (
+                name.strip_suffix("_total").unwrap_or(name).into(),
+                kind.into(),
+            ),
+            "gauge" if name == GUEST_INFO => (
+                name.strip_suffix("_info").unwrap_or(name).into(),
+                "info".into(),
+            ),
+            _ => (name.into(), kind.into()),
+        }
+    };
+    let mut o = String::with_capacity(text.len() + 64);
+    for l in text.lines() {
+        if let Some(rest) = l.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            let (fam, _) = family(name);
+            let _ = writeln!(o, "# HELP {fam} {}", help.replace('"', "\\\""));
+        } else if let Some(rest) = l.strip_prefix("# TYPE ") {
+            let name = rest.split_once(' ').map_or(rest, |(n, _)| n);
+            let (fam, kind) = family(name);
+            let _ = writeln!(o, "# TYPE {fam} {kind}");
+        } else if !l.is_empty() {
+            o.push_str(l);
+            o.push('\n');
+        }
+    }
+    o.push_str("# EOF\n");
     o
 }
 
@@ -160,6 +313,189 @@ mod tests {
         assert_eq!(
             text.matches("vgpu_license_state{").count(),
             State::ALL.len()
+        );
+        // No failure in the report: every reason's gauge is 0.
+        assert_eq!(
+            text.matches("vgpu_license_failure{").count(),
+            Reason::ALL.len()
+        );
+        assert!(!text.contains("vgpu_license_failure{reason=\"clock_skew\"} 1"));
+    }
+
+    #[test]
+    fn the_current_failure_is_one_gauge_by_reason() {
+        let mut r = report();
+        r.failure = Some(crate::report::Failure {
+            reason: Reason::ClockSkew,
+            message: "Clock windback has been detected".into(),
+            at: None,
+            advice: "fix the clock".into(),
+        });
+        let text = render(&r, &Counters::default());
+        let ones: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("vgpu_license_failure{") && l.ends_with(" 1"))
+            .collect();
+        assert_eq!(ones, ["vgpu_license_failure{reason=\"clock_skew\"} 1"]);
+        assert!(text.contains("# TYPE vgpu_license_failure gauge\n"));
+    }
+
+    fn report() -> Report {
+        Report {
+            schema: SCHEMA.into(),
+            state: State::Unlicensed,
+            observed_at: None,
+            license: Some(License {
+                status: Some("Unlicensed (Unrestricted)".into()),
+                edition: None,
+                expiry: None,
+            }),
+            gpus: vec![
+                crate::report::Gpu {
+                    bus_id: Some("00000000:02:01.0".into()),
+                    profile: Some("NVIDIA L40S-24Q".into()),
+                    virtualization_mode: Some("VGPU".into()),
+                    license_status: None,
+                    edition: Some("NVIDIA RTX Virtual Workstation".into()),
+                },
+                crate::report::Gpu {
+                    bus_id: Some("00000000:02:02.0".into()),
+                    profile: Some("NVIDIA L40S-24Q".into()),
+                    virtualization_mode: Some("VGPU".into()),
+                    license_status: None,
+                    edition: None,
+                },
+            ],
+            events: vec![],
+            failure: None,
+            dls: Some(vec![crate::report::DlsEndpoint {
+                host: "dls.example.com".into(),
+                port: 443,
+            }]),
+            events_omitted: 0,
+            notes: vec![],
+            exit_code: 1,
+            agent_pid: None,
+        }
+    }
+
+    #[test]
+    fn what_only_the_guest_knows_is_on_one_info_series() {
+        let c = Counters {
+            driver_version: Some("550.90.07".into()),
+            ..Counters::default()
+        };
+        let text = render(&report(), &c);
+        let info: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("vgpu_license_guest_info{"))
+            .collect();
+        assert_eq!(
+            info,
+            [concat!(
+                "vgpu_license_guest_info{agent_version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\",driver_version=\"550.90.07\",edition=\"NVIDIA RTX Virtual Workstation\",",
+                "licensing=\"dls\",profile=\"NVIDIA L40S-24Q\"} 1"
+            )]
+        );
+        // No other series carries them.
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            if !l.starts_with(GUEST_INFO) {
+                assert!(
+                    !l.contains("profile=") && !l.contains("driver_version="),
+                    "{l}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn guest_labels_leave_out_what_is_unknown_and_escape_the_rest() {
+        let mut r = report();
+        r.gpus.clear();
+        r.license = None;
+        r.dls = Some(vec![crate::report::DlsEndpoint {
+            host: "api.cls.licensing.nvidia.com".into(),
+            port: 443,
+        }]);
+        let c = Counters {
+            driver_version: Some("5\"5\\0\n".into()),
+            ..Counters::default()
+        };
+        let text = render(&r, &c);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(GUEST_INFO))
+            .unwrap()
+            .to_string();
+        assert!(
+            line.contains(r#"driver_version="5\"5\\0\n",licensing="cls"}"#),
+            "{line}"
+        );
+        assert!(
+            !line.contains("profile=") && !line.contains("edition="),
+            "{line}"
+        );
+        r.dls = None;
+        let text = render(&r, &Counters::default());
+        let line = text.lines().find(|l| l.starts_with(GUEST_INFO)).unwrap();
+        assert_eq!(
+            line,
+            concat!(
+                "vgpu_license_guest_info{agent_version=\"",
+                env!("CARGO_PKG_VERSION"),
+                "\"} 1"
+            )
+        );
+    }
+
+    #[test]
+    fn openmetrics_names_families_as_the_format_wants_and_ends_with_eof() {
+        let mut c = Counters::default();
+        c.count_failure(Reason::ClockSkew);
+        c.gridd_restarts = 2;
+        c.clock_skew_seconds = Some(-3600.0);
+        let classic = render(&report(), &c);
+        let om = openmetrics(&classic);
+        assert!(om.ends_with("\n# EOF\n"), "{om}");
+        assert_eq!(om.matches("# EOF").count(), 1);
+        assert!(
+            om.contains("# TYPE vgpu_license_failures counter\n"),
+            "{om}"
+        );
+        assert!(
+            om.contains("# HELP vgpu_license_failures Licensing failures"),
+            "{om}"
+        );
+        assert!(om.contains("vgpu_license_failures_total{reason=\"clock_skew\"} 1\n"));
+        assert!(om.contains("# TYPE vgpu_license_gridd_restarts counter\n"));
+        assert!(om.contains("vgpu_license_gridd_restarts_total 2\n"));
+        assert!(om.contains("# TYPE vgpu_license_guest info\n"), "{om}");
+        assert!(om.contains("# TYPE vgpu_license_licensed gauge\n"));
+        assert!(om.contains("# TYPE vgpu_license_dls_clock_skew_seconds gauge\n"));
+        assert!(!om.contains("_total counter"), "{om}");
+        // The samples are the classic text's, in the same order.
+        let samples = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(samples(&classic), samples(&om));
+        // Every family's metadata precedes its samples, once.
+        let mut seen = std::collections::HashSet::new();
+        for l in om.lines().filter(|l| l.starts_with("# TYPE ")) {
+            assert!(seen.insert(l.to_string()), "{l} twice");
+        }
+    }
+
+    #[test]
+    fn openmetrics_escapes_double_quotes_in_help() {
+        let om = openmetrics("# HELP x_total a \"b\" \\\\ c\n# TYPE x_total counter\nx_total 1\n");
+        assert_eq!(
+            om,
+            "# HELP x a \\\"b\\\" \\\\ c\n# TYPE x counter\nx_total 1\n# EOF\n"
         );
     }
 }

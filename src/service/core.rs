@@ -623,6 +623,7 @@ impl Core {
             .is_none_or(|old| !same_report(old, &report));
         let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
         json.push(b'\n');
+        self.counters.driver_version = self.smi.as_ref().and_then(|s| s.driver_version.clone());
         let metrics_text = metrics::render(&report, &self.counters);
         let stale = now.mono >= self.written + self.heartbeat;
         let write = changed || stale || self.metrics != metrics_text;

@@ -417,21 +417,10 @@ async fn serve_metrics(
     tasks
 }
 
-/// A minimal HTTP/1.0 answer: the metrics for any GET.
-async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    mut conn: S,
-    body: String,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = [0u8; 1024];
-    let _ = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf)).await;
-    let head = format!(
-        "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = conn.write_all(head.as_bytes()).await;
-    let _ = conn.write_all(body.as_bytes()).await;
-    let _ = conn.shutdown().await;
+/// One HTTP exchange on a metrics connection (`report::http`: `GET /metrics`, text format or
+/// OpenMetrics as the client asks; bounded request, read deadline).
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(conn: S, body: String) {
+    crate::report::http::answer(conn, &body).await;
 }
 
 /// Probes every DLS node of the token: the failure the probes show (if any) and the clock
