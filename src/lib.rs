@@ -21,6 +21,7 @@ pub mod probe;
 pub mod remedy;
 pub mod report;
 pub mod service;
+pub mod shutdown;
 pub mod state;
 pub mod status;
 pub mod text;

@@ -125,6 +125,28 @@ pub fn read_journal(
     Ok((fold, stats))
 }
 
+/// What gridd did with its lease as the previous boot ended, from that boot's journal (which
+/// a persistent journal keeps). `None` when there is no previous boot in the journal, or gridd
+/// held no lease at its end.
+pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::shutdown::LastShutdown> {
+    let argv: Vec<String> = journal_args(settings, false)
+        .into_iter()
+        .map(|a| if a == "--boot" { "--boot=-1".into() } else { a })
+        .collect();
+    let out = command::run(&argv, settings.commands.timeout).ok()?;
+    // gridd logs a few lines an hour; the last ones of the boot are what matters.
+    const KEEP: usize = 1000;
+    let mut events = std::collections::VecDeque::new();
+    journal::scan_journal(&out.stdout[..], |e| {
+        if events.len() == KEEP {
+            events.pop_front();
+        }
+        events.push_back(e);
+    })
+    .ok()?;
+    crate::shutdown::judge(events.make_contiguous())
+}
+
 /// The token directory as gridd sees it.
 #[derive(Debug)]
 pub struct TokenState {

@@ -434,6 +434,7 @@ pub fn evaluate(obs: Observations) -> Report {
         notes,
         exit_code,
         agent_pid: None,
+        last_shutdown: None,
     }
 }
 

@@ -152,6 +152,7 @@ impl Sim {
                             skew: None,
                         })
                     }
+                    Effect::ReadLastShutdown => Some(Event::LastShutdown(None)),
                     Effect::Publish(_) | Effect::Ready => None,
                 };
                 if let Some(ev) = event {

@@ -200,6 +200,36 @@ pub fn render(report: &Report, c: &Counters) -> String {
         );
         let _ = writeln!(o, "vgpu_license_dls_clock_skew_seconds {skew}");
     }
+    if let Some(last) = &report.last_shutdown {
+        header(
+            &mut o,
+            "vgpu_license_last_return_success",
+            "gauge",
+            "1 when nvidia-gridd returned its lease at the last shutdown, 0 when the lease was left held on the DLS.",
+        );
+        let _ = writeln!(
+            o,
+            "vgpu_license_last_return_success {}",
+            u8::from(last.lease_returned)
+        );
+        if let Some(at) = last
+            .at
+            .as_deref()
+            .and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok())
+        {
+            header(
+                &mut o,
+                "vgpu_license_last_shutdown_timestamp_seconds",
+                "gauge",
+                "The time of that shutdown (gridd's last line of the previous boot), Unix time.",
+            );
+            let _ = writeln!(
+                o,
+                "vgpu_license_last_shutdown_timestamp_seconds {}",
+                at.timestamp()
+            );
+        }
+    }
     header(
         &mut o,
         GUEST_INFO,
@@ -295,6 +325,7 @@ mod tests {
             notes: vec![],
             exit_code: 0,
             agent_pid: None,
+            last_shutdown: None,
         };
         let mut c = Counters::default();
         c.count_failure(Reason::ClockSkew);
@@ -376,6 +407,7 @@ mod tests {
             notes: vec![],
             exit_code: 1,
             agent_pid: None,
+            last_shutdown: None,
         }
     }
 

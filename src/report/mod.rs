@@ -186,6 +186,9 @@ pub struct Report {
     /// The service process that wrote this report (`status.json` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_pid: Option<u32>,
+    /// Whether gridd returned its lease as the previous boot ended (`status.json` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_shutdown: Option<crate::shutdown::LastShutdown>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -72,6 +72,8 @@ pub enum Event {
     },
     /// A new config, already validated.
     Reloaded(Box<Settings>),
+    /// What gridd did with its lease as the previous boot ended.
+    LastShutdown(Option<crate::shutdown::LastShutdown>),
 }
 
 /// Why a dropped token was not adopted.
@@ -97,6 +99,8 @@ pub enum Effect {
         why: String,
     },
     Probe(Vec<DlsEndpoint>),
+    /// Read the previous boot's journal for the last shutdown's lease.
+    ReadLastShutdown,
     Publish(Box<Publication>),
     /// The first report is out: tell systemd the service is ready.
     Ready,
@@ -140,6 +144,7 @@ pub struct Core {
     probe_failure: Option<(Reason, String)>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    last_shutdown: Option<crate::shutdown::LastShutdown>,
     /// The vague failure the last probe was started for: the same one is probed again only
     /// after [`PROBE_REPEAT`]; a new one at once.
     probed: Option<FailureKey>,
@@ -182,6 +187,7 @@ impl Core {
             token: None,
             probe_failure: None,
             lease: None,
+            last_shutdown: None,
             probed: None,
             counters: Counters::default(),
             report: None,
@@ -204,7 +210,7 @@ impl Core {
     /// The first things to do: ask systemd, read nvidia-smi and the token. The token is
     /// adopted once the first report says whether gridd already holds a license.
     pub fn start(&mut self, now: Now) -> Vec<Effect> {
-        let mut fx = vec![Effect::ReadToken];
+        let mut fx = vec![Effect::ReadToken, Effect::ReadLastShutdown];
         self.check_unit(&mut fx);
         self.read_smi(now, &mut fx);
         fx
@@ -319,6 +325,15 @@ impl Core {
                 self.probe_failure = verdict;
             }
             Event::Reloaded(s) => self.reload(*s, now),
+            Event::LastShutdown(record) => {
+                if let Some(r) = record.as_ref().filter(|r| !r.lease_returned) {
+                    warn!(
+                        "the previous shutdown left the lease held on the DLS until it expires: {}",
+                        crate::text::escape(&r.message)
+                    );
+                }
+                self.last_shutdown = record;
+            }
         }
         fx
     }
@@ -585,6 +600,7 @@ impl Core {
             .and_then(|(exp, since)| stalled(exp, since, now.wall));
         let mut report = evaluate(obs);
         report.agent_pid = Some(std::process::id());
+        report.last_shutdown.clone_from(&self.last_shutdown);
         if let (Some(f), Some(((reason, message), since))) =
             (report.failure.as_mut(), &self.own_since)
             && f.reason == *reason

@@ -128,6 +128,9 @@ impl Shell {
                     let (verdict, skew) = probe_dls(&settings, &nodes);
                     Event::Probed { verdict, skew }
                 }),
+                Effect::ReadLastShutdown => blocking(tx, move || {
+                    Event::LastShutdown(live::previous_boot_shutdown(&settings))
+                }),
                 Effect::Publish(p) => self.publish(&settings, *p),
                 Effect::Ready => notify(&[sd_notify::NotifyState::Ready]),
             }
