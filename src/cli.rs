@@ -50,6 +50,17 @@ pub enum Command {
     Token(TokenCommand),
     /// Ready a golden image: remove the token and the agent's state so clones start clean.
     PrepareImage(PrepareImageArgs),
+    /// At boot, before nvidia-gridd: compare this guest's identity (DMI product UUID,
+    /// machine-id) with the last boot's; on a clone or a restored snapshot, move gridd's
+    /// client state aside so that it registers as a client of its own.
+    CheckIdentity(CheckIdentityArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckIdentityArgs {
+    /// Read the identity below this directory instead of / (for tests).
+    #[arg(long, value_name = "DIR", default_value = "/", hide = true)]
+    pub root: PathBuf,
 }
 
 #[derive(Debug, Args)]

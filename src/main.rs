@@ -51,6 +51,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Token(TokenCommand::Inspect(args)) => token_inspect::run(args, &settings()?),
         Command::Install(args) => install::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
         Command::PrepareImage(args) => prepare::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
+        Command::CheckIdentity(args) => {
+            vgpu_license_agent::identity::run(&settings()?, &args.root).map(|()| ExitCode::SUCCESS)
+        }
         Command::Run => vgpu_license_agent::service::run(settings()?, &cli.config),
         Command::Status(args) => vgpu_license_agent::status::run(args, &settings()?),
         Command::Diagnose(args) => vgpu_license_agent::diagnose::run(args, &settings()?),

@@ -580,7 +580,16 @@ pub fn expected_in_token_dir(token_file: &str, name: &str, m: &fs::Metadata) -> 
 
 /// Whether `name` belongs in the agent's state directory.
 pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
-    ((name == LOCK_FILE || name == STATE_FILE) && m.is_file())
+    use crate::identity::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
+    ([
+        LOCK_FILE,
+        STATE_FILE,
+        IDENTITY_FILE,
+        CLONE_FILE,
+        CLONE_SEEN_FILE,
+    ]
+    .contains(&name)
+        && m.is_file())
         || (name == "replaced" && m.is_dir())
         || fsutil::is_temp_name(name)
 }

@@ -29,9 +29,11 @@ pub const FAILURE_GRIDD_NOT_RUNNING: &str = "97318e70705840c2a9c6011223070aaf";
 pub const FAILURE_UNSPECIFIED: &str = "f9987d50f90a49f093a9818273e35ce9";
 pub const FAILURE_OTHER: &str = "88cef4ab9cf5485c9ea15e557d20fc62";
 pub const FAILURE_RENEWAL_STALLED: &str = "9a6f696648e74ebd8b1658f29f1299a7";
+/// This guest's identity changed since the last boot: a clone, or a restored snapshot.
+pub const CLONE_DETECTED: &str = "61ca0f88976e42a09aca3ba48149cfc2";
 
 /// Every ID above, with its constant's name.
-pub const ALL: [(&str, &str); 16] = [
+pub const ALL: [(&str, &str); 17] = [
     ("STATE_CHANGED", STATE_CHANGED),
     ("LICENSED", LICENSED),
     ("GRIDD_RESTARTED", GRIDD_RESTARTED),
@@ -51,6 +53,7 @@ pub const ALL: [(&str, &str); 16] = [
     ("FAILURE_UNSPECIFIED", FAILURE_UNSPECIFIED),
     ("FAILURE_OTHER", FAILURE_OTHER),
     ("FAILURE_RENEWAL_STALLED", FAILURE_RENEWAL_STALLED),
+    ("CLONE_DETECTED", CLONE_DETECTED),
 ];
 
 /// The `MESSAGE_ID` of a failure with this reason.

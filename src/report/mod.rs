@@ -63,6 +63,8 @@ pub enum EventKind {
     ConfigNotice,
     Shutdown,
     Other,
+    /// The agent's own: this guest's identity changed since the last boot.
+    CloneDetected,
 }
 
 /// Stable failure reason codes.

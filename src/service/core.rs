@@ -74,6 +74,8 @@ pub enum Event {
     Reloaded(Box<Settings>),
     /// What gridd did with its lease as the previous boot ended.
     LastShutdown(Option<crate::shutdown::LastShutdown>),
+    /// A clone found at this boot, not reported before.
+    CloneDetected(Box<crate::identity::CloneDetected>),
 }
 
 /// Why a dropped token was not adopted.
@@ -145,6 +147,7 @@ pub struct Core {
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
     last_shutdown: Option<crate::shutdown::LastShutdown>,
+    clone: Option<crate::identity::CloneDetected>,
     /// The vague failure the last probe was started for: the same one is probed again only
     /// after [`PROBE_REPEAT`]; a new one at once.
     probed: Option<FailureKey>,
@@ -188,6 +191,7 @@ impl Core {
             probe_failure: None,
             lease: None,
             last_shutdown: None,
+            clone: None,
             probed: None,
             counters: Counters::default(),
             report: None,
@@ -333,6 +337,14 @@ impl Core {
                     );
                 }
                 self.last_shutdown = record;
+            }
+            Event::CloneDetected(c) => {
+                warn!(
+                    message_id = message_ids::CLONE_DETECTED,
+                    "{}",
+                    crate::text::escape(&c.message())
+                );
+                self.clone = Some(*c);
             }
         }
         fx
@@ -601,6 +613,21 @@ impl Core {
         let mut report = evaluate(obs);
         report.agent_pid = Some(std::process::id());
         report.last_shutdown.clone_from(&self.last_shutdown);
+        if let Some(c) = &self.clone {
+            // The agent's own event, before gridd's lines of this boot (it ran before gridd).
+            report.events.insert(
+                0,
+                crate::report::Event {
+                    at: Some(c.at.clone()),
+                    kind: EventKind::CloneDetected,
+                    server: None,
+                    edition: None,
+                    expiry: None,
+                    reason: None,
+                    message: c.message(),
+                },
+            );
+        }
         if let (Some(f), Some(((reason, message), since))) =
             (report.failure.as_mut(), &self.own_since)
             && f.reason == *reason

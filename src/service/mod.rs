@@ -128,9 +128,19 @@ impl Shell {
                     let (verdict, skew) = probe_dls(&settings, &nodes);
                     Event::Probed { verdict, skew }
                 }),
-                Effect::ReadLastShutdown => blocking(tx, move || {
-                    Event::LastShutdown(live::previous_boot_shutdown(&settings))
-                }),
+                Effect::ReadLastShutdown => {
+                    let tx2 = tx.clone();
+                    let s2 = settings.clone();
+                    blocking(tx, move || {
+                        Event::LastShutdown(live::previous_boot_shutdown(&settings))
+                    });
+                    // What check-identity found at this boot, reported once.
+                    tokio::task::spawn_blocking(move || {
+                        if let Some(c) = crate::identity::take_unreported(&s2) {
+                            let _ = tx2.send(Event::CloneDetected(Box::new(c)));
+                        }
+                    });
+                }
                 Effect::Publish(p) => self.publish(&settings, *p),
                 Effect::Ready => notify(&[sd_notify::NotifyState::Ready]),
             }

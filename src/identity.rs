@@ -1,0 +1,267 @@
+//! Clones and restored snapshots: a copy of a guest carries nvidia-gridd's client state
+//! (`/var/lib/nvidia/GridLicensing`) and may present itself to the DLS as the same client as
+//! the original. At boot, before nvidia-gridd starts (`vgpu-license-agent-identity.service`),
+//! this guest's identity is compared with the one recorded at the last boot; when it changed,
+//! gridd's client state is moved aside (kept, never deleted) and the change recorded for the
+//! service to report once, as an event of kind `clone_detected`.
+//!
+//! The identity is the DMI product UUID (new for every KubeVirt VM, and for a clone) and the
+//! machine-id (new when the image was sealed, the same on a cloned disk); either changing is a
+//! new machine. The MAC addresses are recorded and shown, but alone they do not count: a NIC
+//! added or replaced is not a clone.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow};
+use chrono::Utc;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Settings;
+use crate::fsutil;
+use crate::input::{self, Links};
+use crate::text::show_path;
+
+/// The recorded identity, in the state directory.
+pub const IDENTITY_FILE: &str = "identity.json";
+/// A clone found at boot, waiting for the service to report it.
+pub const CLONE_FILE: &str = "clone-detected.json";
+/// The same, once the service has reported it.
+pub const CLONE_SEEN_FILE: &str = "clone-detected.seen.json";
+
+/// What tells this machine from another.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Identity {
+    pub machine_id: Option<String>,
+    pub product_uuid: Option<String>,
+    pub macs: Vec<String>,
+}
+
+impl Identity {
+    /// Reads it below `root` (`/` on a guest; a fixture tree in tests).
+    pub fn read(root: &Path) -> Identity {
+        let text = |rel: &str| {
+            input::read_text(&root.join(rel), 4096, Links::Follow)
+                .ok()
+                .map(|s| s.trim().to_ascii_lowercase())
+                .filter(|s| !s.is_empty())
+        };
+        let mut macs: Vec<String> = fs::read_dir(root.join("sys/class/net"))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name() != "lo")
+                    .filter_map(|e| {
+                        input::read_text(&e.path().join("address"), 64, Links::Follow).ok()
+                    })
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .filter(|m| !m.is_empty() && m != "00:00:00:00:00:00")
+                    .collect()
+            })
+            .unwrap_or_default();
+        macs.sort();
+        macs.dedup();
+        Identity {
+            machine_id: text("etc/machine-id"),
+            product_uuid: text("sys/class/dmi/id/product_uuid"),
+            macs,
+        }
+    }
+
+    /// Whether `self` (now) is another machine than `old`: the product UUID or the
+    /// machine-id changed (one that was unknown before does not count).
+    pub fn is_another_machine_than(&self, old: &Identity) -> bool {
+        let changed =
+            |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(a), Some(b)) if a != b);
+        changed(&self.product_uuid, &old.product_uuid) || changed(&self.machine_id, &old.machine_id)
+    }
+}
+
+/// A clone found at boot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloneDetected {
+    pub at: String,
+    pub old: Identity,
+    pub new: Identity,
+    /// Where gridd's client state went.
+    pub moved_to: Option<PathBuf>,
+}
+
+impl CloneDetected {
+    /// The event's text.
+    pub fn message(&self) -> String {
+        let show = |o: &Option<String>| o.clone().unwrap_or_else(|| "unknown".into());
+        let moved = match &self.moved_to {
+            Some(p) => format!(
+                "nvidia-gridd's client state was moved aside to {}",
+                show_path(p)
+            ),
+            None => "nvidia-gridd had no client state to move aside".into(),
+        };
+        format!(
+            "this guest's identity changed since the last boot (product UUID {} -> {}, machine-id {} -> {}): a clone or a restored snapshot; {moved}, so that it registers with the DLS as a client of its own",
+            show(&self.old.product_uuid),
+            show(&self.new.product_uuid),
+            show(&self.old.machine_id),
+            show(&self.new.machine_id),
+        )
+    }
+}
+
+/// What [`check`] did.
+#[derive(Debug, PartialEq)]
+pub enum Checked {
+    /// No identity was recorded: this one is now.
+    Recorded,
+    Unchanged,
+    Clone(Box<CloneDetected>),
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    input::read_file(path, 1 << 20, Links::Refuse)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// The boot-time check: compares, moves gridd's client state aside on a clone, records.
+pub fn check(settings: &Settings, root: &Path) -> anyhow::Result<Checked> {
+    crate::install::check_state_dir(settings)?;
+    let state = &settings.paths.state_dir;
+    fsutil::create_dir_mode(state, 0o755)
+        .with_context(|| format!("cannot create {}", show_path(state)))?;
+    let now = Identity::read(root);
+    let recorded: Option<Identity> = read_json(&state.join(IDENTITY_FILE));
+    let result = match recorded {
+        None => Checked::Recorded,
+        Some(old) if !now.is_another_machine_than(&old) => Checked::Unchanged,
+        Some(old) => {
+            let stamp = Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+            let moved_to = move_client_state(settings, &stamp)?;
+            let record = CloneDetected {
+                at: crate::time::rfc3339(Utc::now()),
+                old,
+                new: now.clone(),
+                moved_to,
+            };
+            let json = serde_json::to_vec_pretty(&record)?;
+            fsutil::write_atomic(&state.join(CLONE_FILE), &json, 0o644)
+                .with_context(|| format!("cannot write {}", show_path(&state.join(CLONE_FILE))))?;
+            Checked::Clone(Box::new(record))
+        }
+    };
+    if result != Checked::Unchanged {
+        let json = serde_json::to_vec_pretty(&now)?;
+        fsutil::write_atomic(&state.join(IDENTITY_FILE), &json, 0o644)
+            .with_context(|| format!("cannot write {}", show_path(&state.join(IDENTITY_FILE))))?;
+    }
+    Ok(result)
+}
+
+/// Moves the content of gridd's client state directories into
+/// `<state_dir>/replaced/<stamp>-clone/`; `None` when there was nothing to move.
+fn move_client_state(settings: &Settings, stamp: &str) -> anyhow::Result<Option<PathBuf>> {
+    let mut plan = Vec::new();
+    for dir in &settings.paths.gridd_client_state {
+        // gridd's own directory: any content is its state, but a link out of it is not.
+        let entries = fsutil::managed_entries(dir, |_, _| true).map_err(|e| {
+            anyhow!(
+                "nvidia-gridd's client state {} (paths.gridd_client_state) {e}; nothing was moved",
+                show_path(dir)
+            )
+        })?;
+        for (name, path) in entries {
+            plan.push((dir.clone(), name, path));
+        }
+    }
+    if plan.is_empty() {
+        return Ok(None);
+    }
+    let replaced = settings.paths.state_dir.join("replaced");
+    fsutil::create_dir_mode(&replaced, 0o700)?;
+    let into = fsutil::create_unique_dir(&replaced, &format!("{stamp}-clone"), 0o700)?;
+    let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
+    for (dir, name, path) in plan {
+        let sub = into.join(dir.file_name().unwrap_or_default());
+        let result: io::Result<()> = (|| {
+            fs::create_dir_all(&sub)?;
+            let to = sub.join(&name);
+            fsutil::move_path(&path, &to)?;
+            moved.push((to, path.clone()));
+            Ok(())
+        })();
+        if let Err(e) = result {
+            // Back where it was: gridd finds its state as before, and the next boot tries again.
+            for (to, from) in moved.iter().rev() {
+                let _ = fsutil::move_path(to, from);
+            }
+            return Err(anyhow!(
+                "cannot move {} aside into {}: {e}; nothing was moved",
+                show_path(&path),
+                show_path(&into)
+            ));
+        }
+    }
+    Ok(Some(into))
+}
+
+/// For the service: a clone found at this boot, not reported yet. Marks it reported.
+pub fn take_unreported(settings: &Settings) -> Option<CloneDetected> {
+    let state = &settings.paths.state_dir;
+    let record: CloneDetected = read_json(&state.join(CLONE_FILE))?;
+    let _ = fs::rename(state.join(CLONE_FILE), state.join(CLONE_SEEN_FILE));
+    Some(record)
+}
+
+/// `vgpu-license-agent check-identity`.
+pub fn run(settings: &Settings, root: &Path) -> anyhow::Result<()> {
+    match check(settings, root)? {
+        Checked::Recorded => println!("recorded this guest's identity"),
+        Checked::Unchanged => println!("the same guest as at the last boot"),
+        Checked::Clone(c) => println!("{}", crate::text::escape(&c.message())),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root_with(d: &Path, machine_id: &str, uuid: &str, mac: &str) {
+        fs::create_dir_all(d.join("etc")).unwrap();
+        fs::write(d.join("etc/machine-id"), format!("{machine_id}\n")).unwrap();
+        fs::create_dir_all(d.join("sys/class/dmi/id")).unwrap();
+        fs::write(d.join("sys/class/dmi/id/product_uuid"), format!("{uuid}\n")).unwrap();
+        fs::create_dir_all(d.join("sys/class/net/eth0")).unwrap();
+        fs::write(d.join("sys/class/net/eth0/address"), format!("{mac}\n")).unwrap();
+    }
+
+    #[test]
+    fn a_changed_uuid_or_machine_id_is_a_clone_a_new_mac_alone_is_not() {
+        let old = Identity {
+            machine_id: Some("a".into()),
+            product_uuid: Some("u".into()),
+            macs: vec!["m".into()],
+        };
+        let mut new = old.clone();
+        new.macs = vec!["n".into()];
+        assert!(!new.is_another_machine_than(&old));
+        new.product_uuid = Some("v".into());
+        assert!(new.is_another_machine_than(&old));
+        let mut new = old.clone();
+        new.machine_id = Some("b".into());
+        assert!(new.is_another_machine_than(&old));
+        let mut new = old.clone();
+        new.machine_id = None;
+        assert!(!new.is_another_machine_than(&old));
+    }
+
+    #[test]
+    fn identity_is_read_from_a_root() {
+        let d = tempfile::tempdir().unwrap();
+        root_with(d.path(), "ABC", "1234-UUID", "52:54:00:AA:BB:CC");
+        let i = Identity::read(d.path());
+        assert_eq!(i.machine_id.as_deref(), Some("abc"));
+        assert_eq!(i.product_uuid.as_deref(), Some("1234-uuid"));
+        assert_eq!(i.macs, vec!["52:54:00:aa:bb:cc"]);
+    }
+}

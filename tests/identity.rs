@@ -1,0 +1,160 @@
+//! Clones and restored snapshots: `check-identity` at boot (a fixture root stands for the
+//! guest: /etc/machine-id, the DMI product UUID, the NICs), and the service reporting what it
+//! found once, as a `clone_detected` event, against the real journald and the simulator.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use common::Root;
+use common::sim::{Agent, Machine, Setup};
+
+fn guest(d: &Path, machine_id: &str, uuid: &str) {
+    fs::create_dir_all(d.join("etc")).unwrap();
+    fs::write(d.join("etc/machine-id"), format!("{machine_id}\n")).unwrap();
+    fs::create_dir_all(d.join("sys/class/dmi/id")).unwrap();
+    fs::write(d.join("sys/class/dmi/id/product_uuid"), format!("{uuid}\n")).unwrap();
+    fs::create_dir_all(d.join("sys/class/net/enp1s0")).unwrap();
+    fs::write(
+        d.join("sys/class/net/enp1s0/address"),
+        "52:54:00:12:34:56\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_clone_has_gridds_client_state_moved_aside_before_gridd_starts() {
+    let root = Root::new();
+    let g = root.path("guest");
+    guest(
+        &g,
+        "0123456789abcdef0123456789abcdef",
+        "11111111-2222-3333-4444-555555555555",
+    );
+    let state = root.path("var/lib/nvidia/GridLicensing");
+    fs::create_dir_all(&state).unwrap();
+    fs::write(state.join("client.dat"), b"the original's registration").unwrap();
+    let g_arg = g.to_str().unwrap();
+
+    // First boot: recorded; nothing moved.
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("recorded"), "{}", r.stdout);
+    // The same guest again; a NIC replaced is not a clone.
+    fs::write(
+        g.join("sys/class/net/enp1s0/address"),
+        "52:54:00:ff:ff:ff\n",
+    )
+    .unwrap();
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert!(r.stdout.contains("the same guest"), "{}", r.stdout);
+    assert!(state.join("client.dat").exists());
+
+    // A clone: new product UUID (KubeVirt gives each VM its own), same disk.
+    fs::write(
+        g.join("sys/class/dmi/id/product_uuid"),
+        "99999999-2222-3333-4444-555555555555\n",
+    )
+    .unwrap();
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        r.stdout.contains("a clone or a restored snapshot"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout
+            .contains("11111111-2222-3333-4444-555555555555 -> 99999999"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        !state.join("client.dat").exists(),
+        "gridd's state moved aside"
+    );
+    let replaced = root.state_dir().join("replaced");
+    let kept: Vec<_> = fs::read_dir(&replaced)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        fs::read(kept[0].join("GridLicensing/client.dat")).unwrap(),
+        b"the original's registration"
+    );
+    assert!(root.state_dir().join("clone-detected.json").exists());
+    // The next boot of the clone is the same guest.
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert!(r.stdout.contains("the same guest"), "{}", r.stdout);
+
+    // A client state directory that is a link out is refused, nothing moved.
+    fs::write(g.join("etc/machine-id"), "ffff\n").unwrap();
+    let elsewhere = root.path("elsewhere");
+    fs::create_dir_all(&elsewhere).unwrap();
+    fs::write(elsewhere.join("keep"), b"x").unwrap();
+    fs::remove_dir_all(&state).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &state).unwrap();
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert_eq!(r.code, Some(1), "{}", r.stdout);
+    assert!(r.stderr.contains("is a symlink"), "{}", r.stderr);
+    assert!(elsewhere.join("keep").exists());
+}
+
+#[test]
+fn scenario_the_service_reports_a_clone_once() {
+    let m = Machine::new(Setup::default());
+    let g = m.path("guest");
+    guest(
+        &g,
+        "0123456789abcdef0123456789abcdef",
+        "aaaaaaaa-0000-0000-0000-000000000001",
+    );
+    let config = m.config.to_str().unwrap().to_string();
+    let check = || {
+        let out = std::process::Command::new(common::BIN)
+            .args(["--config", &config, "check-identity", "--root"])
+            .arg(&g)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    check();
+    fs::write(
+        g.join("sys/class/dmi/id/product_uuid"),
+        "bbbbbbbb-0000-0000-0000-000000000002\n",
+    )
+    .unwrap();
+    check();
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("the clone in the events", Duration::from_secs(45), |v| {
+        v["events"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["kind"] == "clone_detected"))
+    });
+    let e = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "clone_detected")
+        .unwrap();
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("aaaaaaaa-0000-0000-0000-000000000001 -> bbbbbbbb"),
+        "{e}"
+    );
+    // Reported once: the record is marked seen, a restarted service does not report it again.
+    let state = m.path("var/lib/vgpu-license-agent");
+    assert!(state.join("clone-detected.seen.json").exists());
+    assert!(!state.join("clone-detected.json").exists());
+}
