@@ -11,6 +11,7 @@ pub mod config;
 pub mod diagnose;
 pub mod fsutil;
 pub mod gridd_conf;
+pub mod http;
 pub mod identity;
 pub mod input;
 pub mod install;

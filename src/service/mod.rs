@@ -172,7 +172,7 @@ impl Shell {
         {
             let timeout = settings.commands.timeout;
             tokio::spawn(async move {
-                if let Err(e) = install::fetch::post_json(&url, p.json, timeout).await {
+                if let Err(e) = crate::http::post_json(&url, p.json, timeout).await {
                     warn!("webhook: {e}");
                 }
             });
