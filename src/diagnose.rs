@@ -21,7 +21,7 @@ use crate::live::{self, TokenProblem};
 use crate::observe::smi::SmiSnapshot;
 use crate::probe::{self, NodeProbe, StepName};
 use crate::report::human::both_times;
-use crate::report::{Reason, Report, State};
+use crate::report::{LicensingMode, Reason, Report, State};
 use crate::state;
 use crate::time::rfc3339;
 
@@ -162,12 +162,23 @@ pub fn run(args: &JsonArg, settings: &Settings) -> anyhow::Result<ExitCode> {
 /// Runs every check now.
 pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     let mut obs = live::observe(settings, now, MAX_EVENTS);
+    let mode = state::licensing_mode(
+        obs.token.as_ref(),
+        obs.log.as_ref().map(|(f, _)| f),
+        obs.smi.as_ref(),
+        obs.legacy_server.as_deref(),
+    );
     let empty = SmiSnapshot::default();
     let smi = obs.smi.as_ref().unwrap_or(&empty);
     let mut checks = vec![driver_check(smi)];
     checks.push(vgpu_check(smi));
-    checks.extend(token_checks(settings, now));
-    checks.push(gridd_conf_check(settings, smi));
+    checks.push(check(
+        "mode",
+        Status::Ok,
+        format!("licensing mode: {}", mode.describe()),
+    ));
+    checks.extend(token_checks(settings, now, mode));
+    checks.push(gridd_conf_check(settings, smi, mode));
     checks.push(gridd_check(settings));
 
     let targets = obs.token.as_ref().map(probe::targets).unwrap_or_default();
@@ -294,7 +305,7 @@ fn vgpu_check(smi: &SmiSnapshot) -> Check {
 
 const INSTALL_FIX: &str = "generate a client configuration token on the DLS (Service Instance > Generate client config token) and run `vgpu-license-agent install --token-file FILE`";
 
-fn token_checks(settings: &Settings, now: DateTime<Utc>) -> Vec<Check> {
+fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) -> Vec<Check> {
     let ts = live::token_state(settings, now);
     let path = ts.path.display().to_string();
     let main = match &ts.token {
@@ -321,6 +332,19 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>) -> Vec<Check> {
             } else {
                 check("token", Status::Ok, msg)
             }
+        }
+        // The platform or the legacy server licenses this guest: no token is the normal case.
+        Err(TokenProblem::Missing)
+            if matches!(mode, LicensingMode::CloudProvider | LicensingMode::Legacy) =>
+        {
+            check(
+                "token",
+                Status::Skip,
+                format!(
+                    "no token at {path}, and none needed: the licensing mode is {}",
+                    mode.describe()
+                ),
+            )
         }
         Err(p) => {
             let fix = match p {
@@ -384,7 +408,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>) -> Vec<Check> {
     vec![main, mode, strays]
 }
 
-fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot) -> Check {
+fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode) -> Check {
     let path = &settings.paths.gridd_conf;
     let shown = path.display();
     let bytes = match crate::input::read_file(
@@ -446,9 +470,12 @@ fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot) -> Check {
         },
     };
     for w in conf.warnings(&settings.paths.token_dir) {
-        // A token path gridd will not find is fatal; legacy keys are only confusing.
+        // A token path gridd will not find is fatal; legacy keys are only confusing, except
+        // on a guest of the legacy server, where they are what licenses it: keep them.
         let status = if w.contains("ClientConfigTokenPath") {
             Status::Fail
+        } else if mode == LicensingMode::Legacy {
+            continue;
         } else {
             Status::Warn
         };

@@ -320,6 +320,22 @@ pub fn token_at(
     }
 }
 
+/// The license server gridd.conf names (`ServerAddress`, non-empty), if any: what tells a
+/// guest of the legacy licensing path where no token and no log says otherwise. An absent or
+/// unreadable gridd.conf names none.
+pub fn legacy_server(settings: &Settings) -> Option<String> {
+    let bytes = crate::input::read_file(
+        &settings.paths.gridd_conf,
+        crate::install::MAX_GRIDD_CONF_BYTES,
+        crate::input::Links::Refuse,
+    )
+    .ok()?;
+    crate::gridd_conf::GriddConf::parse(&bytes)
+        .get("ServerAddress")
+        .map(|e| e.value.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
 /// Everything observable now (`status` and `diagnose`: no DLS probe here).
 pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Observations {
     let smi = read_smi(settings).into_snapshot();
@@ -328,7 +344,7 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
         .map(|(fold, _)| fold);
     let token = token_state(settings, now).token;
     let unit = gridd_running(settings);
-    assemble(
+    let mut obs = assemble(
         settings,
         now,
         Parts {
@@ -338,5 +354,7 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
             unit: unit.as_ref(),
             probe: None,
         },
-    )
+    );
+    obs.legacy_server = legacy_server(settings);
+    obs
 }

@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
 use crate::observe::smi::{LicenseStatus, SmiSnapshot, classify_status};
 use crate::report::{
-    DlsEndpoint, Event, EventKind, Failure, Gpu, License, Reason, Report, SCHEMA, State,
+    DlsEndpoint, Event, EventKind, Failure, Gpu, License, LicensingMode, Reason, Report, SCHEMA,
+    State,
 };
 use crate::time::rfc3339;
 use crate::token::Token;
@@ -42,6 +43,14 @@ pub struct LogFold {
     failure: Option<GriddEvent>,
     unsupported: bool,
     legacy: bool,
+    /// Lines that say something about the license (see [`LogFold::says_anything`]).
+    license_lines: u64,
+    /// gridd said the platform licenses the GPU (cloud GPU instances).
+    cloud_provider: bool,
+    /// A line only the token-based (DLS/CLS) licensing path logs was seen.
+    nls: bool,
+    /// The server the latest token-path line named.
+    nls_server: Option<String>,
 }
 
 impl LogFold {
@@ -55,13 +64,54 @@ impl LogFold {
             failure: None,
             unsupported: false,
             legacy: false,
+            license_lines: 0,
+            cloud_provider: false,
+            nls: false,
+            nls_server: None,
         }
+    }
+
+    /// Whether a line says something about the license: an acquisition or its attempt, a
+    /// renewal, a return, a failure, gridd's notice that it holds none. Start-up, config and
+    /// housekeeping lines do not: a log of only those proves nothing.
+    fn says_anything(e: &GriddEvent) -> bool {
+        use EventKind as K;
+        e.what.reason.is_some()
+            || matches!(
+                e.what.kind,
+                K::Acquiring
+                    | K::Acquired
+                    | K::Renewed
+                    | K::Returned
+                    | K::AcquireFailed
+                    | K::ReturnFailed
+                    | K::TokenError
+                    | K::UnlicensedNotice
+                    | K::Mismatch
+                    | K::Unsupported
+            )
     }
 
     pub fn push(&mut self, e: GriddEvent) {
         use EventKind as K;
         self.total += 1;
         self.legacy |= e.what.legacy;
+        self.cloud_provider |= e.what.cloud_provider;
+        if Self::says_anything(&e) {
+            self.license_lines += 1;
+        }
+        // `NLS initialized`, token errors and the `(Info: server; ...)` lines exist only on
+        // the token path; the legacy path names its server in a `Server URL`.
+        if matches!(e.what.kind, K::Initialized | K::TokenError)
+            || (!e.what.legacy && e.what.server.is_some())
+        {
+            self.nls = true;
+        }
+        if !e.what.legacy
+            && let Some(server) = &e.what.server
+        {
+            self.nls_server = Some(server.clone());
+        }
         match e.what.kind {
             K::Acquired | K::Renewed => {
                 self.failure = None;
@@ -69,6 +119,9 @@ impl LogFold {
                 self.holding = Some(e.clone());
             }
             K::Returned | K::Shutdown => self.holding = None,
+            // The legacy path's leases carry no expiry to judge them by; its failed
+            // acquisition or renewal is gridd's word that the license is gone.
+            K::AcquireFailed if e.what.legacy => self.holding = None,
             K::Unsupported => self.unsupported = true,
             _ => {}
         }
@@ -128,6 +181,9 @@ pub struct Observations {
     /// ([`crate::policy::probe_refines`]). With a license held it is a warning (a skewed
     /// clock, a closed port: the next renewal fails).
     pub probe_failure: Option<(Reason, String)>,
+    /// The license server gridd.conf names (`ServerAddress`), when one is set: the legacy
+    /// licensing path, unless a token or the log shows the token path.
+    pub legacy_server: Option<String>,
     /// The moment of observation: now for live commands, the time of the saved output for
     /// `analyze` (`None` when the output does not say).
     pub at: Option<DateTime<Utc>>,
@@ -240,6 +296,79 @@ pub fn advice(
     }
 }
 
+/// The host of NVIDIA's Cloud License Service, as a CLS token names it.
+pub const CLS_HOST: &str = "api.cls.licensing.nvidia.com";
+
+fn is_cls(host: &str) -> bool {
+    host.trim_end_matches('.').eq_ignore_ascii_case(CLS_HOST)
+}
+
+/// `Licensed (Expiry: N/A)`: a license without a lease, as cloud platforms that license the
+/// GPU themselves show it (smi-dcgm-license-strings.txt lists `N/A` among NVML's expiries).
+fn expiry_not_applicable(status: &str) -> bool {
+    matches!(classify_status(status), LicenseStatus::Licensed(None))
+        && status.to_ascii_lowercase().contains("n/a")
+}
+
+/// How the guest is licensed, from the most direct evidence down: the token names its
+/// service; gridd's own lines name the cloud platform or the legacy path; nvidia-smi's
+/// lease-less license on a guest without a token is the platform's; gridd.conf's
+/// `ServerAddress` means the legacy server only where nothing shows the token path (drivers
+/// of the token era ignore the key, and templates keep it); last, the server gridd's
+/// token-path lines name.
+pub fn licensing_mode(
+    token: Option<&Token>,
+    log: Option<&LogFold>,
+    smi: Option<&SmiSnapshot>,
+    legacy_server: Option<&str>,
+) -> LicensingMode {
+    if let Some(t) = token {
+        return if t.nodes.iter().any(|n| is_cls(&n.host)) {
+            LicensingMode::Cls
+        } else {
+            LicensingMode::Dls
+        };
+    }
+    if log.is_some_and(|f| f.cloud_provider) {
+        return LicensingMode::CloudProvider;
+    }
+    if log.is_some_and(|f| f.legacy) {
+        return LicensingMode::Legacy;
+    }
+    let lease_less = smi.is_some_and(|s| {
+        s.gpus.iter().any(|g| {
+            g.license_status
+                .as_deref()
+                .is_some_and(expiry_not_applicable)
+        })
+    });
+    if lease_less {
+        return LicensingMode::CloudProvider;
+    }
+    if legacy_server.is_some() && !log.is_some_and(|f| f.nls) {
+        return LicensingMode::Legacy;
+    }
+    match log.and_then(|f| f.nls_server.as_deref()) {
+        Some(h) if is_cls(h) => LicensingMode::Cls,
+        Some(_) => LicensingMode::Dls,
+        None => LicensingMode::Unknown,
+    }
+}
+
+/// What a guest of the legacy license server is told instead of the DLS advice.
+fn legacy_advice(reason: Reason, server: Option<&str>) -> Option<String> {
+    let at = server.map_or(String::new(), |s| format!(" {s}"));
+    match reason {
+        Reason::DlsUnreachable | Reason::Unspecified | Reason::Other => Some(format!(
+            "nvidia-gridd could not get a license from the legacy license server{at}: check ServerAddress and ServerPort (default 7070) in /etc/nvidia/gridd.conf, that the server runs and that TCP to that port is open from this guest. {LEGACY_EOL}"
+        )),
+        _ => None,
+    }
+}
+
+/// The legacy path's end, and the way off it.
+const LEGACY_EOL: &str = "NVIDIA's legacy license server is end of life: move to a DLS (a guest driver of vGPU 14 or later, a DLS instance, and its client configuration token installed with `vgpu-license-agent install --token-file FILE`); the legacy keys are then ignored and may stay in gridd.conf.";
+
 /// Observations -> report.
 pub fn evaluate(obs: Observations) -> Report {
     let mut notes = Vec::new();
@@ -260,9 +389,19 @@ pub fn evaluate(obs: Observations) -> Report {
         })
         .unwrap_or_default();
     let profile = gpus.iter().find_map(|g| g.profile.clone());
+    let mode = licensing_mode(
+        obs.token.as_ref(),
+        obs.log.as_ref().map(|(f, _)| f),
+        obs.smi.as_ref(),
+        obs.legacy_server.as_deref(),
+    );
+    // Where the platform or the legacy server licenses the guest, a missing token is no
+    // failure: asking for one would be wrong advice.
+    let conf_server = obs.legacy_server.clone();
+    let token_needed = !matches!(mode, LicensingMode::CloudProvider | LicensingMode::Legacy);
 
     // The log: events, the held lease, the failure.
-    let (mut log_events, log_state, log_failure, log_license, omitted, legacy) = match obs.log {
+    let (mut log_events, log_state, log_failure, log_license, omitted) = match obs.log {
         Some((fold, stats)) => {
             let mut evs: Vec<GriddEvent> = fold.events.into_iter().collect();
             resolve_years(&mut evs);
@@ -277,7 +416,8 @@ pub fn evaluate(obs: Observations) -> Report {
                 } else {
                     State::Unlicensed
                 })
-            } else if fold.total > 0 {
+            } else if fold.license_lines > 0 {
+                // Something was said about the license and none is held.
                 Some(State::Unlicensed)
             } else {
                 None
@@ -287,15 +427,21 @@ pub fn evaluate(obs: Observations) -> Report {
                 edition: h.what.edition.clone(),
                 expiry: h.what.expiry.map(rfc3339),
             });
-            (evs, state, fold.failure, license, fold.omitted, fold.legacy)
+            (evs, state, fold.failure, license, fold.omitted)
         }
-        None => (Vec::new(), None, None, None, 0, false),
+        None => (Vec::new(), None, None, None, 0),
     };
+    let log_failure =
+        log_failure.filter(|f| token_needed || f.what.reason != Some(Reason::TokenMissing));
     if let Some(why) = obs.smi.as_ref().and_then(|s| s.unanswered.as_ref()) {
         notes.push(format!("nvidia-smi did not answer: {why}"));
     }
-    if legacy {
-        notes.push("This guest uses the legacy licensing path (a license server on port 7070, drivers before 2022): no client configuration token is involved there.".into());
+    match mode {
+        LicensingMode::Legacy => notes.push(format!(
+            "This guest uses the legacy licensing path (a FlexNet license server, port 7070 by default; vGPU 13 and older, drivers up to the 470 branch): gridd.conf's ServerAddress and ServerPort name the server (BackupServerAddress and BackupServerPort a second one), and no client configuration token is involved. {LEGACY_EOL}"
+        )),
+        LicensingMode::CloudProvider => notes.push("The cloud platform licenses this guest's GPU itself: no client configuration token or license server is needed, and installing a token is not a fix here.".into()),
+        _ => {}
     }
     if log_events.iter().any(|e| {
         e.stamp
@@ -344,6 +490,7 @@ pub fn evaluate(obs: Observations) -> Report {
     // Nothing here needs a license: the agent's token and gridd findings do not matter.
     let own_failure = obs
         .own_failure
+        .filter(|(r, _)| token_needed || *r != Reason::TokenMissing)
         .or(probe_failure)
         .filter(|_| state != State::NotLicensable);
     let failure = match own_failure {
@@ -379,6 +526,14 @@ pub fn evaluate(obs: Observations) -> Report {
             }
         }),
     };
+    let failure = failure.map(|mut f| {
+        if mode == LicensingMode::Legacy
+            && let Some(a) = legacy_advice(f.reason, conf_server.as_deref())
+        {
+            f.advice = a;
+        }
+        f
+    });
     // A lease held whose renewals have stalled: a warning while it still holds.
     let failure = failure.or_else(|| {
         let (since, message) = obs.renewal_stalled.filter(|_| state == State::Licensed)?;
@@ -430,6 +585,7 @@ pub fn evaluate(obs: Observations) -> Report {
                 })
                 .collect()
         }),
+        licensing_mode: Some(mode),
         events_omitted: omitted,
         notes,
         exit_code,
@@ -553,6 +709,161 @@ mod tests {
         let f = r.failure.expect("a failure");
         assert_eq!(f.at.as_deref(), r.events[0].at.as_deref());
         assert!(f.at.is_some_and(|a| a.starts_with("2022-12-20T17:00:00")));
+    }
+
+    fn fold_of(text: &str) -> (LogFold, ScanStats) {
+        let mut fold = LogFold::new(10);
+        let stats = crate::observe::journal::scan(text.as_bytes(), |e| fold.push(e)).unwrap();
+        (fold, stats)
+    }
+
+    fn token_for(host: &str) -> Token {
+        Token {
+            algorithm: None,
+            issuer: None,
+            audience: None,
+            token_id: None,
+            issued_at: None,
+            not_before: None,
+            expires: None,
+            instance_ref: None,
+            scope_refs: vec![],
+            nodes: vec![crate::token::DlsNode {
+                host: host.into(),
+                auth_port: 443,
+                lease_port: 443,
+            }],
+        }
+    }
+
+    const NO_TOKEN: &str = "no client configuration token is installed";
+
+    #[test]
+    fn a_cloud_provider_guest_needs_no_token() {
+        let smi = crate::observe::smi::parse_text(
+            "vGPU Software Licensed Product\n    Product Name : NVIDIA RTX Virtual Workstation\n    License Status : Licensed (Expiry: N/A)\n",
+        );
+        let r = evaluate(Observations {
+            smi: Some(smi.clone()),
+            own_failure: Some((Reason::TokenMissing, NO_TOKEN.into())),
+            ..Default::default()
+        });
+        assert_eq!(r.licensing_mode, Some(LicensingMode::CloudProvider));
+        assert_eq!(
+            (r.state, r.exit_code, &r.failure),
+            (State::Licensed, 0, &None)
+        );
+        assert!(r.notes.iter().any(|n| n.contains("cloud platform")));
+        // gridd's own word, even where nvidia-smi says nothing of a license yet.
+        let r = evaluate(Observations {
+            log: Some(fold_of(
+                "Jan 1 00:00:00 h nvidia-gridd[7]: vGPU Software package (1)\n\
+                 Jan 1 00:00:01 h nvidia-gridd[7]: Platform detection successful\n",
+            )),
+            own_failure: Some((Reason::TokenMissing, NO_TOKEN.into())),
+            ..Default::default()
+        });
+        assert_eq!(r.licensing_mode, Some(LicensingMode::CloudProvider));
+        // Those lines say nothing about a license: unknown, and no token asked for.
+        assert_eq!(
+            (r.state, r.exit_code, &r.failure),
+            (State::Unknown, 3, &None)
+        );
+    }
+
+    #[test]
+    fn the_token_names_dls_or_cls() {
+        for (host, mode) in [
+            ("dls.example.com", LicensingMode::Dls),
+            ("api.cls.licensing.nvidia.com", LicensingMode::Cls),
+        ] {
+            let r = evaluate(Observations {
+                token: Some(token_for(host)),
+                // A token-era gridd.conf keeps the legacy key: the token decides.
+                legacy_server: Some("192.168.3.32".into()),
+                ..Default::default()
+            });
+            assert_eq!(r.licensing_mode, Some(mode), "{host}");
+        }
+        // Without a token, the server gridd's lines name.
+        let r = evaluate(Observations {
+            log: Some(fold_of(
+                "Jan 1 00:00:00 h nvidia-gridd[7]: Acquiring license. (Info: api.cls.licensing.nvidia.com; NVIDIA Virtual PC)\n",
+            )),
+            ..Default::default()
+        });
+        assert_eq!(r.licensing_mode, Some(LicensingMode::Cls));
+        assert_eq!(r.state, State::Unlicensed);
+    }
+
+    #[test]
+    fn server_address_means_legacy_only_without_the_token_path() {
+        let r = evaluate(Observations {
+            legacy_server: Some("10.0.0.7".into()),
+            own_failure: Some((Reason::TokenMissing, NO_TOKEN.into())),
+            ..Default::default()
+        });
+        assert_eq!(r.licensing_mode, Some(LicensingMode::Legacy));
+        assert_eq!(r.failure, None, "no token is involved on the legacy path");
+        assert!(r.notes.iter().any(|n| n.contains("end of life")));
+        // A driver of the token path logs so; its ServerAddress is a leftover.
+        let r = evaluate(Observations {
+            legacy_server: Some("10.0.0.7".into()),
+            log: Some(fold_of(
+                "Jan 1 00:00:00 h nvidia-gridd[7]: Unable to fetch the client configuration token file\n",
+            )),
+            own_failure: Some((Reason::TokenMissing, NO_TOKEN.into())),
+            ..Default::default()
+        });
+        assert_eq!(r.licensing_mode, Some(LicensingMode::Unknown));
+        assert_eq!(r.failure.map(|f| f.reason), Some(Reason::TokenMissing));
+    }
+
+    #[test]
+    fn a_log_proves_only_what_it_says_of_the_license() {
+        let r = evaluate(Observations {
+            log: Some(fold_of(
+                "Jan 1 00:00:00 h nvidia-gridd[7]: Started (7)\n\
+                 Jan 1 00:00:00 h nvidia-gridd[7]: vGPU Software package (0)\n\
+                 Jan 1 00:00:01 h nvidia-gridd[7]: NLS initialized\n",
+            )),
+            ..Default::default()
+        });
+        assert_eq!((r.state, r.exit_code), (State::Unknown, 3));
+        assert_eq!(r.events.len(), 3);
+        // gridd's notice that it holds none: unlicensed, the notice the failure's text.
+        let notice =
+            "Valid GRID license not found. GPU features and performance will be restricted.";
+        let r = evaluate(Observations {
+            log: Some(fold_of(&format!(
+                "Jan 1 00:00:01 h nvidia-gridd[7]: NLS initialized\nJan 1 00:00:02 h nvidia-gridd[7]: {notice}\n"
+            ))),
+            ..Default::default()
+        });
+        assert_eq!((r.state, r.exit_code), (State::Unlicensed, 2));
+        let f = r.failure.unwrap();
+        assert_eq!(
+            (f.reason, f.message.as_str()),
+            (Reason::Unspecified, notice)
+        );
+        // A specific failure before the notice stays the failure.
+        let r = evaluate(Observations {
+            log: Some(fold_of(&format!(
+                "Jan 1 00:00:01 h nvidia-gridd[7]: Failed to acquire license from d (Info: NVIDIA Virtual PC - Error: Clock windback has been detected)\nJan 1 00:00:02 h nvidia-gridd[7]: {notice}\n"
+            ))),
+            ..Default::default()
+        });
+        assert_eq!(r.failure.unwrap().reason, Reason::ClockSkew);
+        // A legacy lease has no expiry: its failed renewal ends it.
+        let r = evaluate(Observations {
+            log: Some(fold_of(
+                "Oct 5 15:05:17 localhost nvidia-gridd: License acquired successfully. Server URL : http://10.0.0.7:7070/request\n\
+                 Oct 6 15:05:17 localhost nvidia-gridd: Failed to renew license for GRID vGPU Edition.\n",
+            )),
+            ..Default::default()
+        });
+        assert_eq!((r.state, r.exit_code), (State::Unlicensed, 2));
+        assert_eq!(r.licensing_mode, Some(LicensingMode::Legacy));
     }
 
     #[test]

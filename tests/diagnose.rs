@@ -224,12 +224,15 @@ fn a_healthy_guest_passes_every_check() {
     )));
     let (code, lines, out) = g.human();
     assert_eq!(code, 0, "{out}");
+    // The token names a DLS, not NVIDIA's CLS.
+    assert!(out.contains("licensing mode: DLS"), "{out}");
     let names: Vec<&str> = lines.iter().map(|l| l.1.as_str()).collect();
     assert_eq!(
         names,
         [
             "driver",
             "vgpu",
+            "mode",
             "token",
             "token-mode",
             "token-dir",
@@ -266,7 +269,7 @@ fn a_healthy_guest_passes_every_check() {
         "{out}"
     );
     assert!(
-        out.ends_with("13 checks: 13 ok, 0 warning, 0 failed, 0 skipped\n"),
+        out.ends_with("14 checks: 14 ok, 0 warning, 0 failed, 0 skipped\n"),
         "{out}"
     );
 
@@ -275,6 +278,7 @@ fn a_healthy_guest_passes_every_check() {
     assert_eq!(v["state"], "licensed");
     assert_eq!(v["failure"], Value::Null);
     assert_eq!(v["dls"][0]["host"], "localhost");
+    assert_eq!(v["licensing_mode"], "dls");
     assert_eq!(v["dls"][0]["port"], port);
     let probe = &v["dls_probes"][0];
     assert_eq!(probe["port"], port);
@@ -378,6 +382,61 @@ fn no_token_fails_and_skips_the_dls() {
     assert_eq!(code, 2);
     assert_eq!(v["failure"]["reason"], "token_missing");
     assert_eq!(v["dls_probes"], Value::Array(vec![]));
+}
+
+/// nvidia-smi -q of the same guest, its `License Status` replaced by `status`.
+fn smi_with_status(status: &str) -> String {
+    licensed_smi()
+        .lines()
+        .map(|l| {
+            if l.trim_start().starts_with("License Status") {
+                format!("        License Status                    : {status}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_cloud_provider_guest_is_not_asked_for_a_token() {
+    let g = Guest::new(None);
+    g.root.file(
+        "smi.txt",
+        smi_with_status("Licensed (Expiry: N/A)").as_bytes(),
+    );
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&lines, "mode").1.contains("cloud provider"), "{out}");
+    assert_eq!(line(&lines, "token").0, "SKIP", "{out}");
+    assert!(!out.contains("install --token-file"), "{out}");
+    assert_eq!(line(&lines, "license").0, "OK", "{out}");
+    let (code, v) = g.json();
+    assert_eq!(code, 0);
+    assert_eq!(v["licensing_mode"], "cloud_provider");
+    assert_eq!(v["failure"], Value::Null);
+}
+
+#[test]
+fn a_legacy_guest_keeps_its_server_keys_and_is_told_the_way_off() {
+    let g = Guest::new(None);
+    g.root
+        .file("smi.txt", smi_with_status("Licensed").as_bytes());
+    g.root.file(
+        "etc/nvidia/gridd.conf",
+        b"ServerAddress=10.0.0.5\nServerPort=7070\nFeatureType=1\n",
+    );
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&lines, "mode").1.contains("legacy"), "{out}");
+    assert_eq!(line(&lines, "token").0, "SKIP", "{out}");
+    // The keys license this guest: no advice to remove them.
+    assert_eq!(line(&lines, "gridd.conf").0, "OK", "{out}");
+    let (status, msg) = line(&lines, "license");
+    assert_eq!(status, "OK", "{out}");
+    assert!(msg.contains("end of life") && msg.contains("DLS"), "{msg}");
+    let (_, v) = g.json();
+    assert_eq!(v["licensing_mode"], "legacy");
 }
 
 #[test]

@@ -1015,3 +1015,30 @@ fn a_failed_write_on_a_fresh_root_leaves_no_new_directory() {
     assert!(!root.gridd_conf().exists());
     assert_eq!(root.restarts(), 0);
 }
+
+#[test]
+fn a_guest_its_cloud_platform_licenses_is_not_given_a_token_unless_forced() {
+    let root = Root::new();
+    // nvidia-smi as on a cloud GPU instance licensed by the platform: no expiry, no token.
+    let smi = root.file(
+        "cloud-nvidia-smi",
+        b"#!/bin/sh\ncat <<'E'\n==============NVSMI LOG==============\n\nDriver Version                            : 550.90.07\n\nGPU 00000000:00:1E.0\n    Product Name                          : NVIDIA L4-3Q\n    vGPU Software Licensed Product\n        Product Name                      : NVIDIA RTX Virtual Workstation\n        License Status                    : Licensed (Expiry: N/A)\nE\n",
+    );
+    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    root.dropin(
+        "smi.toml",
+        &format!("[commands]\nnvidia_smi = \"{}\"\n", smi.display()),
+    );
+    let tok = root.file("in/t.tok", &valid_token("cloud"));
+    let r = root.run(&["install", "--token-file", tok.to_str().unwrap()]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.error_line().contains("licensed by its cloud platform"),
+        "{}",
+        r.stderr
+    );
+    assert!(!root.token_path().exists());
+    let r = root.run(&["install", "--force", "--token-file", tok.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(root.token_path().exists());
+}

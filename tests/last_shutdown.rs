@@ -25,10 +25,16 @@ fn previous_boot(returned: bool) -> String {
             + "\n"
     };
     let base = 1_764_460_800_000_000u64; // 2025-11-30T00:00:00Z
-    let mut s = line(base, "License acquired successfully. (Info: 10.0.0.5, NVIDIA RTX Virtual Workstation; Expiry: 2025-12-1 0:0:0 GMT)");
+    let mut s = line(
+        base,
+        "License acquired successfully. (Info: 10.0.0.5, NVIDIA RTX Virtual Workstation; Expiry: 2025-12-1 0:0:0 GMT)",
+    );
     s += &line(base + 3_600_000_000, "Shutdown (812)");
     s += &if returned {
-        line(base + 3_601_000_000, "License returned successfully. (Info: 10.0.0.5)")
+        line(
+            base + 3_601_000_000,
+            "License returned successfully. (Info: 10.0.0.5)",
+        )
     } else {
         line(
             base + 3_625_000_000,
@@ -89,7 +95,11 @@ fn run(returned: bool) {
     );
     assert_eq!(
         a.metric("vgpu_license_last_shutdown_timestamp_seconds"),
-        Some(if returned { 1_764_464_401.0 } else { 1_764_464_425.0 })
+        Some(if returned {
+            1_764_464_401.0
+        } else {
+            1_764_464_425.0
+        })
     );
 }
 

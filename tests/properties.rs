@@ -273,3 +273,141 @@ fn parsing_time_grows_linearly() {
         );
     }
 }
+
+/// A reader that hands out at most `step` bytes per read: how a pipe delivers a stream.
+struct Trickle<'a> {
+    data: &'a [u8],
+    step: usize,
+}
+
+impl std::io::Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.step.min(buf.len()).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+fn events_of(r: impl std::io::Read) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    journal::scan(r, |e| {
+        out.push((e.message.clone(), e.stamp.and_then(|s| s.at())))
+    })
+    .unwrap();
+    out
+}
+
+/// Real gridd lines, in the samples' forms: syslog, ISO and journal JSON.
+const LINES: &[&str] = &[
+    "Dec 20 17:53:32 host nvidia-gridd[10354]: License acquired successfully. (Info: 192.168.178.110, NVIDIA RTX Virtual Workstation; Expiry: 2022-12-21 16:53:33 GMT)",
+    "2024-09-16T01:16:29+0800 host nvidia-gridd[77]: Failed to acquire license from 10.0.0.5 (Info: NVIDIA Virtual Compute Server - Error: No pool features found for : NVIDIA Virtual Compute Server)",
+    "{\"_COMM\":\"nvidia-gridd\",\"MESSAGE\":\"Acquiring license. (Info: dls.example; NVIDIA RTX Virtual Workstation)\",\"__REALTIME_TIMESTAMP\":\"1734716012000000\"}",
+    "Dec 20 17:53:40 host nvidia-gridd[10354]: Failed to acquire license from dls.example",
+];
+
+fn stream() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::collection::vec(prop::sample::select(LINES), 1..40),
+        any::<bool>(),
+        0usize..2,
+    )
+        .prop_map(|(lines, crlf, pad_mb)| {
+            let eol = if crlf { "\r\n" } else { "\n" };
+            let mut s = String::new();
+            // Lines longer than the reader's 1 MiB chunk, that are not gridd's, in between.
+            for _ in 0..pad_mb {
+                s.push_str(&"x".repeat((1 << 20) + 17));
+                s.push_str(eol);
+            }
+            for l in lines {
+                s.push_str(l);
+                s.push_str(eol);
+            }
+            s.into_bytes()
+        })
+}
+
+/// gridd's unpadded time (`2022-12-21 6:3:3 GMT`), as in its `Expiry:` lines.
+fn gridd_time(t: chrono::DateTime<chrono::Utc>) -> String {
+    use chrono::{Datelike, Timelike};
+    format!(
+        "{}-{}-{} {}:{}:{} GMT",
+        t.year(),
+        t.month(),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// Whole, trickled 1 to 7 bytes at a time, with CRLF, with megabyte lines: the same events.
+    #[test]
+    fn a_stream_gives_the_same_events_however_it_arrives(data in stream(), step in 1usize..8) {
+        let whole = events_of(&data[..]);
+        let lf: Vec<u8> = String::from_utf8(data.clone()).unwrap().replace("\r\n", "\n").into_bytes();
+        prop_assert_eq!(&whole, &events_of(&lf[..]));
+        prop_assert_eq!(&whole, &events_of(Trickle { data: &data, step }));
+        prop_assert!(!whole.is_empty());
+    }
+
+    /// An expiry written as gridd writes it reads back as the same time.
+    #[test]
+    fn gridd_times_read_back_exactly(secs in 0i64..253_402_300_799) {
+        let t = chrono::DateTime::from_timestamp(secs, 0).unwrap();
+        let line = format!(
+            "License acquired successfully. (Info: d, NVIDIA RTX Virtual Workstation; Expiry: {})",
+            gridd_time(t)
+        );
+        let c = journal::classify(&line).expect("an acquire line");
+        prop_assert_eq!(c.expiry, Some(t));
+    }
+
+    /// Every report the state machine makes is valid against the report's schema.
+    #[test]
+    fn every_report_validates_against_the_schema(input in pieces()) {
+        let schema: serde_json::Value = serde_json::from_str(include_str!("fixtures/report.schema.json")).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let snap = smi::parse(&input).ok();
+        let mut fold = LogFold::new(50);
+        let stats = journal::scan(&input[..], |e| fold.push(e)).unwrap();
+        let report = evaluate(Observations {
+            smi: snap,
+            log: Some((fold, stats)),
+            ..Observations::default()
+        });
+        let v = serde_json::to_value(&report).unwrap();
+        let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+        prop_assert!(errors.is_empty(), "{errors:?}\n{v:#}");
+    }
+}
+
+/// nvidia-smi -q text without its indentation (a paste that lost it) reads the same.
+#[test]
+fn smi_text_reads_the_same_without_indentation() {
+    for name in [
+        "smi-jp-dls-guide-1.txt",
+        "smi-jp-dls-guide-2.txt",
+        "smi-fastapi-dls-1.txt",
+        "smi-cudaerror4vgpu-1.txt",
+        "smi-gpu-operator-220.txt",
+    ] {
+        let path = format!(
+            "{}/tests/fixtures/samples/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let flat: String = text
+            .lines()
+            .map(|l| l.trim_start().to_string() + "\n")
+            .collect();
+        let a = format!("{:?}", smi::parse_text(&text));
+        let b = format!("{:?}", smi::parse_text(&flat));
+        assert_eq!(a, b, "{name}");
+        assert!(a.contains("gpus"), "{name}");
+    }
+}

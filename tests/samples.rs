@@ -142,6 +142,8 @@ fn legacy_driver_with_invalid_feature_type() {
     assert_eq!(r["state"], "unlicensed");
     assert_eq!(r["failure"]["reason"], "feature_type_invalid");
     assert_eq!(code, 2);
+    // Nothing in these lines names the licensing path: no `Server URL`, no token-path line.
+    assert_eq!(r["licensing_mode"], "unknown");
     // systemd's own line is not gridd's; a syslog line has no year: no time is invented.
     assert_eq!(r["events"].as_array().unwrap().len(), 4);
     assert!(
@@ -190,6 +192,8 @@ fn fastapi_dls_linux_client_licensed() {
     assert_eq!(r["license"]["expiry"], "2022-12-21T16:53:33Z");
     assert_eq!(r["license"]["edition"], "NVIDIA RTX Virtual Workstation");
     assert_eq!(r["failure"], Value::Null);
+    // No token to read, but gridd's `(Info: 192.168.178.110, ...)` names a DLS.
+    assert_eq!(r["licensing_mode"], "dls");
     let last = r["events"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["kind"], "acquired");
     assert_eq!(last["server"], "192.168.178.110");
@@ -229,6 +233,7 @@ fn acquiring_right_after_restart() {
     assert_eq!(r["events"][5]["server"], "192.168.3.32");
     assert_eq!(r["events"][5]["edition"], "NVIDIA Virtual Compute Server");
     assert_eq!(r["events"][5]["at"], "2022-05-25T15:13:59Z");
+    assert_eq!(r["licensing_mode"], "dls");
 }
 
 #[test]
@@ -237,7 +242,49 @@ fn legacy_flexnet_license_server() {
     assert_eq!((r["state"].as_str(), code), (Some("licensed"), 0));
     assert_eq!(r["events"][2]["kind"], "acquired");
     assert_eq!(r["events"][2]["server"], "51.179.209.134");
-    assert!(r["notes"][0].as_str().unwrap().contains("legacy licensing"));
+    assert_eq!(r["licensing_mode"], "legacy");
+    let note = r["notes"][0].as_str().unwrap();
+    assert!(note.contains("legacy licensing"), "{note}");
+    // The legacy keys explained, the end of life, the way off it.
+    assert!(
+        note.contains("ServerAddress") && note.contains("end of life"),
+        "{note}"
+    );
+    assert!(note.contains("DLS") && note.contains("token"), "{note}");
+    // `Your system is licensed for GRID vGPU.` names the edition of the legacy path.
+    assert_eq!(r["events"][3]["kind"], "other");
+    assert_eq!(r["events"][3]["edition"], "GRID vGPU");
+}
+
+#[test]
+fn legacy_failed_acquire_names_its_edition() {
+    let (r, code) = journal("gridd-log-aws-g3-docs-legacy.txt");
+    // The log's one line says the acquisition failed, for no stated cause.
+    assert_eq!((r["state"].as_str(), code), (Some("unlicensed"), 2));
+    assert_eq!(kinds(&r), ["acquire_failed"]);
+    assert_eq!(r["events"][0]["edition"], "NVIDIA GRID Virtual Workstation");
+    assert_eq!(r["failure"]["reason"], "unspecified");
+    assert_eq!(r["licensing_mode"], "legacy");
+    // Told about the legacy server, not about a DLS or a token to install.
+    let advice = r["failure"]["advice"].as_str().unwrap();
+    assert!(advice.contains("legacy license server"), "{advice}");
+    assert!(advice.contains("ServerAddress"), "{advice}");
+}
+
+#[test]
+fn a_log_that_says_nothing_of_a_license_proves_nothing() {
+    // The first lines of gridd-log-legacy-flexnet-1.txt, before its acquisition: gridd has
+    // not yet said anything about a license.
+    let (r, code) = analyze(
+        &["--journal", "-"],
+        Some(
+            b"Oct 5 15:04:45 localhost nvidia-gridd: Started (16224)\n\
+                Oct 5 15:05:16 localhost nvidia-gridd: Service provider detection complete.\n",
+        ),
+    );
+    assert_eq!((r["state"].as_str(), code), (Some("unknown"), 3));
+    assert_eq!(r["events"].as_array().unwrap().len(), 2);
+    assert_eq!(r["licensing_mode"], "unknown");
 }
 
 #[test]
@@ -272,8 +319,18 @@ fn windows_container_logs_same_library() {
     assert_eq!(r["state"], "licensed");
     assert!(kinds(&r).contains(&"mismatch"));
     let (r, code) = journal("gridd-log-fastapi-dls-mirror-issue3-windows.txt");
-    assert_eq!((r["state"].as_str(), code), (Some("unlicensed"), 1));
+    // gridd says `Valid GRID license not found. GPU features and performance will be
+    // restricted.` and nothing later acquires one: a failure (critical), the notice its text.
+    assert_eq!((r["state"].as_str(), code), (Some("unlicensed"), 2));
     assert!(kinds(&r).contains(&"unlicensed_notice"));
+    assert_eq!(r["failure"]["reason"], "unspecified");
+    assert!(
+        r["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Valid GRID license not found.")
+    );
+    assert_eq!(r["failure"]["at"], "2024-04-22T22:12:41");
 }
 
 #[test]
@@ -496,6 +553,9 @@ fn human_summary_names_state_failure_and_fix() {
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("State:    unlicensed"), "{text}");
+    // `Failed to setup cloud License Manager` and `NLS initialized`: the token path, but no
+    // token or server names the service.
+    assert!(text.contains("Mode:     unknown"), "{text}");
     assert!(text.contains("Failure:  token_invalid"), "{text}");
     assert!(text.contains("Fix:"), "{text}");
     let out = Command::new(BIN)

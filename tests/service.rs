@@ -1,7 +1,8 @@
-//! End-to-end scenarios of `vgpu-license-agent run` (issue 4, item 8): the real agent, the
-//! real journald and journalctl, against the simulator of `tests/sim/` (a GPU with its
-//! nvidia-smi, an nvidia-gridd that logs the real daemon's lines and talks TLS to a fake
-//! DLS on a loopback port, a restart command that counts restarts).
+//! End-to-end scenarios of `vgpu-license-agent run`: the real agent, the real journald and
+//! journalctl, against the simulator of `tests/sim/` (a GPU with its nvidia-smi, an
+//! nvidia-gridd that logs the real daemon's lines and talks TLS to a fake DLS on a loopback
+//! port, a restart command that counts restarts). Faults done to the machine under the agent
+//! are in `tests/service_faults.rs`.
 //!
 //! Every scenario is named `scenario_*`, so that they run on their own with
 //!
@@ -371,6 +372,55 @@ fn scenario_gridd_crash_is_noticed_and_gridd_restarted() {
     a.wait_status("the new gridd's start in the events", T, |v| {
         has_event(v, &format!("Started ({new})")) && v["state"] == "licensed"
     });
+}
+
+/// nvidia-smi is read right after gridd says something, also while a license is held and
+/// nothing is wrong: each renewal's new expiry shows in status.json within seconds, with the
+/// licensed poll far away.
+#[test]
+fn scenario_a_renewal_is_read_from_nvidia_smi_at_once() {
+    // gridd renews its day-long lease every 10 s.
+    let m = Machine::new(setup(|s| s.renew_fraction = 10.0 / 86400.0));
+    let config = m.config_text();
+    assert!(config.contains("poll_licensed_seconds = 2\n"), "{config}");
+    // Ten minutes: only the read that follows gridd's lines can make the deadlines below.
+    m.write_config(&config.replace(
+        "poll_licensed_seconds = 2\n",
+        "poll_licensed_seconds = 600\n",
+    ));
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    settle(&m, &a);
+    let mut last = m.gpu_state().and_then(|s| s.expiry);
+    for _ in 0..3 {
+        let expiry = wait_for(
+            "gridd's next renewal",
+            T,
+            || {
+                m.gpu_state()
+                    .and_then(|s| s.expiry)
+                    .filter(|e| Some(*e) != last)
+            },
+            || m.gridd_log(),
+        );
+        last = Some(expiry);
+        let want = chrono::DateTime::from_timestamp(expiry, 0)
+            .unwrap()
+            .format("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        // Well within the 10 s to the next renewal; RFC 3339 times in UTC sort as text.
+        a.wait_status(
+            &format!("the renewed expiry {want} in status.json within 6 s"),
+            Duration::from_secs(6),
+            |v| {
+                v["license"]["expiry"]
+                    .as_str()
+                    .is_some_and(|e| e >= want.as_str())
+            },
+        );
+    }
 }
 
 #[test]

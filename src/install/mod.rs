@@ -1305,6 +1305,18 @@ pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
         .map(Duration::from_secs)
         .unwrap_or(settings.commands.timeout);
     let token = source::read(&args.source, args.ca_file.as_deref(), timeout, args.retries)?;
+    // A guest its cloud platform licenses (nvidia-smi: `Licensed (Expiry: N/A)` and no token)
+    // needs no token, and one installed there makes gridd go to a DLS instead.
+    if !args.force
+        && let crate::live::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
+        && crate::state::licensing_mode(None, None, Some(&smi), None)
+            == crate::report::LicensingMode::CloudProvider
+    {
+        return Err(anyhow!(
+            "this guest is licensed by its cloud platform (nvidia-smi shows a license with no expiry and no token is installed): it needs no client configuration token, and installing one would send nvidia-gridd to a DLS instead; use --force to install it anyway; {}",
+            nothing_changed()
+        ));
+    }
     let req = Request {
         token,
         feature_type,

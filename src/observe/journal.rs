@@ -114,6 +114,8 @@ pub struct Classified {
     pub reason: Option<Reason>,
     /// A line of the legacy (pre-2022, port 7070 license server) licensing path.
     pub legacy: bool,
+    /// A line that shows the cloud platform licenses the GPU (no token, no license server).
+    pub cloud_provider: bool,
 }
 
 impl Classified {
@@ -125,10 +127,23 @@ impl Classified {
             expiry: None,
             reason: None,
             legacy: false,
+            cloud_provider: false,
         }
     }
     fn reason(mut self, r: Reason) -> Self {
         self.reason = Some(r);
+        self
+    }
+    fn edition(mut self, e: &str) -> Self {
+        self.edition = nonempty(e);
+        self
+    }
+    fn legacy(mut self) -> Self {
+        self.legacy = true;
+        self
+    }
+    fn cloud_provider(mut self) -> Self {
+        self.cloud_provider = true;
         self
     }
 }
@@ -203,6 +218,16 @@ pub fn classify(msg: &str) -> Option<Classified> {
         Classified::new(K::Shutdown)
     } else if starts("NLS initialized") {
         Classified::new(K::Initialized)
+    } else if let Some(ed) = m
+        .strip_prefix("Acquiring license for ")
+        .and_then(|r| r.split('.').next())
+    {
+        // Legacy: `Acquiring license for GRID vGPU Edition.` and `... for GRID Virtual
+        // Workstation Edition.` (nv_grid_dbus.h, NVIDIA's gridd D-Bus header, states
+        // NV_GRID_LICENSE_REQUESTING_*). The edition is the name before ` Edition`.
+        Classified::new(K::Acquiring)
+            .edition(ed.trim().trim_end_matches("Edition"))
+            .legacy()
     } else if starts("Acquiring license") {
         let mut c = Classified::new(K::Acquiring);
         if let Some(info) = info_of(m) {
@@ -228,6 +253,49 @@ pub fn classify(msg: &str) -> Option<Classified> {
             c.server = host_of_url(url.trim_start().trim_start_matches(':'));
             c.legacy = true;
         }
+        c
+    } else if let Some(rest) = m
+        .strip_prefix("Failed to acquire ")
+        .filter(|r| !r.starts_with("license"))
+        .and_then(|r| r.trim_end().trim_end_matches('.').strip_suffix(" license"))
+    {
+        // Legacy: `Failed to acquire NVIDIA vGPU license.`, `Failed to acquire NVIDIA GRID
+        // Virtual Workstation license.` (nv_grid_dbus.h, NV_GRID_LICENSE_FAILED_*; the second
+        // also in AWS's EC2 guide for G3 instances). No cause given.
+        Classified::new(K::AcquireFailed)
+            .reason(Reason::Unspecified)
+            .edition(rest)
+            .legacy()
+    } else if let Some(rest) = m.strip_prefix("Failed to renew license for ") {
+        // Legacy: `Failed to renew license for GRID vGPU Edition.` (nv_grid_dbus.h,
+        // NV_GRID_LICENSE_EXPIRED_*): the lease ran out unrenewed. No renewal kind exists in
+        // the contract: it is a failed acquisition of the next lease.
+        let ed = rest.split('.').next().unwrap_or(rest);
+        Classified::new(K::AcquireFailed)
+            .reason(Reason::Unspecified)
+            .edition(ed.trim().trim_end_matches("Edition"))
+            .legacy()
+    } else if let Some(rest) = m.strip_prefix("Your system is licensed for ") {
+        // Legacy: `Your system is licensed for GRID vGPU.` (gridd-log-legacy-flexnet-1.txt,
+        // after the `Server URL` acquisition; nv_grid_dbus.h NV_GRID_LICENSE_ACQUIRED_*). A
+        // state message repeating the acquisition: an event, not a second one.
+        let ed = rest.trim_end().trim_end_matches('.');
+        Classified::new(K::Other)
+            .edition(ed.trim_end_matches("Edition"))
+            .legacy()
+    } else if starts("License server") && (m.contains("not reachable") || m.contains("unreachable"))
+    {
+        // Legacy: `License server ... not reachable`, the wording of the FlexNet era for a
+        // license server gridd cannot reach (no verbatim sample here: matched loosely).
+        let server = m
+            .strip_prefix("License server")
+            .and_then(|r| r.split_whitespace().next())
+            .filter(|w| !matches!(*w, "is" | "not" | "unreachable"))
+            .map(|w| w.trim_matches(|c: char| c == '(' || c == ')' || c == ','));
+        let mut c = Classified::new(K::AcquireFailed)
+            .reason(Reason::DlsUnreachable)
+            .legacy();
+        c.server = server.and_then(|s| host_of_url(s).or_else(|| nonempty(s)));
         c
     } else if starts("License returned successfully") {
         let mut c = Classified::new(K::Returned);
@@ -281,7 +349,11 @@ pub fn classify(msg: &str) -> Option<Classified> {
     } else if starts("Invalid feature type requested") {
         Classified::new(K::ConfigNotice).reason(Reason::FeatureTypeInvalid)
     } else if starts("Valid GRID license not found") || starts("Valid vGPU license not found") {
-        Classified::new(K::UnlicensedNotice)
+        // gridd-log-fastapi-dls-3-windows.txt, -4-windows.txt, -mirror-issue3-windows.txt:
+        // gridd's word that it holds no license and the GPU will be restricted, without a
+        // cause. A failure of its own (unless a later acquisition clears it), as generic as a
+        // bare `Failed to acquire license from <server>`: a specific failure before it stands.
+        Classified::new(K::UnlicensedNotice).reason(Reason::Unspecified)
     } else if starts("Mismatch between client and server") {
         Classified::new(K::Mismatch)
     } else if starts("Failed to get a response from any of the servers") {
@@ -291,10 +363,24 @@ pub fn classify(msg: &str) -> Option<Classified> {
         || starts("Unable to open directory /etc/nvidia/license")
     {
         Classified::new(K::ConfigNotice)
+    } else if let Some(n) = m
+        .strip_prefix("vGPU Software package (")
+        .and_then(|r| r.split(')').next())
+        .and_then(|n| n.trim().parse::<u32>().ok())
+    {
+        // `vGPU Software package (0)` starts every gridd of a guest that leases its license
+        // (gridd-log-jp-dls-guide-1.txt, gridd-log-fastapi-dls-1.txt); on cloud GPU instances
+        // whose platform licenses the GPU (AWS g6f, Azure and GCP GRID images) gridd says
+        // `vGPU Software package (1)` and never tries to acquire.
+        let c = Classified::new(K::Other);
+        if n >= 1 { c.cloud_provider() } else { c }
+    } else if starts("Platform detection successful") {
+        // Cloud GPU instances whose platform licenses the GPU, as gridd says there (published
+        // logs of AWS g6f, Azure and GCP GRID images; no verbatim sample here yet).
+        Classified::new(K::Other).cloud_provider()
     } else if starts("vGPU Software package")
         || starts("Ignore service provider")
         || starts("Service provider detection complete")
-        || starts("Your system is licensed for")
     {
         Classified::new(K::Other)
     } else if starts("Failed to unlock PID file")
@@ -980,6 +1066,138 @@ mod tests {
             None
         );
         assert_eq!(classify("hello"), None);
+    }
+
+    /// (kind, reason, edition, server, legacy, cloud_provider) of a message.
+    fn what(
+        msg: &str,
+    ) -> (
+        EventKind,
+        Option<Reason>,
+        Option<String>,
+        Option<String>,
+        bool,
+        bool,
+    ) {
+        let c = classify(msg).unwrap_or_else(|| panic!("not classified: {msg}"));
+        (
+            c.kind,
+            c.reason,
+            c.edition,
+            c.server,
+            c.legacy,
+            c.cloud_provider,
+        )
+    }
+
+    #[test]
+    fn legacy_wordings() {
+        use EventKind as K;
+        let ed = |s: &str| Some(s.to_string());
+        // nv_grid_dbus.h's license states, as gridd logs them.
+        assert_eq!(
+            what("Acquiring license for GRID vGPU Edition."),
+            (K::Acquiring, None, ed("GRID vGPU"), None, true, false)
+        );
+        assert_eq!(
+            what("Acquiring license for GRID Virtual Workstation Edition."),
+            (
+                K::Acquiring,
+                None,
+                ed("GRID Virtual Workstation"),
+                None,
+                true,
+                false
+            )
+        );
+        // The same, on a driver of the token path, is not mistaken for a legacy one.
+        assert!(!what("Acquiring license. (Info: 10.0.0.5; NVIDIA Virtual PC)").4);
+        // AWS's EC2 guide for G3 instances quotes this one verbatim.
+        assert_eq!(
+            what("Failed to acquire NVIDIA GRID Virtual Workstation license."),
+            (
+                K::AcquireFailed,
+                Some(Reason::Unspecified),
+                ed("NVIDIA GRID Virtual Workstation"),
+                None,
+                true,
+                false
+            )
+        );
+        assert_eq!(
+            what("Failed to acquire NVIDIA vGPU license."),
+            (
+                K::AcquireFailed,
+                Some(Reason::Unspecified),
+                ed("NVIDIA vGPU"),
+                None,
+                true,
+                false
+            )
+        );
+        assert_eq!(
+            what("Failed to renew license for GRID vGPU Edition."),
+            (
+                K::AcquireFailed,
+                Some(Reason::Unspecified),
+                ed("GRID vGPU"),
+                None,
+                true,
+                false
+            )
+        );
+        // gridd-log-legacy-flexnet-1.txt
+        assert_eq!(
+            what("Your system is licensed for GRID vGPU."),
+            (K::Other, None, ed("GRID vGPU"), None, true, false)
+        );
+        assert_eq!(
+            what("Your system is licensed for GRID Virtual Workstation Edition."),
+            (
+                K::Other,
+                None,
+                ed("GRID Virtual Workstation"),
+                None,
+                true,
+                false
+            )
+        );
+        assert_eq!(
+            what("License server 10.0.0.7 is not reachable"),
+            (
+                K::AcquireFailed,
+                Some(Reason::DlsUnreachable),
+                None,
+                Some("10.0.0.7".into()),
+                true,
+                false
+            )
+        );
+        assert_eq!(what("License server not reachable").0, K::AcquireFailed);
+        assert_eq!(what("License server not reachable").3, None);
+    }
+
+    #[test]
+    fn the_unlicensed_notice_is_a_failure_without_a_cause() {
+        // gridd-log-fastapi-dls-3-windows.txt and -mirror-issue3-windows.txt
+        let c = classify("Valid GRID license not found. GPU features and performance will be restricted. To enable full functionality please configure licensing details.").unwrap();
+        assert_eq!(
+            (c.kind, c.reason),
+            (EventKind::UnlicensedNotice, Some(Reason::Unspecified))
+        );
+        let c = classify("Valid vGPU license not found.").unwrap();
+        assert_eq!(c.reason, Some(Reason::Unspecified));
+    }
+
+    #[test]
+    fn cloud_provider_wordings() {
+        // `vGPU Software package (0)`: a guest that leases (gridd-log-jp-dls-guide-1.txt).
+        assert_eq!(what("vGPU Software package (0)").0, EventKind::Other);
+        assert!(!what("vGPU Software package (0)").5);
+        // `(1)` and `Platform detection successful`: the platform licenses the GPU.
+        assert!(what("vGPU Software package (1)").5);
+        assert!(what("Platform detection successful").5);
+        assert_eq!(what("Platform detection successful").1, None);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub fn both_times(rfc3339: &str) -> String {
 pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "State:    {}", describe(r.state));
+    if let Some(mode) = r.licensing_mode {
+        let _ = writeln!(o, "Mode:     {}", mode.describe());
+    }
     if let Some(l) = &r.license {
         if let Some(ed) = &l.edition {
             let _ = writeln!(o, "Edition:  {}", escape(ed));

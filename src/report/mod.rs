@@ -122,6 +122,51 @@ impl Reason {
     }
 }
 
+/// How this guest gets its license: each needs different things, and different advice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LicensingMode {
+    /// An on-premises Delegated License Service, named by the client configuration token.
+    Dls,
+    /// NVIDIA's Cloud License Service (`api.cls.licensing.nvidia.com`), named by the token.
+    Cls,
+    /// The cloud platform licenses the GPU itself: no token is needed.
+    CloudProvider,
+    /// The legacy FlexNet license server (`ServerAddress` in gridd.conf, port 7070).
+    Legacy,
+    /// Nothing observed tells.
+    Unknown,
+}
+
+impl LicensingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LicensingMode::Dls => "dls",
+            LicensingMode::Cls => "cls",
+            LicensingMode::CloudProvider => "cloud_provider",
+            LicensingMode::Legacy => "legacy",
+            LicensingMode::Unknown => "unknown",
+        }
+    }
+
+    /// For a person: what the mode means.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LicensingMode::Dls => {
+                "DLS (an on-premises Delegated License Service named by the token)"
+            }
+            LicensingMode::Cls => "CLS (NVIDIA's Cloud License Service named by the token)",
+            LicensingMode::CloudProvider => {
+                "cloud provider (the platform licenses the GPU; no token needed)"
+            }
+            LicensingMode::Legacy => {
+                "legacy license server (FlexNet, ServerAddress in gridd.conf; end of life)"
+            }
+            LicensingMode::Unknown => "unknown (nothing observed tells)",
+        }
+    }
+}
+
 /// One meaningful gridd log line.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -177,6 +222,9 @@ pub struct Report {
     pub events: Vec<Event>,
     pub failure: Option<Failure>,
     pub dls: Option<Vec<DlsEndpoint>>,
+    /// How the guest is licensed. Optional in report/v1: reports of earlier versions lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub licensing_mode: Option<LicensingMode>,
     /// Older events left out of `events` to keep the report bounded.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub events_omitted: u64,

@@ -62,6 +62,8 @@ pub enum Event {
     Unit(Option<Result<(), String>>),
     /// The installed token, read again.
     Token(Result<Token, TokenProblem>),
+    /// gridd.conf's `ServerAddress` (the legacy license server), read with the token.
+    LegacyServer(Option<String>),
     /// Something changed in the token directory or gridd.conf.
     TokenDirChanged,
     Adopted(Result<Box<Outcome>, AdoptError>),
@@ -143,6 +145,7 @@ pub struct Core {
     smi_error: Option<SmiRead>,
     unit: Option<Result<(), String>>,
     token: Option<Result<Token, TokenProblem>>,
+    legacy_server: Option<String>,
     probe_failure: Option<(Reason, String)>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
@@ -159,6 +162,8 @@ pub struct Core {
     own_since: Option<((Reason, String), DateTime<Utc>)>,
     busy: InFlight,
     next_smi: Duration,
+    /// `next_smi` was brought forward by an event (not the periodic reading).
+    smi_due_to_event: bool,
     next_unit: Duration,
     next_probe: Duration,
     next_adopt: Duration,
@@ -188,6 +193,7 @@ impl Core {
             smi_error: None,
             unit: None,
             token: None,
+            legacy_server: None,
             probe_failure: None,
             lease: None,
             last_shutdown: None,
@@ -200,6 +206,7 @@ impl Core {
             own_since: None,
             busy: InFlight::default(),
             next_smi: now.mono,
+            smi_due_to_event: false,
             next_unit: now.mono,
             next_probe: now.mono,
             next_adopt: now.mono + ADOPT_UNWATCHED,
@@ -247,7 +254,7 @@ impl Core {
                 }
                 self.fold.push(*e);
                 // Read nvidia-smi right after gridd says something (coalesced).
-                self.next_smi = self.next_smi.min(now.mono + Duration::from_millis(300));
+                self.smi_soon(now.mono + Duration::from_millis(300));
                 if matches!(kind, EventKind::Started | EventKind::Shutdown) {
                     self.check_unit(&mut fx);
                 }
@@ -287,6 +294,7 @@ impl Core {
                 }
                 self.token = Some(t);
             }
+            Event::LegacyServer(s) => self.legacy_server = s,
             Event::TokenDirChanged => {
                 fx.push(Effect::ReadToken);
                 self.adopt(now, &mut fx);
@@ -319,7 +327,7 @@ impl Core {
                 // A restarted gridd's failure is news: probe it at once.
                 self.probed = None;
                 self.check_unit(&mut fx);
-                self.next_smi = now.mono + Duration::from_secs(1);
+                self.smi_soon(now.mono + Duration::from_secs(1));
             }
             Event::Probed { verdict, skew } => {
                 self.busy.probe = false;
@@ -433,7 +441,8 @@ impl Core {
         // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
         // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
         let mut at = self.written + self.heartbeat;
-        if self.settings.service.poll_licensed < self.heartbeat {
+        // A reading something asked for (a gridd line, a restart) keeps its own time.
+        if self.smi_due_to_event || self.settings.service.poll_licensed < self.heartbeat {
             at = at.min(self.next_smi);
         }
         at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
@@ -451,12 +460,21 @@ impl Core {
         (self.smi.is_some() || self.smi_error.is_some()) && self.token.is_some()
     }
 
+    /// nvidia-smi read by `at` at the latest, because something happened.
+    fn smi_soon(&mut self, at: Duration) {
+        if at < self.next_smi {
+            self.next_smi = at;
+            self.smi_due_to_event = true;
+        }
+    }
+
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
         if std::mem::replace(&mut self.busy.smi, true) {
             return;
         }
         // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
         self.next_smi = now.mono + Duration::from_secs(3600);
+        self.smi_due_to_event = false;
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
@@ -536,7 +554,7 @@ impl Core {
                             message_id = message_ids::GRIDD_RESTARTED,
                             "restarted nvidia-gridd for the token"
                         );
-                        self.next_smi = now.mono + Duration::from_secs(1);
+                        self.smi_soon(now.mono + Duration::from_secs(1));
                         self.check_unit(fx);
                     }
                     Restart::Failed(why) => {
@@ -607,6 +625,7 @@ impl Core {
             (None, _) => self.own_since = None,
         }
         let mut obs = obs;
+        obs.legacy_server.clone_from(&self.legacy_server);
         obs.renewal_stalled = self
             .lease
             .and_then(|(exp, since)| stalled(exp, since, now.wall));
@@ -764,7 +783,7 @@ impl Core {
         }
         self.remedy.reconfigure(&s.service);
         self.settings = s;
-        self.next_smi = now.mono;
+        self.smi_soon(now.mono);
     }
 }
 

@@ -8,6 +8,8 @@
 
 pub mod core;
 
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -88,6 +90,8 @@ impl Clock {
 struct Shell {
     tx: mpsc::UnboundedSender<Event>,
     metrics_tx: watch::Sender<String>,
+    /// Files whose last write failed (logged once until they are written again).
+    failing: RefCell<HashSet<PathBuf>>,
 }
 
 impl Shell {
@@ -100,9 +104,14 @@ impl Shell {
                 Effect::CheckUnit => {
                     blocking(tx, move || Event::Unit(live::gridd_running(&settings)))
                 }
-                Effect::ReadToken => blocking(tx, move || {
-                    Event::Token(live::token_state(&settings, Utc::now()).token)
-                }),
+                Effect::ReadToken => {
+                    // gridd.conf with it: the watcher reports both as one change.
+                    let tx2 = tx.clone();
+                    blocking(tx, move || {
+                        let _ = tx2.send(Event::LegacyServer(live::legacy_server(&settings)));
+                        Event::Token(live::token_state(&settings, Utc::now()).token)
+                    })
+                }
                 Effect::Adopt {
                     licensed,
                     retry_owed,
@@ -149,7 +158,7 @@ impl Shell {
 
     fn publish(&self, settings: &Settings, p: Publication) {
         if p.write {
-            write_file(&settings.paths.status_file, &p.json, true);
+            write_file(&self.failing, &settings.paths.status_file, &p.json, true);
             if settings
                 .paths
                 .metrics_textfile
@@ -157,6 +166,7 @@ impl Shell {
                 .is_some_and(Path::is_dir)
             {
                 write_file(
+                    &self.failing,
                     &settings.paths.metrics_textfile,
                     p.metrics.as_bytes(),
                     false,
@@ -213,7 +223,11 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // a Secret) reports no changes made on the host.
     let watched = watcher.is_some() && settings.paths.token_source.is_none();
     let mut core = Core::new(settings, heartbeat, watched, clock.now());
-    let shell = Shell { tx, metrics_tx };
+    let shell = Shell {
+        tx,
+        metrics_tx,
+        failing: RefCell::default(),
+    };
     let effects = core.start(clock.now());
     shell.carry_out(core.settings(), effects);
 
@@ -258,12 +272,26 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     Ok(ExitCode::SUCCESS)
 }
 
-fn write_file(path: &Path, bytes: &[u8], create_dir: bool) {
+/// Writes `path` atomically. A failure (a full disk, say) is logged when it starts and when
+/// it ends, not on every write: the last good file stays whole meanwhile.
+fn write_file(failing: &RefCell<HashSet<PathBuf>>, path: &Path, bytes: &[u8], create_dir: bool) {
     if create_dir && let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    if let Err(e) = crate::fsutil::write_atomic(path, bytes, 0o644) {
-        warn!("cannot write {}: {e}", path.display());
+    match crate::fsutil::write_atomic(path, bytes, 0o644) {
+        Ok(()) => {
+            if failing.borrow_mut().remove(path) {
+                info!("{} is written again", path.display());
+            }
+        }
+        Err(e) => {
+            if failing.borrow_mut().insert(path.to_path_buf()) {
+                warn!(
+                    "cannot write {}: {e}; the last one written stays as it was, and this is logged again only once it can be written",
+                    path.display()
+                );
+            }
+        }
     }
 }
 
@@ -362,23 +390,28 @@ fn watch_paths(
     })
     .map_err(|e| warn!("cannot watch the token directory: {e}; checking it on each tick"))
     .ok()?;
+    // The token directory's parent, recursively: the directory may be removed and made again
+    // (by cloud-init, by hand), and a watch on the directory itself would end with it; a
+    // recursive watch follows a new one. Its parent is /etc/nvidia normally, a few files.
     let dir = &settings.paths.token_dir;
-    let target = if dir.is_dir() {
-        dir.clone()
-    } else {
-        dir.parent().map_or(dir.clone(), Path::to_path_buf)
-    };
-    for p in [
-        target.as_path(),
-        settings.paths.gridd_conf.parent().unwrap_or(Path::new("/")),
-    ] {
-        if let Err(e) = watcher.watch(p, RecursiveMode::NonRecursive) {
-            warn!("cannot watch {}: {e}", p.display());
+    let parent = dir.parent().filter(|p| *p != Path::new("/"));
+    match parent {
+        Some(p) => {
+            if let Err(e) = watcher.watch(p, RecursiveMode::Recursive) {
+                warn!("cannot watch {}: {e}", p.display());
+            }
+        }
+        None => {
+            if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+                warn!("cannot watch {}: {e}", dir.display());
+            }
         }
     }
-    if target != *dir {
-        // Recursive on the parent until the directory exists.
-        let _ = watcher.watch(&target, RecursiveMode::Recursive);
+    let conf_dir = settings.paths.gridd_conf.parent().unwrap_or(Path::new("/"));
+    if parent.is_none_or(|p| !conf_dir.starts_with(p))
+        && let Err(e) = watcher.watch(conf_dir, RecursiveMode::NonRecursive)
+    {
+        warn!("cannot watch {}: {e}", conf_dir.display());
     }
     if let Some(source) = &settings.paths.token_source {
         // A directory (a Secret volume swaps a `..data` link inside it) or a file's directory.

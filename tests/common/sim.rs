@@ -768,3 +768,39 @@ impl Drop for Agent {
         }
     }
 }
+
+impl Agent {
+    /// [`Agent::start`] with variables added to the agent's environment: `NOTIFY_SOCKET` and
+    /// `WATCHDOG_USEC`, say, so that a test receives what systemd would (READY, STATUS, the
+    /// watchdog's pings) and can tell that the agent's loop never stalls.
+    pub fn start_with_env(m: &Machine, env: &[(&str, &std::ffi::OsStr)]) -> Agent {
+        let out = m.path("agent.out");
+        let err = m.path("agent.err");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--config"])
+            .arg(&m.config)
+            .env_remove("VGPU_LICENSE_AGENT_CONFIG")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env_remove("VGPU_LICENSE_AGENT_FAULT")
+            .env("SIM_DIR", &m.sim)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&out).unwrap())
+            .stderr(fs::File::create(&err).unwrap());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("vgpu-license-agent run starts");
+        Agent {
+            child,
+            status: m.status_path(),
+            metrics: m.metrics_path(),
+            out,
+            err,
+            gridd_log: m.sim.join(shared::GRIDD_LOG),
+            token: m.token(),
+            since: m.since.clone(),
+        }
+    }
+}

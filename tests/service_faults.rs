@@ -1,0 +1,1038 @@
+//! What the machine does to `vgpu-license-agent run`, end to end: journald restarted under it,
+//! nvidia-smi hanging on every call, the disk under status.json full, SIGTERM at random moments
+//! of heavy work, gridd crash-looping, the token directory pulled away, FIFOs planted in it.
+//! The real agent, journald and journalctl against the simulator of `tests/sim/`, as in
+//! `tests/service.rs` (whose scenarios cover journalctl killed, nvidia-smi hanging once a
+//! license is held, and one SIGTERM with a hung nvidia-smi).
+//!
+//!     cargo test --test service_faults
+//!
+//! Every scenario holds the simulator's journal lock (through its `Machine`), so they run one
+//! at a time, also against the other test binaries' scenarios. Checks poll until a deadline
+//! and assert the final state; the few fixed waits are windows in which something must NOT
+//! happen, or the pause of a slow hand between two steps.
+//!
+//! The systemd side is played by the test where it matters: `NOTIFY_SOCKET` and
+//! `WATCHDOG_USEC` point the agent at a socket of the test's, whose watchdog pings prove that
+//! the agent's loop never stalled for as long as systemd would have killed it.
+
+mod common;
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::Mount;
+use common::sim::{self, Agent, Machine, Setup, SimConfig, SmiMode, wait_for};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// Deadline of a change the agent must make or report.
+const T: Duration = Duration::from_secs(30);
+/// `WATCHDOG_USEC` the agent is given: systemd kills a service that has not pinged for this
+/// long, so no gap between two pings may reach it.
+const WATCHDOG: Duration = Duration::from_secs(10);
+
+// ---- The scenarios' common steps (as in tests/service.rs) ----
+
+fn setup(f: impl FnOnce(&mut SimConfig)) -> Setup {
+    let mut s = Setup::default();
+    f(&mut s.sim);
+    s
+}
+
+/// gridd.conf as `install` writes it, so that the agent has nothing to fix there.
+fn write_gridd_conf(m: &Machine) {
+    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
+}
+
+fn reason(v: &Value) -> Option<&str> {
+    v["failure"]["reason"].as_str()
+}
+
+fn has_event(v: &Value, text: &str) -> bool {
+    v["events"].as_array().is_some_and(|e| {
+        e.iter()
+            .any(|e| e["message"].as_str().is_some_and(|m| m.contains(text)))
+    })
+}
+
+fn notes(v: &Value) -> Vec<String> {
+    v["notes"]
+        .as_array()
+        .map(|n| {
+            n.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs the restart command as the agent would (counted); returns the new gridd's pid.
+fn restart_gridd_by_hand(m: &Machine) -> i32 {
+    let out = Command::new(sim::example("sim-restart-gridd"))
+        .arg("--sim-dir")
+        .arg(&m.sim)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// What the agent logged (its journal entries and its standard error), as text.
+fn agent_says(m: &Machine, a: &Agent) -> String {
+    let mut s: String = m
+        .agent_journal(a.pid())
+        .iter()
+        .map(|e| sim::message(e) + "\n")
+        .collect();
+    s += &a.logs();
+    s
+}
+
+fn mode(p: &Path) -> Option<u32> {
+    fs::symlink_metadata(p)
+        .ok()
+        .map(|m| m.permissions().mode() & 0o7777)
+}
+
+fn mkfifo(p: &Path) {
+    nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+}
+
+/// The machine licensed, with the agent (started by `start`) watching and settled: licensed,
+/// it has seen the gridd that runs, and every restart it made is done and counted.
+fn licensed_with(s: Setup, start: impl FnOnce(&Machine) -> Agent) -> (Machine, Agent) {
+    let m = Machine::new(s);
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = start(&m);
+    settle(&m, &a);
+    (m, a)
+}
+
+fn licensed(s: Setup) -> (Machine, Agent) {
+    licensed_with(s, Agent::start)
+}
+
+fn settle(m: &Machine, a: &Agent) {
+    wait_for(
+        "the agent to settle on a licensed gridd",
+        T,
+        || {
+            let pid = m.gridd_pid()?;
+            let v = a.status()?;
+            (v["state"] == "licensed"
+                && has_event(&v, &format!("Started ({pid})"))
+                && a.metric("vgpu_license_gridd_restarts_total") == Some(m.restarts() as f64))
+            .then_some(())
+        },
+        || a.context(),
+    );
+}
+
+/// A part of a test that this machine cannot run, and why: loud on stderr and in the file
+/// `VGPU_TESTS_SKIP_LOG` names (tests/all.sh's summary); a failure with
+/// `VGPU_TESTS_NO_SKIP=1`, so that a skip never reads as a pass in CI.
+fn skipped(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("service_faults");
+    if std::env::var_os("VGPU_TESTS_NO_SKIP").is_some_and(|v| v == "1") {
+        panic!("{test}: cannot run here: {why} (VGPU_TESTS_NO_SKIP=1: a skip is a failure)");
+    }
+    let line = format!("!!!!!!!! SKIPPED: {test}: {why} !!!!!!!!\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(log) = std::env::var_os("VGPU_TESTS_SKIP_LOG")
+        && let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+// ---- systemd's notification socket ----
+
+/// A notification socket, as systemd gives a `Type=notify` service: what the agent sends
+/// (`READY=1`, `STATUS=...`, `WATCHDOG=1`), each line with when it came.
+struct Notifications {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    got: Arc<Mutex<Vec<(Instant, String)>>>,
+    stop: Arc<AtomicBool>,
+    /// When the agent was started: its first ping is due from then.
+    spawned: Mutex<Option<Instant>>,
+}
+
+impl Notifications {
+    fn listen() -> Notifications {
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-notify-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("notify.sock");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        // So that the thread sees `stop` when nothing comes.
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (g, s) = (got.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            while !s.load(Ordering::Relaxed) {
+                if let Ok(n) = sock.recv(&mut buf) {
+                    let now = Instant::now();
+                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    g.lock()
+                        .unwrap()
+                        .extend(text.lines().map(|l| (now, l.to_string())));
+                }
+            }
+        });
+        Notifications {
+            _dir: dir,
+            path,
+            got,
+            stop,
+            spawned: Mutex::new(None),
+        }
+    }
+
+    /// The agent, told to notify this socket and to ping a watchdog of [`WATCHDOG`].
+    fn start_agent(&self, m: &Machine) -> Agent {
+        let usec = WATCHDOG.as_micros().to_string();
+        *self.spawned.lock().unwrap() = Some(Instant::now());
+        Agent::start_with_env(
+            m,
+            &[
+                ("NOTIFY_SOCKET", self.path.as_os_str()),
+                ("WATCHDOG_USEC", OsStr::new(&usec)),
+            ],
+        )
+    }
+
+    fn pings(&self) -> Vec<Instant> {
+        self.got
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, l)| l == "WATCHDOG=1")
+            .map(|(t, _)| *t)
+            .collect()
+    }
+
+    /// Panics unless the watchdog was pinged from the agent's start until now with no gap as
+    /// long as [`WATCHDOG`]: systemd would have killed an agent whose loop stalled that long.
+    fn assert_watchdog_kept(&self, a: &Agent) {
+        let since = self.spawned.lock().unwrap().expect("the agent was started");
+        let pings = self.pings();
+        assert!(
+            !pings.is_empty(),
+            "no watchdog ping at all\n{}",
+            a.context()
+        );
+        let mut last = since;
+        for t in pings.into_iter().chain([Instant::now()]) {
+            let gap = t.duration_since(last);
+            assert!(
+                gap < WATCHDOG,
+                "no watchdog ping for {gap:?} (systemd kills the agent after {WATCHDOG:?})\n{}",
+                a.context()
+            );
+            last = t;
+        }
+    }
+}
+
+impl Drop for Notifications {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+// ---- Processes ----
+
+/// The agent's descendants whose name contains `name`, zombies included: a child the agent
+/// never reaps is left behind as much as one still running.
+fn descendants(pid: u32, name: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut todo = vec![pid as i32];
+    while let Some(p) = todo.pop() {
+        for (child, comm, _) in sim::children_of(p) {
+            if comm.contains(name) {
+                found.push(child);
+            }
+            todo.push(child);
+        }
+    }
+    found
+}
+
+/// Live processes named like `name` whose command line names this machine's directory
+/// (the simulator's programs take `--sim-dir`): what outlives the agent.
+fn machine_processes(m: &Machine, name: &str) -> Vec<i32> {
+    let needle = m.root().as_os_str().as_encoded_bytes().to_vec();
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let comm = fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if comm.contains(name) && cmdline.windows(needle.len()).any(|w| w == needle) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+// ---- journald ----
+
+const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+const JOURNAL_DEV_LOG: &str = "/run/systemd/journal/dev-log";
+/// The lock `tests/common/sim.rs` takes to start journald: held while journald is down, so
+/// that a test starting meanwhile (in any test binary) waits instead of starting a second
+/// one.
+const JOURNALD_LOCK: &str = "/tmp/vgpu-license-agent-journald.lock";
+
+fn journald_answers() -> bool {
+    Path::new(JOURNAL_DEV_LOG).exists()
+        && UnixDatagram::unbound()
+            .and_then(|s| s.connect(JOURNAL_SOCKET))
+            .is_ok()
+}
+
+fn journald_bin() -> Option<&'static str> {
+    [
+        "/lib/systemd/systemd-journald",
+        "/usr/lib/systemd/systemd-journald",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+}
+
+/// The running (not zombie) journalds of this machine: not those of containers (a boot test
+/// in systemd-nspawn runs one of its own), which share the name but not the namespaces.
+fn journald_pids() -> Vec<i32> {
+    let ns = |pid: &str, which: &str| fs::read_link(format!("/proc/{pid}/ns/{which}")).ok();
+    let ours = (ns("self", "mnt"), ns("self", "pid"));
+    let mut pids = Vec::new();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(pid) = name.parse::<i32>() else {
+            continue;
+        };
+        // By its name (cut to 15 bytes): its executable may read "(deleted)" once the
+        // package was upgraded under it.
+        let is_journald = fs::read_to_string(e.path().join("comm"))
+            .is_ok_and(|c| c.trim_end() == "systemd-journal");
+        if is_journald && (ns(&name, "mnt"), ns(&name, "pid")) == ours && alive(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+fn alive(pid: i32) -> bool {
+    sim::proc_stat(pid).is_some_and(|(state, _, _)| state != 'Z' && state != 'X')
+}
+
+/// Starts journald as the one it replaces ran: in a session of its own, no output of ours
+/// held open, and not a child of this test (`setsid --fork`: init adopts it, and reaps it when
+/// a later restart kills it). Waits up to 10 s for its socket to answer.
+fn start_journald() -> Result<(), String> {
+    let bin = journald_bin().ok_or("systemd-journald is not installed")?;
+    let started = Command::new("setsid")
+        .arg("--fork")
+        .arg(bin)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("cannot run setsid (util-linux): {e}"))?;
+    if !started.success() {
+        return Err(format!("setsid --fork {bin}: {started}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if journald_answers() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!(
+        "started {bin}, but nothing answers on {JOURNAL_SOCKET}"
+    ))
+}
+
+fn lock_journald() -> nix::fcntl::Flock<fs::File> {
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(JOURNALD_LOCK)
+        .unwrap();
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap()
+}
+
+/// Stops journald with `signal` (SIGTERM: a clean stop; SIGKILL: a crash, its journal file
+/// left dirty), starts it again and waits until it answers.
+fn restart_journald(signal: Signal) {
+    let _lock = lock_journald();
+    let old = journald_pids();
+    assert!(!old.is_empty(), "no journald runs");
+    for p in &old {
+        let _ = kill(Pid::from_raw(*p), signal);
+    }
+    let gone = |pids: &[i32]| pids.iter().all(|p| !alive(*p));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gone(&old) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !gone(&old) {
+        for p in &old {
+            let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+        }
+        wait_for(
+            "the old journald to be gone",
+            Duration::from_secs(10),
+            || gone(&old).then_some(()),
+            String::new,
+        );
+    }
+    start_journald().unwrap_or_else(|e| panic!("journald: {e}"));
+}
+
+/// Makes sure, when dropped, that journald runs: a test that stopped it and failed half way
+/// must not leave the machine (and every later test) without one.
+struct JournaldGuard;
+
+impl Drop for JournaldGuard {
+    fn drop(&mut self) {
+        if journald_answers() {
+            return;
+        }
+        let _lock = lock_journald();
+        // One may be starting (or stopping) still: give it a moment before starting another.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && !journald_answers() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !journald_answers() {
+            if journald_pids().is_empty() {
+                if let Err(e) = start_journald() {
+                    eprintln!("journald could not be started again: {e}");
+                }
+            } else {
+                eprintln!("journald runs but does not answer on {JOURNAL_SOCKET}");
+            }
+        }
+    }
+}
+
+/// The agent's `journalctl` follower, when one runs.
+fn follower(a: &Agent) -> Option<i32> {
+    a.children()
+        .into_iter()
+        .find(|(_, comm, _)| comm == "journalctl")
+        .map(|(pid, _, _)| pid)
+}
+
+fn realtime_usec(e: &Value) -> u128 {
+    e["__REALTIME_TIMESTAMP"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn now_usec() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+// ---- The scenarios ----
+
+/// journald stopped and started again under the running agent, cleanly and by a crash: what
+/// gridd logs once journald is back reaches status.json, and the agent's own lines reach the
+/// new journald.
+#[test]
+fn scenario_journald_restarted_under_the_agent() {
+    // Declared first, dropped last: journald runs again whatever happens below.
+    let _journald = JournaldGuard;
+    let (m, a) = licensed(Setup::default());
+    for signal in [Signal::SIGTERM, Signal::SIGKILL] {
+        let before = follower(&a);
+        restart_journald(signal);
+        let back = now_usec();
+        let new = restart_gridd_by_hand(&m);
+        a.wait_status(
+            &format!("gridd's first lines after journald's restart ({signal}) in status.json"),
+            T,
+            |v| has_event(v, &format!("Started ({new})")) && v["state"] == "licensed",
+        );
+        eprintln!(
+            "journald restarted ({signal}): the agent's journalctl {before:?}, now {:?}",
+            follower(&a)
+        );
+        // The agent's own log: a reload is always logged, and must be in the new journal.
+        a.signal(Signal::SIGHUP);
+        wait_for(
+            &format!("the agent's lines in the journal after journald's restart ({signal})"),
+            T,
+            || {
+                m.agent_journal(a.pid())
+                    .iter()
+                    .any(|e| realtime_usec(e) >= back && sim::message(e).contains("reloaded"))
+                    .then_some(())
+            },
+            || a.context(),
+        );
+    }
+    assert!(journald_answers());
+}
+
+/// nvidia-smi hangs on every call (a wedged driver) from the agent's start, and nothing else
+/// tells the state (no token, no gridd): the agent keeps running and its loop never stalls,
+/// the report says `unknown` (a hung nvidia-smi says nothing of the driver: not `no_driver`)
+/// with a note naming the time limit, and no nvidia-smi outlives its limit or the agent.
+#[test]
+fn scenario_nvidia_smi_hanging_on_every_call() {
+    let m = Machine::new(Setup {
+        command_timeout: 2,
+        ..setup(|s| s.smi_mode = SmiMode::Hang)
+    });
+    write_gridd_conf(&m);
+    let notify = Notifications::listen();
+    let mut a = notify.start_agent(&m);
+    let v = a.wait_status("the hung nvidia-smi in the report", T, |v| {
+        notes(v).iter().any(|n| n.contains("nvidia-smi"))
+    });
+    assert_eq!(v["state"], "unknown", "{v:#}");
+    assert_eq!(v["exit_code"], 3, "{v:#}");
+    let note = notes(&v)
+        .into_iter()
+        .find(|n| n.contains("nvidia-smi"))
+        .unwrap();
+    assert!(
+        note.contains("commands.timeout_seconds")
+            && ["2s", "2 s", "2 seconds"].iter().any(|t| note.contains(t)),
+        "the note must name the time limit (2 s, commands.timeout_seconds): {note}"
+    );
+
+    // Through several time limits: never more than one nvidia-smi at a time (each killed at
+    // its limit and reaped), and the agent's loop alive all along.
+    let until = Instant::now() + Duration::from_secs(12);
+    let mut seen = HashSet::new();
+    while Instant::now() < until {
+        let smis = descendants(a.pid(), "nvidia-smi");
+        assert!(
+            smis.len() <= 1,
+            "{} nvidia-smi under the agent: {smis:?}\n{}",
+            smis.len(),
+            a.context()
+        );
+        seen.extend(smis);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("{} nvidia-smi runs seen in 12 s, one at a time", seen.len());
+    assert!(a.running(), "{}", a.context());
+    notify.assert_watchdog_kept(&a);
+    let v = a.status().unwrap();
+    assert_eq!(v["state"], "unknown", "{v:#}");
+
+    // A monitoring check gets UNKNOWN (3), not a guess.
+    let out = Command::new(common::BIN)
+        .arg("--config")
+        .arg(&m.config)
+        .arg("status")
+        .env_remove("VGPU_LICENSE_AGENT_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Stopped: no nvidia-smi left behind.
+    a.signal(Signal::SIGTERM);
+    let status = a
+        .wait_exit(Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("still running 10 s after SIGTERM\n{}", a.context()));
+    assert_eq!(status.code(), Some(0), "{}", a.context());
+    let left = wait_for(
+        "no nvidia-smi left once the agent stopped",
+        Duration::from_secs(10),
+        || {
+            let left = machine_processes(&m, "nvidia-smi");
+            left.is_empty().then_some(left)
+        },
+        || format!("{:?}", machine_processes(&m, "nvidia-smi")),
+    );
+    assert!(left.is_empty());
+}
+
+/// status.json's file system full: the last good status.json stays whole, the failure is
+/// logged once (not once per write), and status.json catches up once there is room again.
+#[test]
+fn scenario_disk_under_status_json_full() {
+    let m = Machine::new(Setup::default());
+    let status_dir = m.status_path().parent().unwrap().to_path_buf();
+    // Room for status.json and its next copy (written beside it, then renamed over it), which
+    // a filler then takes.
+    let Some(_mount) = Mount::tmpfs(&status_dir, "size=16k,mode=0755") else {
+        skipped("no tmpfs can be mounted here (needs root with CAP_SYS_ADMIN)");
+        return;
+    };
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    settle(&m, &a);
+    let good = fs::read(m.status_path()).unwrap();
+
+    let filler_path = status_dir.join("filler");
+    let mut filler = fs::File::create(&filler_path).unwrap();
+    // Small pieces, so that not a byte of room is left.
+    while filler.write_all(&[0u8; 512]).is_ok() {}
+    drop(filler);
+
+    // The token taken away and put back, again and again: each time a new report (the
+    // missing token said, then gone), published at once (the metrics file, on another file
+    // system, shows it), and not one of them fits into status.json. Ends with the token away.
+    let token = m.token_path();
+    let aside = m.path("aside.tok");
+    let missing = "vgpu_license_failure{reason=\"token_missing\"}";
+    for round in 1..=3 {
+        fs::rename(&token, &aside).unwrap();
+        wait_for(
+            "the missing token in the metrics",
+            T,
+            || (a.metric(missing) == Some(1.0)).then_some(()),
+            || a.context(),
+        );
+        if round < 3 {
+            fs::rename(&aside, &token).unwrap();
+            wait_for(
+                "the token back in the metrics",
+                T,
+                || (a.metric(missing) == Some(0.0)).then_some(()),
+                || a.context(),
+            );
+        }
+        assert_eq!(
+            fs::read(m.status_path()).unwrap(),
+            good,
+            "status.json changed on a full disk\n{}",
+            a.context()
+        );
+        // Whole, valid JSON (and valid against the schema).
+        a.status().unwrap();
+    }
+
+    let status = m.status_path().display().to_string();
+    let failures = || -> Vec<String> {
+        m.agent_journal(a.pid())
+            .iter()
+            .map(sim::message)
+            .filter(|msg| msg.contains(&status))
+            .collect()
+    };
+    wait_for(
+        "the write failure in the agent's journal",
+        T,
+        || (!failures().is_empty()).then_some(()),
+        || a.context(),
+    );
+    // Time for any later line to reach the journal.
+    std::thread::sleep(Duration::from_secs(2));
+    let logged = failures();
+    assert!(logged[0].contains("No space left on device"), "{logged:#?}");
+
+    // Room again: status.json catches up with the last report by itself (at the latest with
+    // its heartbeat), with nothing new happening; and takes the next change at once.
+    fs::remove_file(&filler_path).unwrap();
+    a.wait_status(
+        "status.json written again: the token missing",
+        Duration::from_secs(60),
+        |v| reason(v) == Some("token_missing"),
+    );
+    fs::rename(&aside, &token).unwrap();
+    a.wait_status("status.json: the token back", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    let names: Vec<String> = fs::read_dir(&status_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["status.json"], "a temporary file left behind");
+    // Checked last, so that a failure here still shows that the rest holds.
+    assert_eq!(
+        logged.len(),
+        1,
+        "the failure to write status.json logged {} times for 5 failed writes or more: once \
+         is enough, until it can be written again\n{logged:#?}",
+        logged.len()
+    );
+}
+
+/// A small random generator (xorshift64), seeded from the clock; the seed is printed so that
+/// a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn from_clock() -> Rng {
+        let seed = std::env::var("VGPU_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            })
+            | 1;
+        eprintln!("random seed: {seed} (VGPU_TEST_SEED={seed} replays it)");
+        Rng(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// SIGTERM at random moments while the agent rewrites status.json again and again (gridd
+/// restarted in a loop: every restart is a new report): status.json is replaced whole, so
+/// that neither a reader meanwhile nor one after the stop ever finds half of it, and the
+/// stop leaves no temporary file behind.
+#[test]
+fn scenario_sigterm_at_random_moments_never_leaves_status_json_half_written() {
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let mut rng = Rng::from_clock();
+    let stop = Arc::new(AtomicBool::new(false));
+    let restarter = {
+        let (stop, sim_dir, bin) = (
+            stop.clone(),
+            m.sim.clone(),
+            sim::example("sim-restart-gridd"),
+        );
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let ok = Command::new(&bin)
+                    .arg("--sim-dir")
+                    .arg(&sim_dir)
+                    .stdout(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                n += usize::from(ok);
+            }
+            n
+        })
+    };
+    let reader = {
+        let (stop, path) = (stop.clone(), m.status_path());
+        std::thread::spawn(move || {
+            let mut reads = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(bytes) = fs::read(&path) {
+                    reads += 1;
+                    if serde_json::from_slice::<Value>(&bytes).is_err() {
+                        return Err(String::from_utf8_lossy(&bytes).into_owned());
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(reads)
+        })
+    };
+
+    let status_dir = m.status_path().parent().unwrap().to_path_buf();
+    for round in 0..8 {
+        let spawned = Instant::now();
+        let mut a = Agent::start(&m);
+        let pid = a.pid();
+        wait_for(
+            "this agent's first report",
+            T,
+            || a.status().filter(|v| v["agent_pid"] == pid),
+            || a.context(),
+        );
+        let first = spawned.elapsed();
+        let after = rng.below(2000);
+        std::thread::sleep(Duration::from_millis(after));
+        a.signal(Signal::SIGTERM);
+        let signalled = Instant::now();
+        let status = a.wait_exit(Duration::from_secs(15)).unwrap_or_else(|| {
+            panic!(
+                "round {round}: still running 15 s after SIGTERM\n{}",
+                a.context()
+            )
+        });
+        assert_eq!(status.code(), Some(0), "round {round}\n{}", a.context());
+        eprintln!(
+            "round {round}: first report after {first:?}, SIGTERM {after} ms later, gone {:?} after it",
+            signalled.elapsed()
+        );
+        // Whole (or removed by the stop), never half written.
+        let _ = a.status();
+        let mut names: Vec<String> = fs::read_dir(&status_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.retain(|n| n != "status.json");
+        assert!(
+            names.is_empty(),
+            "round {round} (SIGTERM {after} ms after the first report): left behind: {names:?}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let restarts = restarter.join().unwrap();
+    let reads = reader
+        .join()
+        .unwrap()
+        .unwrap_or_else(|half| panic!("a reader found status.json half written:\n{half}"));
+    eprintln!("{restarts} gridd restarts, {reads} reads of status.json, all whole");
+    assert!(restarts >= 8, "too little activity: {restarts} restarts");
+    assert!(reads >= 100, "too few reads: {reads}");
+}
+
+/// The `[service]` key `key` of the machine's config.
+fn config_number(m: &Machine, key: &str) -> usize {
+    m.config_text()
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == key).then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("{key} in the config"))
+}
+
+/// gridd crash-looping: every gridd dies a second after it starts. The agent restarts it
+/// while its budget allows, `restart_budget_per_hour` times and not once more, then says
+/// that gridd is not running.
+#[test]
+fn scenario_gridd_crash_looping_stays_within_the_restart_budget() {
+    let (m, a) = licensed(Setup::default());
+    let budget = config_number(&m, "restart_budget_per_hour");
+    let mut crashed: Vec<i32> = Vec::new();
+    let mut current: Option<(i32, Instant)> = None;
+    // Crash every gridd until the budget is spent, and then for longer than the backoff's
+    // longest wait and a unit check: a restart past the budget would come in that window.
+    let give_up = Instant::now() + Duration::from_secs(120);
+    let mut spent: Option<Instant> = None;
+    while spent.is_none_or(|t| t.elapsed() < Duration::from_secs(20)) {
+        assert!(
+            Instant::now() < give_up,
+            "the budget ({budget}) not spent in 120 s: {} restarts\n{}",
+            m.restarts(),
+            a.context()
+        );
+        if let Some(pid) = m.gridd_pid() {
+            match current {
+                Some((p, born)) if p == pid => {
+                    if born.elapsed() >= Duration::from_secs(1) && crashed.last() != Some(&pid) {
+                        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                        crashed.push(pid);
+                    }
+                }
+                _ => current = Some((pid, Instant::now())),
+            }
+        }
+        if spent.is_none() && m.restarts() >= budget {
+            spent = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let restarts = m.restarts();
+    eprintln!("{} gridds crashed, {restarts} restarts", crashed.len());
+    assert_eq!(
+        restarts,
+        budget,
+        "restarts of a crash-looping gridd: {restarts}, budget {budget} per hour\n{}",
+        a.context()
+    );
+    // gridd stays down now: said, and counted right.
+    let v = a.wait_status("gridd_not_running reported", T, |v| {
+        reason(v) == Some("gridd_not_running")
+    });
+    assert!(
+        v["failure"]["advice"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty()),
+        "{v:#}"
+    );
+    wait_for(
+        "every restart in the metrics",
+        T,
+        || (a.metric("vgpu_license_gridd_restarts_total") == Some(restarts as f64)).then_some(()),
+        || a.context(),
+    );
+    assert_eq!(m.restarts(), budget, "{}", a.context());
+}
+
+/// The token directory removed and made again, twice: once at once (the directory and the
+/// token in it), once as a slow hand does it (the directory, then a while later the token).
+/// Either way the agent reports the missing token meanwhile, and adopts the token dropped
+/// into the new directory (here with the wrong mode, which only its adoption fixes) as soon
+/// as it is there.
+#[test]
+fn scenario_token_directory_briefly_missing() {
+    let mut started = Instant::now();
+    let (m, a) = licensed_with(Setup::default(), |m| {
+        started = Instant::now();
+        Agent::start(m)
+    });
+    let dir = m.token_dir();
+    for pause in [Duration::ZERO, Duration::from_secs(3)] {
+        if !pause.is_zero() {
+            // Besides its watch, the agent looks at the token directory on a timer: once half
+            // a minute after its start, then every few minutes. Past that first look, only a
+            // watch on the new directory can notice the token within the deadline.
+            let first_look = started + Duration::from_secs(35);
+            std::thread::sleep(first_look.saturating_duration_since(Instant::now()));
+        }
+        fs::remove_dir_all(&dir).unwrap();
+        a.wait_status("the missing token reported", T, |v| {
+            reason(v) == Some("token_missing")
+        });
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        std::thread::sleep(pause);
+        m.drop_token(0o600);
+        let dropped = Instant::now();
+        wait_for(
+            &format!(
+                "the token dropped {pause:?} after its directory was made again adopted (mode 0744)"
+            ),
+            T,
+            || (mode(&m.token_path()) == Some(0o744)).then_some(()),
+            || {
+                format!(
+                    "token mode {:o}\n{}",
+                    mode(&m.token_path()).unwrap_or(0),
+                    a.context()
+                )
+            },
+        );
+        eprintln!(
+            "token dropped {pause:?} after its directory: adopted after {:?}",
+            dropped.elapsed()
+        );
+        a.wait_status("the token back in the report", T, |v| {
+            v["state"] == "licensed" && v["failure"].is_null()
+        });
+        assert_eq!(fs::read(m.token_path()).unwrap(), m.token());
+    }
+}
+
+/// A FIFO planted in the token directory as `planted.tok`: the agent never opens it (a read
+/// would block until a writer came): it moves it aside, says so, goes on working (the
+/// watchdog pinged all along), and adopts the valid token dropped afterwards.
+#[test]
+fn scenario_a_fifo_planted_in_the_token_directory() {
+    let notify = Notifications::listen();
+    let (m, a) = licensed_with(Setup::default(), |m| notify.start_agent(m));
+    let fifo = m.token_dir().join("planted.tok");
+    mkfifo(&fifo);
+    wait_for(
+        "the FIFO moved out of the token directory",
+        T,
+        || fs::symlink_metadata(&fifo).is_err().then_some(()),
+        || a.context(),
+    );
+    // Moved as it is, to where install keeps what it moves aside.
+    let replaced = m.path("var/lib/vgpu-license-agent/replaced");
+    let moved = fs::read_dir(&replaced)
+        .unwrap()
+        .map(|d| d.unwrap().path().join("planted.tok"))
+        .find(|p| fs::symlink_metadata(p).is_ok())
+        .expect("planted.tok kept under replaced/");
+    assert!(fs::symlink_metadata(&moved).unwrap().file_type().is_fifo());
+    wait_for(
+        "the move in the agent's log",
+        T,
+        || agent_says(&m, &a).contains("planted.tok").then_some(()),
+        || a.context(),
+    );
+
+    // cloud-init's write_files, with the wrong mode: adopted.
+    m.drop_token(0o600);
+    wait_for(
+        "the token dropped after the FIFO adopted (mode 0744)",
+        T,
+        || (mode(&m.token_path()) == Some(0o744)).then_some(()),
+        || a.context(),
+    );
+    a.wait_status("licensed, nothing wrong", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    notify.assert_watchdog_kept(&a);
+}
+
+/// A FIFO at the token's own path: reported as an unusable token at once (never opened for
+/// reading: that would block), the agent goes on working (gridd's later lines reach
+/// status.json, the watchdog pinged all along), and a valid token put in its place is
+/// adopted.
+#[test]
+fn scenario_a_fifo_at_the_token_path() {
+    let notify = Notifications::listen();
+    let (m, a) = licensed_with(Setup::default(), |m| notify.start_agent(m));
+    let token_path = m.token_path();
+    fs::remove_file(&token_path).unwrap();
+    mkfifo(&token_path);
+    let v = a.wait_status("the FIFO reported", T, |v| {
+        reason(v) == Some("token_invalid")
+    });
+    let message = v["failure"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("FIFO"), "{v:#}");
+
+    // Still working: a new gridd's lines reach status.json while the FIFO is there.
+    let new = restart_gridd_by_hand(&m);
+    a.wait_status("the new gridd's lines in status.json", T, |v| {
+        has_event(v, &format!("Started ({new})"))
+    });
+    assert!(
+        fs::symlink_metadata(&token_path)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+
+    // A valid token renamed over it (with the wrong mode): adopted, gridd licensed again.
+    let staged = m.path("staged.tok");
+    sim::write_mode(&staged, &m.token(), 0o600);
+    fs::rename(&staged, &token_path).unwrap();
+    wait_for(
+        "the token put in the FIFO's place adopted (mode 0744)",
+        T,
+        || (mode(&token_path) == Some(0o744)).then_some(()),
+        || a.context(),
+    );
+    a.wait_status("licensed, nothing wrong", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    notify.assert_watchdog_kept(&a);
+}
