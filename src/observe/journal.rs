@@ -946,11 +946,13 @@ fn scan_with<R: Read, F: FnMut(GriddEvent)>(
             }
         }
         let is_json = json == Some(true);
-        // Complete lines only, unless at the end.
+        // Complete lines only, unless at the end. Only the bytes just read are searched: the
+        // pending ones hold no newline (complete lines were consumed), and searching them again
+        // on every read would make a long line trickled in small reads cost its square.
         let upto = if eof {
             data.len()
         } else {
-            match memrchr(b'\n', data) {
+            match memrchr(b'\n', &data[data.len() - n..]).map(|i| data.len() - n + i) {
                 Some(i) => i + 1,
                 None => {
                     if eof {
