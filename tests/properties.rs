@@ -315,14 +315,17 @@ fn stream() -> impl Strategy<Value = Vec<u8>> {
         .prop_map(|(lines, crlf, pad_mb)| {
             let eol = if crlf { "\r\n" } else { "\n" };
             let mut s = String::new();
-            // Lines longer than the reader's 1 MiB chunk, that are not gridd's, in between.
-            for _ in 0..pad_mb {
-                s.push_str(&"x".repeat((1 << 20) + 17));
-                s.push_str(eol);
-            }
-            for l in lines {
+            for (i, l) in lines.iter().enumerate() {
                 s.push_str(l);
                 s.push_str(eol);
+                // Lines longer than the reader's 1 MiB chunk, that are not gridd's, in
+                // between (after the first line, which tells JSON from text).
+                if i == 0 {
+                    for _ in 0..pad_mb {
+                        s.push_str(&"x".repeat((1 << 20) + 17));
+                        s.push_str(eol);
+                    }
+                }
             }
             s.into_bytes()
         })
