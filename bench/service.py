@@ -287,9 +287,9 @@ def idle(binary, seconds, poll):
         # This boot's journal is read at start: measure once status.json has been still for 3 s.
         settle(f"{root}/status.json")
         # The agent, its finished children and the live ones (the journalctl follower).
-        c0 = group.cpu(agent.pid)
+        c0, w0 = group.cpu(agent.pid), wakeups_tree(agent.pid)
         time.sleep(seconds)
-        return group.cpu(agent.pid) - c0, rss_of(agent.pid)
+        return group.cpu(agent.pid) - c0, rss_of(agent.pid), wakeups_tree(agent.pid) - w0
     finally:
         agent.terminate(); agent.wait()
         group.close()
@@ -308,18 +308,37 @@ while true; do {root}/nvidia-smi -q | grep -i 'License Status' > {root}/smi-seen
     sh = subprocess.Popen(["bash", "-c", script], start_new_session=True, preexec_fn=group.enter)
     try:
         time.sleep(2)
-        c0 = group.cpu(sh.pid)
+        c0, w0 = group.cpu(sh.pid), wakeups_tree(sh.pid)
         t0 = time.monotonic()
         marker = f"shell-{os.getpid()}"
         send_gridd(f"License renewed successfully. (Info: {marker}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
         wait_for(lambda: status_has(f"{root}/seen", marker))
         journal_delay = (time.monotonic() - t0) * 1000
         time.sleep(max(0, seconds - (time.monotonic() - t0)))
-        return group.cpu(sh.pid) - c0, journal_delay
+        # The loop's own processes come and go (nvidia-smi, grep, sleep): counted while alive.
+        return group.cpu(sh.pid) - c0, journal_delay, wakeups_tree(sh.pid) - w0
     finally:
         os.killpg(sh.pid, 15); sh.wait()
         group.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def wakeups_tree(pid):
+    """Voluntary context switches of every thread of a process tree: each one is a wakeup
+    (in a VM, a VM exit). Threads that ended are not counted."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                for line in open(f"/proc/{p}/task/{t}/status"):
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+            kids = open(f"/proc/{p}/task/{p}/children").read().split()
+        except OSError:
+            continue
+        todo.extend(int(k) for k in kids)
+    return total
 
 
 def cpu_tree(pid):
@@ -357,17 +376,21 @@ def main():
     # One hour compressed into SECONDS: nvidia-smi at the rate of an hour (12 polls at the
     # default 300 s) plus SECONDS of idle; a second run without polls gives the idle rate.
     polls_per_hour = 3600 // 300
-    cpu_polls, rss = idle(a.binary, a.seconds, max(1, a.seconds // polls_per_hour))
-    cpu_idle, rss2 = idle(a.binary, a.seconds, 3600)
+    cpu_polls, rss, _ = idle(a.binary, a.seconds, max(1, a.seconds // polls_per_hour))
+    cpu_idle, rss2, wake_idle = idle(a.binary, a.seconds, 3600)
     per_hour = cpu_idle * 3600 / a.seconds + (cpu_polls - cpu_idle)
     g = CpuGroup()
     how = "a cgroup of its own" if g.path else "clock ticks"
     g.close()
     print(f"(CPU measured from {how})")
     print(f"agent, license held, 1 h:       CPU {per_hour:5.2f} s/h (idle {cpu_idle * 3600 / a.seconds:4.2f} + {polls_per_hour} nvidia-smi runs {cpu_polls - cpu_idle:4.2f}), peak RSS {max(rss, rss2):4.1f} MiB")
-    cpu_sh, delay = shell_loop(a.seconds, 60)
-    print(f"shell loop (smi/60 s + journalctl -f | grep), 1 h: CPU {cpu_sh * 3600 / a.seconds:5.2f} s/h; "
+    print(f"agent, idle, wakeups (voluntary context switches, all threads): {wake_idle * 3600 / a.seconds:7.0f} per hour")
+    cpu_sh, delay, wake_sh = shell_loop(a.seconds, 60)
+    print(f"shell loop (smi/60 s + journalctl -f | grep), 1 h: CPU {cpu_sh * 3600 / a.seconds:5.2f} s/h, "
+          f"wakeups {wake_sh * 3600 / a.seconds:7.0f} per hour (its live processes); "
           f"journal line seen after {delay:.0f} ms, an nvidia-smi change after up to 60 s (30 s on average)")
+    print(f"agent / shell loop, same run: CPU {per_hour / max(cpu_sh * 3600 / a.seconds, 1e-9):.2f}x, "
+          f"wakeups {wake_idle / max(wake_sh, 1):.2f}x")
 
 
 if __name__ == "__main__":
