@@ -146,6 +146,37 @@ pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     stage(target, bytes, mode, None)?.commit()
 }
 
+/// Replaces `target` with `bytes` at `mode` atomically for readers (a new file renamed over
+/// it, never a half-written one), without syncing: for files that are made anew at every
+/// start (status.json on /run, the metrics), where a sync per write would be a disk wait
+/// (in a VM, an exit) every heartbeat for nothing.
+pub fn replace_volatile(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let name = target
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let temp = dir_of(target).join(format!("{}{}", temp_prefix(&name), unique()));
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&temp)?;
+        if fault("enospc") {
+            return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
+        }
+        file.write_all(bytes)?;
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        fs::rename(&temp, target)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
 /// Syncs a directory, so that a rename or a new entry in it survives a crash.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()

@@ -211,7 +211,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         tx.clone(),
         stop_rx.clone(),
     ));
-    let watcher = watch_paths(&settings, tx.clone());
+    let mut watcher = watch_paths(&settings, tx.clone());
     let servers = serve_metrics(&settings, metrics_rx).await;
     // Under systemd's watchdog, the ping rides on the heartbeat's wakeup (twice per period);
     // without one there is no watchdog timer at all.
@@ -236,6 +236,9 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         let wake = clock.instant(core.next_wake(clock.now()));
         tokio::select! {
             Some(event) = rx.recv() => {
+                if matches!(event, Event::TokenDirChanged) {
+                    rewatch(&mut watcher, &core.settings().paths.token_dir);
+                }
                 let mut effects = core.handle(event, clock.now());
                 // A backlog (this boot's journal at start) makes one report, not one each.
                 while let Ok(event) = rx.try_recv() {
@@ -278,7 +281,7 @@ fn write_file(failing: &RefCell<HashSet<PathBuf>>, path: &Path, bytes: &[u8], cr
     if create_dir && let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    match crate::fsutil::write_atomic(path, bytes, 0o644) {
+    match crate::fsutil::replace_volatile(path, bytes, 0o644) {
         Ok(()) => {
             if failing.borrow_mut().remove(path) {
                 info!("{} is written again", path.display());
@@ -356,6 +359,17 @@ async fn follow_journal(
     }
 }
 
+/// Watches the token directory again after it was made anew (a watch ends with its
+/// directory; watching a watched one again changes nothing).
+fn rewatch(watcher: &mut Option<notify::RecommendedWatcher>, dir: &Path) {
+    use notify::{RecursiveMode, Watcher};
+    if let Some(w) = watcher.as_mut()
+        && dir.is_dir()
+    {
+        let _ = w.watch(dir, RecursiveMode::NonRecursive);
+    }
+}
+
 /// Watches the token directory (or, until it exists, its parent) and gridd.conf.
 fn watch_paths(
     settings: &Settings,
@@ -390,25 +404,22 @@ fn watch_paths(
     })
     .map_err(|e| warn!("cannot watch the token directory: {e}; checking it on each tick"))
     .ok()?;
-    // The token directory's parent, recursively: the directory may be removed and made again
-    // (by cloud-init, by hand), and a watch on the directory itself would end with it; a
-    // recursive watch follows a new one. Its parent is /etc/nvidia normally, a few files.
+    // The token directory, and its parent for the directory being removed and made again (by
+    // cloud-init, by hand): a watch ends with its directory, so the shell watches a new one
+    // again when it appears ([`rewatch`]). Not recursive: the parent may hold the agent's own
+    // files (status.json in a custom layout), whose writes must not wake it.
     let dir = &settings.paths.token_dir;
     let parent = dir.parent().filter(|p| *p != Path::new("/"));
-    match parent {
-        Some(p) => {
-            if let Err(e) = watcher.watch(p, RecursiveMode::Recursive) {
-                warn!("cannot watch {}: {e}", p.display());
-            }
-        }
-        None => {
-            if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
-                warn!("cannot watch {}: {e}", dir.display());
-            }
+    for p in parent.into_iter().chain([dir.as_path()]) {
+        if p.is_dir()
+            && let Err(e) = watcher.watch(p, RecursiveMode::NonRecursive)
+        {
+            warn!("cannot watch {}: {e}", p.display());
         }
     }
     let conf_dir = settings.paths.gridd_conf.parent().unwrap_or(Path::new("/"));
-    if parent.is_none_or(|p| !conf_dir.starts_with(p))
+    if parent != Some(conf_dir)
+        && conf_dir != dir.as_path()
         && let Err(e) = watcher.watch(conf_dir, RecursiveMode::NonRecursive)
     {
         warn!("cannot watch {}: {e}", conf_dir.display());
