@@ -131,6 +131,10 @@ fn field_str(v: &Value, key: &str) -> Option<String> {
 
 fn field_time(v: &Value, key: &str) -> Option<DateTime<Utc>> {
     let secs = v.get(key)?.as_f64()?;
+    // Beyond i64 seconds (or not finite) a cast would clamp: not a time.
+    if !secs.is_finite() || secs.abs() >= 9.2e18 {
+        return None;
+    }
     DateTime::from_timestamp(secs as i64, 0)
 }
 
@@ -242,6 +246,14 @@ impl Token {
                     .collect()
             })
             .unwrap_or_default();
+        // A time that is there but cannot be a time (not a number, out of range) makes the
+        // token unusable: an `exp` read as absent would mean "never expires".
+        for key in ["iat", "nbf", "exp"] {
+            if payload.get(key).is_some_and(|v| !v.is_null()) && field_time(&payload, key).is_none()
+            {
+                return Err(TokenError::BadJson("payload's times"));
+            }
+        }
         Ok(Token {
             algorithm: field_str(&header, "alg"),
             issuer: field_str(&payload, "iss"),
@@ -324,6 +336,29 @@ pub(crate) mod tests {
         assert!(matches!(t.validity(later), Validity::Expired(_)));
         let earlier = DateTime::from_timestamp(1600000000, 0).unwrap();
         assert!(matches!(t.validity(earlier), Validity::NotYetValid(_)));
+    }
+
+    #[test]
+    fn an_expiry_that_cannot_be_a_time_is_invalid_not_never() {
+        for exp in [
+            serde_json::json!(1e300),
+            serde_json::json!(-1e300),
+            serde_json::json!(99999999999999999u64),
+            serde_json::json!("soon"),
+        ] {
+            let mut p = payload();
+            p["exp"] = exp.clone();
+            let e = Token::decode(make_token(&p).as_bytes()).unwrap_err();
+            assert_eq!(e, TokenError::BadJson("payload's times"), "{exp}");
+        }
+        let mut p = payload();
+        p.as_object_mut().unwrap().remove("exp");
+        assert!(
+            Token::decode(make_token(&p).as_bytes())
+                .unwrap()
+                .expires
+                .is_none()
+        );
     }
 
     #[test]
