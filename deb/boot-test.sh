@@ -1,31 +1,42 @@
 #!/bin/bash
-# Boot test of the package in a real systemd guest (issue 5):
+# Boot test of the packages in real systemd guests:
 #
 #   bash deb/boot-test.sh [PACKAGE.deb]      (default: the one deb/build.sh made)
 #
-# debootstrap (minbase bookworm, with systemd, dbus, ca-certificates), dpkg -i of the
-# package in the chroot (no systemd runs there: the unit must be enabled, not started), then
-# boot the tree with systemd-nspawn -b and check from inside with the guest's own systemctl
-# and journalctl (nsenter into the guest's pid 1). Runs as root on a throwaway machine.
+# For each Debian release of BOOT_TEST_SUITES (default: bookworm, glibc 2.36, and bullseye,
+# glibc 2.31 and systemd 247, the oldest the portable binary is tested on): debootstrap
+# (minbase, with systemd, dbus, ca-certificates), dpkg -i of the same package in the chroot
+# (no systemd runs there: the unit must be enabled, not started), then boot the tree with
+# systemd-nspawn -b and check from inside with the guest's own systemctl and journalctl
+# (nsenter into the guest's pid 1): every check runs in every guest. In bookworm's guest,
+# once the .deb is purged, the .rpm (rpm/build.sh) is installed, upgraded and erased with
+# Debian's rpm, so that its scriptlets run against a real systemd. Runs as root on a
+# throwaway machine.
 #
 # Exit: 0 passed, 1 failed, 77 skipped. A skip, said loudly and never counted as passed, is
 # only for a machine that cannot run the test or a part of it: not root, a tool missing, no
-# mirror, a guest whose systemd never starts, no cargo to build the simulator. Once the
+# mirror, a guest whose systemd never starts, no cargo to build the simulator. Once a
 # guest's systemd answers, every problem is a failure: a boot that never finishes (a unit
 # that hangs it) included. With VGPU_TESTS_NO_SKIP=1 (CI) a skip is a failure too.
-# BOOT_TEST_KEEP=1 keeps the guest tree and its console log.
+# BOOT_TEST_KEEP=1 keeps the guest trees and their console logs.
 set -uo pipefail
 
 NAME=vgpu-license-agent
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-SUITE=bookworm
+read -r -a SUITES <<<"${BOOT_TEST_SUITES:-bookworm bullseye}"
+# The release whose guest also runs the .rpm's scriptlets.
+RPM_SUITE=bookworm
+RPM_DIR=${BOOT_TEST_RPM_DIR:-$TARGET_DIR/rpm}
+SUITE=
 MIRROR=${BOOT_TEST_MIRROR:-http://deb.debian.org/debian}
 BOOT_TIMEOUT=120
 FAILED=()
 SKIPPED=()
 
 NO_SKIP=${VGPU_TESTS_NO_SKIP:-0}
+# shellcheck source=packaging/portable.sh
+. "$ROOT/packaging/portable.sh"
 
 banner() { printf '\n======== %s ========\n' "$*"; }
 skip_all() {
@@ -48,8 +59,9 @@ skip() {
 	echo "!!!!!!!! SKIPPED: $* !!!!!!!!" >&2
 	SKIPPED+=("$*")
 }
+# check NAME COMMAND...: runs COMMAND in the current guest, records NAME as failed when it fails.
 check() {
-	local name=$1
+	local name="[$SUITE] $1"
 	shift
 	banner "$name"
 	if "$@"; then echo "ok: $name"; else fail "$name"; fi
@@ -68,6 +80,7 @@ summary() {
 	}
 	echo "boot test passed"
 }
+TIMES=()
 
 DEB=${1:-$TARGET_DIR/debian/${NAME}_$(dpkg-parsechangelog -l "$ROOT/deb/changelog" -S Version)_$(dpkg --print-architecture).deb}
 [ -f "$DEB" ] || {
@@ -80,16 +93,26 @@ for tool in debootstrap systemd-nspawn nsenter; do
 done
 
 WORK=$(mktemp -d /var/tmp/$NAME-boot.XXXXXX)
-GUEST=$WORK/root
+GUEST=
 NSPAWN_PID=
 LEADER=
-cleanup() {
+# stop_guest: powers the current guest off (killing nspawn if it does not stop) and removes
+# its tree.
+stop_guest() {
 	if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
 		[ -n "$LEADER" ] && nsenter -t "$LEADER" -a systemctl poweroff --no-block >/dev/null 2>&1
 		for _ in $(seq 30); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 1; done
 		kill "$NSPAWN_PID" 2>/dev/null
 		wait "$NSPAWN_PID" 2>/dev/null
 	fi
+	NSPAWN_PID=
+	LEADER=
+	if [ -n "$GUEST" ] && [ "${BOOT_TEST_KEEP:-0}" != 1 ]; then
+		rm -rf "$GUEST"
+	fi
+}
+cleanup() {
+	stop_guest
 	if [ "${BOOT_TEST_KEEP:-0}" = 1 ]; then
 		echo "kept: $WORK"
 	else
@@ -101,23 +124,30 @@ trap cleanup EXIT
 # guest COMMAND...: runs COMMAND inside the booted guest, in all its namespaces.
 guest() { nsenter -t "$LEADER" -a "$@"; }
 
-banner "debootstrap $SUITE"
-debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,ca-certificates \
-	"$SUITE" "$GUEST" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
-	tail -20 "$WORK/debootstrap.log" >&2
-	skip_all "debootstrap failed (no mirror reachable?)"
-}
-echo "$NAME-boot" >"$GUEST/etc/hostname"
+# prepare_guest: debootstraps the current release into GUEST and installs the package there
+# as an image build would, in a chroot.
+prepare_guest() {
+	local include=systemd,systemd-sysv,dbus,ca-certificates
+	[ "$SUITE" = "$RPM_SUITE" ] && include+=,rpm
+	banner "[$SUITE] debootstrap"
+	debootstrap --variant=minbase --include="$include" \
+		"$SUITE" "$GUEST" "$MIRROR" >"$WORK/$SUITE-debootstrap.log" 2>&1 || {
+		tail -20 "$WORK/$SUITE-debootstrap.log" >&2
+		skip "[$SUITE] debootstrap failed (no mirror reachable?)"
+		return 1
+	}
+	echo "$NAME-boot" >"$GUEST/etc/hostname"
+	echo "$SUITE: libc6 $(chroot "$GUEST" dpkg-query -W -f="\${Version}" libc6), systemd $(chroot "$GUEST" dpkg-query -W -f="\${Version}" systemd)"
 
-banner "dpkg -i in the chroot (no running systemd: enable, do not start)"
-cp "$DEB" "$GUEST/tmp/"
-chroot "$GUEST" dpkg -i "/tmp/$(basename "$DEB")" || fail "dpkg -i in the chroot"
-[ -L "$GUEST/etc/systemd/system/multi-user.target.wants/$NAME.service" ] ||
-	fail "the unit is not enabled after dpkg -i in the chroot"
+	banner "[$SUITE] dpkg -i in the chroot (no running systemd: enable, do not start)"
+	cp "$DEB" "$GUEST/tmp/"
+	chroot "$GUEST" dpkg -i "/tmp/$(basename "$DEB")" || fail "[$SUITE] dpkg -i in the chroot"
+	[ -L "$GUEST/etc/systemd/system/multi-user.target.wants/$NAME.service" ] ||
+		fail "[$SUITE] the unit is not enabled after dpkg -i in the chroot"
 
-# A stand-in nvidia-gridd unit for the sandbox probe below.
-# (The simulator's nvidia-gridd and nvidia-smi replace it for the agent checks.)
-cat >"$GUEST/etc/systemd/system/nvidia-gridd.service" <<'UNIT'
+	# A stand-in nvidia-gridd unit for the sandbox probe below.
+	# (The simulator's nvidia-gridd and nvidia-smi replace it for the agent checks.)
+	cat >"$GUEST/etc/systemd/system/nvidia-gridd.service" <<'UNIT'
 [Unit]
 Description=stand-in nvidia-gridd (boot test)
 [Service]
@@ -125,34 +155,80 @@ ExecStart=/bin/sleep infinity
 [Install]
 WantedBy=multi-user.target
 UNIT
-ln -sf /etc/systemd/system/nvidia-gridd.service "$GUEST/etc/systemd/system/multi-user.target.wants/nvidia-gridd.service"
-mkdir -p "$GUEST/etc/nvidia" "$GUEST/var/lib/prometheus/node-exporter"
+	ln -sf /etc/systemd/system/nvidia-gridd.service "$GUEST/etc/systemd/system/multi-user.target.wants/nvidia-gridd.service"
+	mkdir -p "$GUEST/etc/nvidia" "$GUEST/var/lib/prometheus/node-exporter"
+}
 
-banner "boot: systemd-nspawn -b --register=no --keep-unit"
-systemd-nspawn -b -D "$GUEST" --register=no --keep-unit --console=read-only \
-	>"$WORK/console.log" 2>&1 &
-NSPAWN_PID=$!
-# The guest's pid 1 is the child of nspawn in a pid namespace of its own (nspawn's first child
-# is a short-lived helper in ours: nsentering it races its exit).
-HOST_PIDNS=$(readlink "/proc/$NSPAWN_PID/ns/pid")
-for _ in $(seq 60); do
-	for p in $(ps -o pid= --ppid "$NSPAWN_PID" 2>/dev/null); do
-		ns=$(readlink "/proc/$p/ns/pid" 2>/dev/null) || continue
-		[ "$ns" != "$HOST_PIDNS" ] && LEADER=$p
+# boot_guest: boots GUEST and waits until its systemd has finished booting. Fails (having
+# said why, as a skip or a failure) when it cannot.
+boot_guest() {
+	banner "[$SUITE] boot: systemd-nspawn -b --register=no --keep-unit"
+	systemd-nspawn -b -D "$GUEST" --register=no --keep-unit --console=read-only \
+		>"$WORK/$SUITE-console.log" 2>&1 &
+	NSPAWN_PID=$!
+	# The guest's pid 1 is the child of nspawn in a pid namespace of its own (nspawn's first
+	# child is a short-lived helper in ours: nsentering it races its exit).
+	local host_pidns p ns
+	host_pidns=$(readlink "/proc/$NSPAWN_PID/ns/pid")
+	for _ in $(seq 60); do
+		for p in $(ps -o pid= --ppid "$NSPAWN_PID" 2>/dev/null); do
+			ns=$(readlink "/proc/$p/ns/pid" 2>/dev/null) || continue
+			[ "$ns" != "$host_pidns" ] && LEADER=$p
+		done
+		[ -n "$LEADER" ] && break
+		kill -0 "$NSPAWN_PID" 2>/dev/null || break
+		sleep 0.5
 	done
-	[ -n "$LEADER" ] && break
-	kill -0 "$NSPAWN_PID" 2>/dev/null || break
-	sleep 0.5
-done
-if [ -z "$LEADER" ]; then
-	tail -30 "$WORK/console.log" >&2
-	skip_all "systemd-nspawn could not boot the guest on this machine"
-fi
-echo "guest pid 1 is $LEADER"
-# That process is nspawn's own code until it executes the guest's systemd, and before that its
-# mounts are not the guest's yet: a systemctl entered too early answers "offline". Ask again
-# until systemd runs there and answers with a state of its boot; from then on the guest's
-# systemd is up, and the boot must finish.
+	if [ -z "$LEADER" ]; then
+		tail -30 "$WORK/$SUITE-console.log" >&2
+		skip "[$SUITE] systemd-nspawn could not boot the guest on this machine"
+		return 1
+	fi
+	echo "guest pid 1 is $LEADER"
+	# That process is nspawn's own code until it executes the guest's systemd, and before that
+	# its mounts are not the guest's yet: a systemctl entered too early answers "offline". Ask
+	# again until systemd runs there and answers with a state of its boot; from then on the
+	# guest's systemd is up, and the boot must finish.
+	DEADLINE=$((SECONDS + BOOT_TIMEOUT))
+	local state='' systemd_up=''
+	while [ "$SECONDS" -lt "$DEADLINE" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; do
+		if [ "$(cat "/proc/$LEADER/comm" 2>/dev/null)" = systemd ]; then
+			state=$(boot_state)
+			case "$state" in
+			offline | "") ;;
+			*)
+				systemd_up=1
+				# Nothing when the wait ran out: the state the boot hangs in.
+				state=$(boot_state --wait)
+				[ -n "$state" ] || state=$(timeout 10 nsenter -t "$LEADER" -a systemctl is-system-running 2>/dev/null)
+				break
+				;;
+			esac
+		fi
+		sleep 0.5
+	done
+	echo "is-system-running: $state"
+	case "$state" in
+	running | degraded) ;;
+	*)
+		tail -30 "$WORK/$SUITE-console.log" >&2
+		if [ -z "$systemd_up" ]; then
+			skip "[$SUITE] the guest's systemd never answered is-system-running (got: ${state:-nothing}): this machine cannot boot a systemd guest"
+			return 1
+		fi
+		echo "--- jobs the guest's boot still waits for:" >&2
+		timeout 10 nsenter -t "$LEADER" -a systemctl list-jobs --no-pager >&2
+		echo "--- failed units:" >&2
+		timeout 10 nsenter -t "$LEADER" -a systemctl --failed --no-pager >&2
+		fail "[$SUITE] the guest's systemd is up but did not reach running or degraded in ${BOOT_TIMEOUT}s (is-system-running: ${state:-nothing})"
+		return 1
+		;;
+	esac
+	if [ "$state" = degraded ]; then
+		echo "--- failed units (degraded):"
+		guest systemctl --failed --no-pager
+	fi
+}
 # boot_state [--wait]: the guest systemd's state ("offline" or nothing while it does not answer).
 boot_state() {
 	local left=$((DEADLINE - SECONDS))
@@ -160,45 +236,6 @@ boot_state() {
 	[ "$left" -gt 0 ] || left=1
 	timeout "$left" nsenter -t "$LEADER" -a systemctl is-system-running "$@" 2>/dev/null
 }
-DEADLINE=$((SECONDS + BOOT_TIMEOUT))
-STATE=
-SYSTEMD_UP=
-while [ "$SECONDS" -lt "$DEADLINE" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; do
-	if [ "$(cat "/proc/$LEADER/comm" 2>/dev/null)" = systemd ]; then
-		STATE=$(boot_state)
-		case "$STATE" in
-		offline | "") ;;
-		*)
-			SYSTEMD_UP=1
-			# Nothing when the wait ran out: the state the boot hangs in.
-			STATE=$(boot_state --wait)
-			[ -n "$STATE" ] || STATE=$(timeout 10 nsenter -t "$LEADER" -a systemctl is-system-running 2>/dev/null)
-			break
-			;;
-		esac
-	fi
-	sleep 0.5
-done
-echo "is-system-running: $STATE"
-case "$STATE" in
-running | degraded) ;;
-*)
-	tail -30 "$WORK/console.log" >&2
-	[ -n "$SYSTEMD_UP" ] ||
-		skip_all "the guest's systemd never answered is-system-running (got: ${STATE:-nothing}): this machine cannot boot a systemd guest"
-	echo "--- jobs the guest's boot still waits for:" >&2
-	timeout 10 nsenter -t "$LEADER" -a systemctl list-jobs --no-pager >&2
-	echo "--- failed units:" >&2
-	timeout 10 nsenter -t "$LEADER" -a systemctl --failed --no-pager >&2
-	fail "the guest's systemd is up but did not reach running or degraded in ${BOOT_TIMEOUT}s (is-system-running: ${STATE:-nothing})"
-	summary
-	exit
-	;;
-esac
-if [ "$STATE" = degraded ]; then
-	echo "--- failed units (degraded):"
-	guest systemctl --failed --no-pager
-fi
 
 check_unit_loaded() {
 	guest systemctl is-enabled "$NAME.service" &&
@@ -206,7 +243,6 @@ check_unit_loaded() {
 		[ "$(guest systemctl show -P Type "$NAME.service")" = notify ] &&
 		[ "$(guest systemctl show -P ProtectSystem "$NAME.service")" = strict ]
 }
-check "the unit is enabled and loaded in the guest" check_unit_loaded
 
 # The agent's sandbox lets it do its job: a copy of the unit, same hardening, runs a probe
 # that restarts nvidia-gridd through systemctl, reads the journal and writes where the agent
@@ -227,7 +263,10 @@ if touch /etc/.probe 2>/dev/null; then echo "/etc is writable" >&2; exit 1; fi
 echo SANDBOX-PROBE-OK
 PROBE
 	chmod 0755 "$GUEST/usr/local/bin/sandbox-probe"
+	# RuntimeDirectoryPreserve=: the probe shares the agent's run directory, which systemd 247
+	# (bullseye) would otherwise remove when the probe stops, under the running agent.
 	sed -e 's#^ExecStart=.*#ExecStart=/usr/local/bin/sandbox-probe#' -e 's/^Type=notify/Type=oneshot/' \
+		-e 's/^RuntimeDirectory=.*/&\nRuntimeDirectoryPreserve=yes/' \
 		-e '/^WatchdogSec=/d;/^Restart/d;/^ExecReload=/d;/^\[Install\]/,$d' \
 		"$GUEST/usr/lib/systemd/system/$NAME.service" >"$GUEST/etc/systemd/system/sandbox-probe.service"
 	guest systemctl daemon-reload &&
@@ -239,7 +278,6 @@ PROBE
 	guest systemctl daemon-reload
 	return $rc
 }
-check "the unit's sandbox allows systemctl restart, journal reads and the agent's writes" check_sandbox
 
 # journalctl -x explains the agent's messages: inject one with a catalog MESSAGE_ID (the one
 # of clock_skew) as the agent would log it.
@@ -255,10 +293,9 @@ check_catalog() {
 	echo "$out"
 	grep -q 'Synchronize the clock' <<<"$out"
 }
-check "journalctl -x shows the catalog's explanation" check_catalog
 
-# The agent itself, against the simulator of tests/sim/ (built by `cargo test` or
-# `cargo build --examples`): its nvidia-gridd becomes the real nvidia-gridd.service unit, its
+# The agent itself, against the simulator of tests/sim/ (built here for glibc 2.17 like the
+# release binary, so that it runs in every guest): its nvidia-gridd becomes the real nvidia-gridd.service unit, its
 # nvidia-smi /usr/bin/nvidia-smi, and its fake DLS runs in the guest as sim-dls.service on a
 # loopback port named by the token. Then, with the guest's own systemctl and journalctl: the
 # agent is active; a token dropped as cloud-init's write_files would (wrong mode on purpose) is
@@ -268,7 +305,8 @@ check "journalctl -x shows the catalog's explanation" check_catalog
 # `journalctl -x` from the catalog.
 # SIM_EXAMPLES: where the simulator's programs are (set SIM_EXAMPLES_PREBUILT=1 to use them
 # as they are, without cargo).
-SIM_EXAMPLES=${SIM_EXAMPLES:-$TARGET_DIR/debug/examples}
+SIM_EXAMPLES=${SIM_EXAMPLES:-$TARGET_DIR/$PORTABLE_TARGET/debug/examples}
+SIM_PROGRAMS=(sim-nvidia-gridd sim-nvidia-smi sim-dls)
 SIM_DIR_GUEST=/var/lib/vgpu-sim
 SIM_DLS_PORT=${SIM_DLS_PORT:-38443}
 TOKEN_GUEST=/etc/nvidia/ClientConfigToken/client_configuration_token.tok
@@ -373,11 +411,17 @@ check_token_dropped() {
 	return $rc
 }
 
+# Exit 0, and from the service's own report (status.json), not observed by the command.
 check_status_wait() {
-	local rc
-	guest vgpu-license-agent status --wait 60
+	local rc out
+	out=$(guest vgpu-license-agent status --wait 60)
 	rc=$?
+	echo "$out"
 	echo "exit $rc"
+	grep -q "^From the running service's report" <<<"$out" || {
+		echo "status did not read the running service's report (/run/$NAME/status.json)" >&2
+		rc=1
+	}
 	[ $rc = 0 ] || agent_journal_tail
 	[ $rc = 0 ]
 }
@@ -408,39 +452,56 @@ check_explained_failure() {
 	grep -q 'Synchronize the clock' <<<"$out"
 }
 
-agent_checks() {
+# build_sim: builds the simulator's programs (once, for every guest) and says in SIM_MISSING
+# why the agent checks cannot run, if they cannot.
+SIM_MISSING=
+build_sim() {
 	local b built=
-	# Built (or brought up to date) here: `cargo test --all-targets` builds examples only as
-	# test harnesses. A build that fails is a failure; only a machine without cargo (and
-	# without SIM_EXAMPLES_PREBUILT) cannot run these checks.
+	# A build that fails is a failure; only a machine without cargo (and without
+	# SIM_EXAMPLES_PREBUILT) cannot run these checks.
 	if [ -z "${SIM_EXAMPLES_PREBUILT:-}" ] && command -v cargo >/dev/null; then
-		banner "building the simulator (cargo build --examples)"
-		(cd "$ROOT" && cargo build --examples) || {
-			fail "agent checks in the guest: cargo build --examples failed"
+		banner "building the simulator for glibc $PORTABLE_GLIBC (cargo zigbuild)"
+		if ! portable_toolchain "$TARGET_DIR"; then
+			SIM_MISSING="cannot install the zig toolchain to build the simulator"
+			skip "agent checks in the guests: $SIM_MISSING"
+			return
+		fi
+		(cd "$ROOT" && env "$(portable_rustflags)" cargo zigbuild --target "$PORTABLE_ZIG_TARGET" \
+			"${SIM_PROGRAMS[@]/#/--example=}") || {
+			SIM_MISSING="cargo zigbuild of the simulator failed"
+			fail "agent checks in the guests: $SIM_MISSING"
 			return
 		}
 		built=1
 	fi
-	for b in sim-nvidia-gridd sim-nvidia-smi sim-dls; do
+	for b in "${SIM_PROGRAMS[@]}"; do
 		[ -x "$SIM_EXAMPLES/$b" ] && continue
 		if [ -n "$built" ] || [ -n "${SIM_EXAMPLES_PREBUILT:-}" ]; then
-			fail "agent checks in the guest: the simulator's $b is not at $SIM_EXAMPLES/$b"
+			SIM_MISSING="the simulator's $b is not at $SIM_EXAMPLES/$b"
+			fail "agent checks in the guests: $SIM_MISSING"
 		else
-			skip "agent checks in the guest: the simulator is not built ($SIM_EXAMPLES/$b) and there is no cargo to build it"
+			SIM_MISSING="the simulator is not built ($SIM_EXAMPLES/$b) and there is no cargo to build it"
+			skip "agent checks in the guests: $SIM_MISSING"
 		fi
 		return
 	done
+}
+
+agent_checks() {
+	if [ -n "$SIM_MISSING" ]; then
+		echo "[$SUITE] no agent checks: $SIM_MISSING (counted once, above)" >&2
+		return
+	fi
 	local failed_before=${#FAILED[@]}
 	check "the simulator (nvidia-gridd unit, nvidia-smi, a DLS) runs in the guest" install_sim
 	[ "${#FAILED[@]}" -eq "$failed_before" ] || return
 	check "the agent is active" check_agent_active
 	check "a token dropped with mode 0600 is fixed to 0744, gridd.conf's FeatureType=0 set to 1, nvidia-gridd.service restarted" check_token_dropped
-	check "vgpu-license-agent status --wait 60 exits 0 once licensed" check_status_wait
+	check "vgpu-license-agent status --wait 60 exits 0 once licensed, from the service's report" check_status_wait
 	check "systemctl status shows the agent's state line" check_systemctl_status
 	check "journalctl -x explains an injected failure (clock skew) from the catalog" check_explained_failure
 	check "the agent is still active" check_agent_active
 }
-agent_checks
 
 # apt remove stops the agent; installing the package again starts it (not only try-restart,
 # which would leave it stopped until the next boot), and an upgrade keeps it running.
@@ -468,13 +529,17 @@ check_remove_reinstall() {
 		return 1
 	fi
 }
-check "apt remove stops the agent, installing again starts it" check_remove_reinstall
 
+# left_in_guest: the paths in the guest named after the agent, but for logs, caches and the
+# package managers' own records (the root file system and /run, a tmpfs of its own).
+left_in_guest() {
+	guest find / /run -xdev \( -path /proc -o -path /sys -o -path /var/log -o -path /var/cache -o -path /var/lib/dpkg \) -prune -o \
+		\( -name "*vgpu-license-agent*" -o -name "*vgpu_license_agent*" \) -print 2>/dev/null
+}
 check_purge() {
 	DEBIAN_FRONTEND=noninteractive guest apt-get purge -y -q "$NAME" || return 1
 	local left
-	left=$(guest find / -xdev \( -path /proc -o -path /sys -o -path /var/log -o -path /var/cache -o -path /var/lib/dpkg \) -prune -o \
-		\( -name "*vgpu-license-agent*" -o -name "*vgpu_license_agent*" \) -print 2>/dev/null)
+	left=$(left_in_guest)
 	if [ -n "$left" ]; then
 		echo "left behind after purge:" >&2
 		echo "$left" >&2
@@ -482,6 +547,126 @@ check_purge() {
 	fi
 	! guest dpkg -s "$NAME" >/dev/null 2>&1
 }
-check "apt-get purge in the running guest leaves nothing behind" check_purge
 
+# The .rpm in the same guest, once the .deb is purged, with Debian's rpm (--force-debian: it
+# refuses by default to install what dpkg does not track; --nodeps: the guest's rpm database
+# knows none of Debian's packages): its scriptlets against the guest's running systemd.
+RPM_GUEST=/var/tmp/$NAME.rpm
+RPM2_GUEST=/var/tmp/$NAME-release2.rpm
+grpm() { guest rpm --force-debian --nodeps "$@" 2>&1 | grep -v -e 'use Alien instead' -e 'you know what you are doing'; }
+unit_state() { guest systemctl is-enabled "$NAME.service" 2>/dev/null; }
+
+check_rpm_install() {
+	local rc=0
+	grpm -i "$RPM_GUEST"
+	guest rpm -q "$NAME" || return 1
+	[ "$(unit_state)" = enabled ] || {
+		echo "not enabled by the preset: $(unit_state)" >&2
+		rc=1
+	}
+	wait_until 30 agent_active || {
+		echo "not started: $(guest systemctl is-active "$NAME.service")" >&2
+		rc=1
+	}
+	guest test -d "/var/lib/$NAME" || {
+		echo "tmpfiles.d did not create /var/lib/$NAME" >&2
+		rc=1
+	}
+	grep -q "$NAME" <<<"$(guest journalctl --list-catalog)" || {
+		echo "the catalog is not in journald's database" >&2
+		rc=1
+	}
+	return $rc
+}
+
+check_rpm_upgrade() {
+	local pid
+	pid=$(guest systemctl show -P MainPID "$NAME.service")
+	grpm -U "$RPM2_GUEST"
+	[ "$(guest rpm -q "$NAME")" = "$(rpm -qp "$RPM2")" ] || {
+		echo "not upgraded: $(guest rpm -q "$NAME")" >&2
+		return 1
+	}
+	if ! wait_until 30 agent_active || [ "$(guest systemctl show -P MainPID "$NAME.service")" = "$pid" ]; then
+		echo "the upgrade did not restart the running agent (MainPID $pid)" >&2
+		return 1
+	fi
+	[ "$(unit_state)" = enabled ]
+}
+
+check_rpm_erase() {
+	local rc=0 left
+	grpm -e "$NAME"
+	rm -f "$GUEST$RPM_GUEST" "$GUEST$RPM2_GUEST"
+	if guest rpm -q "$NAME" >/dev/null 2>&1; then
+		echo "rpm still knows $NAME after erase" >&2
+		rc=1
+	fi
+	[ "$(guest systemctl is-active "$NAME.service")" != active ] || {
+		echo "still active after rpm -e" >&2
+		rc=1
+	}
+	[ "$(unit_state)" != enabled ] || {
+		echo "still enabled after rpm -e" >&2
+		rc=1
+	}
+	! grep -q "$NAME" <<<"$(guest journalctl --list-catalog)" || {
+		echo "the catalog still lists the agent's messages" >&2
+		rc=1
+	}
+	left=$(left_in_guest)
+	if [ -n "$left" ]; then
+		echo "left behind after rpm -e:" >&2
+		echo "$left" >&2
+		rc=1
+	fi
+	return $rc
+}
+
+rpm_checks() {
+	local version rpm1
+	version=$(dpkg-parsechangelog -l "$ROOT/deb/changelog" -S Version)
+	rpm1=$RPM_DIR/$NAME-$version-1.x86_64.rpm
+	[ -f "$rpm1" ] || {
+		fail "[$SUITE] .rpm scriptlets: no package at $rpm1 (run rpm/build.sh)"
+		return
+	}
+	# A second release of the same files, to upgrade to.
+	banner "[$SUITE] rpm/build.sh: release 2, for the upgrade"
+	VGPU_RPM_SKIP_CARGO_BUILD=1 VGPU_RPM_RELEASE=2 VGPU_RPM_OUT_DIR=$WORK/rpm2 bash "$ROOT/rpm/build.sh" || {
+		fail "[$SUITE] .rpm scriptlets: rpm/build.sh of release 2 failed"
+		return
+	}
+	RPM2=$WORK/rpm2/$NAME-$version-2.x86_64.rpm
+	if ! cp "$rpm1" "$GUEST$RPM_GUEST" || ! cp "$RPM2" "$GUEST$RPM2_GUEST"; then
+		fail "[$SUITE] .rpm scriptlets: cannot copy the packages into the guest"
+		return
+	fi
+	local failed_before=${#FAILED[@]}
+	check "rpm -i: the preset enables the agent, it is started, its directories made, the catalog updated" check_rpm_install
+	[ "${#FAILED[@]}" -eq "$failed_before" ] || return
+	check "rpm -U to release 2 restarts the running agent and keeps it enabled" check_rpm_upgrade
+	check "rpm -e stops and disables the agent, drops its catalog entries, leaves nothing behind" check_rpm_erase
+}
+
+guest_checks() {
+	check "the unit is enabled and loaded in the guest" check_unit_loaded
+	check "the unit's sandbox allows systemctl restart, journal reads and the agent's writes" check_sandbox
+	check "journalctl -x shows the catalog's explanation" check_catalog
+	agent_checks
+	check "apt remove stops the agent, installing again starts it" check_remove_reinstall
+	check "apt-get purge in the running guest leaves nothing behind" check_purge
+	[ "$SUITE" != "$RPM_SUITE" ] || rpm_checks
+}
+
+build_sim
+for SUITE in "${SUITES[@]}"; do
+	START=$SECONDS
+	GUEST=$WORK/$SUITE
+	prepare_guest && boot_guest && guest_checks
+	stop_guest
+	TIMES+=("$SUITE: $((SECONDS - START)) s")
+done
+echo
+echo "time per guest (debootstrap, boot, checks): ${TIMES[*]}"
 summary

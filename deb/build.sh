@@ -1,12 +1,13 @@
 #!/bin/bash
-# Builds the release binary, the man pages and shell completions, and the Debian package
-# target/debian/vgpu-license-agent_<version>_<arch>.deb, with plain dpkg-deb.
+# Builds the Debian package target/debian/vgpu-license-agent_<version>_<arch>.deb, with plain
+# dpkg-deb, from what packaging/build-release.sh makes (the portable binary, man pages and
+# completions), laid out by packaging/install.sh as packaging/install-map.txt says.
 #
-#   bash deb/build.sh            (needs: cargo, dpkg-dev, binutils, gzip)
+#   bash deb/build.sh            (needs: cargo, python3 with venv, dpkg-dev, binutils, gzip)
 #
 # The package's version is Cargo.toml's, and deb/changelog's first entry must say the same.
 # Builds are reproducible: file dates come from SOURCE_DATE_EPOCH (default: the changelog's
-# date). Set VGPU_DEB_SKIP_CARGO_BUILD=1 to package the release binary already in target/.
+# date). Set VGPU_DEB_SKIP_CARGO_BUILD=1 to package target/dist/ as it is.
 set -euo pipefail
 umask 022
 
@@ -21,7 +22,7 @@ die() {
 	exit 1
 }
 
-for tool in cargo dpkg-deb dpkg-shlibdeps dpkg-parsechangelog gzip objcopy; do
+for tool in cargo dpkg-deb dpkg-parsechangelog gzip objdump; do
 	command -v "$tool" >/dev/null || die "$tool not found (apt-get install dpkg-dev binutils; cargo from rustup)"
 done
 
@@ -34,40 +35,20 @@ SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(dpkg-parsechangelog -l deb/changelog -S
 export SOURCE_DATE_EPOCH
 
 if [ "${VGPU_DEB_SKIP_CARGO_BUILD:-0}" != 1 ]; then
-	echo "==> cargo build --release"
-	cargo build --release --locked --bin "$NAME"
+	bash packaging/build-release.sh
 fi
-BIN=$TARGET_DIR/release/$NAME
+BIN=$TARGET_DIR/dist/$NAME
 [ -x "$BIN" ] || die "$BIN is missing"
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 PKG=$WORK/pkg
 
-echo "==> man pages and completions"
-cargo run --quiet --locked --example gen-docs -- "$WORK/docs" >/dev/null
-
 echo "==> staging"
-# source  destination  mode
-while read -r src dst mode; do
-	install -D -m "$mode" "$src" "$PKG/$dst"
-done <<MAP
-$BIN                                      usr/bin/$NAME                                    0755
-packaging/$NAME.service                   usr/lib/systemd/system/$NAME.service             0644
-packaging/$NAME.tmpfiles                  usr/lib/tmpfiles.d/$NAME.conf                    0644
-packaging/$NAME.catalog                   usr/lib/systemd/catalog/$NAME.catalog            0644
-packaging/config.toml                     etc/$NAME/config.toml                            0644
-packaging/$NAME.rules.yml                 usr/share/$NAME/$NAME.rules.yml                  0644
-$WORK/docs/completions/$NAME.bash         usr/share/bash-completion/completions/$NAME      0644
-$WORK/docs/completions/_$NAME             usr/share/zsh/vendor-completions/_$NAME          0644
-$WORK/docs/completions/$NAME.fish         usr/share/fish/vendor_completions.d/$NAME.fish   0644
-MAP
-# .comment only names the compilers (lintian: binary-has-unneeded-section).
-objcopy --remove-section=.comment "$PKG/usr/bin/$NAME"
-for page in "$WORK"/docs/man/*.8; do
-	install -D -m 0644 "$page" "$PKG/usr/share/man/man8/$(basename "$page")"
-	gzip -9n "$PKG/usr/share/man/man8/$(basename "$page")"
-done
+# Debian's zsh reads vendor completions from its own directory; Debian's documentation of the
+# license is the copyright file below.
+bash packaging/install.sh --destdir "$PKG" --prefix /usr \
+	--set zshcompdir=/usr/share/zsh/vendor-completions --set licensedir=- >/dev/null
 DOC=$PKG/usr/share/doc/$NAME
 install -d "$DOC"
 # A native package (no Debian revision): the changelog is changelog.gz.
@@ -87,12 +68,22 @@ done
 (cd "$PKG" && find etc -type f -printf '/%p\n' | sort) >"$PKG/DEBIAN/conffiles"
 chmod 0644 "$PKG/DEBIAN/conffiles"
 
-# Shared-library dependencies of the binary, as dh_shlibdeps computes them (dpkg-shlibdeps
-# wants a debian/control to exist in its working directory).
-mkdir -p "$WORK/shlibs/debian"
-printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$NAME" "$NAME" >"$WORK/shlibs/debian/control"
-SHLIBS=$(cd "$WORK/shlibs" && dpkg-shlibdeps -O "$PKG/usr/bin/$NAME" | sed -n 's/^shlibs:Depends=//p')
-[ -n "$SHLIBS" ] || die "dpkg-shlibdeps found no dependencies"
+# Shared-library dependencies of the binary. Not dpkg-shlibdeps: it reads this machine's libc6
+# symbols file, where libpthread.so.0 and libdl.so.2 are stubs since glibc 2.34, and would ask
+# for libc6 (>= 2.34) although the binary links against glibc 2.17's symbols (and runs on
+# bullseye's 2.31: deb/boot-test.sh). Every library it needs is libc6's, and Debian's libc6
+# version is glibc's: the dependency is the highest GLIBC_ symbol version the binary needs.
+# shellcheck source=packaging/portable.sh
+. packaging/portable.sh
+while read -r lib; do
+	case $lib in
+	libc.so.6 | libpthread.so.0 | libdl.so.2 | libm.so.6 | librt.so.1 | ld-linux-x86-64.so.2) ;;
+	*) die "the binary needs $lib, which is not libc6's: add its package to Depends" ;;
+	esac
+done < <(objdump -p "$PKG/usr/bin/$NAME" | sed -n 's/^ *NEEDED *//p')
+GLIBC=$(glibc_needed "$PKG/usr/bin/$NAME")
+[ -n "$GLIBC" ] || die "no GLIBC_ symbol versions in the binary"
+SHLIBS="libc6 (>= $GLIBC)"
 
 INSTALLED_SIZE=$(du -sk --apparent-size --exclude=DEBIAN "$PKG" | cut -f1)
 cat >"$PKG/DEBIAN/control" <<CONTROL

@@ -1,5 +1,5 @@
 #!/bin/bash
-# CI checks of the Debian package, the systemd unit and the alert rules (issue 5):
+# CI checks of the Debian package, the systemd unit and the alert rules:
 #
 #   bash deb/check.sh
 #
@@ -10,7 +10,8 @@
 set -uo pipefail
 # No `cmd | grep -q` below: with pipefail, grep's early exit fails cmd with SIGPIPE.
 
-# Debian packages the checks need (cargo/rustc come from the CI image).
+# Debian packages the checks need (cargo/rustc come from the CI image; deb/build.sh installs
+# the zig toolchain from PyPI).
 APT_PACKAGES=(lintian prometheus systemd shellcheck dpkg-dev man-db binutils)
 MAX_EXPOSURE=3.0
 
@@ -19,6 +20,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 UNIT=packaging/$NAME.service
+# shellcheck source=packaging/portable.sh
+. packaging/portable.sh
 FAILED=()
 
 banner() { printf '\n======== %s ========\n' "$*"; }
@@ -55,7 +58,8 @@ install_missing_packages() {
 
 check_shellcheck() {
 	local scripts=(deb/build.sh deb/check.sh deb/boot-test.sh deb/postinst deb/prerm deb/postrm)
-	shellcheck --severity=style "${scripts[@]}"
+	# -x: the scripts source packaging/portable.sh.
+	shellcheck -x --severity=style "${scripts[@]}"
 }
 
 check_rules() {
@@ -86,6 +90,27 @@ check_catalog() {
 			rc=1
 		}
 	done < <(sed -n 's/^-- \([0-9a-f]\{32\}\)$/\1/p' packaging/$NAME.catalog)
+	rm -rf "$tmp"
+	return $rc
+}
+
+# The packaged binary needs no glibc above packaging/portable.sh's floor, and Depends asks
+# for exactly the glibc it needs.
+check_glibc() {
+	local tmp rc=0 needed depends
+	tmp=$(mktemp -d)
+	dpkg-deb --fsys-tarfile "$DEB" | tar -x -C "$tmp" ./usr/bin/$NAME || rc=1
+	check_glibc_floor "$tmp/usr/bin/$NAME" || rc=1
+	needed=$(glibc_needed "$tmp/usr/bin/$NAME")
+	depends=$(dpkg-deb -f "$DEB" Depends)
+	echo "Depends: $depends"
+	case ", $depends," in
+	*", libc6 (>= $needed),"*) ;;
+	*)
+		echo "Depends does not ask for libc6 (>= $needed)" >&2
+		rc=1
+		;;
+	esac
 	rm -rf "$tmp"
 	return $rc
 }
@@ -180,7 +205,7 @@ metrics_pass() {
 # The agent's own metrics output (`analyze --metrics`, the packaged release binary), checked
 # by promtool.
 check_metrics() {
-	local bin=$TARGET_DIR/release/$NAME sample rc=0
+	local bin=$TARGET_DIR/dist/$NAME sample rc=0
 	[ -x "$bin" ] || {
 		echo "$bin is missing (deb/build.sh builds it)" >&2
 		return 1
@@ -222,6 +247,7 @@ banner "package contents"
 dpkg-deb -I "$DEB"
 dpkg-deb -c "$DEB"
 
+check "glibc $PORTABLE_GLIBC or newer, binary and Depends" check_glibc
 check "lintian --pedantic" check_lintian
 check "promtool check rules + test rules" check_rules
 check "systemd-analyze security (exposure <= $MAX_EXPOSURE)" check_security

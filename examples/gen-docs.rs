@@ -7,8 +7,8 @@
 //! - `OUT_DIR/completions/vgpu-license-agent.bash`, `_vgpu-license-agent` (zsh),
 //!   `vgpu-license-agent.fish`.
 //!
-//! The pages' date comes from `SOURCE_DATE_EPOCH` (set by `deb/build.sh` from the Debian
-//! changelog) so that builds are reproducible; without it the date is left empty.
+//! The pages' date comes from `SOURCE_DATE_EPOCH` (set by `packaging/build-release.sh` from the
+//! Debian changelog) so that builds are reproducible; without it the date is left empty.
 
 use std::io::Write;
 use std::path::PathBuf;

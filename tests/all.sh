@@ -6,8 +6,8 @@
 # Installs the Debian packages the tests need when they are missing (as root), starts
 # journald when nothing answers on its socket (the end-to-end tests read the real journal),
 # then runs: cargo test (unit, samples, properties, install, the service's end-to-end
-# scenarios), the cloud-init user-data check, the Debian package checks and the boot test in
-# a real systemd guest. Every part runs even when an earlier one failed.
+# scenarios), the cloud-init user-data check, the Debian and RPM package checks and the boot
+# test in real systemd guests. Every part runs even when an earlier one failed.
 #
 # A part exits 0 when it passed, 77 when something in it could not run on this machine (no
 # root, no mount, no mirror: it says SKIPPED and why, loudly), anything else when it failed.
@@ -21,7 +21,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 APT_PACKAGES=(cloud-init lintian prometheus shellcheck dpkg-dev man-db binutils
   debootstrap systemd-container ca-certificates procps victoria-metrics python3-yaml
-  python3-jsonschema)
+  python3-jsonschema rpm rpmlint cpio gnupg make)
 
 NO_SKIP=${VGPU_TESTS_NO_SKIP:-0}
 passed=()
@@ -87,7 +87,8 @@ run_part "cargo test" cargo_tests
 run_part "cargo test --doc" cargo test --doc
 run_part "cloud-init user-data" bash cloud-init/check.sh
 run_part "Debian package" bash deb/check.sh
-run_part "boot test in a systemd-nspawn guest" bash deb/boot-test.sh
+run_part "RPM package" bash rpm/check.sh
+run_part "boot test in systemd-nspawn guests (bookworm, bullseye)" bash deb/boot-test.sh
 
 part "summary"
 for s in "${skipped[@]}"; do echo "SKIPPED (not passed): $s"; done
