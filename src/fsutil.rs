@@ -69,6 +69,17 @@ pub fn stage(
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> io::Result<Staged> {
+    stage_with(target, bytes, mode, owner, true)
+}
+
+/// [`stage`], synced (`durable`) or not.
+fn stage_with(
+    target: &Path,
+    bytes: &[u8],
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    durable: bool,
+) -> io::Result<Staged> {
     let name = target
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
@@ -102,7 +113,9 @@ pub fn stage(
         return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
     }
     file.write_all(bytes)?;
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     // The old file's owner, where it differs: a root-owned file (the usual case) needs no
     // chown at all, which the service's sandbox does not allow (no CAP_CHOWN, @chown filtered).
     if let Some((uid, gid)) = owner {
@@ -113,14 +126,21 @@ pub fn stage(
         }
     }
     file.set_permissions(fs::Permissions::from_mode(mode))?;
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     Ok(staged)
 }
 
 impl Staged {
     /// Renames the temporary file over the target (a symlink at the target is replaced, never
     /// followed) and syncs the directory.
-    pub fn commit(mut self) -> io::Result<()> {
+    pub fn commit(self) -> io::Result<()> {
+        self.rename(true)
+    }
+
+    /// Renames it over the target; `durable`: and syncs the directory.
+    fn rename(mut self, durable: bool) -> io::Result<()> {
         let temp = self.temp.take().expect("committed once");
         if fault("abort-before-rename") {
             std::process::abort();
@@ -129,7 +149,10 @@ impl Staged {
             let _ = fs::remove_file(&temp);
             return Err(e);
         }
-        fsync_dir(dir_of(&self.target))
+        if durable {
+            fsync_dir(dir_of(&self.target))?;
+        }
+        Ok(())
     }
 }
 
@@ -151,30 +174,7 @@ pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
 /// start (status.json on /run, the metrics), where a sync per write would be a disk wait
 /// (in a VM, an exit) every heartbeat for nothing.
 pub fn replace_volatile(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let name = target
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?
-        .to_string_lossy()
-        .into_owned();
-    let temp = dir_of(target).join(format!("{}{}", temp_prefix(&name), unique()));
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&temp)?;
-        if fault("enospc") {
-            return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
-        }
-        file.write_all(bytes)?;
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-        fs::rename(&temp, target)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
+    stage_with(target, bytes, mode, None, false)?.rename(false)
 }
 
 /// Syncs a directory, so that a rename or a new entry in it survives a crash.

@@ -27,6 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sim::{self, FakeDls, SimConfig, shared};
+use common::skipped;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -38,25 +39,6 @@ const T: Duration = Duration::from_secs(60);
 const MANIFEST_PORT: &str = "9841";
 
 // ---------------------------------------------------------------- helpers
-
-/// A part of a test that this machine cannot run, and why. With `VGPU_TESTS_NO_SKIP=1` (CI
-/// sets it) the test fails: a skip must never read as a pass there. Without it the skip is
-/// said on stderr, written past the test harness (which hides a passing test's output), and
-/// appended to the file `VGPU_TESTS_SKIP_LOG` names, for tests/all.sh's summary.
-fn skipped(why: &str) {
-    let thread = std::thread::current();
-    let test = thread.name().unwrap_or("fleet");
-    if std::env::var_os("VGPU_TESTS_NO_SKIP").is_some_and(|v| v == "1") {
-        panic!("{test}: cannot run here: {why} (VGPU_TESTS_NO_SKIP=1: a skip is a failure)");
-    }
-    let line = format!("!!!!!!!! SKIPPED: {test}: {why} !!!!!!!!\n");
-    let _ = std::io::stderr().write_all(line.as_bytes());
-    if let Some(log) = std::env::var_os("VGPU_TESTS_SKIP_LOG")
-        && let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log)
-    {
-        let _ = f.write_all(line.as_bytes());
-    }
-}
 
 /// `name` on PATH (or in /usr/sbin, /sbin), if there.
 fn which(name: &str) -> Option<PathBuf> {

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Mount, Root, mode, token, valid_token};
+use common::{Mount, Root, mode, skipped, token, valid_token};
 
 const USER_CONF: &[u8] = b"# my settings\r\nEnableUI=TRUE\n\n# FeatureType=2\nFeatureType=0\n";
 
@@ -23,25 +23,6 @@ fn installed_root() -> (Root, Vec<u8>) {
     root.install_ok(&old, &[]);
     assert_eq!(root.restarts(), 1);
     (root, old)
-}
-
-/// A part of a test that this machine cannot run, and why. With `VGPU_TESTS_NO_SKIP=1` (CI
-/// sets it) the test fails: a skip must never read as a pass there. Without it the skip is
-/// said on stderr, written past the test harness (which hides a passing test's output), and
-/// appended to the file `VGPU_TESTS_SKIP_LOG` names, for tests/all.sh's summary.
-fn skipped(why: &str) {
-    let thread = std::thread::current();
-    let test = thread.name().unwrap_or("install");
-    if std::env::var_os("VGPU_TESTS_NO_SKIP").is_some_and(|v| v == "1") {
-        panic!("{test}: cannot run here: {why} (VGPU_TESTS_NO_SKIP=1: a skip is a failure)");
-    }
-    let line = format!("!!!!!!!! SKIPPED: {test}: {why} !!!!!!!!\n");
-    let _ = std::io::stderr().write_all(line.as_bytes());
-    if let Some(log) = std::env::var_os("VGPU_TESTS_SKIP_LOG")
-        && let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log)
-    {
-        let _ = f.write_all(line.as_bytes());
-    }
 }
 
 fn is_root() -> bool {

@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::Mount;
 use common::sim::{self, Agent, Machine, Setup, SimConfig, SmiMode, wait_for};
+use common::{Mount, skipped};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -139,24 +139,6 @@ fn settle(m: &Machine, a: &Agent) {
         },
         || a.context(),
     );
-}
-
-/// A part of a test that this machine cannot run, and why: loud on stderr and in the file
-/// `VGPU_TESTS_SKIP_LOG` names (tests/all.sh's summary); a failure with
-/// `VGPU_TESTS_NO_SKIP=1`, so that a skip never reads as a pass in CI.
-fn skipped(why: &str) {
-    let thread = std::thread::current();
-    let test = thread.name().unwrap_or("service_faults");
-    if std::env::var_os("VGPU_TESTS_NO_SKIP").is_some_and(|v| v == "1") {
-        panic!("{test}: cannot run here: {why} (VGPU_TESTS_NO_SKIP=1: a skip is a failure)");
-    }
-    let line = format!("!!!!!!!! SKIPPED: {test}: {why} !!!!!!!!\n");
-    let _ = std::io::stderr().write_all(line.as_bytes());
-    if let Some(log) = std::env::var_os("VGPU_TESTS_SKIP_LOG")
-        && let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log)
-    {
-        let _ = f.write_all(line.as_bytes());
-    }
 }
 
 // ---- systemd's notification socket ----

@@ -1163,10 +1163,21 @@ pub fn adopt_dropped_token(
         }
         Err(e) => return Err(anyhow!("cannot read the token {}: {e}", target.display())),
     };
-    let (token, _) = validate(&bytes, Utc::now(), false)?;
+    adopt_bytes(settings, &bytes, licensed, retry_owed)
+}
+
+/// The service's adoption of a token's bytes (from the token directory or the source):
+/// validated, then installed with the config's FeatureType and a restart where one is due.
+fn adopt_bytes(
+    settings: &Settings,
+    bytes: &[u8],
+    licensed: bool,
+    retry_owed: bool,
+) -> anyhow::Result<Outcome> {
+    let (token, _) = validate(bytes, Utc::now(), false)?;
     run_core(
         Core {
-            bytes: &bytes,
+            bytes,
             feature_type: if settings.gridd.feature_type_configured {
                 FeatureType::Set(settings.gridd.feature_type)
             } else {
@@ -1176,7 +1187,7 @@ pub fn adopt_dropped_token(
             restart: true,
             licensed,
             retry_owed,
-            summary: summary(&bytes, &token),
+            summary: summary(bytes, &token),
             warnings: Vec::new(),
         },
         settings,
@@ -1197,24 +1208,8 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::R
         .ok();
         if installed.as_deref() != Some(bytes.as_slice()) {
             // A bad token is refused here, before anything changes: the installed one stays.
-            let (token, _) = validate(&bytes, Utc::now(), false)?;
-            return run_core(
-                Core {
-                    bytes: &bytes,
-                    feature_type: if settings.gridd.feature_type_configured {
-                        FeatureType::Set(settings.gridd.feature_type)
-                    } else {
-                        FeatureType::Default(settings.gridd.feature_type)
-                    },
-                    dry_run: false,
-                    restart: true,
-                    licensed: false,
-                    retry_owed,
-                    summary: summary(&bytes, &token),
-                    warnings: Vec::new(),
-                },
-                settings,
-            );
+            // A new token: gridd must be restarted for it, license held or not.
+            return adopt_bytes(settings, &bytes, false, retry_owed);
         }
     }
     adopt_dropped_token(settings, licensed, retry_owed)

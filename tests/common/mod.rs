@@ -298,3 +298,22 @@ pub fn paths_toml(r: &Path) -> String {
         r = r.display()
     )
 }
+
+/// A part of a test that this machine cannot run, and why. With `VGPU_TESTS_NO_SKIP=1` (CI
+/// sets it) the test fails: a skip must never read as a pass there. Without it the skip is
+/// said on stderr, written past the test harness (which hides a passing test's output), and
+/// appended to the file `VGPU_TESTS_SKIP_LOG` names, for tests/all.sh's summary.
+pub fn skipped(why: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("test");
+    if std::env::var_os("VGPU_TESTS_NO_SKIP").is_some_and(|v| v == "1") {
+        panic!("{test}: cannot run here: {why} (VGPU_TESTS_NO_SKIP=1: a skip is a failure)");
+    }
+    let line = format!("!!!!!!!! SKIPPED: {test}: {why} !!!!!!!!\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    if let Some(log) = std::env::var_os("VGPU_TESTS_SKIP_LOG")
+        && let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log)
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
+}

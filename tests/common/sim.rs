@@ -599,31 +599,7 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(m: &Machine) -> Agent {
-        let out = m.path("agent.out");
-        let err = m.path("agent.err");
-        let child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&m.config)
-            .env_remove("VGPU_LICENSE_AGENT_CONFIG")
-            .env_remove("NOTIFY_SOCKET")
-            .env_remove("WATCHDOG_USEC")
-            .env_remove("VGPU_LICENSE_AGENT_FAULT")
-            .env("SIM_DIR", &m.sim)
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&out).unwrap())
-            .stderr(fs::File::create(&err).unwrap())
-            .spawn()
-            .expect("vgpu-license-agent run starts");
-        Agent {
-            child,
-            status: m.status_path(),
-            metrics: m.metrics_path(),
-            out,
-            err,
-            gridd_log: m.sim.join(shared::GRIDD_LOG),
-            token: m.token(),
-            since: m.since.clone(),
-        }
+        Agent::start_with_env(m, &[])
     }
 
     pub fn pid(&self) -> u32 {
