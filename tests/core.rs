@@ -401,6 +401,37 @@ fn gridd_not_running_is_restarted_at_once_and_a_missing_token_is_not() {
     assert!(sim.world.restarts.is_empty() && sim.world.probes.is_empty());
 }
 
+/// gridd restarted by hand while systemd was being asked: the answer ("inactive") was true
+/// between the stop and the start, and is old news once gridd says it started. Asked once
+/// more, systemd says gridd runs, and a licensed guest reports no failure.
+#[test]
+fn a_unit_answer_older_than_gridds_start_is_asked_again() {
+    let mut sim = Sim::new(settings(), World::new(LICENSED));
+    sim.log(ACQUIRED);
+    sim.run(S(60));
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+
+    let now = sim.now();
+    let asked = sim
+        .core
+        .handle(Event::Gridd(Box::new(gridd(100, "Shutdown (100)"))), now);
+    assert!(asked.contains(&Effect::CheckUnit), "{asked:?}");
+    // The new gridd's first line comes before systemd's answer to that question.
+    let fx = sim
+        .core
+        .handle(Event::Gridd(Box::new(gridd(101, "Started (101)"))), now);
+    let mut again = sim.core.handle(
+        Event::Unit(Some(Err("nvidia-gridd.service is inactive".into()))),
+        now,
+    );
+    again.extend(fx);
+    assert!(again.contains(&Effect::CheckUnit), "{again:?}");
+    sim.world.pid = 101;
+    sim.carry_out(again);
+    sim.run(S(5));
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+}
+
 #[test]
 fn a_hung_nvidia_smi_is_unknown_and_asked_again_later() {
     let mut w = World::new(LICENSED);

@@ -132,6 +132,9 @@ struct InFlight {
     adopt: bool,
     restart: bool,
     probe: bool,
+    /// gridd started or stopped while systemd was being asked: the answer on its way may
+    /// predate that, so ask once more when it comes.
+    unit_again: bool,
 }
 
 /// The service's state and judgement.
@@ -286,6 +289,9 @@ impl Core {
             Event::Unit(u) => {
                 self.busy.unit = false;
                 self.unit = u;
+                if std::mem::take(&mut self.busy.unit_again) {
+                    self.check_unit(&mut fx);
+                }
             }
             Event::Token(t) => {
                 if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
@@ -482,7 +488,9 @@ impl Core {
     }
 
     fn check_unit(&mut self, fx: &mut Vec<Effect>) {
-        if !std::mem::replace(&mut self.busy.unit, true) {
+        if std::mem::replace(&mut self.busy.unit, true) {
+            self.busy.unit_again = true;
+        } else {
             fx.push(Effect::CheckUnit);
         }
     }
