@@ -147,11 +147,13 @@ impl Gridd {
 
     /// The main loop; returns the exit code.
     fn run(&mut self) -> i32 {
-        self.log.log(INFO, &format!("Started ({})", self.pid));
+        // The pid file first: under systemd the unit is activating (or active) before the
+        // daemon can log anything, so `is-active` never says "inactive" after `Started`.
         let _ = shared::write_atomic(
             &self.dir.join(shared::PID_FILE),
             format!("{}\n", self.pid).as_bytes(),
         );
+        self.log.log(INFO, &format!("Started ({})", self.pid));
         if !self.dir.join(shared::STATE_FILE).exists() {
             self.save(&self.state());
         }
