@@ -432,6 +432,31 @@ fn a_unit_answer_older_than_gridds_start_is_asked_again() {
     assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
 }
 
+/// systemd said gridd was not running, and then gridd logs: that answer is old news.
+#[test]
+fn a_line_from_gridd_after_systemd_said_it_was_down_asks_again() {
+    let mut sim = Sim::new(settings(), World::new(LICENSED));
+    sim.log(ACQUIRED);
+    sim.run(S(60));
+    let now = sim.now();
+    let fx = sim.core.handle(
+        Event::Unit(Some(Err("nvidia-gridd.service is inactive".into()))),
+        now,
+    );
+    assert!(!fx.contains(&Effect::CheckUnit), "{fx:?}");
+    let fx = sim.core.handle(
+        Event::Gridd(Box::new(gridd(
+            100,
+            "Acquiring license. (Info: dls-a.example; NVIDIA RTX Virtual Workstation)",
+        ))),
+        now,
+    );
+    assert!(fx.contains(&Effect::CheckUnit), "{fx:?}");
+    sim.carry_out(fx);
+    sim.run(S(5));
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+}
+
 #[test]
 fn a_hung_nvidia_smi_is_unknown_and_asked_again_later() {
     let mut w = World::new(LICENSED);

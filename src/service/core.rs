@@ -258,7 +258,11 @@ impl Core {
                 self.fold.push(*e);
                 // Read nvidia-smi right after gridd says something (coalesced).
                 self.smi_soon(now.mono + Duration::from_millis(300));
-                if matches!(kind, EventKind::Started | EventKind::Shutdown) {
+                // A start or stop changes the unit's state; and a line from gridd while
+                // systemd was last heard saying it is not running means that answer is old.
+                if matches!(kind, EventKind::Started | EventKind::Shutdown)
+                    || matches!(self.unit, Some(Err(_)))
+                {
                     self.check_unit(&mut fx);
                 }
             }
