@@ -182,10 +182,27 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     checks.push(gridd_check(settings));
 
     let targets = obs.token.as_ref().map(probe::targets).unwrap_or_default();
-    let probes = probe::probe_all(&targets, settings.service.probe_timeout);
+    let via = live::gridd_proxy(settings);
+    match &via {
+        Ok(Some(proxy)) => checks.push(check(
+            "proxy",
+            Status::Ok,
+            format!(
+                "gridd reaches its license service through proxy {proxy} (gridd.conf ProxyServerAddress{}); the checks below go the same way",
+                if proxy.user.is_some() { ", with ProxyUserName" } else { "" }
+            ),
+        )),
+        Ok(None) => {}
+        Err(e) => checks.push(
+            check("proxy", Status::Fail, e.clone())
+                .fix("fix the proxy keys in gridd.conf, then `systemctl restart nvidia-gridd`; the checks below go without a proxy"),
+        ),
+    }
+    let via = via.ok().flatten();
+    let probes = probe::probe_all(&targets, via.as_ref(), settings.service.probe_timeout);
     if obs.token.is_some() {
         for p in &probes {
-            checks.extend(probe_checks(p, settings, now));
+            checks.extend(probe_checks(p, settings, now, mode));
         }
         let left = probe::not_probed(&targets);
         if left > 0 {
@@ -535,8 +552,33 @@ fn step_check_name(step: StepName) -> &'static str {
     }
 }
 
-fn step_fix(step: StepName, p: &NodeProbe) -> String {
+fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode) -> String {
     let (host, port) = (&p.host, p.port);
+    match (step, &p.proxy) {
+        (StepName::Dns, Some(proxy)) => {
+            return format!(
+                "check the proxy's name in gridd.conf's ProxyServerAddress ({proxy}) and /etc/resolv.conf"
+            );
+        }
+        (StepName::Tcp, Some(proxy)) if p.inconclusive => {
+            return format!(
+                "read `journalctl -u nvidia-gridd` to see whether gridd gets through proxy {proxy}; `curl --proxy {proxy} --proxy-user USER https://{}/` checks the credentials by hand",
+                p.endpoint()
+            );
+        }
+        (StepName::Tcp, Some(proxy)) => {
+            return format!(
+                "check that proxy {proxy} is up and allows CONNECT to {} (its access rules), and that gridd.conf names the right proxy",
+                p.endpoint()
+            );
+        }
+        (StepName::Dns | StepName::Tcp, None) if mode == LicensingMode::Cls => {
+            return format!(
+                "NVIDIA's Cloud License Service is on the internet: allow TCP {port} from this guest to {host}; where the guest reaches the internet only through a proxy, set ProxyServerAddress and ProxyServerPort in gridd.conf (and ProxyUserName, ProxyCredentialsFilePath for one that asks for credentials), then `systemctl restart nvidia-gridd`"
+            );
+        }
+        _ => {}
+    }
     match step {
         StepName::Dns => format!(
             "check /etc/resolv.conf and that this guest's DNS server knows {host} (`getent hosts {host}`), or generate a token on a DLS configured with its IP address"
@@ -552,7 +594,12 @@ fn step_fix(step: StepName, p: &NodeProbe) -> String {
     }
 }
 
-fn probe_checks(p: &NodeProbe, settings: &Settings, now: DateTime<Utc>) -> Vec<Check> {
+fn probe_checks(
+    p: &NodeProbe,
+    settings: &Settings,
+    now: DateTime<Utc>,
+    mode: LicensingMode,
+) -> Vec<Check> {
     let ep = p.endpoint();
     let mut out = Vec::new();
     let mut blocked: Option<StepName> = None;
@@ -567,13 +614,15 @@ fn probe_checks(p: &NodeProbe, settings: &Settings, now: DateTime<Utc>) -> Vec<C
         };
         if !s.ok {
             blocked = Some(name);
+            // A proxy that wants gridd's own credentials stops the check, not gridd.
+            let status = if p.inconclusive {
+                Status::Warn
+            } else {
+                Status::Fail
+            };
             out.push(
-                check(
-                    cn,
-                    Status::Fail,
-                    format!("{ep}: {name} failed: {}", s.detail),
-                )
-                .fix(step_fix(name, p)),
+                check(cn, status, format!("{ep}: {name} failed: {}", s.detail))
+                    .fix(step_fix(name, p, mode)),
             );
             continue;
         }

@@ -14,6 +14,30 @@ pub const LEGACY_KEYS: [&str; 4] = [
     "BackupServerPort",
 ];
 
+/// The proxy through which gridd reaches its license service: gridd.conf's
+/// `ProxyServerAddress` and `ProxyServerPort`, with `ProxyUserName` and
+/// `ProxyCredentialsFilePath` for a proxy that asks for credentials (NVIDIA License System
+/// User Guide, "Configuring a Licensed Client to Use a Proxy Server"). A guest that reaches
+/// NVIDIA's Cloud License Service only through a corporate proxy needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proxy {
+    pub host: String,
+    pub port: u16,
+    /// `ProxyUserName`: gridd authenticates to the proxy. Its password lives in
+    /// `ProxyCredentialsFilePath`, encrypted for gridd: nobody else can use it.
+    pub user: Option<String>,
+}
+
+impl std::fmt::Display for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
 /// One `Key=Value` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -174,6 +198,60 @@ impl GriddConf {
             });
         }
         edits
+    }
+
+    /// The proxy gridd goes through, if gridd.conf names one; an error (one line, with the
+    /// fix) when it names one gridd cannot use.
+    pub fn proxy(&self) -> Result<Option<Proxy>, String> {
+        let value = |k: &str| {
+            self.get(k)
+                .map(|e| e.value)
+                .filter(|v| !v.trim().is_empty())
+        };
+        let Some(address) = value("ProxyServerAddress") else {
+            return Ok(None);
+        };
+        // A URL is written where a host is expected often enough to take it as meant.
+        let a = address.trim();
+        let a = a
+            .strip_prefix("http://")
+            .or_else(|| a.strip_prefix("https://"))
+            .unwrap_or(a);
+        let a = a.split('/').next().unwrap_or(a);
+        let (host, port_in_address) = match a.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((h, p)) => (h, p.strip_prefix(':')),
+                None => (rest, None),
+            },
+            None => match a.rsplit_once(':') {
+                Some((h, p)) if !h.contains(':') => (h, Some(p)),
+                _ => (a, None),
+            },
+        };
+        if host.is_empty() {
+            return Err(format!(
+                "gridd.conf sets ProxyServerAddress={address}, which names no host: set it to the proxy's host name or IP address"
+            ));
+        }
+        let port = value("ProxyServerPort");
+        let Some(port) = port.as_deref().or(port_in_address) else {
+            return Err(format!(
+                "gridd.conf sets ProxyServerAddress={address} but no ProxyServerPort: add ProxyServerPort=<the proxy's port> (often 3128 or 8080)"
+            ));
+        };
+        let port = match port.trim().parse::<u16>() {
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(format!(
+                    "gridd.conf sets ProxyServerPort={port}, which is not a port: set a number from 1 to 65535"
+                ));
+            }
+        };
+        Ok(Some(Proxy {
+            host: host.to_string(),
+            port,
+            user: value("ProxyUserName"),
+        }))
     }
 
     /// Warnings about keys that do not do what their author may think, given that the token
@@ -344,5 +422,51 @@ EnableUI=FALSE
                 .contains("unlicensed")
         );
         assert_eq!(feature_type_advice(2, &[pt]), None);
+    }
+
+    #[test]
+    fn the_proxy_keys() {
+        let proxy = |text: &str| GriddConf::parse(text.as_bytes()).proxy();
+        assert_eq!(proxy(TEMPLATE), Ok(None));
+        assert_eq!(
+            proxy("ProxyServerAddress=\nProxyServerPort=3128\n"),
+            Ok(None)
+        );
+        let p = proxy("ProxyServerAddress=proxy.corp\nProxyServerPort=3128\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (p.host.as_str(), p.port, p.user),
+            ("proxy.corp", 3128, None)
+        );
+        let p = proxy(
+            "ProxyServerAddress=\"http://10.0.0.9:8080/\"\nProxyUserName=svc-gridd\nProxyCredentialsFilePath=/etc/nvidia/proxy-credentials.dat\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.to_string(), "10.0.0.9:8080");
+        assert_eq!(p.user.as_deref(), Some("svc-gridd"));
+        let p = proxy("ProxyServerAddress=[fd00::9]\nProxyServerPort=3128\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.to_string(), "[fd00::9]:3128");
+        for (text, says) in [
+            ("ProxyServerAddress=proxy.corp\n", "no ProxyServerPort"),
+            (
+                "ProxyServerAddress=proxy.corp\nProxyServerPort=http\n",
+                "not a port",
+            ),
+            (
+                "ProxyServerAddress=proxy.corp\nProxyServerPort=0\n",
+                "not a port",
+            ),
+            (
+                "ProxyServerAddress=http://\nProxyServerPort=1\n",
+                "names no host",
+            ),
+        ] {
+            let e = proxy(text).unwrap_err();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
     }
 }

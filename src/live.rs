@@ -324,16 +324,27 @@ pub fn token_at(
 /// guest of the legacy licensing path where no token and no log says otherwise. An absent or
 /// unreadable gridd.conf names none.
 pub fn legacy_server(settings: &Settings) -> Option<String> {
+    read_gridd_conf(settings)?
+        .get("ServerAddress")
+        .map(|e| e.value.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// gridd.conf as it is now; `None` when it is absent or unreadable (gridd runs without one).
+fn read_gridd_conf(settings: &Settings) -> Option<crate::gridd_conf::GriddConf> {
     let bytes = crate::input::read_file(
         &settings.paths.gridd_conf,
         crate::install::MAX_GRIDD_CONF_BYTES,
         crate::input::Links::Refuse,
     )
     .ok()?;
-    crate::gridd_conf::GriddConf::parse(&bytes)
-        .get("ServerAddress")
-        .map(|e| e.value.trim().to_string())
-        .filter(|v| !v.is_empty())
+    Some(crate::gridd_conf::GriddConf::parse(&bytes))
+}
+
+/// The proxy gridd.conf names for gridd's way to its license service (`None`: none, or no
+/// gridd.conf); an error when it names one that gridd cannot use.
+pub fn gridd_proxy(settings: &Settings) -> Result<Option<crate::gridd_conf::Proxy>, String> {
+    read_gridd_conf(settings).map_or(Ok(None), |c| c.proxy())
 }
 
 /// Everything observable now (`status` and `diagnose`: no DLS probe here).

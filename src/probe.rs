@@ -6,6 +6,10 @@
 //! it: from driver 18 on gridd checks the DLS's certificate against NVIDIA's own roots, so the
 //! OS trust store says nothing about what gridd will do.
 //!
+//! Where gridd.conf names a proxy (`ProxyServerAddress`, as guests of NVIDIA's Cloud License
+//! Service behind a corporate proxy have), the probe goes through it as gridd does: an HTTP
+//! `CONNECT` tunnel, then TLS to the license service inside it.
+//!
 //! Blocking std I/O on purpose: the service calls it from `spawn_blocking`, `diagnose` calls
 //! it directly.
 
@@ -21,6 +25,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme};
 use serde::{Deserialize, Serialize};
 
+use crate::gridd_conf::Proxy;
 use crate::report::Reason;
 use crate::time::rfc3339;
 use crate::token::Token;
@@ -115,6 +120,13 @@ pub struct NodeProbe {
     pub dls_date: Option<String>,
     /// Guest clock minus the DLS's clock, in seconds (positive: the guest is ahead).
     pub clock_skew_seconds: Option<f64>,
+    /// The proxy the probe went through (gridd.conf's, as gridd does), `host:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+    /// The probe could not go all the way for a reason that says nothing about the DLS (the
+    /// proxy wants gridd's credentials, which only gridd can use): not a finding.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inconclusive: bool,
 }
 
 impl NodeProbe {
@@ -129,6 +141,8 @@ impl NodeProbe {
             http_status: None,
             dls_date: None,
             clock_skew_seconds: None,
+            proxy: None,
+            inconclusive: false,
         }
     }
 
@@ -154,8 +168,18 @@ impl NodeProbe {
     /// One line: `DLS dls.example:443: TCP connect failed: connection refused`, or `None`
     /// when the node answered.
     pub fn failure_line(&self) -> Option<String> {
-        self.failed_step()
-            .map(|s| format!("DLS {}: {} failed: {}", self.endpoint(), s.name, s.detail))
+        let via = match &self.proxy {
+            Some(p) => format!(" through proxy {p}"),
+            None => String::new(),
+        };
+        self.failed_step().map(|s| {
+            format!(
+                "DLS {}{via}: {} failed: {}",
+                self.endpoint(),
+                s.name,
+                s.detail
+            )
+        })
     }
 }
 
@@ -209,20 +233,28 @@ pub fn not_probed(targets: &[(String, u16)]) -> usize {
 }
 
 /// Probes the first [`MAX_PROBED`] targets, [`PARALLEL`] at a time (HA DLS nodes in
-/// parallel), results in the targets' order.
-pub fn probe_all(targets: &[(String, u16)], timeout: Duration) -> Vec<NodeProbe> {
+/// parallel), results in the targets' order; through `via` when gridd.conf names a proxy.
+pub fn probe_all(
+    targets: &[(String, u16)],
+    via: Option<&Proxy>,
+    timeout: Duration,
+) -> Vec<NodeProbe> {
     let targets = &targets[..targets.len().min(MAX_PROBED)];
     targets
         .chunks(PARALLEL)
-        .flat_map(|chunk| probe_parallel(chunk, timeout))
+        .flat_map(|chunk| probe_parallel(chunk, via, timeout))
         .collect()
 }
 
-fn probe_parallel(targets: &[(String, u16)], timeout: Duration) -> Vec<NodeProbe> {
+fn probe_parallel(
+    targets: &[(String, u16)],
+    via: Option<&Proxy>,
+    timeout: Duration,
+) -> Vec<NodeProbe> {
     std::thread::scope(|s| {
         let handles: Vec<_> = targets
             .iter()
-            .map(|(h, p)| s.spawn(move || probe_node(h, *p, timeout)))
+            .map(|(h, p)| s.spawn(move || probe_node_via(h, *p, via, timeout)))
             .collect();
         handles
             .into_iter()
@@ -549,6 +581,73 @@ fn get_head(
     }
 }
 
+/// Why a proxy gave no tunnel.
+enum Tunnel {
+    /// It answered with this status (code, `HTTP 403 Forbidden`).
+    Refused(u16, String),
+    /// It did not answer HTTP.
+    Broken(String),
+}
+
+/// Asks the proxy on `sock` for a tunnel to `host:port` (HTTP `CONNECT`), by `deadline`.
+/// Reads the proxy's head byte by byte, so nothing after it (the DLS's own bytes) is taken.
+fn tunnel(
+    sock: &mut TcpStream,
+    host: &str,
+    port: u16,
+    deadline: Instant,
+) -> Result<String, Tunnel> {
+    let target = endpoint(host, port);
+    let request = format!(
+        "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nUser-Agent: vgpu-license-agent/{}\r\n\r\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let timeout = left();
+    let broken = |e: io::Error| Tunnel::Broken(io_text(&e, timeout));
+    sock.set_write_timeout(Some(left().max(Duration::from_millis(1))))
+        .map_err(broken)?;
+    sock.write_all(request.as_bytes()).map_err(broken)?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() >= MAX_HEAD {
+            return Err(Tunnel::Broken("its answer's head is too long".into()));
+        }
+        let left = left();
+        if left.is_zero() {
+            return Err(Tunnel::Broken(format!(
+                "no answer within {}",
+                secs(timeout)
+            )));
+        }
+        sock.set_read_timeout(Some(left)).map_err(broken)?;
+        match sock.read(&mut byte) {
+            Ok(0) if head.is_empty() => {
+                return Err(Tunnel::Broken(
+                    "it closed the connection without answering".into(),
+                ));
+            }
+            Ok(0) => break,
+            Ok(_) => head.push(byte[0]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(broken(e)),
+        }
+    }
+    let (code, reason, _) = parse_head(&head).map_err(Tunnel::Broken)?;
+    let reason: String = reason
+        .chars()
+        .take(60)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    let status = format!("HTTP {code} {reason}").trim_end().to_string();
+    if (200..300).contains(&code) {
+        Ok(status)
+    } else {
+        Err(Tunnel::Refused(code, status))
+    }
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
@@ -655,8 +754,16 @@ fn tls_config(recorder: Arc<Recorder>) -> Result<Arc<ClientConfig>, rustls::Erro
 /// Probes one DLS node: DNS, TCP, TLS, HTTPS, each within `timeout`; stops at the first step
 /// that fails.
 pub fn probe_node(host: &str, port: u16, timeout: Duration) -> NodeProbe {
+    probe_node_via(host, port, None, timeout)
+}
+
+/// [`probe_node`], through `via` when given: the DNS step then looks up the proxy, and the
+/// TCP step connects to it and asks it for a tunnel to the DLS (`CONNECT`), as gridd does with
+/// gridd.conf's `ProxyServerAddress`; TLS and HTTPS then go through the tunnel.
+pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Duration) -> NodeProbe {
     let host = bare_host(host);
     let mut p = NodeProbe::new(host, port);
+    p.proxy = via.map(Proxy::to_string);
     let push = |p: &mut NodeProbe, name, started: Instant, r: Result<String, String>| {
         let ok = r.is_ok();
         p.steps.push(Step {
@@ -668,16 +775,23 @@ pub fn probe_node(host: &str, port: u16, timeout: Duration) -> NodeProbe {
         ok
     };
 
-    // DNS
+    // DNS (of the proxy, when there is one: the proxy resolves the DLS's name)
     let t = Instant::now();
-    let addrs = resolve(host, port, timeout);
+    let (first, first_port, whose) = match via {
+        Some(v) => (v.host.as_str(), v.port, "proxy "),
+        None => (host, port, ""),
+    };
+    let addrs = resolve(first, first_port, timeout);
     let dns = match &addrs {
-        Ok(a) if host.parse::<IpAddr>().is_ok() => Ok(format!("{} is an IP address", a[0].ip())),
+        Ok(a) if first.parse::<IpAddr>().is_ok() => {
+            Ok(format!("{whose}{} is an IP address", a[0].ip()))
+        }
         Ok(a) => {
             let mut ips: Vec<String> = a.iter().map(|s| s.ip().to_string()).collect();
             ips.dedup();
-            Ok(format!("{host} resolves to {}", ips.join(", ")))
+            Ok(format!("{whose}{first} resolves to {}", ips.join(", ")))
         }
+        Err(e) if via.is_some() => Err(format!("{whose}{first}: {e}")),
         Err(e) => Err(e.clone()),
     };
     if !push(&mut p, StepName::Dns, t, dns) {
@@ -696,8 +810,33 @@ pub fn probe_node(host: &str, port: u16, timeout: Duration) -> NodeProbe {
     };
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     p.address = Some(peer.clone());
-    push(&mut p, StepName::Tcp, t, Ok(format!("connected to {peer}")));
     let _ = sock.set_nodelay(true);
+    let tcp = match via {
+        None => Ok(format!("connected to {peer}")),
+        Some(v) => match tunnel(&mut sock, host, port, t + timeout) {
+            Ok(status) => Ok(format!(
+                "connected to proxy {v} ({peer}), which opened a tunnel to {} ({status})",
+                endpoint(host, port)
+            )),
+            Err(Tunnel::Refused(code, status)) if code == 407 && v.user.is_some() => {
+                p.inconclusive = true;
+                Err(format!(
+                    "proxy {v} asks for credentials ({status}); gridd has them (ProxyUserName, ProxyCredentialsFilePath) but they are encrypted for gridd alone, so this check cannot go further"
+                ))
+            }
+            Err(Tunnel::Refused(407, status)) => Err(format!(
+                "proxy {v} asks for credentials ({status}) and gridd.conf gives none: set ProxyUserName and ProxyCredentialsFilePath"
+            )),
+            Err(Tunnel::Refused(_, status)) => Err(format!(
+                "proxy {v} refused a tunnel to {} ({status})",
+                endpoint(host, port)
+            )),
+            Err(Tunnel::Broken(e)) => Err(format!("proxy {v}: {e}")),
+        },
+    };
+    if !push(&mut p, StepName::Tcp, t, tcp) {
+        return p;
+    }
 
     // TLS
     let t = Instant::now();
@@ -838,6 +977,10 @@ pub fn verdict(probes: &[NodeProbe], clock_skew_max: Duration) -> Option<(Reason
         return None;
     }
     if !probes.iter().any(NodeProbe::reachable) {
+        if probes.iter().any(|p| p.inconclusive) {
+            // One that could not be checked may well be reachable, for gridd.
+            return None;
+        }
         let lines: Vec<String> = probes.iter().filter_map(NodeProbe::failure_line).collect();
         return Some((Reason::DlsUnreachable, lines.join("; ")));
     }

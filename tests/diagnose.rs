@@ -592,3 +592,270 @@ fn a_check_that_cannot_run_is_unknown_to_monitoring() {
     assert_eq!(code(&["--config", cfg, "prepare-image"]).0, Some(1));
     assert_eq!(code(&["status", "--help"]).0, Some(0));
 }
+
+// The proxy of gridd.conf (`ProxyServerAddress`, `ProxyServerPort`): the probe goes through
+// it as gridd does, by CONNECT, and `diagnose` says so.
+
+use std::time::{Duration, Instant};
+use vgpu_license_agent::gridd_conf::Proxy;
+use vgpu_license_agent::probe::{NodeProbe, StepName, probe_node_via, verdict};
+use vgpu_license_agent::report::Reason;
+
+const T: Duration = Duration::from_millis(1500);
+
+fn names(p: &NodeProbe) -> Vec<(StepName, bool)> {
+    p.steps.iter().map(|s| (s.name, s.ok)).collect()
+}
+
+/// What the test proxy answers to `CONNECT`.
+#[derive(Clone, Copy)]
+enum ProxyAnswer {
+    /// `200 Connection established`, then bytes both ways.
+    Tunnel,
+    /// This status line, and the connection closed.
+    Status(&'static str),
+}
+
+/// A loopback HTTP proxy that takes `CONNECT host:port` only (what gridd's proxy support
+/// asks). Returns its port and the targets it was asked for.
+fn connect_proxy(answer: ProxyAnswer) -> (u16, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            let seen = seen.clone();
+            thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match client.read(&mut b) {
+                        Ok(1) => head.push(b[0]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let target = head
+                    .strip_prefix("CONNECT ")
+                    .and_then(|r| r.split(' ').next())
+                    .expect("a CONNECT request")
+                    .to_string();
+                seen.lock().unwrap().push(target.clone());
+                match answer {
+                    ProxyAnswer::Status(line) => {
+                        let _ = client
+                            .write_all(format!("{line}\r\nContent-Length: 0\r\n\r\n").as_bytes());
+                    }
+                    ProxyAnswer::Tunnel => {
+                        let Ok(mut server) = std::net::TcpStream::connect(&target) else {
+                            let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n");
+                            return;
+                        };
+                        client
+                            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                            .unwrap();
+                        let (mut c2, mut s2) =
+                            (client.try_clone().unwrap(), server.try_clone().unwrap());
+                        thread::spawn(move || {
+                            let _ = std::io::copy(&mut c2, &mut s2);
+                        });
+                        let _ = std::io::copy(&mut server, &mut client);
+                    }
+                }
+            });
+        }
+    });
+    (port, asked)
+}
+
+fn proxy_at(port: u16, user: Option<&str>) -> Proxy {
+    Proxy {
+        host: "127.0.0.1".into(),
+        port,
+        user: user.map(String::from),
+    }
+}
+
+#[test]
+fn through_a_proxy_every_step_goes_the_way_gridd_goes() {
+    let dls = dls(-400);
+    let (port, asked) = connect_proxy(ProxyAnswer::Tunnel);
+    let via = proxy_at(port, None);
+    let p = probe_node_via("localhost", dls, Some(&via), T);
+    assert_eq!(
+        names(&p),
+        [
+            (StepName::Dns, true),
+            (StepName::Tcp, true),
+            (StepName::Tls, true),
+            (StepName::Https, true)
+        ],
+        "{p:#?}"
+    );
+    // The proxy resolves the DLS's name: the guest looked up only the proxy's.
+    assert_eq!(*asked.lock().unwrap(), [format!("localhost:{dls}")]);
+    assert!(p.steps[0].detail.contains("proxy 127.0.0.1"), "{p:#?}");
+    assert!(
+        p.steps[1]
+            .detail
+            .contains(&format!("proxy 127.0.0.1:{port}"))
+            && p.steps[1].detail.contains("200"),
+        "{p:#?}"
+    );
+    assert_eq!(
+        p.proxy.as_deref(),
+        Some(format!("127.0.0.1:{port}").as_str())
+    );
+    // The clock is measured through the tunnel as well.
+    let skew = p.clock_skew_seconds.expect("a skew");
+    assert!((skew - 400.0).abs() < 5.0, "{skew}");
+    assert_eq!(
+        verdict(&[p], Duration::from_secs(60)).map(|v| v.0),
+        Some(Reason::ClockSkew)
+    );
+}
+
+#[test]
+fn a_proxy_that_refuses_the_tunnel_fails_the_tcp_step_and_says_so() {
+    let (port, _) = connect_proxy(ProxyAnswer::Status("HTTP/1.1 403 Forbidden"));
+    let via = proxy_at(port, None);
+    let p = probe_node_via("api.cls.licensing.nvidia.com", 443, Some(&via), T);
+    assert_eq!(names(&p), [(StepName::Dns, true), (StepName::Tcp, false)]);
+    let line = p.failure_line().unwrap();
+    assert!(
+        line.contains(&format!("through proxy 127.0.0.1:{port}"))
+            && line.contains(
+                "refused a tunnel to api.cls.licensing.nvidia.com:443 (HTTP 403 Forbidden)"
+            ),
+        "{line}"
+    );
+    let v = verdict(&[p], Duration::from_secs(60)).unwrap();
+    assert_eq!(v.0, Reason::DlsUnreachable);
+
+    // A proxy that is not there.
+    let via = proxy_at(free_port(), None);
+    let p = probe_node_via("api.cls.licensing.nvidia.com", 443, Some(&via), T);
+    assert_eq!(names(&p), [(StepName::Dns, true), (StepName::Tcp, false)]);
+    assert!(p.steps[1].detail.contains("connection refused"), "{p:#?}");
+}
+
+#[test]
+fn a_proxy_that_wants_credentials() {
+    let (port, _) = connect_proxy(ProxyAnswer::Status(
+        "HTTP/1.1 407 Proxy Authentication Required",
+    ));
+    // gridd.conf gives none: a finding, with the keys to set.
+    let p = probe_node_via("dls.example", 443, Some(&proxy_at(port, None)), T);
+    assert!(!p.inconclusive);
+    assert!(
+        p.steps[1]
+            .detail
+            .contains("set ProxyUserName and ProxyCredentialsFilePath"),
+        "{p:#?}"
+    );
+    assert_eq!(
+        verdict(&[p], Duration::from_secs(60)).map(|v| v.0),
+        Some(Reason::DlsUnreachable)
+    );
+    // gridd has credentials the agent cannot use: no finding either way.
+    let p = probe_node_via("dls.example", 443, Some(&proxy_at(port, Some("svc"))), T);
+    assert!(p.inconclusive, "{p:#?}");
+    assert!(p.steps[1].detail.contains("encrypted for gridd"), "{p:#?}");
+    assert_eq!(verdict(&[p], Duration::from_secs(60)), None);
+}
+
+#[test]
+fn a_proxy_that_does_not_speak_http_or_never_answers() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let garbage = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for mut sock in listener.incoming().flatten() {
+            let _ = sock.write_all(b"\x16\x03\x01\x00\x02\x02\x28");
+            let _ = sock.read(&mut [0u8; 4096]);
+        }
+    });
+    let p = probe_node_via("dls.example", 443, Some(&proxy_at(garbage, None)), T);
+    assert!(p.steps[1].detail.contains("not an HTTP response"), "{p:#?}");
+    // Takes the connection and says nothing: the TCP step's time limit ends it.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = listener.local_addr().unwrap().port();
+    let _hold = thread::spawn(move || {
+        let _conns: Vec<_> = listener.incoming().take(1).collect();
+        thread::sleep(Duration::from_secs(10));
+    });
+    let started = Instant::now();
+    let p = probe_node_via("dls.example", 443, Some(&proxy_at(silent, None)), T);
+    assert!(started.elapsed() < T * 3, "{:?}", started.elapsed());
+    assert!(p.steps[1].detail.contains("no answer within"), "{p:#?}");
+}
+
+fn cls_token() -> Vec<u8> {
+    token_for(
+        "api.cls.licensing.nvidia.com",
+        443,
+        1_700_000_000,
+        2_078_691_200,
+    )
+}
+
+fn with_proxy(g: &Guest, keys: &str) {
+    g.root.file(
+        "etc/nvidia/gridd.conf",
+        format!("# managed\nFeatureType=1\n{keys}").as_bytes(),
+    );
+}
+
+#[test]
+fn diagnose_goes_through_gridds_proxy_to_the_cloud_license_service() {
+    let (port, asked) = connect_proxy(ProxyAnswer::Status("HTTP/1.1 403 Forbidden"));
+    let g = Guest::new(Some(&cls_token()));
+    with_proxy(
+        &g,
+        &format!("ProxyServerAddress=127.0.0.1\nProxyServerPort={port}\n"),
+    );
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    assert!(line(&lines, "mode").1.contains("CLS"), "{out}");
+    let (status, msg) = line(&lines, "proxy");
+    assert_eq!(status, "OK", "{out}");
+    assert!(msg.contains(&format!("proxy 127.0.0.1:{port}")), "{msg}");
+    let (status, msg) = line(&lines, "dls-tcp");
+    assert_eq!(status, "FAIL", "{out}");
+    assert!(
+        msg.contains("refused a tunnel to api.cls.licensing.nvidia.com:443 (HTTP 403 Forbidden)")
+            && msg.contains("allows CONNECT"),
+        "{msg}"
+    );
+    // The guest looked up nothing but the proxy: the name went to the proxy.
+    assert!(
+        asked
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|t| t == "api.cls.licensing.nvidia.com:443")
+    );
+    let (_, v) = g.json();
+    assert_eq!(v["failure"]["reason"], "dls_unreachable", "{v:#}");
+    assert!(
+        v["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("through proxy 127.0.0.1:{port}")),
+        "{v:#}"
+    );
+}
+
+#[test]
+fn proxy_keys_gridd_cannot_use_are_a_failure_with_the_fix() {
+    let g = Guest::new(Some(&cls_token()));
+    with_proxy(&g, "ProxyServerAddress=proxy.corp.example\n");
+    let (_, lines, out) = g.human();
+    let (status, msg) = line(&lines, "proxy");
+    assert_eq!(status, "FAIL", "{out}");
+    assert!(
+        msg.contains("no ProxyServerPort") && msg.contains("add ProxyServerPort="),
+        "{msg}"
+    );
+}

@@ -295,7 +295,7 @@ fn one_reachable_node_is_enough_and_probes_run_in_parallel() {
         ("127.0.0.1".to_string(), good),
     ];
     let t = Instant::now();
-    let probes = probe_all(&targets, bound);
+    let probes = probe_all(&targets, None, bound);
     assert!(t.elapsed() < bound * 2, "{:?}", t.elapsed());
     assert_eq!(probes.len(), 2);
     assert!(!probes[0].reachable() && probes[1].reachable());

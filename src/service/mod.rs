@@ -487,7 +487,9 @@ fn probe_dls(
     nodes: &[crate::report::DlsEndpoint],
 ) -> (Option<(Reason, String)>, Option<f64>) {
     let targets: Vec<(String, u16)> = nodes.iter().map(|n| (n.host.clone(), n.port)).collect();
-    let probes = crate::probe::probe_all(&targets, settings.service.probe_timeout);
+    // Through gridd.conf's proxy, as gridd goes; one gridd cannot use is diagnose's to explain.
+    let via = crate::live::gridd_proxy(settings).ok().flatten();
+    let probes = crate::probe::probe_all(&targets, via.as_ref(), settings.service.probe_timeout);
     let skew = crate::probe::clock_skew(&probes);
     (
         crate::probe::verdict(&probes, settings.service.clock_skew_max),
