@@ -1,4 +1,5 @@
 //! Sources turned into observations: `nvidia-smi` output and gridd's log.
 
+pub mod catalogue;
 pub mod journal;
 pub mod smi;
