@@ -3,3 +3,4 @@
 pub mod catalogue;
 pub mod journal;
 pub mod smi;
+pub mod stamp;
