@@ -1,14 +1,19 @@
 //! The simulator checked on its own (no agent): its gridd's lines reach the real journal as
-//! `nvidia-gridd` and read as the agent's parsers expect, its nvidia-smi prints what the
-//! parsers read as the simulated state, its DLS answers as each test sets it, and its restart
-//! command restarts and counts. The end-to-end scenarios (tests/service.rs) rely on all this.
+//! `nvidia-gridd`, are each a line the samples show (or marked as one they do not), and read
+//! as the agent's parsers expect; its gridd accepts the tokens its DLS signed and no other;
+//! its nvidia-smi prints what the parsers read as the simulated state; its DLS serves the
+//! leasing paths as each test sets it; and its restart command restarts and counts. The
+//! end-to-end scenarios (tests/service.rs) rely on all this.
 
 mod common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::sim::{self, FakeDls, Machine, Mode, Setup, SimConfig, SmiMode, wait_for};
+use common::sim::gridd_lines::{self, Source};
+use common::sim::{
+    self, FakeDls, Machine, Mode, NetworkFailure, Setup, SimConfig, SmiMode, wait_for,
+};
 use vgpu_license_agent::observe::journal::{self, GriddEvent};
 use vgpu_license_agent::observe::smi::{self, LicenseStatus, classify_status};
 use vgpu_license_agent::report::{EventKind, Reason};
@@ -21,9 +26,10 @@ fn setup(f: impl FnOnce(&mut SimConfig)) -> Setup {
     s
 }
 
-/// Waits until gridd `pid` logged a line containing `text`; returns all its lines.
+/// Waits until gridd `pid` logged a line containing `text`; returns all its lines, each
+/// checked to be one of the templates of `tests/sim/gridd_lines.rs`.
 fn wait_line(m: &Machine, pid: i32, text: &str) -> Vec<String> {
-    wait_for(
+    let lines = wait_for(
         &format!("gridd {pid} to log {text:?}"),
         T,
         || {
@@ -31,7 +37,196 @@ fn wait_line(m: &Machine, pid: i32, text: &str) -> Vec<String> {
             lines.iter().any(|l| l.contains(text)).then_some(lines)
         },
         || m.gridd_log(),
+    );
+    assert_known_lines(&lines);
+    lines
+}
+
+/// Every line is one of the simulator's templates.
+fn assert_known_lines(lines: &[String]) {
+    for l in lines {
+        assert!(
+            gridd_lines::template_of(l).is_some(),
+            "the simulated gridd logged a line with no template in gridd_lines.rs: {l:?}"
+        );
+    }
+}
+
+/// A sample's gridd messages: the text after `nvidia-gridd[PID]: `, `nvidia-gridd: ` or a
+/// Windows log's `<N>:`.
+fn sample_messages(file: &str) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/samples")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let l = l.trim_end();
+            if let Some(i) = l.find("nvidia-gridd[") {
+                let r = &l[i..];
+                return Some(r[r.find("]: ")? + 3..].to_string());
+            }
+            if let Some(i) = l.find("nvidia-gridd: ") {
+                return Some(l[i + "nvidia-gridd: ".len()..].to_string());
+            }
+            let i = l.find(">:")?;
+            l[..i]
+                .rfind('<')
+                .filter(|j| l[j + 1..i].chars().all(|c| c.is_ascii_digit()))
+                .map(|_| l[i + 2..].to_string())
+        })
+        .collect()
+}
+
+fn sample_files() -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/samples");
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("gridd-log-"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_line_gridd_can_log_is_held_to_its_source() {
+    let all: Vec<(String, Vec<String>)> = sample_files()
+        .into_iter()
+        .map(|f| {
+            let m = sample_messages(&f);
+            (f, m)
+        })
+        .collect();
+    assert!(all.len() >= 10, "the samples are where they were");
+    for line in gridd_lines::ALL {
+        match line.source {
+            Source::Sample(files) => {
+                assert!(!files.is_empty());
+                for f in files {
+                    let (_, msgs) = all
+                        .iter()
+                        .find(|(n, _)| n == f)
+                        .unwrap_or_else(|| panic!("{f}: no such gridd sample"));
+                    assert!(
+                        msgs.iter().any(|m| line.matches(m)),
+                        "{:?} is said to be in {f}, which has no such line:\n{msgs:#?}",
+                        line.template
+                    );
+                }
+            }
+            Source::Unsampled(why) => {
+                assert!(!why.is_empty());
+                for (f, msgs) in &all {
+                    assert!(
+                        !msgs.iter().any(|m| line.matches(m)),
+                        "{:?} is marked as shown by no sample, but {f} shows it: mark it so",
+                        line.template
+                    );
+                }
+            }
+        }
+    }
+    // The matcher itself: a value for each `{}`, the literals in place.
+    let acquired = gridd_lines::ACQUIRED;
+    assert!(acquired.matches(
+        "License acquired successfully. (Info: 10.0.0.5, NVIDIA Virtual PC; Expiry: 2024-1-2 3:4:5 GMT)"
+    ));
+    assert!(!acquired.matches("License acquired successfully. (Info: , x; Expiry: y)"));
+    assert!(!acquired.matches("License acquired successfully. (Info: a, b; Expiry: c"));
+    assert!(!gridd_lines::STARTED.matches("Started ()"));
+    assert_eq!(
+        gridd_lines::template_of("Failed to acquire license from h (Info: e - Error: x)")
+            .map(|l| l.template),
+        Some(gridd_lines::ACQUIRE_FAILED.template)
+    );
+    assert_eq!(
+        gridd_lines::template_of("Failed to acquire license from h").map(|l| l.template),
+        Some(gridd_lines::ACQUIRE_FAILED_BARE.template)
+    );
+    assert!(gridd_lines::template_of("Failed to acquire license").is_none());
+    // The error texts the simulator puts in its failure lines are each in a sample.
+    let fne = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/samples/flexnet-embedded-error-strings.txt"),
     )
+    .unwrap();
+    for text in [
+        gridd_lines::ERROR_WINDBACK,
+        gridd_lines::ERROR_HTTP,
+        gridd_lines::TOKEN_CONFIG_ERROR_TEXT,
+    ] {
+        assert!(fne.lines().any(|l| l == text), "{text:?}");
+    }
+    assert!(
+        sample_messages("gridd-log-fastapi-dls-4-windows.txt")
+            .iter()
+            .any(|m| m.ends_with(&format!("(Error: {})", gridd_lines::ERROR_NETWORK)))
+    );
+}
+
+#[test]
+fn dls_signed_tokens_verify_and_edited_ones_do_not() {
+    use sim::dls::jws::{self, Rejected};
+    use vgpu_license_agent::token::Token;
+    // The committed key pair is one.
+    let public = jws::spki_rsa_public_key(&jws::pem_der(jws::PUBLIC_KEY_PEM)).unwrap();
+    assert_eq!(public, jws::signing_key_public());
+
+    let good = sim::token_for("dls.example", 8082, "t");
+    let v = jws::verify(&good).unwrap();
+    assert_eq!(
+        v.nodes,
+        [jws::Node {
+            host: "dls.example".into(),
+            auth_port: 8082,
+            lease_port: 8082
+        }]
+    );
+    // An edited payload: the agent reads it as a token (nothing to verify against on a
+    // guest), the simulated gridd rejects it, as the real one does.
+    let edited = sim::edit_payload(&good, |p| {
+        p["service_instance_configuration"]["node_url_list"][0]["url"] = "evil.example".into()
+    });
+    assert_eq!(
+        Token::decode(&edited).unwrap().nodes[0].host,
+        "evil.example"
+    );
+    assert_eq!(jws::verify(&edited).unwrap_err(), Rejected::Signature);
+    // Tokens with a filler signature (the agent's other tests) are not the DLS's.
+    let filler = common::valid_token("x");
+    assert!(Token::decode(&filler).is_ok());
+    assert_eq!(jws::verify(&filler).unwrap_err(), Rejected::Signature);
+    // Truncated, not a token at all.
+    assert!(matches!(
+        jws::verify(&good[..good.len() - 40]),
+        Err(Rejected::Signature | Rejected::Malformed(_))
+    ));
+    assert!(matches!(
+        jws::verify(b"FeatureType=1\n"),
+        Err(Rejected::Malformed(_))
+    ));
+    // The signature covers the header too.
+    let text = String::from_utf8(good.clone()).unwrap();
+    let (_, rest) = text.split_once('.').unwrap();
+    let other_header = format!(
+        "{}.{rest}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+            br#"{"typ":"JWT","alg":"RS256"}"#
+        )
+    );
+    assert_eq!(
+        jws::verify(other_header.as_bytes()).unwrap_err(),
+        Rejected::Signature
+    );
+    // The signature is the key's, not a constant: two payloads, two signatures.
+    let other = sim::token_for("dls.example", 8082, "u");
+    assert_ne!(
+        String::from_utf8(good).unwrap().rsplit('.').next(),
+        String::from_utf8(other).unwrap().rsplit('.').next()
+    );
 }
 
 /// The agent's parser over the journal's JSON of gridd `pid`.
@@ -72,8 +267,49 @@ fn fake_dls_behaves_as_set() {
     let date = sim::https::https_date("localhost", dls.port(), t).unwrap();
     let skew = (date - chrono::Utc::now()).num_seconds();
     assert!((3598..=3602).contains(&skew), "{skew}");
-    assert!(dls.requests().iter().all(|r| r == "POST /auth/v1/origin"));
-    assert_eq!(dls.requests().len(), 2);
+    assert_eq!(
+        dls.requests(),
+        ["POST /auth/v1/origin 200", "POST /auth/v1/origin 200"]
+    );
+    // Only the leasing API's paths: anything else is a 404, with a Date all the same (the
+    // agent's probe reads it from any answer).
+    let t2 = Duration::from_secs(3);
+    let a = sim::https::request("127.0.0.1", dls.port(), "GET", "/", "", t2).unwrap();
+    assert_eq!(a.status, 404);
+    assert!(a.date.is_some());
+    let a = sim::https::request("127.0.0.1", dls.port(), "GET", "/auth/v1/origin", "", t2).unwrap();
+    assert_eq!(a.status, 405);
+    let lease = sim::https::request(
+        "127.0.0.1",
+        dls.port(),
+        "POST",
+        "/leasing/v1/lessor",
+        "{}",
+        t2,
+    )
+    .unwrap();
+    assert_eq!(lease.status, 200);
+    let body: serde_json::Value = serde_json::from_slice(&lease.body).unwrap();
+    let r = body["lease_result_list"][0]["lease"]["ref"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(dls.leases(), [r.clone()]);
+    let path = format!("/leasing/v1/lease/{r}");
+    let renew = sim::https::request("127.0.0.1", dls.port(), "PUT", &path, "{}", t2).unwrap();
+    assert_eq!(renew.status, 200);
+    let ret = sim::https::request("127.0.0.1", dls.port(), "DELETE", &path, "", t2).unwrap();
+    assert_eq!(ret.status, 200);
+    assert!(dls.leases().is_empty());
+    let again = sim::https::request("127.0.0.1", dls.port(), "PUT", &path, "{}", t2).unwrap();
+    assert_eq!(again.status, 404, "a returned lease is gone");
+    // A proxy whose DLS is down.
+    dls.set_mode(Mode::BadGateway);
+    let a =
+        sim::https::request("127.0.0.1", dls.port(), "POST", "/auth/v1/origin", "{}", t2).unwrap();
+    assert_eq!(a.status, 502);
+    assert!(!a.success());
+    dls.set_mode(Mode::Up);
 
     dls.set_mode(Mode::Refusing);
     let e = sim::https::https_date("127.0.0.1", dls.port(), t).unwrap_err();
@@ -105,7 +341,6 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
     let lines = wait_line(&m, pid, "License acquired successfully");
     let want = [
         format!("Started ({pid})"),
-        "vGPU Software package (0)".into(),
         "Ignore service provider and node-locked licensing".into(),
         "NLS initialized".into(),
         "Acquiring license. (Info: 127.0.0.1; NVIDIA RTX Virtual Workstation)".into(),
@@ -119,6 +354,19 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
     }
     // No gridd.conf: the real daemon complains about it, harmlessly.
     assert!(lines.iter().any(|l| l.starts_with("Failed to open file")));
+    // Driver 550 (gridd-log-fnos-1.txt) says no `vGPU Software package (0)`.
+    assert!(!lines.iter().any(|l| l.starts_with("vGPU Software package")));
+    // The licensing client's walk, every step a 2xx.
+    assert_eq!(
+        m.dls.requests(),
+        [
+            "POST /auth/v1/origin 200",
+            "POST /auth/v1/code 200",
+            "POST /auth/v1/token 200",
+            "POST /leasing/v1/lessor 200",
+        ]
+    );
+    assert_eq!(m.dls.leases().len(), 1);
 
     // As the agent reads it: journald's fields and the agent's own parser.
     let entries = sim::journal(&["_COMM=nvidia-gridd", &format!("_PID={pid}")], None);
@@ -188,6 +436,15 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
     assert_ne!(new, pid);
     assert_eq!(m.restarts(), 1);
     let old = sim::gridd_messages(pid);
+    assert_known_lines(&old);
+    assert!(
+        m.dls
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("DELETE /leasing/v1/lease/") && r.ends_with(" 200")),
+        "{:?}",
+        m.dls.requests()
+    );
     assert_eq!(
         &old[old.len() - 2..],
         [
@@ -291,27 +548,30 @@ fn run_gridd_to_exit(m: &Machine) -> (i32, i32) {
 fn gridd_exits_on_a_token_it_cannot_decode_or_a_stray_file() {
     let m = Machine::new(Setup::default());
     let want = [
-        "Failed to decode signature from token received",
-        "Failed to read configurations from client configuration token (Error: Invalid client configuration token)",
-        "Failed to setup cloud License Manager: 3",
+        gridd_lines::DECODE_SIGNATURE.template.to_string(),
+        gridd_lines::READ_TOKEN_CONFIG.format(&[gridd_lines::TOKEN_CONFIG_ERROR_TEXT]),
+        gridd_lines::SETUP_LICENSE_MANAGER.template.to_string(),
     ];
-    // A copy-paste that broke the token.
-    let mut bad = m.token();
-    bad.truncate(bad.len() - 40);
-    sim::write_mode(&m.token_path(), &bad, 0o744);
-    let (pid, code) = run_gridd_to_exit(&m);
-    assert_eq!(code, 1);
-    let lines = wait_line(&m, pid, "Shutdown");
-    let tail: Vec<&str> = lines[lines.len() - 4..]
-        .iter()
-        .map(String::as_str)
-        .collect();
-    assert_eq!(tail[..3], want);
-    assert_eq!(tail[3], format!("Shutdown ({pid})"));
-    let events = parsed_events(pid);
-    assert!(events.iter().any(
-        |e| e.what.kind == EventKind::TokenError && e.what.reason == Some(Reason::TokenInvalid)
-    ));
+    // A copy-paste that broke the token, then one whose payload was edited (well formed, a
+    // token to the agent; its signature no longer verifies).
+    let mut broken = m.token();
+    broken.truncate(broken.len() - 40);
+    for bad in [broken, m.edited_token()] {
+        sim::write_mode(&m.token_path(), &bad, 0o744);
+        let (pid, code) = run_gridd_to_exit(&m);
+        assert_eq!(code, 1);
+        let lines = wait_line(&m, pid, "Shutdown");
+        let tail = &lines[lines.len() - 4..];
+        assert_eq!(tail[..3], want);
+        assert_eq!(tail[3], format!("Shutdown ({pid})"));
+        assert!(!lines.iter().any(|l| l.starts_with("Acquiring")));
+        let events = parsed_events(pid);
+        assert!(
+            events.iter().any(|e| e.what.kind == EventKind::TokenError
+                && e.what.reason == Some(Reason::TokenInvalid))
+        );
+    }
+    assert!(m.dls.requests().is_empty(), "no DLS contact on a bad token");
     // A good token, and a gridd.conf put in the token directory.
     m.drop_token(0o744);
     sim::write_mode(&m.token_dir().join("gridd.conf"), b"FeatureType=1\n", 0o644);
@@ -325,41 +585,171 @@ fn gridd_exits_on_a_token_it_cannot_decode_or_a_stray_file() {
     );
 }
 
+/// The count of gridd `pid`'s lines equal to `line`.
+fn count_line(pid: i32, line: &str) -> usize {
+    sim::gridd_messages(pid)
+        .iter()
+        .filter(|l| *l == line)
+        .count()
+}
+
+/// Waits for gridd `pid` to log `line` once more than it has so far.
+fn wait_another(m: &Machine, pid: i32, line: &str) {
+    let n = count_line(pid, line);
+    wait_for(
+        &format!("another {line:?}"),
+        T,
+        || (count_line(pid, line) > n).then_some(()),
+        || m.gridd_log(),
+    );
+}
+
 #[test]
-fn gridd_meets_clock_skew_and_an_unreachable_dls() {
+fn gridd_meets_clock_skew_an_unreachable_dls_and_a_failing_proxy() {
     let m = Machine::new(Setup::default());
     m.drop_token(0o744);
     m.dls.set_skew(3600);
     let pid = m.start_gridd();
-    wait_line(
-        &m,
-        pid,
-        "Failed to acquire license from 127.0.0.1 (Info: NVIDIA RTX Virtual Workstation - Error: Clock windback has been detected)",
-    );
+    let failed = |error: &str| {
+        gridd_lines::ACQUIRE_FAILED.format(&["127.0.0.1", "NVIDIA RTX Virtual Workstation", error])
+    };
+    wait_line(&m, pid, &failed(gridd_lines::ERROR_WINDBACK));
     assert!(parsed_events(pid).iter().any(
         |e| e.what.kind == EventKind::AcquireFailed && e.what.reason == Some(Reason::ClockSkew)
     ));
-    // A DLS that refuses, then one that speaks no TLS: the bare line.
+    // A DLS that refuses, then one that speaks no TLS: the full failure line (the form of
+    // gridd's real failure lines; `network_failure` in the sim's settings).
     m.dls.set_skew(0);
     m.dls.set_mode(Mode::Refusing);
-    let bare = |l: &String| l == "Failed to acquire license from 127.0.0.1";
-    wait_for(
-        "the bare failure line",
-        T,
-        || sim::gridd_messages(pid).iter().any(bare).then_some(()),
-        || m.gridd_log(),
-    );
+    let network = failed(gridd_lines::ERROR_NETWORK);
+    wait_another(&m, pid, &network);
     m.dls.set_mode(Mode::BadTls);
-    let n = sim::gridd_messages(pid).iter().filter(|l| bare(l)).count();
-    wait_for(
-        "another bare failure line",
-        T,
-        || (sim::gridd_messages(pid).iter().filter(|l| bare(l)).count() > n).then_some(()),
-        || m.gridd_log(),
+    wait_another(&m, pid, &network);
+    assert!(
+        parsed_events(pid)
+            .iter()
+            .any(|e| e.what.kind == EventKind::AcquireFailed
+                && e.what.reason == Some(Reason::DlsUnreachable))
     );
+    // A proxy in front of the DLS answers 502: an HTTP error, not a lease.
+    m.dls.set_mode(Mode::BadGateway);
+    let http = failed(gridd_lines::ERROR_HTTP);
+    wait_another(&m, pid, &http);
+    assert!(
+        m.dls
+            .requests()
+            .iter()
+            .any(|r| r == "POST /auth/v1/origin 502")
+    );
+    assert!(
+        !m.dls.requests().iter().any(|r| r.contains("/leasing/")),
+        "no lease asked for after a failed step: {:?}",
+        m.dls.requests()
+    );
+    assert_eq!(smi_status(&m).1, LicenseStatus::Unlicensed);
     // Back: gridd retries by itself.
     m.dls.set_mode(Mode::Up);
+    let lines = wait_line(&m, pid, "License acquired successfully");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l == "Failed to acquire license from 127.0.0.1")
+    );
+}
+
+#[test]
+fn gridd_can_word_a_network_failure_bare() {
+    let m = Machine::new(setup(|s| s.network_failure = NetworkFailure::Bare));
+    m.drop_token(0o744);
+    m.dls.set_mode(Mode::Refusing);
+    let pid = m.start_gridd();
+    let bare = gridd_lines::ACQUIRE_FAILED_BARE.format(&["127.0.0.1"]);
+    wait_another(&m, pid, &bare);
+    let lines = wait_line(&m, pid, &bare);
+    assert!(!lines.iter().any(|l| l.contains("Error:")), "{lines:#?}");
+    assert!(
+        parsed_events(pid)
+            .iter()
+            .any(|e| e.what.kind == EventKind::AcquireFailed
+                && e.what.reason == Some(Reason::Unspecified))
+    );
+    m.dls.set_mode(Mode::Up);
     wait_line(&m, pid, "License acquired successfully");
+}
+
+#[test]
+fn driver_535_logs_its_start_up_and_says_plain_unlicensed() {
+    let m = Machine::new(setup(|s| s.driver_version = "535.183.06".into()));
+    let pid = m.start_gridd();
+    let lines = wait_line(
+        &m,
+        pid,
+        "Unable to fetch the client configuration token file",
+    );
+    // As gridd-log-cudaerror4vgpu-1.txt (driver 535.183.06).
+    let start: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("Failed to open file"))
+        .take(4)
+        .collect();
+    assert_eq!(
+        start,
+        [
+            format!("Started ({pid})").as_str(),
+            "vGPU Software package (0)",
+            "Ignore service provider and node-locked licensing",
+            "NLS initialized",
+        ]
+    );
+    // As smi-cudaerror4vgpu-1.txt: `Unlicensed`, which the agent reads as unlicensed.
+    let (status, class) = smi_status(&m);
+    assert_eq!(status, "Unlicensed");
+    assert_eq!(class, LicenseStatus::Unlicensed);
+    let text = smi::parse(&m.smi(&["-q"]).stdout).unwrap();
+    assert_eq!(text.driver_version.as_deref(), Some("535.183.06"));
+    let xml = smi::parse(&m.smi(&["-q", "-x"]).stdout).unwrap();
+    assert_eq!(xml.gpus[0].license_status.as_deref(), Some("Unlicensed"));
+    assert_eq!(xml.driver_version.as_deref(), Some("535.183.06"));
+}
+
+#[test]
+fn smi_prints_two_gpus_and_a_platform_license_in_text_and_xml() {
+    let m = Machine::new(setup(|s| {
+        s.gpu_count = 2;
+        s.platform_licensed = true;
+    }));
+    for args in [&["-q"][..], &["-q", "-x"][..]] {
+        let out = m.smi(args);
+        assert!(out.status.success());
+        let snap = smi::parse(&out.stdout).unwrap();
+        assert!(snap.whole, "{args:?}");
+        assert_eq!(snap.gpus.len(), 2, "{args:?}");
+        let ids: Vec<_> = snap.gpus.iter().map(|g| g.bus_id.clone()).collect();
+        assert_eq!(
+            ids,
+            [
+                Some("00000000:02:01.0".to_string()),
+                Some("00000000:02:02.0".to_string())
+            ],
+            "{args:?}"
+        );
+        for g in &snap.gpus {
+            let status = g.license_status.as_deref().unwrap();
+            assert_eq!(status, "Licensed (Expiry: N/A)", "{args:?}");
+            assert_eq!(classify_status(status), LicenseStatus::Licensed(None));
+            assert_eq!(g.profile.as_deref(), Some("NVIDIA L40S-24Q"));
+            assert_eq!(g.virtualization_mode.as_deref(), Some("VGPU"));
+        }
+    }
+    let list = String::from_utf8(m.smi(&["-L"]).stdout).unwrap();
+    assert_eq!(list.lines().count(), 2, "{list}");
+    assert!(
+        list.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("GPU 1: NVIDIA L40S-24Q (UUID: GPU-")
+    );
 }
 
 #[test]

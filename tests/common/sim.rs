@@ -15,6 +15,8 @@
 
 #[path = "../sim/dls.rs"]
 pub mod dls;
+#[path = "../sim/gridd_lines.rs"]
+pub mod gridd_lines;
 #[path = "../sim/https.rs"]
 pub mod https;
 #[path = "../sim/shared.rs"]
@@ -35,7 +37,7 @@ use serde_json::Value;
 #[allow(unused_imports)]
 pub use dls::{FakeDls, Mode};
 #[allow(unused_imports)]
-pub use shared::{GpuState, SimConfig, SmiMode};
+pub use shared::{GpuState, NetworkFailure, SimConfig, SmiMode};
 
 use super::BIN;
 
@@ -191,6 +193,23 @@ pub fn wait_for<T>(
 }
 
 pub use dls::token_for;
+
+/// `token` with its payload changed by `f`, re-encoded, its header and signature kept.
+pub fn edit_payload(token: &[u8], f: impl FnOnce(&mut Value)) -> Vec<u8> {
+    use base64::Engine;
+    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let text = String::from_utf8(token.to_vec()).expect("a token is text");
+    let parts: Vec<&str> = text.split('.').collect();
+    let mut payload: Value = serde_json::from_slice(&e.decode(parts[1]).unwrap()).unwrap();
+    f(&mut payload);
+    format!(
+        "{}.{}.{}",
+        parts[0],
+        e.encode(payload.to_string()),
+        parts[2]
+    )
+    .into_bytes()
+}
 
 /// gridd's journal entries (JSON objects) of this boot matching `matches`
 /// (`journalctl` match arguments), optionally since a `--since` value.
@@ -448,9 +467,16 @@ impl Machine {
         self.token_dir().join("client_configuration_token.tok")
     }
 
-    /// A valid token for this machine's DLS.
+    /// A valid token for this machine's DLS, signed by it.
     pub fn token(&self) -> Vec<u8> {
         token_for("127.0.0.1", self.dls.port(), "sim")
+    }
+
+    /// [`Machine::token`] with its payload edited after signing (its `jti` changed, the
+    /// signature kept): well formed, so the agent cannot tell, but its signature no longer
+    /// verifies, and gridd rejects it.
+    pub fn edited_token(&self) -> Vec<u8> {
+        edit_payload(&self.token(), |p| p["jti"] = "edited".into())
     }
 
     /// Installs the token as cloud-init's write_files would, with `mode`.

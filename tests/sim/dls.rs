@@ -1,14 +1,22 @@
 //! A fake DLS: an HTTPS server on a loopback port, with a self-signed certificate (rcgen) and
 //! a behaviour that can be changed while it runs:
 //!
-//! - `Up`: TLS, then `200 OK` with a `Date` header `skew` seconds off the real clock, to any
-//!   request;
+//! - `Up`: TLS, then the leasing API's paths (below) answered `200 OK`, any other path `404`,
+//!   each answer with a `Date` header `skew` seconds off the real clock;
 //! - `Refusing`: nothing listens on the port (connection refused);
 //! - `Blackhole`: connections are accepted and never answered (timeouts);
-//! - `BadTls`: plain text instead of TLS, then the connection is closed.
+//! - `BadTls`: plain text instead of TLS, then the connection is closed;
+//! - `BadGateway`: a proxy in front of a DLS that is down: TLS, then `502 Bad Gateway` to
+//!   every request.
 //!
-//! It speaks no licensing protocol: gridd's simulation only needs a TLS connection and the
-//! DLS's clock, as does the agent's probe. Used in-process by the tests and by the `sim-dls`
+//! The paths a licensing client uses, from the real fastapi-dls server log of a Linux guest
+//! (`tests/fixtures/samples/dls-server-log-fastapi-dls-linux-client.txt`): `POST
+//! /auth/v1/origin`, `/auth/v1/code`, `/auth/v1/token`, `GET /leasing/v1/lessor/leases`, `POST
+//! /leasing/v1/lessor`. Renewing and returning a lease no sample shows: `PUT` and `DELETE
+//! /leasing/v1/lease/<ref>` and `DELETE /leasing/v1/lessor/leases` are those of fastapi-dls's
+//! `app/main.py`, the source `samples/token-payload-1.json` cites. Bodies are only as much as
+//! the simulated gridd reads (a lease's `ref`): the DLS's checks (the client's auth code, the
+//! lease's owner) are not simulated. Used in-process by the tests and by the `sim-dls`
 //! program in the boot test's guest.
 
 #![allow(dead_code)]
@@ -20,8 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use base64::Engine;
 use chrono::Utc;
+
+#[path = "jws.rs"]
+pub mod jws;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -29,6 +39,7 @@ pub enum Mode {
     Refusing,
     Blackhole,
     BadTls,
+    BadGateway,
 }
 
 impl std::str::FromStr for Mode {
@@ -39,8 +50,9 @@ impl std::str::FromStr for Mode {
             "refusing" | "down" => Ok(Mode::Refusing),
             "blackhole" => Ok(Mode::Blackhole),
             "bad_tls" | "bad-tls" => Ok(Mode::BadTls),
+            "bad_gateway" | "bad-gateway" | "502" => Ok(Mode::BadGateway),
             _ => Err(format!(
-                "unknown DLS mode {s:?} (up, refusing, blackhole, bad_tls)"
+                "unknown DLS mode {s:?} (up, refusing, blackhole, bad_tls, bad_gateway)"
             )),
         }
     }
@@ -50,8 +62,11 @@ struct Inner {
     mode: Mutex<Mode>,
     skew: AtomicI64,
     stop: AtomicBool,
-    /// `METHOD PATH` of every request answered.
+    /// `METHOD PATH STATUS` of every request answered.
     requests: Mutex<Vec<String>>,
+    /// Leases granted and not returned (their refs).
+    leases: Mutex<Vec<String>>,
+    next_lease: std::sync::atomic::AtomicU64,
     tls: Arc<rustls::ServerConfig>,
 }
 
@@ -97,6 +112,8 @@ impl FakeDls {
             skew: AtomicI64::new(0),
             stop: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
+            leases: Mutex::new(Vec::new()),
+            next_lease: std::sync::atomic::AtomicU64::new(1),
             tls: tls_config(),
         });
         let i = inner.clone();
@@ -131,9 +148,14 @@ impl FakeDls {
         self.inner.skew.store(secs, Ordering::SeqCst);
     }
 
-    /// `METHOD PATH` of the requests answered so far.
+    /// `METHOD PATH STATUS` of the requests answered so far.
     pub fn requests(&self) -> Vec<String> {
         self.inner.requests.lock().unwrap().clone()
+    }
+
+    /// Refs of the leases granted and not returned.
+    pub fn leases(&self) -> Vec<String> {
+        self.inner.leases.lock().unwrap().clone()
     }
 }
 
@@ -171,10 +193,10 @@ fn accept_loop(listener: TcpListener, addr: SocketAddr, inner: Arc<Inner>) {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
                 match mode {
-                    Mode::Up => {
+                    Mode::Up | Mode::BadGateway => {
                         let i = inner.clone();
                         std::thread::spawn(move || {
-                            let _ = serve(stream, &i);
+                            let _ = serve(stream, &i, mode);
                         });
                     }
                     Mode::BadTls => {
@@ -200,7 +222,68 @@ fn bad_tls(mut stream: TcpStream) {
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
 
-fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
+/// The answer to `method path` (status, reason, JSON body): the leasing API's paths only.
+fn route(inner: &Inner, method: &str, path: &str) -> (u16, &'static str, String) {
+    let path = path.split('?').next().unwrap_or_default();
+    let ok = |body: serde_json::Value| (200, "OK", body.to_string());
+    let lease_ref = path
+        .strip_prefix("/leasing/v1/lease/")
+        .filter(|r| !r.is_empty());
+    let known = matches!(
+        path,
+        "/auth/v1/origin"
+            | "/auth/v1/code"
+            | "/auth/v1/token"
+            | "/leasing/v1/lessor"
+            | "/leasing/v1/lessor/leases"
+    ) || lease_ref.is_some();
+    match (method, path) {
+        ("POST", "/auth/v1/origin") => ok(serde_json::json!({
+            "origin_ref": "00000000-0000-0000-0000-00000000a001",
+            "registration_pending": false,
+        })),
+        ("POST", "/auth/v1/code") => ok(serde_json::json!({
+            "auth_code": "simulated", "sync_timestamp": Utc::now().to_rfc3339(),
+        })),
+        ("POST", "/auth/v1/token") => ok(serde_json::json!({
+            "auth_token": "simulated", "expires": Utc::now().to_rfc3339(),
+        })),
+        ("GET", "/leasing/v1/lessor/leases") => ok(serde_json::json!({
+            "active_lease_list": *inner.leases.lock().unwrap(),
+        })),
+        ("POST", "/leasing/v1/lessor") => {
+            let n = inner.next_lease.fetch_add(1, Ordering::SeqCst);
+            let r = format!("00000000-0000-0000-0000-{n:012}");
+            inner.leases.lock().unwrap().push(r.clone());
+            ok(serde_json::json!({"lease_result_list": [{"lease": {"ref": r}}]}))
+        }
+        ("DELETE", "/leasing/v1/lessor/leases") => {
+            let released = std::mem::take(&mut *inner.leases.lock().unwrap());
+            ok(serde_json::json!({"released_lease_list": released}))
+        }
+        ("PUT" | "DELETE", _) if lease_ref.is_some() => {
+            let r = lease_ref.unwrap_or_default();
+            let mut leases = inner.leases.lock().unwrap();
+            match leases.iter().position(|l| l == r) {
+                None => (404, "Not Found", r#"{"detail":"lease not found"}"#.into()),
+                Some(i) => {
+                    if method == "DELETE" {
+                        leases.remove(i);
+                    }
+                    ok(serde_json::json!({"lease_ref": r}))
+                }
+            }
+        }
+        _ if known => (
+            405,
+            "Method Not Allowed",
+            r#"{"detail":"Method Not Allowed"}"#.into(),
+        ),
+        _ => (404, "Not Found", r#"{"detail":"Not Found"}"#.into()),
+    }
+}
+
+fn serve(stream: TcpStream, inner: &Inner, mode: Mode) -> io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
     let conn = rustls::ServerConnection::new(inner.tls.clone()).map_err(io::Error::other)?;
@@ -246,16 +329,27 @@ fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
+    let (status, why, body, server, ctype) = if mode == Mode::BadGateway {
+        (
+            502,
+            "Bad Gateway",
+            "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n<center><h1>502 Bad Gateway</h1></center>\r\n</body>\r\n</html>\r\n".to_string(),
+            "nginx",
+            "text/html",
+        )
+    } else {
+        let (status, why, body) = route(inner, method, path);
+        (status, why, body, "sim-dls", "application/json")
+    };
     inner
         .requests
         .lock()
         .unwrap()
-        .push(format!("{method} {path}"));
+        .push(format!("{method} {path} {status}"));
     let date = Utc::now() + chrono::Duration::seconds(inner.skew.load(Ordering::SeqCst));
-    let body = "{\"simulated\":\"DLS\"}\n";
     write!(
         tls,
-        "HTTP/1.1 200 OK\r\nDate: {}\r\nServer: sim-dls\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status} {why}\r\nDate: {}\r\nServer: {server}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         date.format("%a, %d %b %Y %H:%M:%S GMT"),
         body.len()
     )?;
@@ -269,30 +363,30 @@ fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
     Ok(())
 }
 
-/// A client configuration token with the structure of a real one (unsigned: nothing on a
-/// guest can check the signature), naming one DLS node `host` whose auth and lease ports are
-/// `port`.
+/// A client configuration token with the structure of a real one, signed by this DLS (the
+/// test key of `tests/fixtures/sim/`), naming one DLS node `host` whose auth and lease ports
+/// are `port`.
 pub fn token_for(host: &str, port: u16, jti: &str) -> Vec<u8> {
-    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let payload = serde_json::json!({
+    jws::sign(&token_payload(host, port, jti))
+}
+
+/// The payload of [`token_for`]'s token (`samples/token-payload-1.json`'s structure).
+pub fn token_payload(host: &str, port: u16, jti: &str) -> serde_json::Value {
+    serde_json::json!({
         "iss": "NLS Service Instance", "aud": "NLS Licensed Client",
         "iat": 1_700_000_000, "nbf": 1_700_000_000, "exp": 2_078_691_200, "jti": jti,
+        "protocol_version": "2.0", "update_mode": "ABSOLUTE",
         "scope_ref_list": ["20000000-0000-0000-0000-000000000001"],
+        "fulfillment_class_ref_list": [],
         "service_instance_configuration": {
             "nls_service_instance_ref": "10000000-0000-0000-0000-000000000001",
             "svc_port_set_list": [{"idx": 0, "d_name": "DLS", "svc_port_map": [
                 {"service": "auth", "port": port}, {"service": "lease", "port": port}]}],
-            "node_url_list": [{"idx": 0, "url": host, "svc_port_set_idx": 0}]
+            "node_url_list": [{"idx": 0, "url": host, "url_qr": host, "svc_port_set_idx": 0}]
         },
         "service_instance_public_key_configuration": {
-            "service_instance_public_key_pem": "-----KEY MATERIAL-----"
+            "service_instance_public_key_pem": jws::PUBLIC_KEY_PEM,
+            "key_retention_mode": "LATEST_ONLY"
         }
-    });
-    format!(
-        "{}.{}.{}",
-        e.encode(br#"{"alg":"RS256","typ":"JWT"}"#),
-        e.encode(payload.to_string()),
-        e.encode([7u8; 256])
-    )
-    .into_bytes()
+    })
 }

@@ -1,6 +1,6 @@
 //! The client side of a DLS exchange as the simulated gridd does it: TCP, TLS (any
 //! certificate: the real gridd checks the DLS's against NVIDIA's own roots, not the OS's),
-//! then `POST /auth/v1/origin` (the real client's first step) for the answer's `Date`.
+//! then one HTTP request (a connection each): its status, `Date` and body.
 
 #![allow(dead_code)]
 
@@ -65,9 +65,30 @@ impl ServerCertVerifier for AnyCert {
     }
 }
 
-/// `POST /auth/v1/origin` over TLS (the first step of the real client), returning the
-/// answer's `Date`.
-pub fn https_date(host: &str, port: u16, timeout: Duration) -> Result<DateTime<Utc>, String> {
+/// An HTTP answer: its status, its `Date` and its body.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub date: Option<DateTime<Utc>>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+/// One request over TLS (a connection of its own, `Connection: close`). `Err` where no HTTP
+/// answer came: no connection, no TLS, nothing readable.
+pub fn request(
+    host: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> Result<Answer, String> {
     let addr = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("resolve: {e}"))?
@@ -86,39 +107,69 @@ pub fn https_date(host: &str, port: u16, timeout: Duration) -> Result<DateTime<U
     let name = ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
     let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
     let mut tls = rustls::StreamOwned::new(conn, tcp);
-    let body = r#"{"candidate_origin_ref":"00000000-0000-0000-0000-000000000000","environment":{"hostname":"sim"}}"#;
     write!(
         tls,
-        "POST /auth/v1/origin HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .map_err(|e| format!("tls: {e}"))?;
     tls.flush().map_err(|e| format!("tls: {e}"))?;
-    let mut head = Vec::new();
+    let mut data = Vec::new();
     let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+    let head_end = loop {
+        if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
         let n = tls.read(&mut buf).map_err(|e| format!("tls: {e}"))?;
         if n == 0 {
             return Err("closed before an HTTP answer".into());
         }
-        head.extend_from_slice(&buf[..n]);
-        if head.len() > 64 * 1024 {
+        data.extend_from_slice(&buf[..n]);
+        if data.len() > 64 * 1024 {
             return Err("HTTP header too long".into());
         }
-    }
-    let text = String::from_utf8_lossy(&head);
+    };
+    let text = String::from_utf8_lossy(&data[..head_end]).into_owned();
     let mut lines = text.lines();
-    let status = lines.next().unwrap_or_default();
-    if !status.starts_with("HTTP/1.") {
-        return Err(format!("not HTTP: {status:?}"));
-    }
-    let date = lines
-        .find_map(|l| {
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line
+        .strip_prefix("HTTP/1.")
+        .and_then(|r| r.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not HTTP: {status_line:?}"))?;
+    let header = |name: &str| {
+        text.lines().skip(1).find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case("date").then(|| v.trim())
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
         })
-        .ok_or("no Date header")?;
-    DateTime::parse_from_rfc2822(date)
-        .map(|d| d.with_timezone(&Utc))
-        .map_err(|e| format!("bad Date {date:?}: {e}"))
+    };
+    let date = header("date").and_then(|d| {
+        DateTime::parse_from_rfc2822(&d)
+            .ok()
+            .map(|d| d.with_timezone(&Utc))
+    });
+    let length: usize = header("content-length")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0)
+        .min(1 << 20);
+    let mut body = data[head_end..].to_vec();
+    while body.len() < length {
+        match tls.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => body.extend_from_slice(&buf[..n]),
+        }
+    }
+    body.truncate(length);
+    Ok(Answer { status, date, body })
+}
+
+/// `POST /auth/v1/origin` over TLS (the first step of the real client), returning the
+/// answer's `Date` (of any status).
+pub fn https_date(host: &str, port: u16, timeout: Duration) -> Result<DateTime<Utc>, String> {
+    let body = r#"{"candidate_origin_ref":"00000000-0000-0000-0000-000000000000","environment":{"hostname":"sim"}}"#;
+    request(host, port, "POST", "/auth/v1/origin", body, timeout)?
+        .date
+        .ok_or_else(|| "no Date header".to_string())
 }

@@ -1,18 +1,25 @@
 //! The simulated `nvidia-gridd`: a long-lived process named `nvidia-gridd` that logs the real
 //! daemon's message texts to journald (syslog socket) and reacts to the token directory and
-//! to the DLS named in the token as the real one does:
+//! to the DLS named in the token as the real one does. Every line it logs is one of
+//! `gridd_lines.rs`, each with its source (a sample, or why no sample shows it).
 //!
 //! - no readable token: `Unable to fetch the client configuration token file`, keeps running
 //!   and looks again every `retry_seconds` (when `pickup_new_token`);
-//! - a file in the token directory that does not decode (a bad token, a stray gridd.conf):
-//!   the decode failure lines, `Failed to setup cloud License Manager: 3`, `Shutdown (PID)`,
-//!   exit 1;
-//! - a token: a real TLS connection to the token's DLS node (lease port), whose HTTP `Date`
-//!   is compared with the guest clock: skew -> clock windback failure; no connection or no
-//!   TLS -> the bare `Failed to acquire license from <host>`; else a lease of
-//!   `lease_seconds`, renewed after `renew_fraction` of it;
+//! - a file in the token directory that is not a token signed by the DLS (a broken or edited
+//!   token, a stray gridd.conf), judged by the simulator's own reading of the format and a
+//!   real RS256 check (`jws.rs`): the decode failure lines, `Failed to setup cloud License
+//!   Manager: 3`, `Shutdown (PID)`, exit 1;
+//! - a token: the licensing client's walk over HTTPS to the token's DLS node (`POST
+//!   /auth/v1/origin`, `/auth/v1/code`, `/auth/v1/token` on its auth port, `POST
+//!   /leasing/v1/lessor` on its lease port), each answer required to be a 2xx: the first
+//!   answer's `Date` against the guest clock (skew: clock windback), no answer (a network
+//!   failure: the full or the bare failure line, `network_failure`), an HTTP error status (a
+//!   proxy's 502, say); else a lease of `lease_seconds`, renewed (`PUT
+//!   /leasing/v1/lease/<ref>`) after `renew_fraction` of it;
 //! - a passthrough GPU: `Licensing not supported for GPUs in the system`;
-//! - SIGTERM: returns the license, `Shutdown (PID)`, exit 0.
+//! - a GPU the platform licenses (`platform_licensed`): never leases;
+//! - SIGTERM: returns the license (`DELETE /leasing/v1/lease/<ref>`), `Shutdown (PID)`,
+//!   exit 0.
 //!
 //! The license goes to `state.json` in the sim dir, which the simulated nvidia-smi reads.
 //!
@@ -20,6 +27,10 @@
 
 #[path = "https.rs"]
 mod https;
+#[path = "jws.rs"]
+mod jws;
+#[path = "gridd_lines.rs"]
+mod lines;
 #[path = "shared.rs"]
 mod shared;
 
@@ -28,9 +39,10 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use jws::Node as DlsNode;
+use lines::Line;
 use nix::sys::signal::{SigSet, Signal};
-use shared::{ERR, GpuState, INFO, SimConfig, Syslog, WARNING};
-use vgpu_license_agent::token::{DlsNode, Token};
+use shared::{ERR, GpuState, INFO, NetworkFailure, SimConfig, Syslog, WARNING};
 
 struct Gridd {
     dir: PathBuf,
@@ -39,17 +51,17 @@ struct Gridd {
     pid: u32,
     stop: Receiver<()>,
     edition: String,
-    /// The node that granted the license held.
-    held: Option<DlsNode>,
+    /// The node that granted the license held, and the lease's ref.
+    held: Option<(DlsNode, String)>,
 }
 
 /// What the token directory holds, as gridd sees it.
 enum TokenDir {
     /// Nothing gridd can read.
     Nothing,
-    /// A file that is not a token (gridd fails to decode it and exits).
+    /// A file that is not a token signed by the DLS (gridd fails to decode it and exits).
     Undecodable,
-    Token(Box<Token>),
+    Token(Vec<DlsNode>),
 }
 
 /// Why talking to the DLS failed.
@@ -59,6 +71,17 @@ enum DlsError {
     /// The DLS's clock is this many seconds from ours.
     #[allow(dead_code)]
     Skew(i64),
+    /// An answer that is not a 2xx (a proxy's 502, say).
+    #[allow(dead_code)]
+    Http(u16),
+}
+
+/// The lease ref in `POST /leasing/v1/lessor`'s answer.
+fn lease_ref(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v["lease_result_list"][0]["lease"]["ref"]
+        .as_str()
+        .map(String::from)
 }
 
 fn main() {
@@ -139,6 +162,11 @@ impl Gridd {
         })
     }
 
+    /// Logs one of gridd's lines (the only way it logs).
+    fn say(&self, severity: u8, line: &Line, args: &[&str]) {
+        self.log.log(severity, &line.format(args));
+    }
+
     fn save(&self, s: &GpuState) {
         if let Err(e) = s.save(&self.dir) {
             eprintln!("sim-nvidia-gridd: cannot write the GPU state: {e}");
@@ -147,45 +175,48 @@ impl Gridd {
 
     /// The main loop; returns the exit code.
     fn run(&mut self) -> i32 {
-        // The pid file first: under systemd the unit is activating (or active) before the
-        // daemon can log anything, so `is-active` never says "inactive" after `Started`.
+        let pid = self.pid.to_string();
+        self.say(INFO, &lines::STARTED, &[&pid]);
         let _ = shared::write_atomic(
             &self.dir.join(shared::PID_FILE),
             format!("{}\n", self.pid).as_bytes(),
         );
-        self.log.log(INFO, &format!("Started ({})", self.pid));
         if !self.dir.join(shared::STATE_FILE).exists() {
             self.save(&self.state());
         }
         self.read_gridd_conf();
         if self.cfg.passthrough {
-            self.log
-                .log(ERR, "Licensing not supported for GPUs in the system");
+            self.say(ERR, &lines::LICENSING_UNSUPPORTED, &[]);
             while !self.wait(Duration::from_secs(3600)) {}
             return 0;
         }
-        self.log.log(INFO, "vGPU Software package (0)");
-        self.log
-            .log(INFO, "Ignore service provider and node-locked licensing");
-        self.log.log(INFO, "NLS initialized");
+        if self.cfg.platform_licensed {
+            // What gridd logs where the platform licenses the GPU, no sample shows: nothing
+            // more here; nvidia-smi says `Licensed (Expiry: N/A)`.
+            while !self.wait(Duration::from_secs(3600)) {}
+            return 0;
+        }
+        if self.cfg.driver_major() < 550 {
+            self.say(INFO, &lines::PACKAGE_0, &[]);
+        }
+        self.say(INFO, &lines::IGNORE_SERVICE_PROVIDER, &[]);
+        self.say(INFO, &lines::NLS_INITIALIZED, &[]);
 
         loop {
-            let token = match self.read_token_dir() {
+            let nodes = match self.read_token_dir() {
                 TokenDir::Undecodable => {
-                    self.log
-                        .log(ERR, "Failed to decode signature from token received");
-                    self.log.log(
+                    self.say(ERR, &lines::DECODE_SIGNATURE, &[]);
+                    self.say(
                         ERR,
-                        "Failed to read configurations from client configuration token (Error: Invalid client configuration token)",
+                        &lines::READ_TOKEN_CONFIG,
+                        &[lines::TOKEN_CONFIG_ERROR_TEXT],
                     );
-                    self.log
-                        .log(ERR, "Failed to setup cloud License Manager: 3");
+                    self.say(ERR, &lines::SETUP_LICENSE_MANAGER, &[]);
                     return 1;
                 }
                 TokenDir::Nothing => {
                     loop {
-                        self.log
-                            .log(ERR, "Unable to fetch the client configuration token file");
+                        self.say(ERR, &lines::TOKEN_MISSING, &[]);
                         if self.wait(self.retry()) {
                             return 0;
                         }
@@ -195,17 +226,14 @@ impl Gridd {
                     }
                     continue;
                 }
-                TokenDir::Token(t) => t,
+                TokenDir::Token(nodes) => nodes,
             };
-            if self.acquire(&token) {
-                if self.hold(&token) {
+            if self.acquire(&nodes) {
+                if self.hold(&nodes) {
                     return 0;
                 }
                 // The lease ran out: no license any more.
-                self.log.log(
-                    WARNING,
-                    "Valid GRID license not found. GPU features and performance will be restricted. To enable full functionality please configure licensing details.",
-                );
+                self.say(WARNING, &lines::NOT_FOUND_NOTICE, &[]);
             } else if !self.cfg.acquire_retry {
                 // Like a gridd started before the network: waits for a restart.
                 while !self.wait(Duration::from_secs(3600)) {}
@@ -221,14 +249,9 @@ impl Gridd {
     fn read_gridd_conf(&self) {
         match std::fs::read_to_string(&self.cfg.gridd_conf) {
             Err(_) => {
+                let path = self.cfg.gridd_conf.display().to_string();
                 for _ in 0..6 {
-                    self.log.log(
-                        ERR,
-                        &format!(
-                            "Failed to open file {} (No such file or directory)",
-                            self.cfg.gridd_conf.display()
-                        ),
-                    );
+                    self.say(ERR, &lines::NO_GRIDD_CONF, &[&path]);
                 }
             }
             Ok(text) => {
@@ -241,16 +264,16 @@ impl Gridd {
                     })
                 };
                 if !set("ServerAddress") {
-                    self.log
-                        .log(INFO, "Configuration parameter ( ServerAddress  ) not set");
+                    self.say(INFO, &lines::SERVER_ADDRESS_NOT_SET, &[]);
                 }
             }
         }
     }
 
     /// Reads the token directory: every regular file but dot files (an installer's temporary
-    /// files). A file gridd's user cannot read (no read bit for others: gridd need not run as
-    /// the file's owner) is as good as none.
+    /// files). A file gridd's user cannot read is as good as none: domain.md has the token
+    /// 0744 because gridd need not run as the file's owner, so a file without the read bit
+    /// for others (0600) is one gridd may not read.
     fn read_token_dir(&self) -> TokenDir {
         use std::os::unix::fs::PermissionsExt;
         let Ok(rd) = std::fs::read_dir(&self.cfg.token_dir) else {
@@ -272,44 +295,44 @@ impl Gridd {
             let Ok(bytes) = std::fs::read(path) else {
                 continue;
             };
-            match Token::decode(&bytes) {
+            match jws::verify(&bytes) {
                 Ok(t) => {
-                    token.get_or_insert(t);
+                    token.get_or_insert(t.nodes);
                 }
-                Err(_) => return TokenDir::Undecodable,
+                Err(why) => {
+                    if self.cfg.echo {
+                        eprintln!("sim-nvidia-gridd: {}: {why:?}", path.display());
+                    }
+                    return TokenDir::Undecodable;
+                }
             }
         }
-        token.map_or(TokenDir::Nothing, |t| TokenDir::Token(Box::new(t)))
+        token.map_or(TokenDir::Nothing, TokenDir::Token)
     }
 
     fn failure_line(&self, node: &DlsNode, e: &DlsError) -> String {
+        let full = |error: &str| lines::ACQUIRE_FAILED.format(&[&node.host, &self.edition, error]);
         match e {
-            DlsError::Network => format!("Failed to acquire license from {}", node.host),
-            DlsError::Skew(_) => format!(
-                "Failed to acquire license from {} (Info: {} - Error: Clock windback has been detected)",
-                node.host, self.edition
-            ),
+            DlsError::Network => match self.cfg.network_failure {
+                NetworkFailure::Full => full(lines::ERROR_NETWORK),
+                NetworkFailure::Bare => lines::ACQUIRE_FAILED_BARE.format(&[&node.host]),
+            },
+            DlsError::Skew(_) => full(lines::ERROR_WINDBACK),
+            DlsError::Http(_) => full(lines::ERROR_HTTP),
         }
     }
 
     /// One acquisition round over the token's nodes; `true` when a license is held.
-    fn acquire(&mut self, token: &Token) -> bool {
-        for node in &token.nodes {
-            self.log.log(
-                INFO,
-                &format!("Acquiring license. (Info: {}; {})", node.host, self.edition),
-            );
-            match self.contact(node) {
-                Ok(()) => {
-                    let expiry = self.grant(node);
-                    self.log.log(
+    fn acquire(&mut self, nodes: &[DlsNode]) -> bool {
+        for node in nodes {
+            self.say(INFO, &lines::ACQUIRING, &[&node.host, &self.edition]);
+            match self.lease(node) {
+                Ok(r) => {
+                    let expiry = self.grant(node, r);
+                    self.say(
                         INFO,
-                        &format!(
-                            "License acquired successfully. (Info: {}, {}; Expiry: {})",
-                            node.host,
-                            self.edition,
-                            shared::gmt(expiry)
-                        ),
+                        &lines::ACQUIRED,
+                        &[&node.host, &self.edition, &shared::gmt(expiry)],
                     );
                     return true;
                 }
@@ -320,7 +343,7 @@ impl Gridd {
     }
 
     /// Records a lease from `node` in the GPU state; returns its expiry.
-    fn grant(&mut self, node: &DlsNode) -> DateTime<Utc> {
+    fn grant(&mut self, node: &DlsNode, lease: String) -> DateTime<Utc> {
         let expiry = Utc::now() + chrono::Duration::seconds(self.cfg.lease_seconds as i64);
         let mut s = self.state();
         s.licensed = true;
@@ -328,13 +351,13 @@ impl Gridd {
         s.edition = Some(self.edition.clone());
         s.server = Some(node.host.clone());
         self.save(&s);
-        self.held = Some(node.clone());
+        self.held = Some((node.clone(), lease));
         expiry
     }
 
     /// Holds the license, renewing it; returns `true` when asked to stop, `false` when the
     /// lease ran out.
-    fn hold(&mut self, token: &Token) -> bool {
+    fn hold(&mut self, nodes: &[DlsNode]) -> bool {
         let lease = self.cfg.lease_seconds as f64;
         let mut renew_in = Duration::from_secs_f64((lease * self.cfg.renew_fraction).max(0.05));
         loop {
@@ -355,18 +378,18 @@ impl Gridd {
             if Utc::now().timestamp() >= expiry {
                 continue;
             }
-            let node = self.held.clone().unwrap_or_else(|| token.nodes[0].clone());
-            match self.contact(&node) {
-                Ok(()) => {
-                    let expiry = self.grant(&node);
-                    self.log.log(
+            let (node, r) = self
+                .held
+                .clone()
+                .unwrap_or_else(|| (nodes[0].clone(), String::new()));
+            let path = format!("/leasing/v1/lease/{r}");
+            match self.call(&node, node.lease_port, "PUT", &path, "{}") {
+                Ok(_) => {
+                    let expiry = self.grant(&node, r);
+                    self.say(
                         INFO,
-                        &format!(
-                            "License renewed successfully. (Info: {}, {}; Expiry: {})",
-                            node.host,
-                            self.edition,
-                            shared::gmt(expiry)
-                        ),
+                        &lines::RENEWED,
+                        &[&node.host, &self.edition, &shared::gmt(expiry)],
                     );
                     renew_in = Duration::from_secs_f64((lease * self.cfg.renew_fraction).max(0.05));
                 }
@@ -378,43 +401,100 @@ impl Gridd {
         }
     }
 
-    /// One HTTPS exchange with the node's lease port: the DLS's `Date` against our clock.
-    fn contact(&self, node: &DlsNode) -> Result<(), DlsError> {
-        let date = https::https_date(
-            &node.host,
-            node.lease_port,
-            Duration::from_millis(self.cfg.network_timeout_ms),
-        )
-        .map_err(|e| {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.network_timeout_ms)
+    }
+
+    /// One request to `node`: a 2xx whose `Date` is within the skew tolerance of our clock,
+    /// or why not. Returns the answer's body.
+    fn call(
+        &self,
+        node: &DlsNode,
+        port: u16,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> Result<Vec<u8>, DlsError> {
+        let answer =
+            https::request(&node.host, port, method, path, body, self.timeout()).map_err(|e| {
+                if self.cfg.echo {
+                    eprintln!("sim-nvidia-gridd: {}:{port}: {e}", node.host);
+                }
+                DlsError::Network
+            })?;
+        if !answer.success() {
             if self.cfg.echo {
-                eprintln!("sim-nvidia-gridd: {}:{}: {e}", node.host, node.lease_port);
+                eprintln!("sim-nvidia-gridd: {method} {path}: HTTP {}", answer.status);
             }
-            DlsError::Network
-        })?;
-        let skew = Utc::now().timestamp() - date.timestamp();
-        if skew.abs() > self.cfg.skew_tolerance_seconds {
-            if self.cfg.echo {
-                eprintln!("sim-nvidia-gridd: guest clock minus the DLS's: {skew} s");
-            }
-            return Err(DlsError::Skew(skew));
+            return Err(DlsError::Http(answer.status));
         }
-        Ok(())
+        if let Some(date) = answer.date {
+            let skew = Utc::now().timestamp() - date.timestamp();
+            if skew.abs() > self.cfg.skew_tolerance_seconds {
+                if self.cfg.echo {
+                    eprintln!("sim-nvidia-gridd: guest clock minus the DLS's: {skew} s");
+                }
+                return Err(DlsError::Skew(skew));
+            }
+        }
+        Ok(answer.body)
+    }
+
+    /// The licensing client's walk (the paths of
+    /// `samples/dls-server-log-fastapi-dls-linux-client.txt`): register, authorize, then
+    /// lease. Returns the lease's ref.
+    fn lease(&self, node: &DlsNode) -> Result<String, DlsError> {
+        let origin = r#"{"candidate_origin_ref":"00000000-0000-0000-0000-00000000a001","environment":{"hostname":"sim","guest_driver_version":"sim"}}"#;
+        self.call(node, node.auth_port, "POST", "/auth/v1/origin", origin)?;
+        self.call(
+            node,
+            node.auth_port,
+            "POST",
+            "/auth/v1/code",
+            r#"{"code_challenge":"sim","origin_ref":"00000000-0000-0000-0000-00000000a001"}"#,
+        )?;
+        self.call(
+            node,
+            node.auth_port,
+            "POST",
+            "/auth/v1/token",
+            r#"{"auth_code":"simulated","code_verifier":"sim"}"#,
+        )?;
+        let body = self.call(
+            node,
+            node.lease_port,
+            "POST",
+            "/leasing/v1/lessor",
+            r#"{"scope_ref_list":["20000000-0000-0000-0000-000000000001"]}"#,
+        )?;
+        lease_ref(&body).ok_or(DlsError::Http(200))
     }
 
     fn shutdown(&mut self, code: i32) -> ! {
         if self.cfg.return_on_shutdown
-            && let Some(node) = self.held.take()
+            && let Some((node, r)) = self.held.take()
         {
             let mut s = self.state();
             s.licensed = false;
             s.unlicensed_since = Utc::now().timestamp();
             self.save(&s);
-            self.log.log(
-                INFO,
-                &format!("License returned successfully. (Info: {})", node.host),
+            // Briefly: a stop must not wait for a DLS that does not answer.
+            let returned = https::request(
+                &node.host,
+                node.lease_port,
+                "DELETE",
+                &format!("/leasing/v1/lease/{r}"),
+                "",
+                self.timeout().min(Duration::from_secs(1)),
             );
+            if returned.is_ok_and(|a| a.success()) {
+                self.say(INFO, &lines::RETURNED, &[&node.host]);
+            } else {
+                self.say(ERR, &lines::RETURN_FAILED, &[&node.host]);
+            }
         }
-        self.log.log(INFO, &format!("Shutdown ({})", self.pid));
+        let pid = self.pid.to_string();
+        self.say(INFO, &lines::SHUTDOWN, &[&pid]);
         let pid_file = self.dir.join(shared::PID_FILE);
         if std::fs::read_to_string(&pid_file).is_ok_and(|s| s.trim() == self.pid.to_string()) {
             let _ = std::fs::remove_file(&pid_file);

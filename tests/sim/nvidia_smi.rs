@@ -1,6 +1,9 @@
-//! The simulated `nvidia-smi`: prints the simulated GPU in the real layout (`-q`, `-q -x`,
-//! `-L`, the plain table), its license as the simulated gridd left it in the sim dir's
-//! `state.json`. `smi_mode` in `sim.json` makes it hang forever or fail as with no driver.
+//! The simulated `nvidia-smi`: prints the simulated GPUs in the real layout (`-q`, `-q -x`,
+//! `-L`, the plain table), their license as the simulated gridd left it in the sim dir's
+//! `state.json`. `smi_mode` in `sim.json` makes it hang forever or fail as with no driver;
+//! `driver_version` sets the version printed and the wording of an unlicensed GPU (535's
+//! plain `Unlicensed`); `gpu_count` the number of vGPUs; `platform_licensed` prints
+//! `Licensed (Expiry: N/A)`.
 //!
 //!     sim-nvidia-smi [--sim-dir DIR] [-q [-x]] [-L]
 
@@ -10,8 +13,6 @@ mod shared;
 use chrono::{Local, Utc};
 use shared::{GpuState, SimConfig, SmiMode};
 
-const DRIVER: &str = "550.90.07";
-const CUDA: &str = "12.4";
 const NO_DRIVER: &str = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\n";
 
 fn main() {
@@ -33,7 +34,14 @@ fn main() {
         unlicensed_since: now,
         ..GpuState::default()
     });
-    let gpu = Gpu::new(&cfg, &state, now);
+    let gpus: Vec<Gpu> = (0..cfg.gpu_count.max(1))
+        .map(|i| Gpu::new(&cfg, &state, now, i))
+        .collect();
+    let smi = Smi {
+        driver: cfg.driver_version.clone(),
+        cuda: cuda_for(&cfg.driver_version),
+        gpus,
+    };
     let flags: Vec<&str> = args.iter().map(String::as_str).collect();
     let query = flags.iter().any(|f| matches!(*f, "-q" | "--query"));
     let xml = flags.iter().any(|f| matches!(*f, "-x" | "--xml-format"));
@@ -48,47 +56,80 @@ fn main() {
         std::process::exit(2);
     }
     if flags.iter().any(|f| matches!(*f, "-L" | "--list-gpus")) {
-        println!("GPU 0: {} (UUID: {})", gpu.product, gpu.uuid);
+        for (i, gpu) in smi.gpus.iter().enumerate() {
+            println!("GPU {i}: {} (UUID: {})", gpu.product, gpu.uuid);
+        }
     } else if query && xml {
-        print!("{}", gpu.xml());
+        print!("{}", smi.xml());
     } else if query {
-        print!("{}", gpu.text());
+        print!("{}", smi.text());
     } else {
-        print!("{}", gpu.table());
+        print!("{}", smi.table());
     }
+}
+
+/// The CUDA version a driver prints beside its own (the samples' pairs: 510.47.03 with 11.6,
+/// 535.183.06 with 12.2; no sample shows 550, whose 550.90.07 came with CUDA 12.4).
+fn cuda_for(driver: &str) -> &'static str {
+    match driver.split('.').next() {
+        Some("510") => "11.6",
+        Some("535") => "12.2",
+        _ => "12.4",
+    }
+}
+
+struct Smi {
+    driver: String,
+    cuda: &'static str,
+    gpus: Vec<Gpu>,
 }
 
 struct Gpu {
     bus_id: String,
     product: String,
     brand: String,
-    uuid: &'static str,
+    uuid: String,
     mode: &'static str,
     /// Edition and License Status, where there is a license section.
     license: Option<(String, String)>,
 }
 
+/// The `i`th GPU's bus id: the configured one, then the next PCI devices (`...:02:02.0`).
+fn bus_id(first: &str, i: u32) -> String {
+    if i == 0 {
+        return first.to_string();
+    }
+    let (head, rest) = first.rsplit_once(':').unwrap_or(("00000000:02", "01.0"));
+    let dev = rest
+        .split('.')
+        .next()
+        .and_then(|d| u32::from_str_radix(d, 16).ok())
+        .unwrap_or(1);
+    format!("{head}:{:02X}.0", dev + i)
+}
+
 impl Gpu {
-    fn new(cfg: &SimConfig, state: &GpuState, now: i64) -> Gpu {
+    fn new(cfg: &SimConfig, state: &GpuState, now: i64, i: u32) -> Gpu {
+        let bus = bus_id(&cfg.bus_id, i);
         if cfg.passthrough {
             let product = cfg
                 .profile
                 .rsplit_once('-')
                 .map_or(cfg.profile.clone(), |(p, _)| p.to_string());
             return Gpu {
-                bus_id: cfg.bus_id.clone(),
+                bus_id: bus,
                 product,
                 brand: "NVIDIA".into(),
-                uuid: "GPU-7e1b8d52-4c1a-5f0e-9a3b-2d6f8c0e1a44",
+                uuid: format!("GPU-7e1b8d52-4c1a-5f0e-9a3b-2d6f8c0e1a{:02x}", 0x44 + i),
                 mode: "Pass-Through",
                 license: None,
             };
         }
         Gpu {
-            bus_id: cfg.bus_id.clone(),
+            bus_id: bus,
             product: cfg.profile.clone(),
             brand: cfg.edition(),
-            uuid: "GPU-62f13b27-1eda-11b2-a8b5-0869ebe25264",
+            uuid: format!("GPU-62f13b27-1eda-11b2-a8b5-0869ebe252{:02x}", 0x64 + i),
             mode: "VGPU",
             license: Some((cfg.edition(), state.license_status(cfg, now))),
         }
@@ -101,16 +142,6 @@ impl Gpu {
         };
         let head = |indent: usize, k: &str| format!("{}{k}\n", " ".repeat(indent));
         let mut s = String::new();
-        s += "\n==============NVSMI LOG==============\n\n";
-        s += &kv(
-            0,
-            "Timestamp",
-            &Local::now().format("%a %b %d %H:%M:%S %Y").to_string(),
-        );
-        s += &kv(0, "Driver Version", DRIVER);
-        s += &kv(0, "CUDA Version", CUDA);
-        s += "\n";
-        s += &kv(0, "Attached GPUs", "1");
         s += &format!("GPU {}\n", self.bus_id);
         s += &kv(4, "Product Name", &self.product);
         s += &kv(4, "Product Brand", &self.brand);
@@ -128,7 +159,7 @@ impl Gpu {
         s += &kv(8, "Current", "N/A");
         s += &kv(8, "Pending", "N/A");
         s += &kv(4, "Serial Number", "N/A");
-        s += &kv(4, "GPU UUID", self.uuid);
+        s += &kv(4, "GPU UUID", &self.uuid);
         s += &kv(4, "Minor Number", "0");
         s += &kv(4, "VBIOS Version", "00.00.00.00.00");
         s += &kv(4, "MultiGPU Board", "No");
@@ -178,16 +209,6 @@ impl Gpu {
 
     fn xml(&self) -> String {
         let mut s = String::new();
-        s += "<?xml version=\"1.0\" ?>\n";
-        s += "<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v12.dtd\">\n";
-        s += "<nvidia_smi_log>\n";
-        s += &format!(
-            "\t<timestamp>{}</timestamp>\n",
-            Local::now().format("%a %b %d %H:%M:%S %Y")
-        );
-        s += &format!("\t<driver_version>{DRIVER}</driver_version>\n");
-        s += &format!("\t<cuda_version>{CUDA}</cuda_version>\n");
-        s += "\t<attached_gpus>1</attached_gpus>\n";
         s += &format!("\t<gpu id=\"{}\">\n", self.bus_id);
         s += &format!("\t\t<product_name>{}</product_name>\n", self.product);
         s += &format!("\t\t<product_brand>{}</product_brand>\n", self.brand);
@@ -213,24 +234,68 @@ impl Gpu {
         s += &format!("\t\t\t<pci_bus_id>{}</pci_bus_id>\n", self.bus_id);
         s += "\t\t</pci>\n";
         s += "\t</gpu>\n\n";
+        s
+    }
+}
+
+impl Smi {
+    fn text(&self) -> String {
+        let kv = |k: &str, v: &str| format!("{k:<42}: {v}\n");
+        let mut s = String::new();
+        s += "\n==============NVSMI LOG==============\n\n";
+        s += &kv(
+            "Timestamp",
+            &Local::now().format("%a %b %d %H:%M:%S %Y").to_string(),
+        );
+        s += &kv("Driver Version", &self.driver);
+        s += &kv("CUDA Version", self.cuda);
+        s += "\n";
+        s += &kv("Attached GPUs", &self.gpus.len().to_string());
+        for g in &self.gpus {
+            s += &g.text();
+        }
+        s
+    }
+
+    fn xml(&self) -> String {
+        let mut s = String::new();
+        s += "<?xml version=\"1.0\" ?>\n";
+        s += "<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v12.dtd\">\n";
+        s += "<nvidia_smi_log>\n";
+        s += &format!(
+            "\t<timestamp>{}</timestamp>\n",
+            Local::now().format("%a %b %d %H:%M:%S %Y")
+        );
+        s += &format!("\t<driver_version>{}</driver_version>\n", self.driver);
+        s += &format!("\t<cuda_version>{}</cuda_version>\n", self.cuda);
+        s += &format!("\t<attached_gpus>{}</attached_gpus>\n", self.gpus.len());
+        for g in &self.gpus {
+            s += &g.xml();
+        }
         s += "</nvidia_smi_log>\n";
         s
     }
 
     fn table(&self) -> String {
         let now = Local::now().format("%a %b %e %H:%M:%S %Y");
-        format!(
+        let (driver, cuda) = (&self.driver, self.cuda);
+        let mut s = format!(
             "{now}       \n\
 +-----------------------------------------------------------------------------------------+\n\
-| NVIDIA-SMI {DRIVER}              Driver Version: {DRIVER}      CUDA Version: {CUDA}     |\n\
+| NVIDIA-SMI {driver}              Driver Version: {driver}      CUDA Version: {cuda}     |\n\
 |-----------------------------------------+------------------------+----------------------+\n\
 | GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |\n\
 | Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |\n\
-|=========================================+========================+======================|\n\
-|   0  {:<20}           On  | {:<16} On |                    0 |\n\
+|=========================================+========================+======================|\n"
+        );
+        for (i, g) in self.gpus.iter().enumerate() {
+            s += &format!(
+                "|   {i}  {:<20}           On  | {:<16} On |                    0 |\n\
 | N/A   N/A    P0            N/A /  N/A   |       0MiB /  24576MiB |      0%      Default |\n\
 +-----------------------------------------+------------------------+----------------------+\n",
-            self.product, self.bus_id
-        )
+                g.product, g.bus_id
+            );
+        }
+        s
     }
 }

@@ -6,8 +6,11 @@
 //! Everything lives in one directory, the sim dir: `--sim-dir DIR`, else `$SIM_DIR`, else
 //! `/var/lib/vgpu-sim` (the boot test's guest, where the agent's unit sets no variable).
 //!
-//! Only the GPU, the driver's tools and a DLS are simulated: journald, journalctl, the token's
-//! decoding and the network (loopback TLS) are the real ones.
+//! Only the GPU, the driver's tools and a DLS are simulated: journald, journalctl and the
+//! network (loopback TLS) are the real ones. Nothing here comes from the agent's code: the
+//! token is judged by the simulator's own reading of its format (`jws.rs`), the edition by the
+//! driver's rule as domain.md states it, so that the agent and the simulator cannot share a
+//! mistake.
 
 #![allow(dead_code)]
 
@@ -42,6 +45,18 @@ pub enum SmiMode {
     NoDriver,
 }
 
+/// What gridd logs when it cannot reach the DLS: the real wording is not known (no sample
+/// shows a network failure; see `gridd_lines.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkFailure {
+    /// `Failed to acquire license from <host> (Info: <edition> - Error: Generic network
+    /// communication failure)`: the form real failure lines carry.
+    Full,
+    /// `Failed to acquire license from <host>`, nothing more.
+    Bare,
+}
+
 /// The simulated machine (`sim.json` in the sim dir). Every field has a default; `SIM_<FIELD>`
 /// in the environment overrides the file (value as JSON, or as a plain string).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,7 +82,9 @@ pub struct SimConfig {
     pub acquire_retry: bool,
     /// Whether gridd notices a token that appeared after its start without a restart.
     pub pickup_new_token: bool,
-    /// A DLS `Date` further than this from the guest clock fails with clock windback.
+    /// A DLS `Date` further than this from the guest clock fails with clock windback. How far
+    /// the real gridd tolerates is not known (domain.md names clock skew as the most common
+    /// failure, without a figure): a minute here, and the tests use skews of an hour.
     pub skew_tolerance_seconds: i64,
     /// Unlicensed this long: nvidia-smi says `Unlicensed (Restricted)`.
     pub grace_seconds: u64,
@@ -81,6 +98,16 @@ pub struct SimConfig {
     pub exit_linger_ms: u64,
     /// Also print gridd's lines on standard error (they always go to syslog when it answers).
     pub echo: bool,
+    /// The guest driver's version, as nvidia-smi prints it: what gridd logs at start and how
+    /// nvidia-smi words an unlicensed GPU follow it (see `unlicensed_wording`).
+    pub driver_version: String,
+    /// How gridd words a failure to reach the DLS.
+    pub network_failure: NetworkFailure,
+    /// How many vGPUs the VM has (nvidia-smi lists each; one license covers them all).
+    pub gpu_count: u32,
+    /// A cloud GPU instance whose platform licenses the GPU: gridd never leases, nvidia-smi
+    /// says `Licensed (Expiry: N/A)`.
+    pub platform_licensed: bool,
 }
 
 impl Default for SimConfig {
@@ -103,16 +130,47 @@ impl Default for SimConfig {
             network_timeout_ms: 3000,
             exit_linger_ms: 300,
             echo: false,
+            driver_version: "550.90.07".into(),
+            network_failure: NetworkFailure::Full,
+            gpu_count: 1,
+            platform_licensed: false,
         }
     }
 }
 
 impl SimConfig {
-    /// The edition the profile asks for (the driver's rule: the profile's last letter).
+    /// The edition the profile asks for: the driver's rule (domain.md, "Profile letter and
+    /// edition"), the profile's last letter.
     pub fn edition(&self) -> String {
-        vgpu_license_agent::state::edition_for_profile(&self.profile)
-            .unwrap_or("NVIDIA Virtual PC")
-            .to_string()
+        let name = self.profile.split_whitespace().last().unwrap_or_default();
+        match name.chars().last().map(|c| c.to_ascii_uppercase()) {
+            Some('Q') => "NVIDIA RTX Virtual Workstation",
+            Some('A') => "NVIDIA Virtual Applications",
+            Some('C') => "NVIDIA Virtual Compute Server",
+            _ => "NVIDIA Virtual PC",
+        }
+        .to_string()
+    }
+
+    /// The driver's major version (550 of `550.90.07`).
+    pub fn driver_major(&self) -> u32 {
+        self.driver_version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// What nvidia-smi says of a GPU without a license within its grace period: driver 535
+    /// says plain `Unlicensed` (smi-cudaerror4vgpu-1.txt, 535.183.06), driver 510
+    /// `Unlicensed (Unrestricted)` (smi-jp-dls-guide-1.txt, 510.47.03). No sample shows what
+    /// 550 says: the simulator keeps 510's wording there.
+    pub fn unlicensed_wording(&self) -> &'static str {
+        if self.driver_major() == 535 {
+            "Unlicensed"
+        } else {
+            "Unlicensed (Unrestricted)"
+        }
     }
 
     pub fn load(dir: &Path) -> SimConfig {
@@ -176,6 +234,11 @@ impl GpuState {
 
     /// `License Status` as nvidia-smi prints it at `now`.
     pub fn license_status(&self, cfg: &SimConfig, now: i64) -> String {
+        if cfg.platform_licensed {
+            // DCGM's strings (smi-dcgm-license-strings.txt) compose `Licensed` with the expiry
+            // `N/A`.
+            return "Licensed (Expiry: N/A)".into();
+        }
         match self.expiry {
             Some(exp) if self.licensed && exp > now => {
                 let t = DateTime::from_timestamp(exp, 0).unwrap_or_default();
@@ -189,7 +252,7 @@ impl GpuState {
                 if now.saturating_sub(since) >= cfg.grace_seconds as i64 {
                     "Unlicensed (Restricted)".into()
                 } else {
-                    "Unlicensed (Unrestricted)".into()
+                    cfg.unlicensed_wording().into()
                 }
             }
         }
