@@ -10,7 +10,7 @@ use crate::command;
 use crate::config::Settings;
 use crate::observe::journal::{self, ScanStats};
 use crate::observe::smi::{self, SmiSnapshot};
-use crate::report::Reason;
+use crate::report::{Finding, Reason};
 use crate::state::{LogFold, Observations};
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
 
@@ -271,7 +271,7 @@ pub struct Parts<'a> {
     /// Whether gridd's unit runs (`None`: systemd could not say).
     pub unit: Option<&'a Result<(), String>>,
     /// The DLS probe's finding, for `evaluate` to apply where gridd's failure is vague.
-    pub probe: Option<(Reason, String)>,
+    pub probe: Option<Finding>,
 }
 
 /// The one way observations are put together, for `run`, `status` and `diagnose`. No I/O.

@@ -26,7 +26,7 @@ use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureSch
 use serde::{Deserialize, Serialize};
 
 use crate::gridd_conf::Proxy;
-use crate::report::Reason;
+use crate::report::{Finding, Reason};
 use crate::time::rfc3339;
 use crate::token::Token;
 
@@ -972,7 +972,7 @@ pub fn skew_words(skew: f64) -> String {
 /// failing step of every node) when no node answered HTTPS, else `clock_skew` when the guest
 /// clock is off a DLS node's by more than `clock_skew_max`; `None` when all is well (or there
 /// was nothing to probe).
-pub fn verdict(probes: &[NodeProbe], clock_skew_max: Duration) -> Option<(Reason, String)> {
+pub fn verdict(probes: &[NodeProbe], clock_skew_max: Duration) -> Option<Finding> {
     if probes.is_empty() {
         return None;
     }

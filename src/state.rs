@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
 use crate::observe::smi::{LicenseStatus, SmiSnapshot, classify_status};
 use crate::report::{
-    DlsEndpoint, Event, EventKind, Failure, Gpu, License, LicensingMode, Reason, Report, SCHEMA,
-    State,
+    DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, License, LicensingMode, Reason, Report,
+    SCHEMA, State,
 };
 use crate::time::rfc3339;
 use crate::token::Token;
@@ -176,11 +176,11 @@ pub struct Observations {
     pub token: Option<Token>,
     /// A failure found by the agent itself (token checks, gridd unit), which outranks what
     /// the log says.
-    pub own_failure: Option<(Reason, String)>,
+    pub own_failure: Option<Finding>,
     /// What the agent's DLS probe found: it names the cause where gridd's failure is vague
     /// ([`crate::policy::probe_refines`]). With a license held it is a warning (a skewed
     /// clock, a closed port: the next renewal fails).
-    pub probe_failure: Option<(Reason, String)>,
+    pub probe_failure: Option<Finding>,
     /// The license server gridd.conf names (`ServerAddress`), when one is set: the legacy
     /// licensing path, unless a token or the log shows the token path.
     pub legacy_server: Option<String>,

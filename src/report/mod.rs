@@ -67,6 +67,11 @@ pub enum EventKind {
     CloneDetected,
 }
 
+/// A failure as it travels before it is a report's `failure`: its reason and the one line that
+/// says what was found (the agent's own findings, the probe's verdict, the service's memory of
+/// what it already reported or probed).
+pub type Finding = (Reason, String);
+
 /// Stable failure reason codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

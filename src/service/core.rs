@@ -21,7 +21,7 @@ use crate::observe::smi::SmiSnapshot;
 use crate::policy;
 use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
-use crate::report::{DlsEndpoint, EventKind, Reason, Report, State, message_ids};
+use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
 use crate::state::{LogFold, evaluate};
 use crate::token::Token;
 
@@ -69,7 +69,7 @@ pub enum Event {
     Adopted(Result<Box<Outcome>, AdoptError>),
     Restarted(Result<(), String>),
     Probed {
-        verdict: Option<(Reason, String)>,
+        verdict: Option<Finding>,
         skew: Option<f64>,
     },
     /// A new config, already validated.
@@ -149,20 +149,20 @@ pub struct Core {
     unit: Option<Result<(), String>>,
     token: Option<Result<Token, TokenProblem>>,
     legacy_server: Option<String>,
-    probe_failure: Option<(Reason, String)>,
+    probe_failure: Option<Finding>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
     last_shutdown: Option<crate::shutdown::LastShutdown>,
     clone: Option<crate::identity::CloneDetected>,
     /// The vague failure the last probe was started for: the same one is probed again only
     /// after [`PROBE_REPEAT`]; a new one at once.
-    probed: Option<FailureKey>,
+    probed: Option<Finding>,
     counters: Counters,
     remedy: Remedy,
     report: Option<Report>,
     metrics: String,
-    failure_key: Option<FailureKey>,
-    own_since: Option<((Reason, String), DateTime<Utc>)>,
+    failure_key: Option<Finding>,
+    own_since: Option<(Finding, DateTime<Utc>)>,
     busy: InFlight,
     next_smi: Duration,
     /// `next_smi` was brought forward by an event (not the periodic reading).
@@ -178,9 +178,6 @@ pub struct Core {
     dirty: bool,
     ready: bool,
 }
-
-/// A failure as the outside sees it: its reason and its text (and for the log, its time).
-pub type FailureKey = (Reason, String);
 
 impl Core {
     /// A core for `settings`. `heartbeat`: how often status.json is rewritten at least (and

@@ -25,7 +25,7 @@ use crate::config::Settings;
 use crate::install::{self, NoToken, TokenRejected};
 use crate::live;
 use crate::observe::journal::LineParser;
-use crate::report::Reason;
+use crate::report::Finding;
 
 pub use self::core::status_line;
 use self::core::{AdoptError, Core, Effect, Event, HEARTBEAT, Now, Publication};
@@ -485,7 +485,7 @@ async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(conn: S
 fn probe_dls(
     settings: &Settings,
     nodes: &[crate::report::DlsEndpoint],
-) -> (Option<(Reason, String)>, Option<f64>) {
+) -> (Option<Finding>, Option<f64>) {
     let targets: Vec<(String, u16)> = nodes.iter().map(|n| (n.host.clone(), n.port)).collect();
     // Through gridd.conf's proxy, as gridd goes; one gridd cannot use is diagnose's to explain.
     let via = crate::live::gridd_proxy(settings).ok().flatten();
