@@ -261,6 +261,22 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
     }
 }
 
+/// Runs the configured restart command with the configured time limit.
+pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
+    let cmd = &settings.commands.restart_gridd;
+    match crate::command::run(cmd, settings.commands.timeout) {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "{}{}",
+            out.status,
+            out.last_line()
+                .map(|l| format!(": {l}"))
+                .unwrap_or_default()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// What was read, as values: the parts of an observation.
 pub struct Parts<'a> {
     pub smi: SmiSnapshot,

@@ -131,7 +131,7 @@ impl Shell {
                     )
                 }),
                 Effect::RestartGridd { .. } => blocking(tx, move || {
-                    Event::Restarted(install::restart_gridd(&settings))
+                    Event::Restarted(crate::live::restart_gridd(&settings))
                 }),
                 Effect::Probe(nodes) => blocking(tx, move || {
                     let (verdict, skew) = probe_dls(&settings, &nodes);

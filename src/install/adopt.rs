@@ -1,0 +1,154 @@
+//! The service's adoption of a token it did not install: one that cloud-init's `write_files`
+//! (or a person) dropped into the token directory, or one from `[paths] token_source`. Through
+//! the same core as `install`, so the same validation, atomic writes and strays handling.
+
+use super::*;
+
+/// Adopts a token that cloud-init (`write_files`) or an operator put at the token path
+/// itself: validates it, sets its mode to 0744 (directory 0755), moves the other files of the
+/// token directory aside, sets FeatureType from the config, and restarts nvidia-gridd when
+/// any of that changed or the agent has not restarted gridd since this token appeared.
+///
+/// Errors: no token at the path ([`NoToken`]), a bad or expired token ([`TokenRejected`]),
+/// or an I/O error; in each case nothing was changed.
+///
+/// `licensed`: gridd holds a license now; then a token it already found on its own (no file
+/// changed) does not cost it its lease through a restart.
+pub fn adopt_dropped_token(
+    settings: &Settings,
+    licensed: bool,
+    retry_owed: bool,
+) -> anyhow::Result<Outcome> {
+    let target = settings.paths.token_path();
+    let bytes = match fs::symlink_metadata(&target) {
+        Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
+        Ok(_) => input::read_file(&target, crate::token::MAX_TOKEN_BYTES, Links::Refuse).map_err(
+            |e| match e {
+                ReadError::TooLarge(_) => {
+                    TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1))
+                        .into()
+                }
+                e => anyhow!("cannot read the token {}: {e}", show_path(&target)),
+            },
+        )?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(NoToken(target).into());
+        }
+        Err(e) => return Err(anyhow!("cannot read the token {}: {e}", target.display())),
+    };
+    adopt_bytes(settings, &bytes, licensed, retry_owed)
+}
+
+/// The service's adoption of a token's bytes (from the token directory or the source):
+/// validated, then installed with the config's FeatureType and a restart where one is due.
+fn adopt_bytes(
+    settings: &Settings,
+    bytes: &[u8],
+    licensed: bool,
+    retry_owed: bool,
+) -> anyhow::Result<Outcome> {
+    let (token, _) = validate(bytes, Utc::now(), false)?;
+    run_core(
+        Core {
+            bytes,
+            feature_type: if settings.gridd.feature_type_configured {
+                FeatureType::Set(settings.gridd.feature_type)
+            } else {
+                FeatureType::Default(settings.gridd.feature_type)
+            },
+            dry_run: false,
+            restart: true,
+            licensed,
+            retry_owed,
+            summary: summary(bytes, &token),
+            warnings: Vec::new(),
+        },
+        settings,
+    )
+}
+
+/// The service's adoption: from `paths.token_source` when one is set and holds a token other
+/// than the installed one, else a token dropped into the token directory
+/// ([`adopt_dropped_token`]).
+pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::Result<Outcome> {
+    if let Some(source) = &settings.paths.token_source {
+        let bytes = read_source(source, &settings.paths.token_file)?;
+        let installed = input::read_file(
+            &settings.paths.token_path(),
+            crate::token::MAX_TOKEN_BYTES,
+            Links::Refuse,
+        )
+        .ok();
+        if installed.as_deref() != Some(bytes.as_slice()) {
+            // A bad token is refused here, before anything changes: the installed one stays.
+            // A new token: gridd must be restarted for it, license held or not.
+            return adopt_bytes(settings, &bytes, false, retry_owed);
+        }
+    }
+    adopt_dropped_token(settings, licensed, retry_owed)
+}
+
+/// The token's bytes from `paths.token_source`: the file itself, or in a directory the file
+/// named like the installed token, else the only `*.tok` there. Links are followed (a
+/// Kubernetes Secret volume is made of them); what they lead to must be a regular file.
+fn read_source(source: &Path, token_file: &str) -> anyhow::Result<Vec<u8>> {
+    let shown = show_path(source);
+    let gone = |e: &dyn std::fmt::Display| {
+        TokenRejected::Source(format!(
+            "the token source {shown} (paths.token_source) cannot be read: {e}; the installed token stays"
+        ))
+    };
+    let file = match fs::metadata(source) {
+        Ok(m) if m.is_dir() => {
+            let named = source.join(token_file);
+            if named.exists() {
+                named
+            } else {
+                let toks: Vec<PathBuf> = fsutil::list_dir(source)
+                    .map_err(|e| gone(&e))?
+                    .into_iter()
+                    .filter(|(n, _)| {
+                        let n = n.to_string_lossy();
+                        !n.starts_with('.') && n.ends_with(".tok")
+                    })
+                    .map(|(_, p)| p)
+                    .collect();
+                match toks.as_slice() {
+                    [one] => one.clone(),
+                    [] => return Err(gone(&"it holds no *.tok file").into()),
+                    _ => {
+                        return Err(gone(&format!(
+                            "it holds {} *.tok files and none named {token_file}",
+                            toks.len()
+                        ))
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(_) => source.to_path_buf(),
+        Err(e) => return Err(gone(&e).into()),
+    };
+    input::read_file(&file, crate::token::MAX_TOKEN_BYTES, Links::Follow).map_err(|e| match e {
+        ReadError::TooLarge(_) => {
+            TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1)).into()
+        }
+        e => gone(&e).into(),
+    })
+}
+
+/// There is no token at the path.
+#[derive(Debug)]
+pub struct NoToken(pub PathBuf);
+
+impl std::fmt::Display for NoToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no client configuration token at {}; install one with vgpu-license-agent install",
+            self.0.display()
+        )
+    }
+}
+
+impl std::error::Error for NoToken {}
