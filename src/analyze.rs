@@ -8,11 +8,10 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::cli::AnalyzeArgs;
-use crate::input::{self, Links, ReadError};
+use crate::input::{self, ReadError};
 use crate::observe::{journal, smi};
 use crate::report::{Report, human, metrics};
 use crate::state::{LogFold, Observations, evaluate};
-use crate::text::show_path;
 use crate::token::Token;
 
 /// An input that could not be read or understood (exit code 3, unknown).
@@ -37,33 +36,20 @@ const STDIN_DEADLINE: Duration = Duration::from_secs(300);
 /// hour); the cap keeps `analyze --journal -` on an endless stream from running forever.
 const MAX_JOURNAL_BYTES: usize = 1 << 30;
 
-fn shown(path: &Path) -> String {
-    if path == Path::new("-") {
-        "standard input".into()
-    } else {
-        show_path(path)
-    }
-}
-
 /// The whole of a saved output: a regular file or standard input, at most `cap` bytes.
 fn read_all(path: &Path, cap: usize, what: &str) -> Result<Vec<u8>, InputError> {
-    let read = if path == Path::new("-") {
-        input::read_stdin(cap, STDIN_DEADLINE)
-    } else {
-        input::read_file(path, cap, Links::Follow)
-    };
-    read.map_err(|e| match e {
+    input::read_named(path, cap, STDIN_DEADLINE).map_err(|e| match e {
         ReadError::TooLarge(_) => InputError(format!(
             "{}: {e}, not {what}; give the saved output itself",
-            shown(path)
+            input::named(path)
         )),
-        e => InputError(format!("cannot read {}: {e}", shown(path))),
+        e => InputError(format!("cannot read {}: {e}", input::named(path))),
     })
 }
 
 fn read_smi(path: &Path) -> Result<smi::SmiSnapshot, InputError> {
     let bytes = read_all(path, MAX_SMI_BYTES, "nvidia-smi output")?;
-    smi::parse(&bytes).map_err(|e| InputError(format!("{}: {e}", shown(path))))
+    smi::parse(&bytes).map_err(|e| InputError(format!("{}: {e}", input::named(path))))
 }
 
 /// Builds the report from saved outputs.
@@ -100,11 +86,11 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     if let Some(path) = &args.journal {
         let mut fold = LogFold::new(args.max_events);
         let reader = input::open_stream(path, MAX_JOURNAL_BYTES, STDIN_DEADLINE)
-            .map_err(|e| InputError(format!("cannot read {}: {e}", shown(path))))?;
+            .map_err(|e| InputError(format!("cannot read {}: {e}", input::named(path))))?;
         let stats = journal::scan(reader, |e| fold.push(e)).map_err(|e| {
             InputError(format!(
                 "cannot read {}: {}",
-                shown(path),
+                input::named(path),
                 input::describe(&e)
             ))
         })?;

@@ -213,6 +213,32 @@ pub fn read_stdin(cap: usize, deadline: Duration) -> Result<Vec<u8>, ReadError> 
     read_capped(Stdin::new(deadline), cap).map_err(unwrap_stalled)
 }
 
+/// An input the command line names: `-` is standard input (it must end within
+/// `stdin_deadline`), anything else a regular file (links followed: the operator named it).
+/// At most `cap` bytes.
+pub fn read_named(path: &Path, cap: usize, stdin_deadline: Duration) -> Result<Vec<u8>, ReadError> {
+    if is_stdin(path) {
+        read_stdin(cap, stdin_deadline)
+    } else {
+        read_file(path, cap, Links::Follow)
+    }
+}
+
+/// Whether the command line's `path` means standard input (`-`).
+pub fn is_stdin(path: &Path) -> bool {
+    path == Path::new("-")
+}
+
+/// How an input the command line names is called in messages: `standard input`, or its path
+/// escaped for a terminal.
+pub fn named(path: &Path) -> String {
+    if is_stdin(path) {
+        "standard input".into()
+    } else {
+        crate::text::show_path(path)
+    }
+}
+
 /// A [`ReadError::Stalled`] that travelled inside an `io::Error`, unwrapped.
 pub fn unwrap_stalled(e: ReadError) -> ReadError {
     match e {

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::cli::TokenInspectArgs;
 use crate::config::Settings;
-use crate::input::{self, Links, ReadError};
+use crate::input::{self, ReadError};
 use crate::report::human::both_times;
 use crate::text::{escape, show_path};
 use crate::time::rfc3339;
@@ -28,17 +28,13 @@ struct Inspection<'a> {
 /// Reads a regular file or standard input, never more than a token can be, so 10 MB of
 /// junk, a FIFO or an endless pipe costs nothing.
 fn read_limited(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let read = if path == Path::new("-") {
-        input::read_stdin(MAX_TOKEN_BYTES, crate::install::source::STDIN_DEADLINE)
-    } else {
-        input::read_file(path, MAX_TOKEN_BYTES, Links::Follow)
-    };
-    let shown = if path == Path::new("-") {
-        "standard input".to_string()
-    } else {
-        show_path(path)
-    };
-    read.map_err(|e| match e {
+    let shown = input::named(path);
+    input::read_named(
+        path,
+        MAX_TOKEN_BYTES,
+        crate::install::source::STDIN_DEADLINE,
+    )
+    .map_err(|e| match e {
         ReadError::TooLarge(_) => anyhow!("{shown}: {}", TokenError::TooLarge(MAX_TOKEN_BYTES + 1)),
         e => anyhow!("cannot read {shown}: {e}"),
     })

@@ -10,8 +10,7 @@ use base64::Engine;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 use crate::cli::TokenSource;
-use crate::input::{self, Links, ReadError};
-use crate::text::show_path;
+use crate::input::{self, ReadError};
 use crate::token::{MAX_TOKEN_BYTES, TokenError};
 
 /// How long standard input may take to deliver a whole token where no config says (`token
@@ -23,22 +22,17 @@ pub const STDIN_DEADLINE: Duration = Duration::from_secs(60);
 /// is read (a symlink to one is followed: a Kubernetes Secret volume is made of them), never
 /// more than `MAX_TOKEN_BYTES` of it.
 pub fn from_file(path: &Path, stdin_deadline: Duration) -> anyhow::Result<Vec<u8>> {
-    let read = if path == Path::new("-") {
-        if io::stdin().is_terminal() {
-            bail!(
-                "--token-file -: standard input is a terminal; pipe the token in (install --token-file - < client_configuration_token.tok) or give its path"
-            );
-        }
-        input::read_stdin(MAX_TOKEN_BYTES, stdin_deadline)
+    if input::is_stdin(path) && io::stdin().is_terminal() {
+        bail!(
+            "--token-file -: standard input is a terminal; pipe the token in (install --token-file - < client_configuration_token.tok) or give its path"
+        );
+    }
+    let shown = if input::is_stdin(path) {
+        input::named(path)
     } else {
-        input::read_file(path, MAX_TOKEN_BYTES, Links::Follow)
+        format!("the token file {}", input::named(path))
     };
-    let shown = if path == Path::new("-") {
-        "standard input".to_string()
-    } else {
-        format!("the token file {}", show_path(path))
-    };
-    match read {
+    match input::read_named(path, MAX_TOKEN_BYTES, stdin_deadline) {
         Ok(bytes) => Ok(bytes),
         Err(ReadError::TooLarge(_)) => Err(anyhow!(
             "{shown}: {}",
