@@ -21,7 +21,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::sim::{self, Agent, Machine, Mode, Setup, SimConfig, SmiMode, wait_for};
+use common::sim::{
+    self, Agent, Machine, Mode, NetworkFailure, Setup, SimConfig, SmiMode, gridd_lines, wait_for,
+};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -249,10 +251,14 @@ fn webhook_receiver() -> (String, std::sync::mpsc::Receiver<Vec<u8>>) {
     (url, rx)
 }
 
-#[test]
-fn scenario_dls_down_then_back() {
+/// The DLS down, then back, with gridd wording its network failure as `form` says (the real
+/// wording is not known: see tests/sim/gridd_lines.rs).
+fn dls_down_then_back(form: NetworkFailure) {
     // A gridd that does not retry by itself, like one started before the network.
-    let m = Machine::new(setup(|s| s.acquire_retry = false));
+    let m = Machine::new(setup(|s| {
+        s.acquire_retry = false;
+        s.network_failure = form;
+    }));
     write_gridd_conf(&m);
     m.drop_token(0o744);
     m.dls.set_mode(Mode::Refusing);
@@ -262,6 +268,14 @@ fn scenario_dls_down_then_back() {
         matches!(reason(v), Some("dls_unreachable" | "unspecified"))
     });
     assert_ne!(v["state"], "licensed");
+    if form == NetworkFailure::Full {
+        // gridd's line says it: no need to wait for the agent's own probe.
+        assert_eq!(reason(&v), Some("dls_unreachable"), "{v:#}");
+        assert!(
+            has_event(&v, gridd_lines::ERROR_NETWORK),
+            "gridd's failure line in the events: {v:#}"
+        );
+    }
     wait_for(
         "a restart of gridd",
         T,
@@ -282,6 +296,16 @@ fn scenario_dls_down_then_back() {
     assert_eq!(m.restarts(), after, "no restart once licensed");
     let v = a.status().unwrap();
     assert!(v["failure"].is_null(), "{v:#}");
+}
+
+#[test]
+fn scenario_dls_down_then_back() {
+    dls_down_then_back(NetworkFailure::Full);
+}
+
+#[test]
+fn scenario_dls_down_then_back_with_the_bare_failure_line() {
+    dls_down_then_back(NetworkFailure::Bare);
 }
 
 #[test]
@@ -791,4 +815,194 @@ fn scenario_a_forged_gridd_line_changes_nothing() {
     assert!(has_event(&s, &started), "{s:#}");
     assert!(!has_event(&s, "forged.example"), "{s:#}");
     assert_ne!(reason(&s), Some("clock_skew"), "{s:#}");
+}
+
+/// A token whose payload was edited after the DLS signed it: well formed, so the agent reads
+/// it as a token (a guest has nothing to check the signature against), but gridd rejects it
+/// and exits, as with any token it cannot decode.
+fn edited_token_machine() -> (Machine, Vec<u8>) {
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    let edited = m.edited_token();
+    sim::write_mode(&m.token_path(), &edited, 0o744);
+    let gridd = m.start_gridd();
+    wait_for(
+        "gridd to exit on the edited token",
+        T,
+        || (!sim::shared::gridd_alive(gridd)).then_some(()),
+        || m.gridd_log(),
+    );
+    assert!(
+        sim::gridd_messages(gridd)
+            .iter()
+            .any(|l| l == gridd_lines::DECODE_SIGNATURE.template)
+    );
+    (m, edited)
+}
+
+/// The agent cannot hold gridd up on a token gridd rejects: it says so (not licensed,
+/// gridd's own line in the events), leaves the token as it is, does not restart gridd in a
+/// storm, and the DLS's own token fixes it.
+#[test]
+fn scenario_edited_token_rejected_by_gridd() {
+    let (m, edited) = edited_token_machine();
+    let a = Agent::start(&m);
+    let v = a.wait_status("gridd's rejection reported", T, |v| {
+        !v["failure"].is_null() && has_event(v, gridd_lines::DECODE_SIGNATURE.template)
+    });
+    assert_ne!(v["state"], "licensed");
+    // Past several restart backoffs: no storm, nothing leased.
+    std::thread::sleep(Duration::from_secs(8));
+    let v = a.status().unwrap();
+    assert_ne!(v["state"], "licensed");
+    assert!(!v["failure"].is_null(), "{v:#}");
+    assert!(m.restarts() <= 3, "{} restarts: a storm", m.restarts());
+    assert_eq!(
+        std::fs::read(m.token_path()).unwrap(),
+        edited,
+        "left as it is"
+    );
+    assert!(
+        !m.dls.requests().iter().any(|r| r.contains("/leasing/")),
+        "no lease on an edited token"
+    );
+    // The DLS's own token fixes it (the agent restarts gridd for a new token; by hand where
+    // its restart budget is spent).
+    m.drop_token(0o744);
+    let fixed = Instant::now();
+    while m.gridd_pid().is_none() && fixed.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if m.gridd_pid().is_none() {
+        restart_gridd_by_hand(&m);
+    }
+    a.wait_status("licensed, the failure cleared", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+}
+
+/// What the contract says gridd's `Failed to decode signature from token received` is:
+/// `token_invalid`, the cause gridd gave as it exited. The agent reports `gridd_not_running`
+/// instead (its own finding that the unit is inactive outranks gridd's last words,
+/// src/live.rs `assemble`), and restarts gridd for it, to the same end.
+#[test]
+#[ignore = "agent defect: gridd_not_running hides gridd's token_invalid (see the doc comment)"]
+fn scenario_edited_token_is_reported_token_invalid() {
+    let (m, _) = edited_token_machine();
+    let a = Agent::start(&m);
+    let v = a.wait_status("token_invalid", T, |v| reason(v) == Some("token_invalid"));
+    assert_ne!(v["state"], "licensed");
+    std::thread::sleep(Duration::from_secs(8));
+    let v = a.status().unwrap();
+    assert_eq!(reason(&v), Some("token_invalid"), "{v:#}");
+    assert!(
+        m.restarts() <= 1,
+        "{} restarts: none can help",
+        m.restarts()
+    );
+}
+
+/// A proxy in front of the DLS answers 502 to every request: gridd fails its acquisition
+/// with an HTTP error; the agent reports the failure (not licensed, gridd's line kept whole),
+/// does not restart gridd in a storm, and sees the license once the proxy passes again.
+#[test]
+fn scenario_proxy_in_front_of_the_dls_answers_502() {
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.dls.set_mode(Mode::BadGateway);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("the acquisition failure reported", T, |v| {
+        !v["failure"].is_null() && has_event(v, gridd_lines::ERROR_HTTP)
+    });
+    assert_ne!(v["state"], "licensed");
+    assert_eq!(a.metric("vgpu_license_licensed"), Some(0.0));
+    std::thread::sleep(Duration::from_secs(8));
+    let v = a.status().unwrap();
+    assert_ne!(v["state"], "licensed");
+    assert!(!v["failure"].is_null(), "{v:#}");
+    // The contract: a failure text no reason names is `other`, kept whole in the message.
+    // (The proxy answers, so the agent's own probe finds the path working.)
+    assert_eq!(reason(&v), Some("other"), "{v:#}");
+    assert_eq!(
+        v["failure"]["message"],
+        gridd_lines::ACQUIRE_FAILED.format(&[
+            "127.0.0.1",
+            "NVIDIA RTX Virtual Workstation",
+            gridd_lines::ERROR_HTTP
+        ]),
+        "{v:#}"
+    );
+    assert!(m.restarts() <= 3, "{} restarts: a storm", m.restarts());
+    m.dls.set_mode(Mode::Up);
+    a.wait_status("licensed, the failure cleared", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+}
+
+/// Driver 535 says plain `Unlicensed` (smi-cudaerror4vgpu-1.txt) and its gridd starts with
+/// `vGPU Software package (0)`: without a token the agent says unlicensed, token missing.
+#[test]
+fn scenario_driver_535_without_a_token() {
+    let m = Machine::new(setup(|s| s.driver_version = "535.183.06".into()));
+    write_gridd_conf(&m);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("token_missing", T, |v| reason(v) == Some("token_missing"));
+    assert_eq!(v["state"], "unlicensed", "{v:#}");
+    assert_eq!(v["license"]["status"], "Unlicensed", "{v:#}");
+    assert_eq!(v["gpus"][0]["license_status"], "Unlicensed");
+    assert_eq!(a.metric("vgpu_license_licensed"), Some(0.0));
+}
+
+/// Two vGPUs on a platform that licenses them (`Licensed (Expiry: N/A)`, no token): the agent
+/// reports both GPUs, licensed without an expiry, and `analyze` reads the same from
+/// nvidia-smi's XML.
+#[test]
+fn scenario_two_gpus_licensed_by_the_platform() {
+    let m = Machine::new(setup(|s| {
+        s.gpu_count = 2;
+        s.platform_licensed = true;
+    }));
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("two licensed GPUs", T, |v| {
+        v["state"] == "licensed" && v["gpus"].as_array().is_some_and(|g| g.len() == 2)
+    });
+    assert_eq!(v["license"]["status"], "Licensed (Expiry: N/A)", "{v:#}");
+    assert!(v["license"]["expiry"].is_null(), "{v:#}");
+    for (g, bus) in v["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(["00000000:02:01.0", "00000000:02:02.0"])
+    {
+        assert_eq!(g["bus_id"], bus);
+        assert_eq!(g["license_status"], "Licensed (Expiry: N/A)");
+        assert_eq!(g["profile"], "NVIDIA L40S-24Q");
+    }
+    assert!(v["failure"].is_null(), "no token is no failure here: {v:#}");
+    assert_eq!(a.metric("vgpu_license_licensed"), Some(1.0));
+    assert!(
+        a.metrics()
+            .lines()
+            .all(|l| !l.starts_with("vgpu_license_expiry_timestamp_seconds")),
+        "no expiry metric without an expiry"
+    );
+    // The same from the XML form, offline.
+    let xml = m.path("smi.xml");
+    std::fs::write(&xml, m.smi(&["-q", "-x"]).stdout).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["analyze", "--json", "--smi"])
+        .arg(&xml)
+        .output()
+        .unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r["state"], "licensed", "{r:#}");
+    assert_eq!(r["gpus"], v["gpus"], "XML and text read alike");
+    assert_eq!(out.status.code(), Some(0));
 }

@@ -249,9 +249,10 @@ impl Gridd {
     fn read_gridd_conf(&self) {
         match std::fs::read_to_string(&self.cfg.gridd_conf) {
             Err(_) => {
-                let path = self.cfg.gridd_conf.display().to_string();
+                // The path the real daemon opens, wherever the simulated machine keeps the
+                // file it stands for.
                 for _ in 0..6 {
-                    self.say(ERR, &lines::NO_GRIDD_CONF, &[&path]);
+                    self.say(ERR, &lines::NO_GRIDD_CONF, &["/etc/nvidia/gridd.conf"]);
                 }
             }
             Ok(text) => {
