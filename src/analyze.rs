@@ -2,15 +2,12 @@
 //! feeds live.
 
 use std::path::Path;
-use std::process::ExitCode;
 use std::time::Duration;
-
-use anyhow::Context;
 
 use crate::cli::AnalyzeArgs;
 use crate::input::{self, ReadError};
 use crate::observe::{journal, smi};
-use crate::report::{Report, human, metrics};
+use crate::report::Report;
 use crate::state::{LogFold, Observations, evaluate};
 use crate::token::Token;
 
@@ -116,20 +113,4 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     let mut report = evaluate(obs);
     report.notes.extend(notes);
     Ok(report)
-}
-
-/// The `analyze` command.
-pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
-    let report = analyze(args)?;
-    if args.metrics {
-        let counters = metrics::Counters::from_events(&report);
-        print!("{}", metrics::render(&report, &counters));
-    } else if args.json {
-        let mut out = serde_json::to_string_pretty(&report).context("serializing the report")?;
-        out.push('\n');
-        print!("{}", crate::text::for_terminal(&out));
-    } else {
-        print!("{}", crate::text::for_terminal(&human::render(&report)));
-    }
-    Ok(ExitCode::from(report.exit_code))
 }

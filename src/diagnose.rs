@@ -8,13 +8,10 @@
 //! failure where the report knows nothing more specific ([`crate::policy::probe_refines`]).
 
 use std::fmt::Write as _;
-use std::process::ExitCode;
 
-use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::cli::JsonArg;
 use crate::config::Settings;
 use crate::gridd_conf::{GriddConf, feature_type_advice};
 use crate::live::{self, TokenProblem};
@@ -143,20 +140,6 @@ pub fn render(checks: &[Check]) -> String {
         count(Status::Skip)
     );
     o
-}
-
-/// `diagnose [--json]`.
-pub fn run(args: &JsonArg, settings: &Settings) -> anyhow::Result<ExitCode> {
-    let d = diagnose(settings, Utc::now());
-    if args.json {
-        let v = d.to_json().context("serializing the report")?;
-        let mut out = serde_json::to_string_pretty(&v).context("serializing the report")?;
-        out.push('\n');
-        print!("{out}");
-    } else {
-        print!("{}", crate::text::for_terminal(&render(&d.checks)));
-    }
-    Ok(ExitCode::from(d.exit_code()))
 }
 
 /// Runs every check now.

@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use vgpu_license_agent::cli::{Cli, Command, TokenCommand};
+use vgpu_license_agent::cli::{analyze, diagnose, install, prepare, status, token};
 use vgpu_license_agent::config::Settings;
-use vgpu_license_agent::{analyze, install, prepare, token_inspect};
 
 /// UNKNOWN in the monitoring-plugin convention: the check itself could not run.
 const UNKNOWN: u8 = 3;
@@ -48,14 +48,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = || Settings::load(&cli.config);
     match &cli.command {
         Command::Analyze(args) => analyze::run(args),
-        Command::Token(TokenCommand::Inspect(args)) => token_inspect::run(args, &settings()?),
+        Command::Token(TokenCommand::Inspect(args)) => token::run(args, &settings()?),
         Command::Install(args) => install::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
         Command::PrepareImage(args) => prepare::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
         Command::CheckIdentity(args) => {
             vgpu_license_agent::identity::run(&settings()?, &args.root).map(|()| ExitCode::SUCCESS)
         }
         Command::Run => vgpu_license_agent::service::run(settings()?, &cli.config),
-        Command::Status(args) => vgpu_license_agent::status::run(args, &settings()?),
-        Command::Diagnose(args) => vgpu_license_agent::diagnose::run(args, &settings()?),
+        Command::Status(args) => status::run(args, &settings()?),
+        Command::Diagnose(args) => diagnose::run(args, &settings()?),
     }
 }

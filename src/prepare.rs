@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 
-use crate::cli::PrepareImageArgs;
 use crate::config::Settings;
 use crate::fsutil;
 
@@ -156,13 +155,4 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
         let _ = std::fs::remove_file(&lock_path);
     }
     Ok(done)
-}
-
-/// `vgpu-license-agent prepare-image`.
-pub fn run(args: &PrepareImageArgs, settings: &Settings) -> anyhow::Result<()> {
-    let done = prepare(settings, args.purge_client_state, args.dry_run)?;
-    for line in done.lines() {
-        println!("{}", crate::text::for_terminal(&line));
-    }
-    Ok(())
 }

@@ -1,33 +1,29 @@
 //! `token inspect`: what a token says, never its key or signature.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
+use std::path::Path;
 
-use anyhow::{Context, anyhow};
-use chrono::Utc;
+use anyhow::anyhow;
 use serde::Serialize;
 
-use crate::cli::TokenInspectArgs;
-use crate::config::Settings;
 use crate::input::{self, ReadError};
 use crate::report::human::both_times;
-use crate::text::{escape, show_path};
+use crate::text::escape;
 use crate::time::rfc3339;
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
 
 #[derive(Serialize)]
-struct Inspection<'a> {
-    file: String,
+pub struct Inspection<'a> {
+    pub(crate) file: String,
     #[serde(flatten)]
-    token: &'a Token,
+    pub(crate) token: &'a Token,
     /// `valid`, `expired` or `not_yet_valid`, at the time of the inspection.
-    validity: &'static str,
+    pub(crate) validity: &'static str,
 }
 
 /// Reads a regular file or standard input, never more than a token can be, so 10 MB of
 /// junk, a FIFO or an endless pipe costs nothing.
-fn read_limited(path: &Path) -> anyhow::Result<Vec<u8>> {
+pub fn read_limited(path: &Path) -> anyhow::Result<Vec<u8>> {
     let shown = input::named(path);
     input::read_named(
         path,
@@ -87,38 +83,4 @@ pub fn render(file: &str, t: &Token, validity: Validity) -> String {
         ),
     };
     o
-}
-
-/// The `token inspect` command: exit 0 for a valid token, 1 for an expired or not yet valid
-/// one, and an error for what is not a token.
-pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
-    let path: PathBuf = args
-        .file
-        .clone()
-        .unwrap_or_else(|| settings.paths.token_path());
-    let bytes = read_limited(&path)?;
-    let token = Token::decode(&bytes).with_context(|| show_path(&path))?;
-    let validity = token.validity(Utc::now());
-    let file = show_path(&path);
-    if args.json {
-        let out = Inspection {
-            file,
-            token: &token,
-            validity: match validity {
-                Validity::Valid => "valid",
-                Validity::Expired(_) => "expired",
-                Validity::NotYetValid(_) => "not_yet_valid",
-            },
-        };
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        print!(
-            "{}",
-            crate::text::for_terminal(&render(&file, &token, validity))
-        );
-    }
-    Ok(match validity {
-        Validity::Valid => ExitCode::SUCCESS,
-        _ => ExitCode::from(1),
-    })
 }

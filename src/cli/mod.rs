@@ -1,7 +1,16 @@
-//! The command line: every command of the contract, as clap definitions.
+//! The command line: every command of the contract, as clap definitions, and each command's
+//! `run(args)`: what it reads from its arguments and what it prints. The work itself is done by
+//! domain functions that take plain requests (`install::install`, `diagnose::diagnose`, ...).
 //!
 //! This module is part of the library so that the man page and the shell completions
 //! (see `examples/gen-docs.rs`) are generated from the very same definitions.
+
+pub mod analyze;
+pub mod diagnose;
+pub mod install;
+pub mod prepare;
+pub mod status;
+pub mod token;
 
 use std::path::PathBuf;
 

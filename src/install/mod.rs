@@ -27,7 +27,6 @@ use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::InstallArgs;
 use crate::config::Settings;
 use crate::fsutil::{self, LockError};
 use crate::gridd_conf::{self, Edit, GriddConf};
@@ -374,7 +373,7 @@ fn smi_gpus(settings: &Settings) -> Vec<crate::observe::smi::SmiGpu> {
     }
 }
 
-fn nothing_changed() -> &'static str {
+pub(crate) fn nothing_changed() -> &'static str {
     "nothing was changed"
 }
 
@@ -878,7 +877,7 @@ pub fn install_at(
     )
 }
 
-fn check_feature_type(ft: u8) -> anyhow::Result<()> {
+pub fn check_feature_type(ft: u8) -> anyhow::Result<()> {
     if matches!(ft, 0 | 1 | 2 | 4) {
         Ok(())
     } else {
@@ -887,58 +886,6 @@ fn check_feature_type(ft: u8) -> anyhow::Result<()> {
             nothing_changed()
         ))
     }
-}
-
-/// `vgpu-license-agent install`.
-pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
-    let feature_type = args.feature_type.unwrap_or(settings.gridd.feature_type);
-    check_feature_type(feature_type)?;
-    let timeout = args
-        .timeout
-        .map(Duration::from_secs)
-        .unwrap_or(settings.commands.timeout);
-    let token = source::read(&args.source, args.ca_file.as_deref(), timeout, args.retries)?;
-    // A guest its cloud platform licenses (nvidia-smi: `Licensed (Expiry: N/A)` and no token)
-    // needs no token, and one installed there makes gridd go to a DLS instead.
-    if !args.force
-        && let crate::live::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
-        && crate::state::licensing_mode(None, None, Some(&smi), None)
-            == crate::report::LicensingMode::CloudProvider
-    {
-        return Err(anyhow!(
-            "this guest is licensed by its cloud platform (nvidia-smi shows a license with no expiry and no token is installed): it needs no client configuration token, and installing one would send nvidia-gridd to a DLS instead; use --force to install it anyway; {}",
-            nothing_changed()
-        ));
-    }
-    let req = Request {
-        token,
-        feature_type,
-        force: args.force,
-        dry_run: args.dry_run,
-        restart: !args.no_restart,
-    };
-    let outcome = install(&req, settings)?;
-    for w in &outcome.warnings {
-        eprintln!(
-            "vgpu-license-agent: warning: {}",
-            crate::text::escape(&w.to_string())
-        );
-    }
-    for line in outcome.lines() {
-        println!("{}", crate::text::for_terminal(&line));
-    }
-    if let Restart::Failed(why) = &outcome.restart {
-        let what = if outcome.changed() {
-            "the token and gridd.conf are installed, but restarting nvidia-gridd failed"
-        } else {
-            "restarting nvidia-gridd failed"
-        };
-        return Err(anyhow!(
-            "{what} ({}: {why}); restart it yourself, or run install again (it retries the restart)",
-            outcome.restart_command
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,51 @@
+//! `status`: the current state, from the live report when the service runs, else observed on
+//! the spot; exit codes of a monitoring plugin; `--wait` until licensed.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crate::cli::StatusArgs;
+use crate::config::Settings;
+use crate::report::{State, human};
+use crate::status::{Source, current};
+
+/// The `status` command.
+pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
+    let deadline = args.wait.map(|s| Instant::now() + Duration::from_secs(s));
+    let (report, source) = loop {
+        let (report, source) = current(settings);
+        match deadline {
+            Some(d) if report.state != State::Licensed && Instant::now() < d => {
+                std::thread::sleep(
+                    Duration::from_secs(1).min(d.saturating_duration_since(Instant::now())),
+                );
+            }
+            _ => break (report, source),
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        match source {
+            Source::Service(age) => println!(
+                "From the running service's report ({} s old).",
+                age.as_secs()
+            ),
+            Source::Observed => println!("The service is not running: observed now."),
+        }
+        print!("{}", crate::text::for_terminal(&human::render(&report)));
+        if args.wait.is_some() && report.state != State::Licensed {
+            println!(
+                "Not licensed after waiting {} s{}",
+                args.wait.unwrap_or_default(),
+                report
+                    .failure
+                    .as_ref()
+                    .map(|f| format!(": {}", f.reason.as_str()))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    // 0-3 whatever a status.json says: a monitoring system reads anything else as a crash.
+    Ok(ExitCode::from(report.exit_code.min(3)))
+}

@@ -1,0 +1,47 @@
+//! `token inspect`: what a client configuration token says, never its key material.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use chrono::Utc;
+
+use crate::cli::TokenInspectArgs;
+use crate::config::Settings;
+use crate::text::show_path;
+use crate::token::{Token, Validity};
+use crate::token_inspect::{Inspection, read_limited, render};
+
+/// The `token inspect` command: exit 0 for a valid token, 1 for an expired or not yet valid
+/// one, and an error for what is not a token.
+pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
+    let path: PathBuf = args
+        .file
+        .clone()
+        .unwrap_or_else(|| settings.paths.token_path());
+    let bytes = read_limited(&path)?;
+    let token = Token::decode(&bytes).with_context(|| show_path(&path))?;
+    let validity = token.validity(Utc::now());
+    let file = show_path(&path);
+    if args.json {
+        let out = Inspection {
+            file,
+            token: &token,
+            validity: match validity {
+                Validity::Valid => "valid",
+                Validity::Expired(_) => "expired",
+                Validity::NotYetValid(_) => "not_yet_valid",
+            },
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print!(
+            "{}",
+            crate::text::for_terminal(&render(&file, &token, validity))
+        );
+    }
+    Ok(match validity {
+        Validity::Valid => ExitCode::SUCCESS,
+        _ => ExitCode::from(1),
+    })
+}
