@@ -10,8 +10,11 @@
 # systemd-nspawn -b and check from inside with the guest's own systemctl and journalctl
 # (nsenter into the guest's pid 1): every check runs in every guest. In bookworm's guest,
 # once the .deb is purged, the .rpm (rpm/build.sh) is installed, upgraded and erased with
-# Debian's rpm, so that its scriptlets run against a real systemd. Runs as root on a
-# throwaway machine.
+# Debian's rpm, so that its scriptlets run against a real systemd. Then, from a copy of
+# bookworm's tree with cloud-init installed, one guest per user-data file of cloud-init/,
+# seeded as NoCloud with a token of the test's simulated DLS and booted three times (first
+# boot, same instance again, new instance with a new token): see "The cloud-init bootstrap"
+# below. Runs as root on a throwaway machine.
 #
 # Exit: 0 passed, 1 failed, 77 skipped. A skip, said loudly and never counted as passed, is
 # only for a machine that cannot run the test or a part of it: not root, a tool missing, no
@@ -96,17 +99,26 @@ WORK=$(mktemp -d /var/tmp/$NAME-boot.XXXXXX)
 GUEST=
 NSPAWN_PID=
 LEADER=
-# stop_guest: powers the current guest off (killing nspawn if it does not stop) and removes
-# its tree.
-stop_guest() {
+# halt_guest: powers the current guest off (killing nspawn if it does not stop), keeping its
+# tree for another boot. Returns non-zero when the guest had to be killed.
+halt_guest() {
+	local rc=0
 	if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
 		[ -n "$LEADER" ] && nsenter -t "$LEADER" -a systemctl poweroff --no-block >/dev/null 2>&1
-		for _ in $(seq 30); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 1; done
-		kill "$NSPAWN_PID" 2>/dev/null
+		for _ in $(seq 60); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.5; done
+		if kill "$NSPAWN_PID" 2>/dev/null; then
+			echo "the guest did not power off within 30 s: killed" >&2
+			rc=1
+		fi
 		wait "$NSPAWN_PID" 2>/dev/null
 	fi
 	NSPAWN_PID=
 	LEADER=
+	return $rc
+}
+# stop_guest: powers the current guest off and removes its tree.
+stop_guest() {
+	halt_guest
 	if [ -n "$GUEST" ] && [ "${BOOT_TEST_KEEP:-0}" != 1 ]; then
 		rm -rf "$GUEST"
 	fi
@@ -136,6 +148,8 @@ prepare_guest() {
 		skip "[$SUITE] debootstrap failed (no mirror reachable?)"
 		return 1
 	}
+	# The cloud-init guests start from this tree as debootstrap left it.
+	[ "$SUITE" != "$CLOUD_INIT_SUITE" ] || ci_save_base
 	echo "$NAME-boot" >"$GUEST/etc/hostname"
 	echo "$SUITE: libc6 $(chroot "$GUEST" dpkg-query -W -f="\${Version}" libc6), systemd $(chroot "$GUEST" dpkg-query -W -f="\${Version}" systemd)"
 
@@ -159,12 +173,17 @@ UNIT
 	mkdir -p "$GUEST/etc/nvidia" "$GUEST/var/lib/prometheus/node-exporter"
 }
 
+# More options of systemd-nspawn for the next boot (a bind mount, say).
+NSPAWN_EXTRA=()
+BOOTS=0
+CONSOLE_LOG=
 # boot_guest: boots GUEST and waits until its systemd has finished booting. Fails (having
 # said why, as a skip or a failure) when it cannot.
 boot_guest() {
-	banner "[$SUITE] boot: systemd-nspawn -b --register=no --keep-unit"
-	systemd-nspawn -b -D "$GUEST" --register=no --keep-unit --console=read-only \
-		>"$WORK/$SUITE-console.log" 2>&1 &
+	banner "[$SUITE] boot: systemd-nspawn -b --register=no --keep-unit ${NSPAWN_EXTRA[*]}"
+	CONSOLE_LOG=$WORK/$(basename "$GUEST")-console-$((++BOOTS)).log
+	systemd-nspawn -b -D "$GUEST" --register=no --keep-unit --console=read-only "${NSPAWN_EXTRA[@]}" \
+		>"$CONSOLE_LOG" 2>&1 &
 	NSPAWN_PID=$!
 	# The guest's pid 1 is the child of nspawn in a pid namespace of its own (nspawn's first
 	# child is a short-lived helper in ours: nsentering it races its exit).
@@ -180,7 +199,7 @@ boot_guest() {
 		sleep 0.5
 	done
 	if [ -z "$LEADER" ]; then
-		tail -30 "$WORK/$SUITE-console.log" >&2
+		tail -30 "$CONSOLE_LOG" >&2
 		skip "[$SUITE] systemd-nspawn could not boot the guest on this machine"
 		return 1
 	fi
@@ -211,7 +230,7 @@ boot_guest() {
 	case "$state" in
 	running | degraded) ;;
 	*)
-		tail -30 "$WORK/$SUITE-console.log" >&2
+		tail -30 "$CONSOLE_LOG" >&2
 		if [ -z "$systemd_up" ]; then
 			skip "[$SUITE] the guest's systemd never answered is-system-running (got: ${state:-nothing}): this machine cannot boot a systemd guest"
 			return 1
@@ -336,7 +355,8 @@ agent_journal_tail() {
 	guest journalctl -b --no-pager -u nvidia-gridd.service | tail -15
 }
 
-install_sim() {
+# sim_files: puts the simulator's programs, its settings and its units into GUEST's tree.
+sim_files() {
 	install -m 0755 "$SIM_EXAMPLES/sim-nvidia-gridd" "$GUEST/usr/bin/nvidia-gridd" &&
 		install -m 0755 "$SIM_EXAMPLES/sim-nvidia-smi" "$GUEST/usr/bin/nvidia-smi" &&
 		install -m 0755 "$SIM_EXAMPLES/sim-dls" "$GUEST/usr/local/bin/sim-dls" || return 1
@@ -361,6 +381,9 @@ ExecStart=/usr/bin/nvidia-gridd
 [Install]
 WantedBy=multi-user.target
 UNIT
+}
+install_sim() {
+	sim_files || return 1
 	guest systemctl daemon-reload &&
 		guest systemctl start sim-dls.service &&
 		guest systemctl restart nvidia-gridd.service &&
@@ -659,6 +682,484 @@ guest_checks() {
 	[ "$SUITE" != "$RPM_SUITE" ] || rpm_checks
 }
 
+# ---- The cloud-init bootstrap, booted for real.
+#
+# One root per run: the debootstrapped tree of CLOUD_INIT_SUITE, copied before the main guest
+# installs anything, gets cloud-init (apt-get install in the chroot: with debootstrap's
+# --include, python3-cryptography's configure order breaks), the package (dpkg -i, as an
+# image build does) and the simulator (nvidia-gridd and a DLS started at boot). Each user-data
+# file of cloud-init/ boots a copy of that root (cp -a: under a second) from a NoCloud seed
+# (/var/lib/cloud/seed/nocloud), its placeholder filled as a user would fill it: the
+# simulator's token, `base64 -w0`. In each guest, three boots:
+#   1. first boot: cloud-init finishes without an error of ours, its files land as the
+#      user-data says, the token is adopted, gridd.conf gets FeatureType=1, nvidia-gridd is
+#      restarted once, and the agent's report says licensed by the token's DLS; the boot did
+#      not wait on the agent;
+#   2. the same instance again: cloud-init runs none of its per-instance modules, and nothing
+#      changes (the token's and gridd.conf's bytes and mtimes) or restarts;
+#   3. a new instance-id with a new token: the new token is installed and licensed.
+# The KubeVirt user-data's token comes from a shared Secret, not from the user-data: the
+# share is stood in for (see ci_prepare_root's mount.virtiofs) and also rotated while the guest runs.
+#
+# Each token names a DLS host of its own (dls-N.boot-test, all 127.0.0.1 in the guest's
+# /etc/hosts, all served by the one simulated DLS): the simulator writes the same bytes for
+# the same node, and the report's DLS then says which token the agent is on.
+
+CLOUD_INIT_SUITE=${BOOT_TEST_CLOUD_INIT_SUITE:-bookworm}
+CI_USER_DATA=(user-data-write-files.yaml user-data-runcmd.yaml user-data-kubevirt-token-source.yaml)
+CI_PLACEHOLDER=REPLACE_WITH_BASE64_OF_YOUR_TOKEN
+CI_BASE=
+CI_SEED=/var/lib/cloud/seed/nocloud
+# The template the driver installs: the agent sets FeatureType and keeps the rest.
+CI_GRIDD_TEMPLATE=$'# gridd.conf.template of the driver\nFeatureType=0\nEnableUI=FALSE'
+CI_GRIDD_SET=$'# gridd.conf.template of the driver\nFeatureType=1\nEnableUI=FALSE'
+# A token counter for the whole run: token N names dls-N.boot-test.
+CI_TOKENS=0
+CI_TOKEN=
+CI_DLS_HOST=
+# The stand-in for the KubeVirt share: the host directory, the mount point in the guest.
+CI_SHARE=
+CI_SHARE_GUEST=
+# What boot 2 must find unchanged (ci_fingerprint).
+CI_PRINT=
+# systemd's "Started <unit>" (SD_MESSAGE_UNIT_STARTED): one per start of nvidia-gridd.
+UNIT_STARTED_ID=39f53479d3a045ac8e11786248231fbf
+
+# ci_save_base: keeps a copy of the freshly debootstrapped tree for the cloud-init guests.
+ci_save_base() {
+	CI_BASE=$WORK/cloud-init-root
+	cp -a "$GUEST" "$CI_BASE" || {
+		fail "[$SUITE] cannot copy the debootstrapped tree for the cloud-init guests"
+		CI_BASE=
+	}
+}
+
+# ci_prepare_root: the image every cloud-init guest starts from.
+ci_prepare_root() {
+	local root=$CI_BASE
+	banner "[$SUITE] cloud-init root: apt-get install cloud-init, dpkg -i the package, the simulator"
+	DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -q --no-install-recommends cloud-init \
+		>"$WORK/cloud-init-apt.log" 2>&1 || {
+		tail -20 "$WORK/cloud-init-apt.log" >&2
+		echo "apt-get install cloud-init in the chroot failed (log above)" >&2
+		return 1
+	}
+	chroot "$root" apt-get clean
+	echo "cloud-init $(chroot "$root" dpkg-query -W -f="\${Version}" cloud-init)"
+	cp "$DEB" "$root/tmp/" && chroot "$root" dpkg -i "/tmp/$(basename "$DEB")" >/dev/null || return 1
+	rm -f "$root/tmp/$(basename "$DEB")"
+	# The simulator, started at boot: its nvidia-gridd is enabled as the driver's would be.
+	GUEST=$root sim_files || return 1
+	ln -sf /etc/systemd/system/nvidia-gridd.service "$root/etc/systemd/system/multi-user.target.wants/nvidia-gridd.service"
+	mkdir -p "$root/etc/nvidia" "$root/var/lib/prometheus/node-exporter"
+	printf '%s\n' "$CI_GRIDD_TEMPLATE" >"$root/etc/nvidia/gridd.conf"
+	chmod 0644 "$root/etc/nvidia/gridd.conf"
+	echo "$NAME-boot" >"$root/etc/hostname"
+	printf '127.0.0.1\t%s\n' dls-1.boot-test dls-2.boot-test dls-3.boot-test >>"$root/etc/hosts"
+	# The image's cloud-init config (not the user-data under test). Each setting puts aside a
+	# failure of a debootstrap minbase image that a cloud image would not have.
+	cat >"$root/etc/cloud/cloud.cfg.d/90-boot-test.cfg" <<'CFG'
+# The seed is NoCloud's directory (/var/lib/cloud/seed/nocloud); no other source is looked for.
+datasource_list: [ NoCloud, None ]
+# No locale is generated in a minbase image: the default en_US.UTF-8 fails update-locale.
+# C.UTF-8 is built into glibc.
+locale: C.UTF-8
+# The guest shares the host's network (systemd-nspawn without --private-network): there is
+# nothing for cloud-init to configure, and no network renderer in the image to do it.
+network: {config: disabled}
+CFG
+	# The KubeVirt user-data mounts a virtiofs share; nspawn has no virtiofs device, so the
+	# test binds a host directory at the mount point (--bind-ro, before the guest boots) in
+	# place of the share. mount(8) runs /sbin/mount.TYPE for a type that has such a helper:
+	# this one stands in for the virtiofs driver, and mounting succeeds only where the stand-in
+	# is bound read-only, as the shared Secret would be. Without it, cloud-init's mounts module
+	# fails its `mount -a` (unknown filesystem type 'virtiofs'), which is not what a KubeVirt
+	# guest sees.
+	cat >"$root/sbin/mount.virtiofs" <<'HELPER'
+#!/bin/sh
+# mount.virtiofs TAG DIR [-o OPTIONS]: stand-in for the virtiofs driver, see the package's
+# deb/boot-test.sh (ci_prepare_root).
+[ "$#" -ge 2 ] || exit 1
+case ",$(findmnt -n -o OPTIONS --mountpoint "$2")," in
+*,ro,*) exit 0 ;;
+esac
+echo "mount.virtiofs (boot test stand-in): no read-only stand-in bound at $2 for $1" >&2
+exit 32
+HELPER
+	chmod 0755 "$root/sbin/mount.virtiofs"
+}
+
+# ci_new_token: writes the next simulator token (its own DLS host) to $WORK/token-N.
+ci_new_token() {
+	CI_TOKENS=$((CI_TOKENS + 1))
+	CI_DLS_HOST=dls-$CI_TOKENS.boot-test
+	CI_TOKEN=$WORK/token-$CI_TOKENS
+	"$SIM_EXAMPLES/sim-dls" --write-token "$CI_DLS_HOST:$SIM_DLS_PORT" "$CI_TOKEN"
+}
+
+# ci_seed USER_DATA INSTANCE_ID: the NoCloud seed, the user-data's placeholder filled with the
+# current token as its comments tell a user to (`base64 -w0` of the token file).
+ci_seed() {
+	local seed=$GUEST$CI_SEED b64
+	mkdir -p "$seed"
+	b64=$(base64 -w0 "$CI_TOKEN") || return 1
+	(umask 077 && sed "s|$CI_PLACEHOLDER|$b64|" "$ROOT/cloud-init/$1" >"$seed/user-data") || return 1
+	if grep -q REPLACE_WITH "$seed/user-data"; then
+		echo "$1: a placeholder is left in the seed's user-data" >&2
+		return 1
+	fi
+	printf 'instance-id: %s\nlocal-hostname: %s\n' "$2" "$NAME-boot" >"$seed/meta-data"
+}
+
+# ci_share_token: puts the current token into the stand-in for the shared Secret as the
+# kubelet updates a Secret volume: the new file complete first, then renamed into place.
+ci_share_token() {
+	cp "$CI_TOKEN" "$CI_SHARE/.new.tmp" && mv -f "$CI_SHARE/.new.tmp" "$CI_SHARE/client_configuration_token.tok"
+}
+
+# ci_cloud_init_done INSTANCE_ID: `cloud-init status --long` says done, from our seed and
+# instance, and cloud-init's log of this boot has no warning or error but the image's own.
+ci_cloud_init_done() {
+	local out rc=0 id warnings
+	out=$(guest timeout 120 cloud-init status --wait --long)
+	rc=$?
+	echo "$out"
+	if [ $rc != 0 ] || ! grep -q '^status: done' <<<"$out"; then
+		echo "cloud-init status: exit $rc, not done" >&2
+		return 1
+	fi
+	grep -qF "DataSourceNoCloud [seed=$CI_SEED]" <<<"$out" || {
+		echo "cloud-init did not read the NoCloud seed" >&2
+		return 1
+	}
+	id=$(cat "$GUEST/var/lib/cloud/data/instance-id" 2>/dev/null)
+	[ "$id" = "$1" ] || {
+		echo "cloud-init's instance-id is '$id', not $1" >&2
+		return 1
+	}
+	# This boot's part of the log: from its last init-local stage on. Allowed: the image has no
+	# ssh-keygen and no ssh server (cloud-init warns, and goes on).
+	warnings=$(awk '/running .init-local. at/ { n = NR } { line[NR] = $0 } END { for (i = n; i <= NR; i++) print line[i] }' \
+		"$GUEST/var/log/cloud-init.log" | grep -E '\[(WARNING|ERROR|CRITICAL)\]' |
+		grep -vE "Failed generating key type [a-z0-9]+ to file /etc/ssh/|Ignoring config 'ssh_pwauth: [^']*'. SSH service 'ssh' is not installed")
+	if [ -n "$warnings" ]; then
+		echo "cloud-init warned or failed in this boot:" >&2
+		echo "$warnings" >&2
+		rc=1
+	fi
+	return $rc
+}
+
+# ci_write_files_landed: every write_files entry of the seed's user-data is in the guest with
+# its bytes, mode and owner (the token's bytes are compared, never shown).
+ci_write_files_landed() {
+	python3 - "$GUEST$CI_SEED/user-data" "$GUEST" <<'PY'
+import base64, os, sys
+import yaml
+
+user_data, root = sys.argv[1], sys.argv[2]
+ok = True
+for wf in yaml.safe_load(open(user_data)).get("write_files", []):
+    want = wf.get("content", "").encode()
+    if wf.get("encoding") == "b64":
+        want = base64.b64decode(want)
+    path = root + wf["path"]
+    try:
+        got = open(path, "rb").read()
+        st = os.stat(path)
+    except OSError as e:
+        print(f"{wf['path']}: {e}", file=sys.stderr)
+        ok = False
+        continue
+    mode = "%04o" % (st.st_mode & 0o7777)
+    problems = []
+    if got != want:
+        problems.append(f"its {len(got)} bytes differ from the user-data's {len(want)}")
+    if mode != wf.get("permissions", "0644"):
+        problems.append(f"mode {mode}, not {wf.get('permissions')}")
+    if (st.st_uid, st.st_gid) != (0, 0):
+        problems.append(f"owner {st.st_uid}:{st.st_gid}, not root:root")
+    if problems:
+        print(f"{wf['path']}: " + "; ".join(problems), file=sys.stderr)
+        ok = False
+    else:
+        print(f"ok: {wf['path']}: {len(got)} bytes, mode {mode}, root:root")
+sys.exit(0 if ok else 1)
+PY
+}
+
+# ci_token_is FILE: the installed token is FILE's bytes, mode 0744, alone in its directory.
+ci_token_is() {
+	local t=$GUEST$TOKEN_GUEST
+	cmp -s "$1" "$t" && [ "$(stat -c %a "$t")" = 744 ] && [ "$(stat -c %u:%g "$t")" = 0:0 ] &&
+		[ "$(ls -A "${t%/*}")" = "${t##*/}" ]
+}
+ci_token_installed() {
+	wait_until 60 ci_token_is "$CI_TOKEN" || {
+		echo "the installed token is not the current one (mode $(stat -c %a "$GUEST$TOKEN_GUEST" 2>/dev/null), files: $(find "$GUEST${TOKEN_GUEST%/*}" -mindepth 1 -printf '%f ' 2>/dev/null))" >&2
+		return 1
+	}
+	if [ "$(cat "$GUEST/etc/nvidia/gridd.conf")" != "$CI_GRIDD_SET" ] || [ "$(stat -c %a "$GUEST/etc/nvidia/gridd.conf")" != 644 ]; then
+		echo "gridd.conf is not the driver's template with FeatureType=1 (mode $(stat -c %a "$GUEST/etc/nvidia/gridd.conf")):" >&2
+		cat "$GUEST/etc/nvidia/gridd.conf" >&2
+		return 1
+	fi
+	echo "the token ($CI_DLS_HOST) is installed with mode 0744, gridd.conf has FeatureType=1"
+}
+
+# Counts of this boot: starts of the nvidia-gridd unit (1 at boot, +1 per restart), the agent's
+# own restarts (its journal and its metrics).
+gridd_starts() { guest journalctl -b --no-pager -o cat MESSAGE_ID=$UNIT_STARTED_ID UNIT=nvidia-gridd.service | grep -c .; }
+agent_restarts_logged() {
+	guest journalctl -b --no-pager -o cat _SYSTEMD_UNIT="$NAME.service" MESSAGE_ID="$(catalog_id 'restarted nvidia-gridd')" | grep -c .
+}
+agent_metric() { sed -n "s/^$1 //p" "$GUEST/var/lib/prometheus/node-exporter/vgpu_license_agent.prom" 2>/dev/null; }
+gridd_started_n() { [ "$(gridd_starts)" -ge "$1" ]; }
+agent_restarted_n() { [ "$(agent_metric vgpu_license_gridd_restarts_total)" = "$1" ]; }
+
+# ci_restarts GRIDD_STARTS AGENT_RESTARTS: this boot's counts, once the agent is licensed.
+# "LE" before a number: at most that many.
+ci_restarts() {
+	local starts agent logged metric rc=0
+	starts=$(gridd_starts)
+	logged=$(agent_restarts_logged)
+	metric=$(agent_metric vgpu_license_gridd_restarts_total)
+	echo "this boot: nvidia-gridd started $starts time(s); the agent restarted it $logged time(s) (journal), vgpu_license_gridd_restarts_total $metric"
+	case $1 in
+	LE*) [ "$starts" -le "${1#LE}" ] || rc=1 ;;
+	*) [ "$starts" = "$1" ] || rc=1 ;;
+	esac
+	[ $rc = 0 ] || echo "expected nvidia-gridd to start $1 time(s)" >&2
+	case $2 in
+	LE*) [ "$logged" -le "${2#LE}" ] && [ "$metric" = "$logged" ] || rc=1 ;;
+	*) [ "$logged" = "$2" ] && [ "$metric" = "$2" ] || rc=1 ;;
+	esac
+	[ $rc = 0 ] || {
+		echo "expected the agent to restart nvidia-gridd $2 time(s), in its journal and its metrics" >&2
+		agent_journal_tail
+	}
+	return $rc
+}
+
+# ci_report: the agent's report, from the guest's own command and from the live file: licensed,
+# by the DLS the current token names, no failure.
+ci_report() {
+	local out rc
+	out=$(guest vgpu-license-agent status --json --wait 60)
+	rc=$?
+	echo "vgpu-license-agent status --json --wait 60: exit $rc"
+	python3 - "$CI_DLS_HOST" "$SIM_DLS_PORT" "$out" "$(guest cat "/run/$NAME/status.json")" <<'PY' || rc=1
+import json, sys
+
+host, port = sys.argv[1], int(sys.argv[2])
+ok = True
+for name, text in (("status --json", sys.argv[3]), ("/run/vgpu-license-agent/status.json", sys.argv[4])):
+    try:
+        r = json.loads(text)
+    except ValueError as e:
+        print(f"{name}: not JSON: {e}", file=sys.stderr)
+        ok = False
+        continue
+    got = (r.get("state"), r.get("licensing_mode"), r.get("failure"), r.get("dls"))
+    want = ("licensed", "dls", None, [{"host": host, "port": port}])
+    print(f"{name}: state {got[0]}, mode {got[1]}, failure {got[2] and got[2].get('reason')}, dls {got[3]}")
+    if got != want:
+        print(f"{name}: expected state licensed, mode dls, no failure, dls {want[3]}", file=sys.stderr)
+        ok = False
+sys.exit(0 if ok else 1)
+PY
+	[ "$rc" = 0 ] || agent_journal_tail
+	[ "$rc" = 0 ]
+}
+
+# ci_boot_order: the boot did not wait on the agent. cloud-init's first three stages are
+# ordered after nothing that is ordered after the agent. cloud-final.service (Debian's
+# cloud-init orders it after multi-user.target, hence after every service started for that
+# target, the agent's too) never waited on the agent: the agent is not on its critical chain,
+# and it was ready (Type=notify) within 5 s of starting, licensed or not.
+ci_boot_order() {
+	local u chain start ready rc=0
+	for u in cloud-init-local.service cloud-init.service cloud-config.service; do
+		if guest systemctl list-dependencies --after --plain --all --no-pager "$u" | grep -qF "$NAME.service"; then
+			echo "$u is ordered after $NAME.service" >&2
+			rc=1
+		fi
+	done
+	chain=$(guest systemd-analyze critical-chain --no-pager cloud-final.service)
+	echo "$chain"
+	if grep -qF "$NAME.service" <<<"$chain"; then
+		echo "$NAME.service is on cloud-final.service's critical chain" >&2
+		rc=1
+	fi
+	start=$(guest systemctl show -P InactiveExitTimestampMonotonic "$NAME.service")
+	ready=$(guest systemctl show -P ActiveEnterTimestampMonotonic "$NAME.service")
+	if [ "${ready:-0}" -gt 0 ] && [ "$((ready - start))" -lt 5000000 ]; then
+		echo "$NAME.service was ready $(((ready - start) / 1000)) ms after it started"
+	else
+		echo "$NAME.service was not ready within 5 s of its start (start $start, ready $ready)" >&2
+		rc=1
+	fi
+	return $rc
+}
+
+# ci_share_mounted: the share's mount point holds the stand-in, read-only, and cloud-init's
+# mounts module put the user-data's entry into fstab.
+ci_share_mounted() {
+	local opts
+	opts=$(guest findmnt -n -o OPTIONS --mountpoint "$CI_SHARE_GUEST")
+	echo "$CI_SHARE_GUEST: $opts"
+	case ",$opts," in *,ro,*) ;; *) return 1 ;; esac
+	grep -E "^vgpu-token[[:space:]]+${CI_SHARE_GUEST}[[:space:]]+virtiofs[[:space:]]" "$GUEST/etc/fstab" || {
+		echo "no virtiofs entry for $CI_SHARE_GUEST in the guest's /etc/fstab" >&2
+		return 1
+	}
+}
+
+# A fingerprint of what a boot of the same instance must not change: bytes (hashed, never
+# shown) and mtimes of the token, gridd.conf and the agent's drop-ins.
+ci_fingerprint() {
+	(cd "$GUEST" && find etc/nvidia etc/vgpu-license-agent -type f -printf '%p %s %T@ %m\n' | sort &&
+		find etc/nvidia etc/vgpu-license-agent -type f -print0 | sort -z | xargs -0 sha256sum)
+}
+ci_nothing_changed() {
+	local now
+	now=$(ci_fingerprint)
+	[ "$now" = "$CI_PRINT" ] || {
+		echo "changed by a boot of the same instance:" >&2
+		diff <(cut -c1-200 <<<"$CI_PRINT" | grep -v '^[0-9a-f]\{64\} ') <(cut -c1-200 <<<"$now" | grep -v '^[0-9a-f]\{64\} ') >&2
+		[ "$(grep '^[0-9a-f]\{64\} ' <<<"$CI_PRINT")" = "$(grep '^[0-9a-f]\{64\} ' <<<"$now")" ] || echo "(and a file's bytes)" >&2
+		return 1
+	}
+	echo "the token, gridd.conf and the agent's config are as before, bytes and mtimes"
+}
+# ci_settled: what the agent does at its start is done: it has been active for 5 s. (Its
+# adoption runs within a second of its start; 5 s leave room on a loaded machine.)
+ci_settled() {
+	local t
+	t=$(guest systemctl show -P ActiveEnterTimestampMonotonic "$NAME.service")
+	# CLOCK_MONOTONIC, systemd's clock for that timestamp (one clock for the host and guest).
+	[ "${t:-0}" -gt 0 ] && [ "$(($(python3 -c 'import time; print(time.monotonic_ns() // 1000)') - t))" -ge 5000000 ]
+}
+
+# ci_boot USER_DATA BOOT INSTANCE_ID: boots the current guest (again) and runs the checks of
+# that boot.
+ci_boot() {
+	local file=$1 n=$2 id=$3 failed_before=${#FAILED[@]}
+	boot_guest || return 1
+	check "boot $n: cloud-init finished, from the seed ($id), without an error of ours" ci_cloud_init_done "$id"
+	case $n in
+	1 | 3)
+		[ "$n" = 1 ] && check "boot $n: the boot did not wait on the agent" ci_boot_order
+		[ "$file" = user-data-kubevirt-token-source.yaml ] &&
+			check "boot $n: the stand-in for the virtiofs share is mounted read-only, as fstab says" ci_share_mounted
+		grep -q '^write_files:' "$ROOT/cloud-init/$file" &&
+			check "boot $n: write_files' files are in place as the user-data says" ci_write_files_landed
+		check "boot $n: the token is installed with mode 0744, gridd.conf has FeatureType=1" ci_token_installed
+		local starts=2 agent=1
+		case $file:$n in
+		# runcmd restarts gridd itself (install --no-restart, then systemctl --no-block).
+		user-data-runcmd.yaml:*) agent=0 ;;
+		# The new token was in place before gridd started, gridd.conf already right: gridd
+		# may license on its own, and the agent need not restart it.
+		user-data-write-files.yaml:3) starts=LE2 agent=LE1 ;;
+		esac
+		[ "$starts" = 2 ] && wait_until 60 gridd_started_n 2
+		check "boot $n: licensed, from the agent's report (status --json), by the token's DLS ($CI_DLS_HOST)" ci_report
+		wait_until 30 ci_settled
+		check "boot $n: nvidia-gridd started ${starts/LE/at most } times this boot (at boot, then once more), ${agent/LE/at most } of them by the agent" ci_restarts "$starts" "$agent"
+		;;
+	2)
+		check "boot 2: licensed, from the agent's report" ci_report
+		wait_until 30 ci_settled
+		check "boot 2: nothing changed" ci_nothing_changed
+		check "boot 2: nothing restarted (nvidia-gridd started once this boot, not by the agent)" ci_restarts 1 0
+		;;
+	esac
+	check "boot $n: the agent is active" check_agent_active
+	[ "${#FAILED[@]}" -eq "$failed_before" ]
+}
+
+# ci_rotate: a new token in the share while the guest runs: installed, gridd restarted once
+# more by the agent, licensed by the new token's DLS.
+ci_rotate() {
+	ci_new_token && ci_share_token || return 1
+	ci_token_installed && wait_until 60 gridd_started_n 3 && ci_report && ci_restarts 3 2
+}
+
+ci_guest() {
+	local file=$1 start=$SECONDS kind=${1#user-data-}
+	kind=${kind%.yaml}
+	CI_TOKENS=0
+	SUITE="$CLOUD_INIT_SUITE cloud-init $kind"
+	GUEST=$WORK/cloud-init-$kind
+	NSPAWN_EXTRA=()
+	banner "[$SUITE] a copy of the cloud-init root, seeded with cloud-init/$file"
+	cp -a "$CI_BASE" "$GUEST" || {
+		fail "[$SUITE] cannot copy the cloud-init root"
+		return
+	}
+	ci_new_token || {
+		fail "[$SUITE] sim-dls --write-token failed"
+		return
+	}
+	ci_seed "$file" "iid-$kind-1" || {
+		fail "[$SUITE] cannot write the NoCloud seed"
+		return
+	}
+	if [ "$file" = user-data-kubevirt-token-source.yaml ]; then
+		# The mount point the user-data names, and a host directory bound there in place of
+		# the shared Secret (see ci_prepare_root's mount.virtiofs).
+		CI_SHARE_GUEST=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["mounts"][0][1])' "$ROOT/cloud-init/$file")
+		CI_SHARE=$WORK/cloud-init-share
+		if ! mkdir -p "$CI_SHARE" || ! ci_share_token; then
+			fail "[$SUITE] cannot fill the stand-in share"
+			return
+		fi
+		NSPAWN_EXTRA=("--bind-ro=$CI_SHARE:$CI_SHARE_GUEST")
+	fi
+	if ci_boot "$file" 1 "iid-$kind-1"; then
+		if [ "$file" = user-data-kubevirt-token-source.yaml ]; then
+			check "a token rotated in the share is installed, gridd restarted once more, licensed by it" ci_rotate
+		fi
+		CI_PRINT=$(ci_fingerprint)
+		if halt_guest; then
+			ci_boot "$file" 2 "iid-$kind-1"
+		else
+			fail "[$SUITE] the guest did not power off"
+		fi
+		halt_guest
+		ci_new_token
+		if [ "$file" = user-data-kubevirt-token-source.yaml ]; then
+			ci_share_token
+		fi
+		ci_seed "$file" "iid-$kind-2" && ci_boot "$file" 3 "iid-$kind-2"
+	fi
+	stop_guest
+	NSPAWN_EXTRA=()
+	rm -rf "$WORK/cloud-init-share"
+	CI_SHARE_GUEST=
+	TIMES+=("cloud-init $kind: $((SECONDS - start)) s")
+}
+
+cloud_init_checks() {
+	local suite=$SUITE start=$SECONDS file
+	if [ -n "$SIM_MISSING" ]; then
+		echo "[$SUITE] no cloud-init guests: $SIM_MISSING (counted once, above)" >&2
+		return
+	fi
+	[ -n "$CI_BASE" ] || return
+	if ! ci_prepare_root; then
+		fail "[$SUITE] the cloud-init root could not be made"
+		return
+	fi
+	TIMES+=("cloud-init root: $((SECONDS - start)) s")
+	for file in "${CI_USER_DATA[@]}"; do
+		ci_guest "$file"
+	done
+	rm -rf "$CI_BASE"
+	SUITE=$suite
+}
+
 build_sim
 for SUITE in "${SUITES[@]}"; do
 	START=$SECONDS
@@ -666,7 +1167,9 @@ for SUITE in "${SUITES[@]}"; do
 	prepare_guest && boot_guest && guest_checks
 	stop_guest
 	TIMES+=("$SUITE: $((SECONDS - START)) s")
+	[ "$SUITE" != "$CLOUD_INIT_SUITE" ] || cloud_init_checks
 done
 echo
-echo "time per guest (debootstrap, boot, checks): ${TIMES[*]}"
+echo "time per guest (debootstrap, boot, checks; a cloud-init guest: its three boots): ${TIMES[*]}"
+echo "boot test: $SECONDS s in all"
 summary
