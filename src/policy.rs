@@ -22,6 +22,9 @@ pub struct Policy {
     pub restart_helps: bool,
     /// The agent's DLS probe (DNS, TCP, TLS, HTTPS Date) may name the cause more precisely.
     pub probe_refines: bool,
+    /// The probe cannot name another cause but measures this one (the clock's skew against
+    /// the DLS, for the skew gauge and its alert): it runs, at a slower pace.
+    pub probe_measures: bool,
     /// The `diagnose` checks whose failure already says what this reason says.
     pub diagnose_checks: &'static [&'static str],
     pub severity: Severity,
@@ -38,6 +41,7 @@ pub fn of(reason: Reason) -> Policy {
         // A restart changes nothing here: the token, the DLS's pool, the GPU, the clock or
         // the config must change first. The checks say which.
         R::TokenMissing | R::TokenInvalid | R::TokenExpired => (false, false, &["token"], Specific),
+        // gridd's own word: the probe only measures by how much (see `probe_measures`).
         R::ClockSkew => (false, false, &["clock"], Specific),
         R::NoLicenseAvailable | R::TrustedStore | R::LicensingUnsupported => {
             (false, false, &[], Specific)
@@ -57,6 +61,7 @@ pub fn of(reason: Reason) -> Policy {
     Policy {
         restart_helps,
         probe_refines,
+        probe_measures: reason == R::ClockSkew,
         diagnose_checks,
         severity,
     }
@@ -92,6 +97,7 @@ mod tests {
             if p.probe_refines {
                 assert!(p.restart_helps, "{r:?}");
             }
+            assert!(!(p.probe_refines && p.probe_measures), "{r:?}");
             if p.severity == Severity::Generic {
                 assert!(p.probe_refines && p.diagnose_checks.is_empty(), "{r:?}");
             }

@@ -17,7 +17,7 @@ use vgpu_license_agent::observe::smi;
 use vgpu_license_agent::policy;
 use vgpu_license_agent::report::{Reason, State};
 use vgpu_license_agent::service::core::{
-    AdoptError, Core, Effect, Event, HEARTBEAT, Now, PROBE_REPEAT,
+    AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
 };
 use vgpu_license_agent::token::Token;
 
@@ -60,6 +60,8 @@ struct World {
     unit: Option<Result<(), String>>,
     token: Result<Token, TokenProblem>,
     probe: Option<(Reason, String)>,
+    /// The clock skew the probe measures.
+    skew: Option<f64>,
     /// Lines gridd logs after each restart.
     after_restart: Vec<&'static str>,
     restarts: Vec<Duration>,
@@ -76,6 +78,7 @@ impl World {
             unit: Some(Ok(())),
             token: Ok(token()),
             probe: None,
+            skew: None,
             after_restart: Vec::new(),
             restarts: Vec::new(),
             probes: Vec::new(),
@@ -149,7 +152,7 @@ impl Sim {
                         self.world.probes.push(self.mono);
                         Some(Event::Probed {
                             verdict: self.world.probe.clone(),
-                            skew: None,
+                            skew: self.world.skew,
                         })
                     }
                     Effect::ReadLastShutdown => Some(Event::LastShutdown(None)),
@@ -338,7 +341,6 @@ fn licensing_unsupported_outranks_the_housekeeping_that_follows_it() {
 #[test]
 fn clock_skew_and_other_causes_a_restart_cannot_fix_are_reported_not_retried() {
     for (line, reason) in [
-        (WINDBACK, Reason::ClockSkew),
         (NO_POOL, Reason::NoLicenseAvailable),
         (TOKEN_BAD, Reason::TokenInvalid),
         (TRUSTED_STORE, Reason::TrustedStore),
@@ -359,6 +361,38 @@ fn clock_skew_and_other_causes_a_restart_cannot_fix_are_reported_not_retried() {
         );
         assert_eq!(sim.reason(), Some(reason), "{line}");
     }
+}
+
+/// gridd names the clock skew itself: no restart (it cannot help), but the probe measures the
+/// skew for the gauge (and its alert), once at once and then every few minutes, never
+/// replacing gridd's reason.
+#[test]
+fn clock_skew_named_by_gridd_is_measured_not_retried() {
+    let mut w = World::new(UNLICENSED);
+    w.skew = Some(312.0);
+    // What the probe would say of the DLS does not replace gridd's specific reason.
+    w.probe = Some((
+        Reason::ClockSkew,
+        "guest clock is 312 s ahead of DLS dls-a.example".into(),
+    ));
+    let mut sim = Sim::new(settings(), w);
+    let seen = sim.mono;
+    sim.log(WINDBACK);
+    sim.run(S(2));
+    assert_eq!(sim.reason(), Some(Reason::ClockSkew));
+    let first = sim.world.probes.first().copied().expect("a probe");
+    assert!(first <= seen + S(2), "probed at {first:?}");
+    assert_eq!(sim.core.counters().clock_skew_seconds, Some(312.0));
+    sim.run(S(3600));
+    assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
+    let n = sim.world.probes.len();
+    let most = (3600 / MEASURE_REPEAT.as_secs() + 2) as usize;
+    assert!(
+        (2..=most).contains(&n),
+        "{n} probes in an hour: {:?}",
+        sim.world.probes
+    );
+    assert_eq!(sim.reason(), Some(Reason::ClockSkew));
 }
 
 #[test]
@@ -549,7 +583,7 @@ fn every_reason_follows_the_policy_table() {
         );
         assert_eq!(
             !sim.world.probes.is_empty(),
-            p.probe_refines,
+            p.probe_refines || p.probe_measures,
             "{reason:?}: probes {:?}",
             sim.world.probes
         );

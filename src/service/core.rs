@@ -40,6 +40,9 @@ const BUSY_TICK: Duration = Duration::from_secs(1);
 /// The same unchanged vague failure is probed again at most this often (or at the
 /// unlicensed poll interval, when longer).
 pub const PROBE_REPEAT: Duration = Duration::from_secs(30);
+/// A failure the probe only measures (clock skew that gridd named itself) is probed again at
+/// most this often: the gauge follows the clock, without a connection every half minute.
+pub const MEASURE_REPEAT: Duration = Duration::from_secs(300);
 /// The token is looked at again this often without a change seen (a watcher can miss one).
 const ADOPT_WATCHED: Duration = Duration::from_secs(300);
 const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
@@ -714,7 +717,7 @@ impl Core {
     }
 
     /// Remedy: restart gridd when that can help, probe the DLS when a failure says nothing
-    /// specific.
+    /// specific (or to measure a clock skew gridd named).
     fn remedy_step(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let Some(report) = &self.report else { return };
         let state = report.state;
@@ -725,22 +728,23 @@ impl Core {
         } else {
             // A failure gridd (or the agent) left vague: the agent finds the cause itself. A
             // new one at once; the same one again after the rate limit (what was found may
-            // have been fixed since).
+            // have been fixed since). Clock skew that gridd named is probed too, more rarely,
+            // to measure it.
             let base = self.base_reason(now);
-            let vague = match base {
-                Some(r) => policy::of(r).probe_refines,
-                None => state == State::Unlicensed,
+            let (worth_it, repeat) = match base.map(policy::of) {
+                Some(p) if p.probe_measures => (true, MEASURE_REPEAT),
+                Some(p) => (p.probe_refines, PROBE_REPEAT),
+                None => (state == State::Unlicensed, PROBE_REPEAT),
             };
             let key = (
                 base.unwrap_or(Reason::Unspecified),
                 self.fold.failure_message().unwrap_or_default().to_string(),
             );
             let news = self.probed.as_ref() != Some(&key);
-            if vague && !self.busy.probe && (news || now.mono >= self.next_probe) {
+            if worth_it && !self.busy.probe && (news || now.mono >= self.next_probe) {
                 self.busy.probe = true;
                 self.probed = Some(key);
-                self.next_probe =
-                    now.mono + self.settings.service.poll_unlicensed.max(PROBE_REPEAT);
+                self.next_probe = now.mono + self.settings.service.poll_unlicensed.max(repeat);
                 let nodes = report.dls.clone().unwrap_or_default();
                 fx.push(Effect::Probe(nodes));
             }
