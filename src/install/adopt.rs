@@ -36,16 +36,17 @@ pub fn adopt_dropped_token(
         }
         Err(e) => return Err(anyhow!("cannot read the token {}: {e}", target.display())),
     };
-    adopt_bytes(settings, &bytes, licensed, retry_owed)
+    adopt_bytes(settings, &bytes, licensed, retry_owed, true)
 }
 
 /// The service's adoption of a token's bytes (from the token directory or the source):
 /// validated, then installed with the config's FeatureType and a restart where one is due.
-fn adopt_bytes(
+pub(super) fn adopt_bytes(
     settings: &Settings,
     bytes: &[u8],
     licensed: bool,
     retry_owed: bool,
+    in_place: bool,
 ) -> anyhow::Result<Outcome> {
     let (token, _) = validate(bytes, Utc::now(), false)?;
     run_core(
@@ -62,6 +63,7 @@ fn adopt_bytes(
             retry_owed,
             summary: summary(bytes, &token),
             warnings: Vec::new(),
+            in_place,
         },
         settings,
     )
@@ -82,7 +84,7 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::R
         if installed.as_deref() != Some(bytes.as_slice()) {
             // A bad token is refused here, before anything changes: the installed one stays.
             // A new token: gridd must be restarted for it, license held or not.
-            return adopt_bytes(settings, &bytes, false, retry_owed);
+            return adopt_bytes(settings, &bytes, false, retry_owed, false);
         }
     }
     adopt_dropped_token(settings, licensed, retry_owed)
@@ -136,6 +138,19 @@ fn read_source(source: &Path, token_file: &str) -> anyhow::Result<Vec<u8>> {
         e => gone(&e).into(),
     })
 }
+
+/// The token at the path changed while it was being adopted (an `install` ran meanwhile):
+/// nothing was changed, and what is there now is adopted next, as it stands.
+#[derive(Debug)]
+pub struct Superseded;
+
+impl std::fmt::Display for Superseded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the token was replaced while it was being adopted; nothing was changed")
+    }
+}
+
+impl std::error::Error for Superseded {}
 
 /// There is no token at the path.
 #[derive(Debug)]

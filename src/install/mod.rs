@@ -13,7 +13,7 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-pub use adopt::{NoToken, adopt, adopt_dropped_token};
+pub use adopt::{NoToken, Superseded, adopt, adopt_dropped_token};
 use apply::apply;
 
 use std::ffi::OsString;
@@ -542,6 +542,9 @@ struct Core<'a> {
     retry_owed: bool,
     summary: String,
     warnings: Vec<String>,
+    /// `bytes` were read from the token path itself, before the lock: they are adopted only
+    /// if they are still what is there once the lock is held.
+    in_place: bool,
 }
 
 /// What to do with gridd.conf's FeatureType.
@@ -652,6 +655,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         retry_owed,
         summary,
         mut warnings,
+        in_place,
     } = core;
     // Both directories are checked before the lock is taken: taking it creates the state
     // directory, and a refused install changes nothing.
@@ -665,6 +669,11 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     let paths = &settings.paths;
     let target = paths.token_path();
     let cur = read_current(settings)?;
+    if in_place && cur.token.as_ref().map(|(b, _)| b.as_slice()) != Some(bytes) {
+        // Another install replaced (or removed) the token between the read and the lock:
+        // writing the bytes read before would put the old token back over the new one.
+        return Err(Superseded.into());
+    }
 
     // gridd.conf: FeatureType, and nothing else.
     // nvidia-smi is asked at most once, and only about a FeatureType other than 1.
@@ -872,6 +881,7 @@ pub fn install_at(
             retry_owed: true,
             summary: summary(&req.token, &token),
             warnings: warning.into_iter().collect(),
+            in_place: false,
         },
         settings,
     )

@@ -216,3 +216,29 @@ fn validity_is_checked_against_the_given_time() {
     assert!(e.to_string().contains("fix the clock"), "{e}");
     assert!(!d.path().join("etc").exists());
 }
+
+/// An `install` that replaces the token while the service is adopting the one it read: the
+/// adoption, once it holds the lock, finds the token is no longer the bytes it read and
+/// changes nothing (writing them would put the old token back over the new one).
+#[test]
+fn an_install_during_an_adoption_is_never_undone() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    // What the adoption read before the lock, and what install put there meanwhile.
+    let read_before = tok("old");
+    fs::write(s.paths.token_path(), tok("new")).unwrap();
+    let e = adopt::adopt_bytes(&s, &read_before, false, true, true).unwrap_err();
+    assert!(e.downcast_ref::<Superseded>().is_some(), "{e:#}");
+    assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("new"));
+    assert_eq!(restarts(d.path()), 0);
+    assert!(!s.paths.state_dir.join("replaced").exists());
+    // What is there now is adopted as it stands.
+    let o = adopt_dropped_token(&s, false, true).unwrap();
+    assert_eq!(o.restart, Restart::Done);
+    assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("new"));
+    // The token source's bytes are the operator's word, not a stale read: they are written.
+    let o = adopt::adopt_bytes(&s, &tok("source"), false, true, false).unwrap();
+    assert!(o.changed());
+    assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("source"));
+}

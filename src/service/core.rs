@@ -87,6 +87,8 @@ pub enum Event {
 #[derive(Debug)]
 pub enum AdoptError {
     NoToken,
+    /// An install replaced the token while it was being adopted: adopt what is there now.
+    Superseded,
     Rejected(String),
     Other(String),
 }
@@ -548,8 +550,9 @@ impl Core {
         match result {
             Ok(outcome) => {
                 if outcome.changed() || outcome.restart != Restart::NotNeeded {
+                    // Each line names what it is about ("token: ...", "restarted ...").
                     for line in outcome.lines() {
-                        info!("token: {}", crate::text::escape(&line));
+                        info!("{}", crate::text::escape(&line));
                     }
                     // A new token, or one now in place: a vague failure is news again.
                     self.probed = None;
@@ -582,6 +585,10 @@ impl Core {
                 }
             }
             Err(AdoptError::NoToken) => {}
+            Err(AdoptError::Superseded) => {
+                info!("the token was replaced while being adopted: adopting the new one");
+                self.adopt_again = true;
+            }
             // cloud-init may still be writing it: the next change or tick tries again.
             Err(AdoptError::Rejected(why)) => {
                 warn!("token not adopted: {}", crate::text::escape(&why))

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
-use crate::install::{self, NoToken, TokenRejected};
+use crate::install::{self, NoToken, Superseded, TokenRejected};
 use crate::live;
 use crate::observe::journal::LineParser;
 use crate::report::Finding;
@@ -122,6 +122,8 @@ impl Shell {
                             .map_err(|e| {
                                 if e.downcast_ref::<NoToken>().is_some() {
                                     AdoptError::NoToken
+                                } else if e.downcast_ref::<Superseded>().is_some() {
+                                    AdoptError::Superseded
                                 } else if let Some(r) = e.downcast_ref::<TokenRejected>() {
                                     AdoptError::Rejected(r.to_string())
                                 } else {
