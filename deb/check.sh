@@ -22,39 +22,8 @@ TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 UNIT=packaging/$NAME.service
 # shellcheck source=packaging/portable.sh
 . packaging/portable.sh
-FAILED=()
-
-banner() { printf '\n======== %s ========\n' "$*"; }
-fail() {
-	echo "FAILED: $*" >&2
-	FAILED+=("$*")
-}
-# check NAME COMMAND...: runs COMMAND, records NAME as failed when it fails.
-check() {
-	local name=$1
-	shift
-	banner "$name"
-	if "$@"; then
-		echo "ok: $name"
-	else
-		fail "$name"
-	fi
-}
-
-install_missing_packages() {
-	local missing=() p
-	for p in "${APT_PACKAGES[@]}"; do
-		[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] ||
-			missing+=("$p")
-	done
-	[ ${#missing[@]} -eq 0 ] && return 0
-	echo "installing: ${missing[*]}"
-	[ "$(id -u)" = 0 ] || {
-		echo "need root to install ${missing[*]}" >&2
-		return 1
-	}
-	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
+# shellcheck source=packaging/check-lib.sh
+. packaging/check-lib.sh
 
 check_shellcheck() {
 	local scripts=(deb/build.sh deb/check.sh deb/boot-test.sh deb/postinst deb/prerm deb/postrm)
@@ -255,9 +224,4 @@ check "journald catalog compiles" check_catalog
 check "dpkg -i / -r / -P, systemd-analyze verify, nothing left behind" check_install_purge
 check "promtool check metrics (analyze --metrics)" check_metrics
 
-banner "summary"
-if [ ${#FAILED[@]} -gt 0 ]; then
-	for f in "${FAILED[@]}"; do echo "FAILED: $f"; done
-	exit 1
-fi
-echo "all checks passed"
+summary

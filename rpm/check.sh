@@ -30,39 +30,8 @@ cd "$ROOT" || exit 1
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 # shellcheck source=packaging/portable.sh
 . packaging/portable.sh
-FAILED=()
-
-banner() { printf '\n======== %s ========\n' "$*"; }
-fail() {
-	echo "FAILED: $*" >&2
-	FAILED+=("$*")
-}
-# check NAME COMMAND...: runs COMMAND, records NAME as failed when it fails.
-check() {
-	local name=$1
-	shift
-	banner "$name"
-	if "$@"; then
-		echo "ok: $name"
-	else
-		fail "$name"
-	fi
-}
-
-install_missing_packages() {
-	local missing=() p
-	for p in "${APT_PACKAGES[@]}"; do
-		[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] ||
-			missing+=("$p")
-	done
-	[ ${#missing[@]} -eq 0 ] && return 0
-	echo "installing: ${missing[*]}"
-	[ "$(id -u)" = 0 ] || {
-		echo "need root to install ${missing[*]}" >&2
-		return 1
-	}
-	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
+# shellcheck source=packaging/check-lib.sh
+. packaging/check-lib.sh
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -79,7 +48,7 @@ extract_scriptlets() {
 }
 
 check_shellcheck() {
-	local scripts=(rpm/build.sh rpm/check.sh packaging/build-release.sh packaging/install.sh packaging/portable.sh)
+	local scripts=(rpm/build.sh rpm/check.sh packaging/build-release.sh packaging/install.sh packaging/portable.sh packaging/check-lib.sh)
 	shellcheck -x --severity=style "${scripts[@]}" || return 1
 	extract_scriptlets
 	echo "scriptlets: $(ls "$WORK/scriptlets")"
@@ -314,9 +283,4 @@ check "glibc $PORTABLE_GLIBC or newer, binary and Requires" check_glibc
 check "rpmlint: no errors, every warning explained" check_rpmlint
 check "rpm --root: install, upgrade, erase" check_round_trip
 
-banner "summary"
-if [ ${#FAILED[@]} -gt 0 ]; then
-	for f in "${FAILED[@]}"; do echo "FAILED: $f"; done
-	exit 1
-fi
-echo "all checks passed"
+summary
