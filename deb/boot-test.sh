@@ -1050,6 +1050,7 @@ ci_boot() {
 	case $n in
 	1 | 3)
 		[ "$n" = 1 ] && check "boot $n: the boot did not wait on the agent" ci_boot_order
+		[ "$n" = 3 ] && check "boot 3: the new machine-id (a cloned disk) is reported once as clone_detected" ci_clone_detected
 		[ "$file" = user-data-kubevirt-token-source.yaml ] &&
 			check "boot $n: the stand-in for the virtiofs share is mounted read-only, as fstab says" ci_share_mounted
 		grep -q '^write_files:' "$ROOT/cloud-init/$file" &&
@@ -1070,6 +1071,7 @@ ci_boot() {
 		;;
 	2)
 		check "boot 2: licensed, from the agent's report" ci_report
+		check "boot 2: the report says boot 1's gridd returned its lease as the guest powered off" ci_last_shutdown
 		wait_until 30 ci_settled
 		check "boot 2: nothing changed" ci_nothing_changed
 		check "boot 2: nothing restarted (nvidia-gridd started once this boot, not by the agent)" ci_restarts 1 0
@@ -1077,6 +1079,29 @@ ci_boot() {
 	esac
 	check "boot $n: the agent is active" check_agent_active
 	[ "${#FAILED[@]}" -eq "$failed_before" ]
+}
+
+# ci_last_shutdown: the report of a boot after a clean power-off says the previous boot's
+# gridd returned its lease as it stopped (read from the previous boot's journal).
+ci_last_shutdown() {
+	guest vgpu-license-agent status --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+last = r.get("last_shutdown")
+print("last_shutdown:", last)
+sys.exit(0 if last and last.get("lease_returned") is True else 1)'
+}
+
+# ci_clone_detected: a boot whose machine-id changed (a cloned disk) is reported once as
+# clone_detected, and gridd's client state of the old identity was moved aside, kept.
+ci_clone_detected() {
+	guest vgpu-license-agent status --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+kinds = [e.get("kind") for e in r.get("events", [])]
+print("events:", kinds)
+sys.exit(0 if kinds.count("clone_detected") == 1 else 1)' || return 1
+	guest journalctl -b -u vgpu-license-agent-identity.service --no-pager -o cat | tail -n 5
 }
 
 # ci_rotate: a new token in the share while the guest runs: installed, gridd restarted once
@@ -1128,6 +1153,9 @@ ci_guest() {
 			fail "[$SUITE] the guest did not power off"
 		fi
 		halt_guest
+		# The guest comes back as a clone would: a new machine-id on the same disk (KubeVirt
+		# gives a clone a new instance-id too).
+		systemd-id128 new >"$GUEST/etc/machine-id"
 		ci_new_token
 		if [ "$file" = user-data-kubevirt-token-source.yaml ]; then
 			ci_share_token
