@@ -294,7 +294,7 @@ fn fake_dls_behaves_as_set() {
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(dls.leases(), [r.clone()]);
+    assert_eq!(dls.leases(), std::slice::from_ref(&r));
     let path = format!("/leasing/v1/lease/{r}");
     let renew = sim::https::request("127.0.0.1", dls.port(), "PUT", &path, "{}", t2).unwrap();
     assert_eq!(renew.status, 200);
@@ -686,22 +686,20 @@ fn driver_535_logs_its_start_up_and_says_plain_unlicensed() {
         pid,
         "Unable to fetch the client configuration token file",
     );
-    // As gridd-log-cudaerror4vgpu-1.txt (driver 535.183.06).
-    let start: Vec<&str> = lines
-        .iter()
-        .map(String::as_str)
-        .filter(|l| !l.starts_with("Failed to open file"))
-        .take(4)
-        .collect();
-    assert_eq!(
-        start,
-        [
-            format!("Started ({pid})").as_str(),
-            "vGPU Software package (0)",
-            "Ignore service provider and node-locked licensing",
-            "NLS initialized",
-        ]
-    );
+    // As gridd-log-cudaerror4vgpu-1.txt (driver 535.183.06), in this order.
+    let want = [
+        format!("Started ({pid})"),
+        "vGPU Software package (0)".into(),
+        "Ignore service provider and node-locked licensing".into(),
+        "NLS initialized".into(),
+    ];
+    let mut at = 0;
+    for w in &want {
+        at += lines[at..]
+            .iter()
+            .position(|l| l == w)
+            .unwrap_or_else(|| panic!("{w:?} not in order in {lines:#?}"));
+    }
     // As smi-cudaerror4vgpu-1.txt: `Unlicensed`, which the agent reads as unlicensed.
     let (status, class) = smi_status(&m);
     assert_eq!(status, "Unlicensed");

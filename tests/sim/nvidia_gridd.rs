@@ -50,6 +50,8 @@ struct Gridd {
     log: Syslog,
     pid: u32,
     stop: Receiver<()>,
+    /// A stop [`Gridd::stopping`] took from `stop`, not yet acted on.
+    stop_seen: std::cell::Cell<bool>,
     edition: String,
     /// The node that granted the license held, and the lease's ref.
     held: Option<(DlsNode, String)>,
@@ -74,6 +76,8 @@ enum DlsError {
     /// An answer that is not a 2xx (a proxy's 502, say).
     #[allow(dead_code)]
     Http(u16),
+    /// Asked to stop in the middle: nothing to log.
+    Stopping,
 }
 
 /// The lease ref in `POST /leasing/v1/lessor`'s answer.
@@ -138,6 +142,7 @@ fn main() {
         cfg,
         log,
         stop: rx,
+        stop_seen: std::cell::Cell::new(false),
         edition,
         held: None,
     };
@@ -148,7 +153,15 @@ fn main() {
 impl Gridd {
     /// Waits, or returns `true` as soon as the daemon is asked to stop.
     fn wait(&self, d: Duration) -> bool {
-        !matches!(self.stop.recv_timeout(d), Err(RecvTimeoutError::Timeout))
+        self.stop_seen.get() || !matches!(self.stop.recv_timeout(d), Err(RecvTimeoutError::Timeout))
+    }
+
+    /// Whether a stop is pending, without taking it from the next [`Gridd::wait`].
+    fn stopping(&self) -> bool {
+        if !self.stop_seen.get() && self.stop.try_recv().is_ok() {
+            self.stop_seen.set(true);
+        }
+        self.stop_seen.get()
     }
 
     fn retry(&self) -> Duration {
@@ -320,6 +333,7 @@ impl Gridd {
             },
             DlsError::Skew(_) => full(lines::ERROR_WINDBACK),
             DlsError::Http(_) => full(lines::ERROR_HTTP),
+            DlsError::Stopping => String::new(),
         }
     }
 
@@ -337,6 +351,7 @@ impl Gridd {
                     );
                     return true;
                 }
+                Err(DlsError::Stopping) => return false,
                 Err(e) => self.log.log(ERR, &self.failure_line(node, &e)),
             }
         }
@@ -394,6 +409,7 @@ impl Gridd {
                     );
                     renew_in = Duration::from_secs_f64((lease * self.cfg.renew_fraction).max(0.05));
                 }
+                Err(DlsError::Stopping) => return true,
                 Err(e) => {
                     self.log.log(ERR, &self.failure_line(&node, &e));
                     renew_in = self.retry();
@@ -416,6 +432,10 @@ impl Gridd {
         path: &str,
         body: &str,
     ) -> Result<Vec<u8>, DlsError> {
+        // Asked to stop meanwhile: no more requests.
+        if self.stopping() {
+            return Err(DlsError::Stopping);
+        }
         let answer =
             https::request(&node.host, port, method, path, body, self.timeout()).map_err(|e| {
                 if self.cfg.echo {
