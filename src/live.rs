@@ -301,6 +301,12 @@ pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Ob
         probe_failure: parts.probe,
         ..Observations::default()
     };
+    // gridd's own last words may say why it is not running (see `policy::explains_exit`).
+    let exit_explained = parts
+        .fold
+        .as_ref()
+        .and_then(|f| f.failure_reason())
+        .is_some_and(crate::policy::explains_exit);
     if let Some(fold) = parts.fold {
         // Live, the log ends now: a lease past its expiry is not held.
         let stats = crate::observe::journal::ScanStats {
@@ -314,6 +320,7 @@ pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Ob
         Err(p) => obs.own_failure = Some((p.reason(), p.to_string())),
     }
     if obs.own_failure.is_none()
+        && !exit_explained
         && let Some(Err(why)) = parts.unit
     {
         obs.own_failure = Some((Reason::GriddNotRunning, why.clone()));

@@ -79,6 +79,15 @@ pub fn probe_refines(reason: Option<Reason>) -> bool {
     reason.is_none_or(|r| of(r).probe_refines)
 }
 
+/// Whether gridd's failure `reason` explains why gridd is not running, better than "not
+/// running" does: a specific cause that a restart cannot clear (gridd exits on a token it
+/// rejects, on a GPU it cannot license). The report then gives the cause, and gridd is not
+/// restarted for nothing; a restart follows from fixing it (a new token is adopted with one).
+pub fn explains_exit(reason: Reason) -> bool {
+    let p = of(reason);
+    p.severity == Severity::Specific && !p.restart_helps
+}
+
 /// Whether a failure of reason `new` from the same gridd process replaces the current
 /// failure `old`: a generic line never hides a specific one before it.
 pub fn replaces(old: Reason, new: Reason) -> bool {
@@ -107,5 +116,7 @@ mod tests {
         assert!(replaces(Reason::Unspecified, Reason::Other));
         assert!(restart_helps(None) && probe_refines(None));
         assert!(!restart_helps(Some(Reason::ClockSkew)));
+        assert!(explains_exit(Reason::TokenInvalid) && explains_exit(Reason::LicensingUnsupported));
+        assert!(!explains_exit(Reason::DlsUnreachable) && !explains_exit(Reason::Other));
     }
 }

@@ -491,6 +491,32 @@ fn a_line_from_gridd_after_systemd_said_it_was_down_asks_again() {
     assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
 }
 
+/// gridd exits on a token it rejects (or a GPU it cannot license): its last words are the
+/// cause, "not running" only the consequence. The report gives the cause, and gridd is not
+/// restarted for nothing. A crash after a failure a retry can clear is still restarted.
+#[test]
+fn gridds_last_words_explain_why_it_is_not_running() {
+    for (line, reason, restarted) in [
+        (TOKEN_BAD, Reason::TokenInvalid, false),
+        (UNSUPPORTED, Reason::LicensingUnsupported, false),
+        (NETWORK, Reason::GriddNotRunning, true),
+    ] {
+        let mut w = World::new(UNLICENSED);
+        w.unit = Some(Err("nvidia-gridd.service is failed".into()));
+        let mut sim = Sim::new(settings(), w);
+        sim.log(line);
+        sim.log("Shutdown (100)");
+        sim.run(S(600));
+        assert_eq!(sim.reason(), Some(reason), "{line}");
+        assert_eq!(
+            !sim.world.restarts.is_empty(),
+            restarted,
+            "{line}: {:?}",
+            sim.world.restarts
+        );
+    }
+}
+
 #[test]
 fn a_hung_nvidia_smi_is_unknown_and_asked_again_later() {
     let mut w = World::new(LICENSED);

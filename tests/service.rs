@@ -882,11 +882,9 @@ fn scenario_edited_token_rejected_by_gridd() {
 }
 
 /// What the contract says gridd's `Failed to decode signature from token received` is:
-/// `token_invalid`, the cause gridd gave as it exited. The agent reports `gridd_not_running`
-/// instead (its own finding that the unit is inactive outranks gridd's last words,
-/// src/live.rs `assemble`), and restarts gridd for it, to the same end.
+/// `token_invalid`, the cause gridd gave as it exited; that the unit is inactive is only its
+/// consequence (`policy::explains_exit`), and no restart can help.
 #[test]
-#[ignore = "agent defect: gridd_not_running hides gridd's token_invalid (see the doc comment)"]
 fn scenario_edited_token_is_reported_token_invalid() {
     let (m, _) = edited_token_machine();
     let a = Agent::start(&m);

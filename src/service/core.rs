@@ -607,8 +607,12 @@ impl Core {
             .map(|t| live::token_at(t, now.wall))
             .and_then(Result::err)
             .map(|p| p.reason());
+        let explained = self
+            .fold
+            .failure_reason()
+            .is_some_and(policy::explains_exit);
         let unit = match &self.unit {
-            Some(Err(_)) => Some(Reason::GriddNotRunning),
+            Some(Err(_)) if !explained => Some(Reason::GriddNotRunning),
             _ => None,
         };
         token.or(unit).or_else(|| self.fold.failure_reason())
