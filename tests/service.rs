@@ -901,8 +901,10 @@ fn scenario_edited_token_is_reported_token_invalid() {
 }
 
 /// A proxy in front of the DLS answers 502 to every request: gridd fails its acquisition
-/// with an HTTP error; the agent reports the failure (not licensed, gridd's line kept whole),
-/// does not restart gridd in a storm, and sees the license once the proxy passes again.
+/// with an HTTP error that names no cause the contract knows (`other`); the agent's own probe
+/// gets the proxy's 502 too and says what it means, `dls_unreachable` (the proxy answers for
+/// a DLS it cannot reach). gridd's line stays in the events, gridd is not restarted in a
+/// storm, and the license is seen once the proxy passes again.
 #[test]
 fn scenario_proxy_in_front_of_the_dls_answers_502() {
     let m = Machine::new(Setup::default());
@@ -920,16 +922,23 @@ fn scenario_proxy_in_front_of_the_dls_answers_502() {
     let v = a.status().unwrap();
     assert_ne!(v["state"], "licensed");
     assert!(!v["failure"].is_null(), "{v:#}");
-    // The contract: a failure text no reason names is `other`, kept whole in the message.
-    // (The proxy answers, so the agent's own probe finds the path working.)
-    assert_eq!(reason(&v), Some("other"), "{v:#}");
-    assert_eq!(
-        v["failure"]["message"],
-        gridd_lines::ACQUIRE_FAILED.format(&[
-            "127.0.0.1",
-            "NVIDIA RTX Virtual Workstation",
-            gridd_lines::ERROR_HTTP
-        ]),
+    // gridd's failure names no cause: the probe's finding refines it.
+    assert_eq!(reason(&v), Some("dls_unreachable"), "{v:#}");
+    let message = v["failure"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("HTTPS request failed: HTTP 502")
+            && message.contains("in front of the DLS"),
+        "{v:#}"
+    );
+    assert!(
+        has_event(
+            &v,
+            &gridd_lines::ACQUIRE_FAILED.format(&[
+                "127.0.0.1",
+                "NVIDIA RTX Virtual Workstation",
+                gridd_lines::ERROR_HTTP
+            ])
+        ),
         "{v:#}"
     );
     assert!(m.restarts() <= 3, "{} restarts: a storm", m.restarts());

@@ -521,6 +521,11 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
                 p.http_status = Some(code);
                 let status = format!("HTTP {code} {reason}").trim_end().to_string();
                 match date.as_deref().map(|d| (d, parse_http_date(d))) {
+                    // A gateway's own answer (a reverse proxy or load balancer in front of the
+                    // DLS that cannot reach it): the path ends there, and its Date is its own.
+                    _ if matches!(code, 502..=504) => Err(format!(
+                        "{status}: a proxy or load balancer in front of the DLS answered, not the DLS (it cannot reach the DLS behind it)"
+                    )),
                     None => Ok(format!(
                         "{status}, no Date header: the clock cannot be compared"
                     )),

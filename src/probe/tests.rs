@@ -48,6 +48,8 @@ enum Answer {
     NoDate,
     /// Nothing: reads the request and keeps the connection open.
     Silent,
+    /// This status line (after `HTTP/1.1 `), with a `Date`.
+    Status(&'static str),
 }
 
 /// A loopback HTTPS server; serves until the test process ends. Returns its port.
@@ -77,6 +79,16 @@ fn tls_dls(answer: Answer) -> u16 {
                         return;
                     }
                     Answer::NoDate => String::new(),
+                    Answer::Status(line) => {
+                        let resp = format!(
+                            "HTTP/1.1 {line}\r\nDate: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                            http_date(Utc::now())
+                        );
+                        let _ = tls.write_all(resp.as_bytes());
+                        tls.conn.send_close_notify();
+                        let _ = tls.flush();
+                        return;
+                    }
                     Answer::DateOffset(off) => format!(
                         "Date: {}\r\n",
                         http_date(Utc::now() + chrono::Duration::seconds(off))
@@ -396,4 +408,34 @@ fn names_are_written_as_rfc_4514_without_an_oid_database() {
     assert_eq!(info.subject, info.issuer);
     assert!(cert_info(&[CertificateDer::from(vec![0x30, 0x03, 1, 2, 3])]).is_err());
     assert!(cert_info(&[]).is_err());
+}
+
+/// A reverse proxy in front of a DLS that is down answers for it: 502, 503 or 504 is the
+/// proxy's word that the DLS did not answer, not proof that the path works.
+#[test]
+fn a_gateway_error_fails_the_https_step() {
+    for status in [
+        "502 Bad Gateway",
+        "503 Service Unavailable",
+        "504 Gateway Timeout",
+    ] {
+        let port = tls_dls(Answer::Status(status));
+        let p = probe_node("localhost", port, T);
+        assert_eq!(
+            names(&p),
+            [
+                (StepName::Dns, true),
+                (StepName::Tcp, true),
+                (StepName::Tls, true),
+                (StepName::Https, false)
+            ],
+            "{p:#?}"
+        );
+        assert!(p.steps[3].detail.contains("in front of the DLS"), "{p:#?}");
+        assert_eq!(p.clock_skew_seconds, None);
+        assert_eq!(
+            verdict(&[p], Duration::from_secs(60)).map(|v| v.0),
+            Some(Reason::DlsUnreachable)
+        );
+    }
 }
