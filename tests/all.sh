@@ -54,7 +54,17 @@ export VGPU_TESTS_SKIP_LOG
 trap 'rm -f "$VGPU_TESTS_SKIP_LOG"' EXIT
 cargo_tests() {
   : >"$VGPU_TESTS_SKIP_LOG"
-  cargo test --all-targets || return 1
+  local out rc=0
+  out=$(mktemp)
+  cargo test --all-targets 2>&1 | tee "$out" || rc=1
+  # An #[ignore]d test is a skipped one: it counts as such.
+  if grep -qE '; [1-9][0-9]* ignored;' "$out"; then
+    echo "!!!!!!!! ignored tests (#[ignore]): !!!!!!!!"
+    grep -E '^test .* \.\.\. ignored' "$out" >>"$VGPU_TESTS_SKIP_LOG"
+    grep -E '^test .* \.\.\. ignored' "$out"
+  fi
+  rm -f "$out"
+  [ "$rc" = 0 ] || return 1
   if [ -s "$VGPU_TESTS_SKIP_LOG" ]; then
     echo "!!!!!!!! tests that skipped a part of themselves here: !!!!!!!!"
     cat "$VGPU_TESTS_SKIP_LOG"
