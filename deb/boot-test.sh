@@ -38,6 +38,10 @@ FAILED=()
 SKIPPED=()
 
 NO_SKIP=${VGPU_TESTS_NO_SKIP:-0}
+# Debian's own python3: the one whose modules tests/all.sh installs (python3-yaml); a python3
+# first on PATH (pyenv, a virtualenv) may lack them.
+PYTHON=/usr/bin/python3
+[ -x "$PYTHON" ] || PYTHON=python3
 # shellcheck source=packaging/portable.sh
 . "$ROOT/packaging/portable.sh"
 
@@ -853,7 +857,7 @@ ci_cloud_init_done() {
 # ci_write_files_landed: every write_files entry of the seed's user-data is in the guest with
 # its bytes, mode and owner (the token's bytes are compared, never shown).
 ci_write_files_landed() {
-	python3 - "$GUEST$CI_SEED/user-data" "$GUEST" <<'PY'
+	"$PYTHON" - "$GUEST$CI_SEED/user-data" "$GUEST" <<'PY'
 import base64, os, sys
 import yaml
 
@@ -948,7 +952,7 @@ ci_report() {
 	out=$(guest vgpu-license-agent status --json --wait 60)
 	rc=$?
 	echo "vgpu-license-agent status --json --wait 60: exit $rc"
-	python3 - "$CI_DLS_HOST" "$SIM_DLS_PORT" "$out" "$(guest cat "/run/$NAME/status.json")" <<'PY' || rc=1
+	"$PYTHON" - "$CI_DLS_HOST" "$SIM_DLS_PORT" "$out" "$(guest cat "/run/$NAME/status.json")" <<'PY' || rc=1
 import json, sys
 
 host, port = sys.argv[1], int(sys.argv[2])
@@ -1038,7 +1042,7 @@ ci_settled() {
 	local t
 	t=$(guest systemctl show -P ActiveEnterTimestampMonotonic "$NAME.service")
 	# CLOCK_MONOTONIC, systemd's clock for that timestamp (one clock for the host and guest).
-	[ "${t:-0}" -gt 0 ] && [ "$(($(python3 -c 'import time; print(time.monotonic_ns() // 1000)') - t))" -ge 5000000 ]
+	[ "${t:-0}" -gt 0 ] && [ "$(($("$PYTHON" -c 'import time; print(time.monotonic_ns() // 1000)') - t))" -ge 5000000 ]
 }
 
 # ci_boot USER_DATA BOOT INSTANCE_ID: boots the current guest (again) and runs the checks of
@@ -1084,7 +1088,7 @@ ci_boot() {
 # ci_last_shutdown: the report of a boot after a clean power-off says the previous boot's
 # gridd returned its lease as it stopped (read from the previous boot's journal).
 ci_last_shutdown() {
-	guest vgpu-license-agent status --json | python3 -c '
+	guest vgpu-license-agent status --json | "$PYTHON" -c '
 import json, sys
 r = json.load(sys.stdin)
 last = r.get("last_shutdown")
@@ -1095,7 +1099,7 @@ sys.exit(0 if last and last.get("lease_returned") is True else 1)'
 # ci_clone_detected: a boot whose machine-id changed (a cloned disk) is reported once as
 # clone_detected, and gridd's client state of the old identity was moved aside, kept.
 ci_clone_detected() {
-	guest vgpu-license-agent status --json | python3 -c '
+	guest vgpu-license-agent status --json | "$PYTHON" -c '
 import json, sys
 r = json.load(sys.stdin)
 kinds = [e.get("kind") for e in r.get("events", [])]
@@ -1134,7 +1138,7 @@ ci_guest() {
 	if [ "$file" = user-data-kubevirt-token-source.yaml ]; then
 		# The mount point the user-data names, and a host directory bound there in place of
 		# the shared Secret (see ci_prepare_root's mount.virtiofs).
-		CI_SHARE_GUEST=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["mounts"][0][1])' "$ROOT/cloud-init/$file")
+		CI_SHARE_GUEST=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["mounts"][0][1])' "$ROOT/cloud-init/$file")
 		CI_SHARE=$WORK/cloud-init-share
 		if ! mkdir -p "$CI_SHARE" || ! ci_share_token; then
 			fail "[$SUITE] cannot fill the stand-in share"
