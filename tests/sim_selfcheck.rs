@@ -231,6 +231,8 @@ fn dls_signed_tokens_verify_and_edited_ones_do_not() {
 
 /// The agent's parser over the journal's JSON of gridd `pid`.
 fn parsed_events(pid: i32) -> Vec<GriddEvent> {
+    // Since this test's machine started: pids come round again in the boot's journal.
+    let since = sim::machine_since().map(|s| format!("--since={s}"));
     let out = Command::new("journalctl")
         .args([
             "--boot",
@@ -239,6 +241,7 @@ fn parsed_events(pid: i32) -> Vec<GriddEvent> {
             "_COMM=nvidia-gridd",
         ])
         .arg(format!("_PID={pid}"))
+        .args(since)
         .output()
         .unwrap();
     let mut v = Vec::new();
@@ -898,4 +901,192 @@ fn systemctl_stand_in_tells_whether_gridd_runs() {
         sc(&["is-active", "nvidia-gridd.service"]),
         (Some(3), "inactive".into())
     );
+}
+
+/// The test proxy: `CONNECT` to the targets it is given, tunnelled to the fake DLS; a 403 to
+/// any other target and while refusing; a 405 to anything but `CONNECT`. Every request
+/// recorded.
+#[test]
+fn connect_proxy_tunnels_only_what_it_is_given() {
+    let dls = FakeDls::start();
+    let proxy = sim::ConnectProxy::start(&[(sim::CLS_TARGET, dls.addr())]);
+    let t = Duration::from_secs(3);
+    let via = Some(("127.0.0.1", proxy.port()));
+    let cls = "api.cls.licensing.nvidia.com";
+    let a = sim::https::request_via(via, cls, 443, "POST", "/auth/v1/origin", "{}", t).unwrap();
+    assert_eq!(a.status, 200);
+    assert_eq!(dls.requests(), ["POST /auth/v1/origin 200"]);
+    let other = sim::https::request_via(via, "dls.example", 443, "GET", "/", "", t).unwrap_err();
+    assert!(other.contains("403"), "{other}");
+    proxy.set_refusing(true);
+    let refused = sim::https::request_via(via, cls, 443, "GET", "/", "", t).unwrap_err();
+    assert!(refused.contains("403 Forbidden"), "{refused}");
+    let mut plain = std::net::TcpStream::connect(proxy.addr()).unwrap();
+    use std::io::{Read, Write};
+    plain
+        .write_all(b"GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    plain.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    assert_eq!(
+        proxy.requests(),
+        [
+            format!("CONNECT {} 200", sim::CLS_TARGET),
+            "CONNECT dls.example:443 403".into(),
+            format!("CONNECT {} 403", sim::CLS_TARGET),
+            "GET http://example.com/ 405".into(),
+        ]
+    );
+    assert_eq!(dls.requests().len(), 1, "nothing refused reached the DLS");
+    // Without a proxy, the simulated machine resolves no name: nothing leaves the loopback.
+    let direct = sim::https::request(cls, 443, "GET", "/", "", t).unwrap_err();
+    assert!(direct.contains("resolves no names"), "{direct}");
+}
+
+/// A CLS guest: the token names `api.cls.licensing.nvidia.com:443`. Without gridd.conf's
+/// proxy keys gridd tries the host itself and fails with the network failure line (the name
+/// does not resolve on the simulated machine); with them it goes through the proxy, fails
+/// the same way while the proxy refuses, and leases from the DLS behind it once it lets
+/// gridd through.
+#[test]
+fn gridd_reaches_the_cls_only_through_the_proxy_gridd_conf_names() {
+    let m = Machine::new(Setup {
+        token_node: Some(("api.cls.licensing.nvidia.com".into(), 443)),
+        ..Setup::default()
+    });
+    let proxy = sim::ConnectProxy::start(&[(sim::CLS_TARGET, m.dls.addr())]);
+    let conf = m.sim_config().gridd_conf;
+    sim::write_mode(&conf, b"FeatureType=1\n", 0o644);
+    m.drop_token(0o744);
+    let network = gridd_lines::ACQUIRE_FAILED.format(&[
+        "api.cls.licensing.nvidia.com",
+        "NVIDIA RTX Virtual Workstation",
+        gridd_lines::ERROR_NETWORK,
+    ]);
+    let pid = m.start_gridd();
+    wait_another(&m, pid, &network);
+    assert!(proxy.requests().is_empty(), "{:?}", proxy.requests());
+    assert!(m.dls.requests().is_empty(), "{:?}", m.dls.requests());
+    sim::shared::stop_gridd(&m.sim, Duration::from_secs(5)).unwrap();
+
+    sim::write_mode(
+        &conf,
+        format!(
+            "FeatureType=1\nProxyServerAddress=127.0.0.1\nProxyServerPort={}\n",
+            proxy.port()
+        )
+        .as_bytes(),
+        0o644,
+    );
+    proxy.set_refusing(true);
+    let pid = m.start_gridd();
+    wait_another(&m, pid, &network);
+    let refused = format!("CONNECT {} 403", sim::CLS_TARGET);
+    assert!(
+        proxy.requests().contains(&refused),
+        "{:?}",
+        proxy.requests()
+    );
+    assert!(m.dls.requests().is_empty(), "{:?}", m.dls.requests());
+    assert_eq!(smi_status(&m).1, LicenseStatus::Unlicensed);
+    assert!(
+        parsed_events(pid)
+            .iter()
+            .any(|e| e.what.kind == EventKind::AcquireFailed
+                && e.what.reason == Some(Reason::DlsUnreachable))
+    );
+
+    proxy.set_refusing(false);
+    let lines = wait_line(&m, pid, "License acquired successfully");
+    assert!(
+        lines.iter().any(|l| l.starts_with(
+            "License acquired successfully. (Info: api.cls.licensing.nvidia.com, NVIDIA RTX Virtual Workstation; Expiry: "
+        )),
+        "{lines:#?}"
+    );
+    let opened = format!("CONNECT {} 200", sim::CLS_TARGET);
+    assert!(proxy.requests().contains(&opened), "{:?}", proxy.requests());
+    assert!(
+        proxy
+            .requests()
+            .iter()
+            .all(|r| r.starts_with(&format!("CONNECT {} ", sim::CLS_TARGET))),
+        "{:?}",
+        proxy.requests()
+    );
+    assert!(
+        m.dls
+            .requests()
+            .iter()
+            .any(|r| r == "POST /leasing/v1/lessor 200"),
+        "{:?}",
+        m.dls.requests()
+    );
+    assert!(matches!(smi_status(&m).1, LicenseStatus::Licensed(Some(_))));
+}
+
+/// A legacy guest (driver 470): no token, no NLS. gridd.conf's ServerAddress and ServerPort
+/// name the license server; while it is down, the legacy failure line again and again; once
+/// it answers, the legacy acquisition (the server's URL) and the state line, and nvidia-smi
+/// says plain `Licensed`, without an expiry. A stopped gridd's license goes with it.
+#[test]
+fn legacy_gridd_licenses_from_the_server_gridd_conf_names() {
+    let m = Machine::new(setup(|s| {
+        s.driver_version = "470.82.01".into();
+        s.profile = "GRID T4-8Q".into();
+    }));
+    let mut server = sim::LegacyServer::start();
+    server.set_up(false);
+    sim::write_mode(
+        &m.sim_config().gridd_conf,
+        server.gridd_conf().as_bytes(),
+        0o644,
+    );
+    let pid = m.start_gridd();
+    let failed = gridd_lines::LEGACY_ACQUIRE_FAILED.format(&[]);
+    wait_another(&m, pid, &failed);
+    wait_another(&m, pid, &failed);
+    assert_eq!(smi_status(&m).1, LicenseStatus::Unlicensed);
+    assert!(
+        parsed_events(pid)
+            .iter()
+            .any(|e| e.what.kind == EventKind::AcquireFailed
+                && e.what.legacy
+                && e.what.reason == Some(Reason::Unspecified))
+    );
+
+    server.set_up(true);
+    let url = format!("http://{}:7070/request", server.addr.ip());
+    let lines = wait_line(&m, pid, "Your system is licensed for GRID vGPU.");
+    // As gridd-log-legacy-flexnet-1.txt, in this order; nothing of the token path.
+    let want = [
+        format!("Started ({pid})"),
+        "Service provider detection complete.".into(),
+        format!("License acquired successfully. Server URL : {url}"),
+        "Your system is licensed for GRID vGPU.".into(),
+    ];
+    let mut at = 0;
+    for w in &want {
+        at += lines[at..]
+            .iter()
+            .position(|l| l == w)
+            .unwrap_or_else(|| panic!("{w:?} not in order in {lines:#?}"));
+    }
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("NLS") || l.contains("token")),
+        "{lines:#?}"
+    );
+    let (status, class) = smi_status(&m);
+    assert_eq!(status, "Licensed");
+    assert_eq!(class, LicenseStatus::Licensed(None));
+    let ev = parsed_events(pid);
+    assert!(ev.iter().any(|e| e.what.kind == EventKind::Acquired
+        && e.what.legacy
+        && e.what.server.as_deref() == Some(&server.addr.ip().to_string()[..])));
+
+    sim::shared::stop_gridd(&m.sim, Duration::from_secs(5)).unwrap();
+    assert_eq!(smi_status(&m).1, LicenseStatus::Unlicensed);
 }

@@ -19,6 +19,8 @@ pub mod dls;
 pub mod gridd_lines;
 #[path = "../sim/https.rs"]
 pub mod https;
+#[path = "../sim/proxy.rs"]
+pub mod proxy;
 #[path = "../sim/shared.rs"]
 pub mod shared;
 
@@ -36,6 +38,8 @@ use serde_json::Value;
 
 #[allow(unused_imports)]
 pub use dls::{FakeDls, Mode};
+#[allow(unused_imports)]
+pub use proxy::ConnectProxy;
 #[allow(unused_imports)]
 pub use shared::{GpuState, NetworkFailure, SimConfig, SmiMode};
 
@@ -240,12 +244,26 @@ pub fn message(e: &Value) -> String {
     }
 }
 
-/// The messages the simulated gridd `pid` logged to the journal.
+/// `--since` of the newest [`Machine`] of this process (the one that holds the journal lock).
+static MACHINE_SINCE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// `--since` of the newest [`Machine`] of this process, if one was made.
+pub fn machine_since() -> Option<String> {
+    MACHINE_SINCE.lock().unwrap().clone()
+}
+
+/// The messages the simulated gridd `pid` logged to the journal, since the newest machine's
+/// start: pids come round again (pid_max may be 32768), and the journal holds every gridd of
+/// the boot, of every test run.
 pub fn gridd_messages(pid: i32) -> Vec<String> {
-    journal(&["_COMM=nvidia-gridd", &format!("_PID={pid}")], None)
-        .iter()
-        .map(message)
-        .collect()
+    let since = machine_since();
+    journal(
+        &["_COMM=nvidia-gridd", &format!("_PID={pid}")],
+        since.as_deref(),
+    )
+    .iter()
+    .map(message)
+    .collect()
 }
 
 /// Writes `bytes` to `path` with `mode`, creating the directory.
@@ -319,6 +337,10 @@ pub struct Setup {
     pub service_extra: String,
     /// The agent's `commands.timeout_seconds`.
     pub command_timeout: u64,
+    /// The DLS node (host, port) the machine's token names; `None`: this machine's fake DLS
+    /// on the loopback. A CLS guest's token names `api.cls.licensing.nvidia.com:443`, which
+    /// the simulated machine reaches only through a [`ConnectProxy`].
+    pub token_node: Option<(String, u16)>,
 }
 
 impl Default for Setup {
@@ -331,7 +353,53 @@ impl Default for Setup {
             },
             service_extra: String::new(),
             command_timeout: 3,
+            token_node: None,
         }
+    }
+}
+
+/// `CONNECT` target of NVIDIA's Cloud License Service, as a CLS token names it.
+pub const CLS_TARGET: &str = "api.cls.licensing.nvidia.com:443";
+
+/// A legacy license server for the simulated gridd (drivers up to 470): a TCP listener on
+/// port 7070 of a loopback address of its own (gridd only connects to it), which can go down
+/// and come back.
+pub struct LegacyServer {
+    pub addr: std::net::SocketAddr,
+    listener: Option<std::net::TcpListener>,
+}
+
+impl LegacyServer {
+    /// Up, on 127.0.70.N:7070 for the first N free.
+    pub fn start() -> LegacyServer {
+        let (addr, l) = (70..90)
+            .find_map(|n| {
+                let addr: std::net::SocketAddr = format!("127.0.70.{n}:7070").parse().ok()?;
+                std::net::TcpListener::bind(addr).ok().map(|l| (addr, l))
+            })
+            .expect("a free 127.0.70.N:7070");
+        LegacyServer {
+            addr,
+            listener: Some(l),
+        }
+    }
+
+    /// Down (connections refused) or up again.
+    pub fn set_up(&mut self, up: bool) {
+        self.listener = if up {
+            Some(std::net::TcpListener::bind(self.addr).expect("the server's address again"))
+        } else {
+            None
+        };
+    }
+
+    /// gridd.conf's lines naming this server.
+    pub fn gridd_conf(&self) -> String {
+        format!(
+            "ServerAddress={}\nServerPort={}\nFeatureType=1\n",
+            self.addr.ip(),
+            self.addr.port()
+        )
     }
 }
 
@@ -344,6 +412,7 @@ pub struct Machine {
     pub dls: FakeDls,
     /// `--since` of the agent's journal: this machine's boot.
     pub since: String,
+    token_node: Option<(String, u16)>,
     lock: Flock<fs::File>,
 }
 
@@ -373,6 +442,7 @@ impl Machine {
                 .unwrap()
                 .as_secs_f64()
         );
+        *MACHINE_SINCE.lock().unwrap() = Some(since.clone());
         let bin = r.join("bin");
         write_script(
             &bin.join("nvidia-smi"),
@@ -404,6 +474,7 @@ impl Machine {
             config,
             dls,
             since,
+            token_node: setup.token_node,
             lock,
         };
         m.write_config(&format!(
@@ -467,9 +538,12 @@ impl Machine {
         self.token_dir().join("client_configuration_token.tok")
     }
 
-    /// A valid token for this machine's DLS, signed by it.
+    /// A valid token for this machine's DLS (or [`Setup::token_node`]), signed by it.
     pub fn token(&self) -> Vec<u8> {
-        token_for("127.0.0.1", self.dls.port(), "sim")
+        match &self.token_node {
+            Some((host, port)) => token_for(host, *port, "sim"),
+            None => token_for("127.0.0.1", self.dls.port(), "sim"),
+        }
     }
 
     /// [`Machine::token`] with its payload edited after signing (its `jti` changed, the

@@ -185,6 +185,34 @@ pub const ACQUIRE_FAILED_BARE: Line = Line {
     ),
 };
 
+const LEGACY: &str = "gridd-log-legacy-flexnet-1.txt";
+
+/// The legacy licensing path (a FlexNet license server, drivers up to the 470 branch): after
+/// `Started`, before the acquisition.
+pub const LEGACY_SERVICE_PROVIDER_DETECTION: Line = Line {
+    template: "Service provider detection complete.",
+    source: Source::Sample(&[LEGACY]),
+};
+/// The legacy acquisition: the server's URL (`http://<ServerAddress>:<ServerPort>/request`),
+/// no expiry.
+pub const LEGACY_ACQUIRED: Line = Line {
+    template: "License acquired successfully. Server URL : {}",
+    source: Source::Sample(&[LEGACY]),
+};
+/// The legacy state message right after the acquisition, as the sample words it for a vGPU
+/// guest.
+pub const LEGACY_LICENSED_FOR: Line = Line {
+    template: "Your system is licensed for GRID vGPU.",
+    source: Source::Sample(&[LEGACY]),
+};
+/// The legacy failure, verbatim: the one sample (AWS's G3 guide) names the Virtual
+/// Workstation feature and gives no cause. What a legacy vGPU guest's gridd names there, and
+/// whether it says why, is not known: the simulator keeps the sample's words.
+pub const LEGACY_ACQUIRE_FAILED: Line = Line {
+    template: "Failed to acquire NVIDIA GRID Virtual Workstation license.",
+    source: Source::Sample(&["gridd-log-aws-g3-docs-legacy.txt"]),
+};
+
 /// The error texts of [`ACQUIRE_FAILED`] the simulator uses, with where each comes from.
 /// Clock skew: domain.md, and FlexNet Embedded's table (flexnet-embedded-error-strings.txt).
 pub const ERROR_WINDBACK: &str = "Clock windback has been detected";
@@ -218,6 +246,10 @@ pub const ALL: &[Line] = &[
     SHUTDOWN,
     ACQUIRE_FAILED,
     ACQUIRE_FAILED_BARE,
+    LEGACY_SERVICE_PROVIDER_DETECTION,
+    LEGACY_ACQUIRED,
+    LEGACY_LICENSED_FOR,
+    LEGACY_ACQUIRE_FAILED,
 ];
 
 /// The template `message` is, if any ([`ALL`] in order: the full acquire failure before the

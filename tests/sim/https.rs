@@ -1,11 +1,13 @@
-//! The client side of a DLS exchange as the simulated gridd does it: TCP, TLS (any
-//! certificate: the real gridd checks the DLS's against NVIDIA's own roots, not the OS's),
-//! then one HTTP request (a connection each): its status, `Date` and body.
+//! The client side of a DLS exchange as the simulated gridd does it: TCP (straight to the
+//! DLS, or to an HTTP proxy that opens a `CONNECT` tunnel to it), TLS (any certificate: the
+//! real gridd checks the DLS's against NVIDIA's own roots, not the OS's), then one HTTP
+//! request (a connection each): its status, `Date` and body. Names other than `localhost` are
+//! never resolved (see [`resolve`]).
 
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,14 +91,88 @@ pub fn request(
     body: &str,
     timeout: Duration,
 ) -> Result<Answer, String> {
-    let addr = (host, port)
+    request_via(None, host, port, method, path, body, timeout)
+}
+
+/// The address of `host`: an IP address, or `localhost`. The simulated machine resolves no
+/// other name, so that nothing it does can reach a real host (a CLS token names NVIDIA's
+/// `api.cls.licensing.nvidia.com`: the simulated gridd reaches it only through a test proxy).
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    if !host.eq_ignore_ascii_case("localhost") {
+        return Err(format!(
+            "resolve: {host}: the simulated machine resolves no names"
+        ));
+    }
+    (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("resolve: {e}"))?
         .next()
-        .ok_or("resolve: no address")?;
-    let tcp = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
+        .ok_or_else(|| "resolve: no address".into())
+}
+
+/// Asks the proxy on `tcp` for a tunnel to `host:port` (HTTP `CONNECT`), as gridd does with
+/// gridd.conf's `ProxyServerAddress`; `Err` with the proxy's status line where it refuses.
+fn tunnel(tcp: &mut TcpStream, host: &str, port: u16) -> Result<(), String> {
+    let target = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    write!(tcp, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n")
+        .map_err(|e| format!("proxy: {e}"))?;
+    // Byte by byte: what follows the head is the DLS's.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match tcp.read(&mut byte) {
+            Ok(0) => return Err("proxy: closed without an answer".into()),
+            Ok(_) => head.push(byte[0]),
+            Err(e) => return Err(format!("proxy: {e}")),
+        }
+        if head.len() > 8192 {
+            return Err("proxy: answer head too long".into());
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let status_line = text.lines().next().unwrap_or_default();
+    let ok = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .is_some_and(|c| (200..300).contains(&c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("proxy: {status_line}"))
+    }
+}
+
+/// [`request`], through the HTTP proxy `via` (host, port) when given: `CONNECT` to it, then
+/// TLS to `host` inside the tunnel.
+pub fn request_via(
+    via: Option<(&str, u16)>,
+    host: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    let addr = match via {
+        Some((ph, pp)) => resolve(ph, pp)?,
+        None => resolve(host, port)?,
+    };
+    let mut tcp =
+        TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("connect: {e}"))?;
     tcp.set_read_timeout(Some(timeout)).ok();
     tcp.set_write_timeout(Some(timeout)).ok();
+    if via.is_some() {
+        tunnel(&mut tcp, host, port)?;
+    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

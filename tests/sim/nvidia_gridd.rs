@@ -16,6 +16,15 @@
 //!   failure: the full or the bare failure line, `network_failure`), an HTTP error status (a
 //!   proxy's 502, say); else a lease of `lease_seconds`, renewed (`PUT
 //!   /leasing/v1/lease/<ref>`) after `renew_fraction` of it;
+//! - gridd.conf's `ProxyServerAddress` and `ProxyServerPort` (read at start): every request
+//!   goes through that HTTP proxy (`CONNECT host:port`, then TLS inside the tunnel); a proxy
+//!   that refuses is a network failure. Without them gridd connects to the token's host
+//!   itself; the simulated machine resolves no names (`https::resolve`), so a token naming
+//!   NVIDIA's Cloud License Service is a network failure there, never a real connection;
+//! - a driver of the 470 branch or older: the legacy licensing path. No token, no NLS:
+//!   gridd.conf's `ServerAddress` and `ServerPort` (default 7070) name the license server,
+//!   which is only a TCP listener here (a connection is a license, without an expiry); when it
+//!   does not answer, the legacy failure line, and another try every `retry_seconds`;
 //! - a passthrough GPU: `Licensing not supported for GPUs in the system`;
 //! - a GPU the platform licenses (`platform_licensed`): never leases;
 //! - SIGTERM: returns the license (`DELETE /leasing/v1/lease/<ref>`), `Shutdown (PID)`,
@@ -55,6 +64,10 @@ struct Gridd {
     edition: String,
     /// The node that granted the license held, and the lease's ref.
     held: Option<(DlsNode, String)>,
+    /// A license from the legacy server is held.
+    legacy_held: bool,
+    /// gridd.conf's proxy (host, port), as read at start.
+    proxy: Option<(String, u16)>,
 }
 
 /// What the token directory holds, as gridd sees it.
@@ -145,6 +158,8 @@ fn main() {
         stop_seen: std::cell::Cell::new(false),
         edition,
         held: None,
+        legacy_held: false,
+        proxy: None,
     };
     let code = g.run();
     g.shutdown(code);
@@ -197,7 +212,11 @@ impl Gridd {
         if !self.dir.join(shared::STATE_FILE).exists() {
             self.save(&self.state());
         }
+        if (1..=470).contains(&self.cfg.driver_major()) {
+            return self.run_legacy();
+        }
         self.read_gridd_conf();
+        self.proxy = self.proxy_keys();
         if self.cfg.passthrough {
             self.say(ERR, &lines::LICENSING_UNSUPPORTED, &[]);
             while !self.wait(Duration::from_secs(3600)) {}
@@ -251,6 +270,74 @@ impl Gridd {
                 // Like a gridd started before the network: waits for a restart.
                 while !self.wait(Duration::from_secs(3600)) {}
                 return 0;
+            }
+            if self.wait(self.retry()) {
+                return 0;
+            }
+        }
+    }
+
+    /// gridd.conf's value of `key` (quotes taken off), where set and not empty.
+    fn conf_value(&self, key: &str) -> Option<String> {
+        let text = std::fs::read_to_string(&self.cfg.gridd_conf).ok()?;
+        text.lines().rev().find_map(|l| {
+            let l = l.trim();
+            let (k, v) = l.split_once('=').filter(|_| !l.starts_with('#'))?;
+            let v = v.trim().trim_matches('"').trim();
+            (k.trim() == key && !v.is_empty()).then(|| v.to_string())
+        })
+    }
+
+    /// The proxy gridd.conf names: `ProxyServerAddress` and `ProxyServerPort`.
+    fn proxy_keys(&self) -> Option<(String, u16)> {
+        let host = self.conf_value("ProxyServerAddress")?;
+        let port = self.conf_value("ProxyServerPort")?.parse().ok()?;
+        Some((host, port))
+    }
+
+    /// The legacy licensing path: `Started`, the service provider line, then the license
+    /// server of gridd.conf (`ServerAddress`, `ServerPort`, 7070 by default) until it answers;
+    /// the license has no expiry and is held until gridd stops. Returns the exit code.
+    fn run_legacy(&mut self) -> i32 {
+        self.say(INFO, &lines::LEGACY_SERVICE_PROVIDER_DETECTION, &[]);
+        let port = self
+            .conf_value("ServerPort")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(7070u16);
+        let Some(host) = self.conf_value("ServerAddress") else {
+            // What a legacy gridd logs without a server is not known: nothing.
+            while !self.wait(Duration::from_secs(3600)) {}
+            return 0;
+        };
+        loop {
+            let reached = https::resolve(&host, port).and_then(|a| {
+                std::net::TcpStream::connect_timeout(&a, self.timeout()).map_err(|e| e.to_string())
+            });
+            match reached {
+                Ok(_) => {
+                    let mut s = self.state();
+                    s.licensed = true;
+                    s.expiry = None;
+                    s.edition = Some(self.edition.clone());
+                    s.server = Some(host.clone());
+                    self.save(&s);
+                    self.legacy_held = true;
+                    let url = if host.contains(':') {
+                        format!("http://[{host}]:{port}/request")
+                    } else {
+                        format!("http://{host}:{port}/request")
+                    };
+                    self.say(INFO, &lines::LEGACY_ACQUIRED, &[&url]);
+                    self.say(INFO, &lines::LEGACY_LICENSED_FOR, &[]);
+                    while !self.wait(Duration::from_secs(3600)) {}
+                    return 0;
+                }
+                Err(e) => {
+                    if self.cfg.echo {
+                        eprintln!("sim-nvidia-gridd: legacy server {host}:{port}: {e}");
+                    }
+                    self.say(ERR, &lines::LEGACY_ACQUIRE_FAILED, &[]);
+                }
             }
             if self.wait(self.retry()) {
                 return 0;
@@ -436,8 +523,9 @@ impl Gridd {
         if self.stopping() {
             return Err(DlsError::Stopping);
         }
-        let answer =
-            https::request(&node.host, port, method, path, body, self.timeout()).map_err(|e| {
+        let via = self.proxy.as_ref().map(|(h, p)| (h.as_str(), *p));
+        let answer = https::request_via(via, &node.host, port, method, path, body, self.timeout())
+            .map_err(|e| {
                 if self.cfg.echo {
                     eprintln!("sim-nvidia-gridd: {}:{port}: {e}", node.host);
                 }
@@ -492,6 +580,13 @@ impl Gridd {
     }
 
     fn shutdown(&mut self, code: i32) -> ! {
+        if self.legacy_held && self.cfg.return_on_shutdown {
+            // The legacy server's license goes with gridd (no line: no sample shows one).
+            let mut s = self.state();
+            s.licensed = false;
+            s.unlicensed_since = Utc::now().timestamp();
+            self.save(&s);
+        }
         if self.cfg.return_on_shutdown
             && let Some((node, r)) = self.held.take()
         {
@@ -500,7 +595,8 @@ impl Gridd {
             s.unlicensed_since = Utc::now().timestamp();
             self.save(&s);
             // Briefly: a stop must not wait for a DLS that does not answer.
-            let returned = https::request(
+            let returned = https::request_via(
+                self.proxy.as_ref().map(|(h, p)| (h.as_str(), *p)),
                 &node.host,
                 node.lease_port,
                 "DELETE",

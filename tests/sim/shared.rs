@@ -240,6 +240,9 @@ impl GpuState {
             return "Licensed (Expiry: N/A)".into();
         }
         match self.expiry {
+            // The legacy license server's license: no expiry. NVML's state string alone
+            // (smi-dcgm-license-strings.txt lists plain `Licensed`; domain.md too).
+            None if self.licensed => "Licensed".into(),
             Some(exp) if self.licensed && exp > now => {
                 let t = DateTime::from_timestamp(exp, 0).unwrap_or_default();
                 format!("Licensed (Expiry: {})", gmt(t))
