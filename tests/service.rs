@@ -1013,3 +1013,260 @@ fn scenario_two_gpus_licensed_by_the_platform() {
     assert_eq!(r["gpus"], v["gpus"], "XML and text read alike");
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// A CLS guest behind a proxy: the token names NVIDIA's Cloud License Service
+/// (`api.cls.licensing.nvidia.com:443`), gridd.conf names a proxy (`ProxyServerAddress`,
+/// `ProxyServerPort`) that lets only `CONNECT api.cls.licensing.nvidia.com:443` through, to
+/// the simulated DLS. The simulated machine resolves no names: the license service is reached
+/// through the proxy or not at all.
+fn cls_guest_behind_a_proxy(refusing: bool) -> (Machine, sim::ConnectProxy, Agent) {
+    let m = Machine::new(Setup {
+        token_node: Some(("api.cls.licensing.nvidia.com".into(), 443)),
+        ..Setup::default()
+    });
+    let proxy = sim::ConnectProxy::start(&[(sim::CLS_TARGET, m.dls.addr())]);
+    proxy.set_refusing(refusing);
+    sim::write_mode(
+        &m.sim_config().gridd_conf,
+        format!(
+            "FeatureType=1\nProxyServerAddress=127.0.0.1\nProxyServerPort={}\n",
+            proxy.port()
+        )
+        .as_bytes(),
+        0o644,
+    );
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    (m, proxy, a)
+}
+
+/// `vgpu-license-agent diagnose --json` with the machine's config.
+fn diagnose_json(m: &Machine) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["diagnose", "--json"])
+        .env("SIM_DIR", &m.sim)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "diagnose --json: {e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn check_of<'a>(d: &'a Value, name: &str) -> &'a Value {
+    d["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no {name:?} check: {d:#}"))
+}
+
+#[test]
+fn scenario_cls_guest_licensed_through_a_proxy() {
+    let (m, proxy, a) = cls_guest_behind_a_proxy(false);
+    let v = a.wait_state("licensed", T);
+    assert_eq!(v["licensing_mode"], "cls", "{v:#}");
+    assert!(v["failure"].is_null(), "{v:#}");
+    assert_eq!(
+        v["dls"],
+        serde_json::json!([{"host": "api.cls.licensing.nvidia.com", "port": 443}])
+    );
+    assert!(
+        has_event(
+            &v,
+            "License acquired successfully. (Info: api.cls.licensing.nvidia.com, NVIDIA RTX Virtual Workstation; Expiry: "
+        ),
+        "{v:#}"
+    );
+    assert_eq!(a.metric("vgpu_license_licensed"), Some(1.0));
+    // gridd went through the proxy, and asked it for the CLS only.
+    let asked = proxy.requests();
+    let opened = format!("CONNECT {} 200", sim::CLS_TARGET);
+    assert!(asked.contains(&opened), "{asked:?}");
+    assert!(
+        m.dls
+            .requests()
+            .iter()
+            .any(|r| r == "POST /leasing/v1/lessor 200"),
+        "{:?}",
+        m.dls.requests()
+    );
+
+    // diagnose: the proxy check, and the license service's checks through it.
+    let before = proxy.requests().len();
+    let d = diagnose_json(&m);
+    let via = format!("127.0.0.1:{}", proxy.port());
+    let p = check_of(&d, "proxy");
+    assert_eq!(p["status"], "ok", "{d:#}");
+    assert!(p["message"].as_str().unwrap().contains(&via), "{p:#}");
+    for name in ["dls-tcp", "dls-tls", "dls-https"] {
+        let c = check_of(&d, name);
+        assert_eq!(c["status"], "ok", "{name}: {d:#}");
+        assert!(
+            c["message"]
+                .as_str()
+                .unwrap()
+                .contains("api.cls.licensing.nvidia.com:443"),
+            "{name}: {c:#}"
+        );
+    }
+    assert!(
+        check_of(&d, "dls-tcp")["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("proxy {via}")),
+        "{d:#}"
+    );
+    assert!(
+        check_of(&d, "mode")["message"]
+            .as_str()
+            .unwrap()
+            .contains("CLS"),
+        "{d:#}"
+    );
+    assert!(
+        proxy.requests()[before..].contains(&opened),
+        "diagnose's probe went through the proxy: {:?}",
+        proxy.requests()
+    );
+    assert!(
+        proxy
+            .requests()
+            .iter()
+            .all(|r| r.starts_with(&format!("CONNECT {} ", sim::CLS_TARGET))),
+        "nothing but the CLS was asked of the proxy: {:?}",
+        proxy.requests()
+    );
+    let text = serde_json::to_string(&d).unwrap();
+    a.assert_no_secret(&text);
+}
+
+/// The proxy refuses the tunnel (403): gridd fails with its network failure line; the agent
+/// says not licensed, `dls_unreachable`, naming the proxy; once the proxy lets it through the
+/// guest is licensed and the failure is gone.
+#[test]
+fn scenario_cls_guest_whose_proxy_refuses_then_lets_it_through() {
+    let (m, proxy, a) = cls_guest_behind_a_proxy(true);
+    // gridd's failure line first, then the agent's own probe, which names the proxy (either
+    // may come first: wait for each).
+    let network = gridd_lines::ACQUIRE_FAILED.format(&[
+        "api.cls.licensing.nvidia.com",
+        "NVIDIA RTX Virtual Workstation",
+        gridd_lines::ERROR_NETWORK,
+    ]);
+    let v = a.wait_status("gridd's network failure in the events", T, |v| {
+        has_event(v, &network)
+    });
+    assert_ne!(v["state"], "licensed", "{v:#}");
+    let via = format!("through proxy 127.0.0.1:{}", proxy.port());
+    let v = a.wait_status("dls_unreachable through the proxy", T, |v| {
+        reason(v) == Some("dls_unreachable")
+            && v["failure"]["message"]
+                .as_str()
+                .is_some_and(|s| s.contains(&via))
+    });
+    assert_ne!(v["state"], "licensed", "{v:#}");
+    assert_eq!(v["licensing_mode"], "cls", "{v:#}");
+    assert_eq!(a.metric("vgpu_license_licensed"), Some(0.0));
+    let refused = format!("CONNECT {} 403", sim::CLS_TARGET);
+    assert!(
+        proxy.requests().contains(&refused),
+        "{:?}",
+        proxy.requests()
+    );
+    assert!(m.dls.requests().is_empty(), "{:?}", m.dls.requests());
+
+    proxy.set_refusing(false);
+    a.wait_status("licensed, the failure cleared", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    assert!(m.restarts() <= 3, "{} restarts: a storm", m.restarts());
+    assert!(
+        proxy
+            .requests()
+            .contains(&format!("CONNECT {} 200", sim::CLS_TARGET))
+    );
+}
+
+/// A legacy guest (driver 470, `GRID T4-8Q`): gridd.conf's ServerAddress and ServerPort, no
+/// token. With the license server up the agent says licensed, legacy mode, no failure (a
+/// missing token is none here); nvidia-smi's plain `Licensed` has no expiry.
+#[test]
+fn scenario_legacy_guest_licensed_by_its_license_server() {
+    let m = Machine::new(setup(|s| {
+        s.driver_version = "470.82.01".into();
+        s.profile = "GRID T4-8Q".into();
+    }));
+    let server = sim::LegacyServer::start();
+    sim::write_mode(
+        &m.sim_config().gridd_conf,
+        server.gridd_conf().as_bytes(),
+        0o644,
+    );
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let url = format!("http://{}:7070/request", server.addr.ip());
+    let v = a.wait_status("licensed by the legacy server", T, |v| {
+        v["state"] == "licensed" && has_event(v, &url)
+    });
+    assert_eq!(v["licensing_mode"], "legacy", "{v:#}");
+    assert!(v["failure"].is_null(), "no token is no failure here: {v:#}");
+    assert_eq!(v["license"]["status"], "Licensed", "{v:#}");
+    assert!(v["license"]["expiry"].is_null(), "{v:#}");
+    assert!(
+        has_event(&v, "Your system is licensed for GRID vGPU."),
+        "{v:#}"
+    );
+    assert_eq!(a.metric("vgpu_license_licensed"), Some(1.0));
+    let before = m.restarts();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(m.restarts(), before, "no restart while licensed");
+    let v = a.status().unwrap();
+    assert_eq!(v["state"], "licensed");
+    assert!(v["failure"].is_null(), "{v:#}");
+}
+
+/// The legacy license server down: gridd's legacy failure line, not licensed, and advice that
+/// points to the server and to the move to a DLS; once the server is back, licensed.
+#[test]
+fn scenario_legacy_guest_whose_license_server_is_down() {
+    let m = Machine::new(setup(|s| {
+        s.driver_version = "470.82.01".into();
+        s.profile = "GRID T4-8Q".into();
+    }));
+    let mut server = sim::LegacyServer::start();
+    server.set_up(false);
+    sim::write_mode(
+        &m.sim_config().gridd_conf,
+        server.gridd_conf().as_bytes(),
+        0o644,
+    );
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let failed = gridd_lines::LEGACY_ACQUIRE_FAILED.format(&[]);
+    let v = a.wait_status("the legacy failure reported", T, |v| {
+        v["failure"]["message"].as_str() == Some(failed.as_str())
+    });
+    assert_ne!(v["state"], "licensed", "{v:#}");
+    assert_eq!(v["licensing_mode"], "legacy", "{v:#}");
+    assert_ne!(reason(&v), Some("token_missing"), "{v:#}");
+    let advice = v["failure"]["advice"].as_str().unwrap_or_default();
+    assert!(
+        advice.contains("legacy license server") && advice.contains("move to a DLS"),
+        "{v:#}"
+    );
+    assert!(advice.contains(&server.addr.ip().to_string()), "{v:#}");
+    assert_eq!(a.metric("vgpu_license_licensed"), Some(0.0));
+
+    server.set_up(true);
+    let v = a.wait_status("licensed, the failure cleared", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    assert_eq!(v["licensing_mode"], "legacy", "{v:#}");
+    assert!(m.restarts() <= 3, "{} restarts: a storm", m.restarts());
+}
