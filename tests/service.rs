@@ -1022,7 +1022,7 @@ fn scenario_two_gpus_licensed_by_the_platform() {
 /// A CLS guest behind a proxy: the token names NVIDIA's Cloud License Service
 /// (`api.cls.licensing.nvidia.com:443`), gridd.conf names a proxy (`ProxyServerAddress`,
 /// `ProxyServerPort`) that lets only `CONNECT api.cls.licensing.nvidia.com:443` through, to
-/// the simulated DLS. The simulated machine resolves no names: the license service is reached
+/// the simulated DLS. The simulated machine uses no DNS: the license service is reached
 /// through the proxy or not at all.
 fn cls_guest_behind_a_proxy(refusing: bool) -> (Machine, sim::ConnectProxy, Agent) {
     let m = Machine::new(Setup {

@@ -939,9 +939,9 @@ fn connect_proxy_tunnels_only_what_it_is_given() {
         ]
     );
     assert_eq!(dls.requests().len(), 1, "nothing refused reached the DLS");
-    // Without a proxy, the simulated machine resolves no name: nothing leaves the loopback.
+    // Without a proxy, the simulated machine resolves only /etc/hosts' names, never by DNS.
     let direct = sim::https::request(cls, 443, "GET", "/", "", t).unwrap_err();
-    assert!(direct.contains("resolves no names"), "{direct}");
+    assert!(direct.contains("uses no DNS"), "{direct}");
 }
 
 /// A CLS guest: the token names `api.cls.licensing.nvidia.com:443`. Without gridd.conf's

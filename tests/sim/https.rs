@@ -1,13 +1,13 @@
 //! The client side of a DLS exchange as the simulated gridd does it: TCP (straight to the
 //! DLS, or to an HTTP proxy that opens a `CONNECT` tunnel to it), TLS (any certificate: the
 //! real gridd checks the DLS's against NVIDIA's own roots, not the OS's), then one HTTP
-//! request (a connection each): its status, `Date` and body. Names other than `localhost` are
+//! request (a connection each): its status, `Date` and body. Names other than /etc/hosts' are
 //! never resolved (see [`resolve`]).
 
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,24 +94,34 @@ pub fn request(
     request_via(None, host, port, method, path, body, timeout)
 }
 
-/// The address of `host`: an IP address, or `localhost`. The simulated machine resolves no
-/// other name, so that nothing it does can reach a real host (a CLS token names NVIDIA's
-/// `api.cls.licensing.nvidia.com`: the simulated gridd reaches it only through a test proxy).
+/// The address of `host`: an IP address, or a name the machine's `/etc/hosts` gives (the
+/// boot test's guests name their DLS there, and `localhost` is there). Never DNS: a name only
+/// DNS knows (NVIDIA's real `api.cls.licensing.nvidia.com`) fails as a network failure, so no
+/// test can reach a real license service.
 pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
     }
-    if !host.eq_ignore_ascii_case("localhost") {
-        return Err(format!(
-            "resolve: {host}: the simulated machine resolves no names"
-        ));
-    }
-    (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("resolve: {e}"))?
+    let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    hosts
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default())
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let ip = words.next()?.parse::<IpAddr>().ok()?;
+            words
+                .any(|w| w.eq_ignore_ascii_case(host))
+                .then_some(SocketAddr::new(ip, port))
+        })
         .next()
-        .ok_or_else(|| "resolve: no address".into())
+        .or_else(|| {
+            host.eq_ignore_ascii_case("localhost")
+                .then(|| SocketAddr::from(([127, 0, 0, 1], port)))
+        })
+        .ok_or_else(|| {
+            format!("resolve: {host}: not in /etc/hosts (the simulated machine uses no DNS)")
+        })
 }
 
 /// Asks the proxy on `tcp` for a tunnel to `host:port` (HTTP `CONNECT`), as gridd does with

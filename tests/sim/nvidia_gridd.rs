@@ -19,7 +19,7 @@
 //! - gridd.conf's `ProxyServerAddress` and `ProxyServerPort` (read at start): every request
 //!   goes through that HTTP proxy (`CONNECT host:port`, then TLS inside the tunnel); a proxy
 //!   that refuses is a network failure. Without them gridd connects to the token's host
-//!   itself; the simulated machine resolves no names (`https::resolve`), so a token naming
+//!   itself; the simulated machine uses no DNS (`https::resolve`), so a token naming
 //!   NVIDIA's Cloud License Service is a network failure there, never a real connection;
 //! - a driver of the 470 branch or older: the legacy licensing path. No token, no NLS:
 //!   gridd.conf's `ServerAddress` and `ServerPort` (default 7070) name the license server,
