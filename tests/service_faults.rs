@@ -714,14 +714,15 @@ fn scenario_sigterm_at_random_moments_never_leaves_status_json_half_written() {
     m.start_gridd();
     let mut rng = Rng::from_clock();
     let stop = Arc::new(AtomicBool::new(false));
+    let restarted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let restarter = {
-        let (stop, sim_dir, bin) = (
+        let (stop, restarted, sim_dir, bin) = (
             stop.clone(),
+            restarted.clone(),
             m.sim.clone(),
             sim::example("sim-restart-gridd"),
         );
         std::thread::spawn(move || {
-            let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
                 let ok = Command::new(&bin)
                     .arg("--sim-dir")
@@ -729,9 +730,8 @@ fn scenario_sigterm_at_random_moments_never_leaves_status_json_half_written() {
                     .stdout(Stdio::null())
                     .status()
                     .is_ok_and(|s| s.success());
-                n += usize::from(ok);
+                restarted.fetch_add(usize::from(ok), Ordering::Relaxed);
             }
-            n
         })
     };
     let reader = {
@@ -752,7 +752,12 @@ fn scenario_sigterm_at_random_moments_never_leaves_status_json_half_written() {
     };
 
     let status_dir = m.status_path().parent().unwrap().to_path_buf();
-    for round in 0..8 {
+    // At least 8 rounds, and as many more as it takes for gridd to have been restarted 8
+    // times under them (a gridd restart takes longer on a loaded machine); a restarter that
+    // does nothing ends it at 40 rounds, and fails below.
+    let mut round = 0;
+    while round < 8 || (restarted.load(Ordering::Relaxed) < 8 && round < 40) {
+        round += 1;
         let spawned = Instant::now();
         let mut a = Agent::start(&m);
         let pid = a.pid();
@@ -791,12 +796,13 @@ fn scenario_sigterm_at_random_moments_never_leaves_status_json_half_written() {
         );
     }
     stop.store(true, Ordering::Relaxed);
-    let restarts = restarter.join().unwrap();
+    restarter.join().unwrap();
+    let restarts = restarted.load(Ordering::Relaxed);
     let reads = reader
         .join()
         .unwrap()
         .unwrap_or_else(|half| panic!("a reader found status.json half written:\n{half}"));
-    eprintln!("{restarts} gridd restarts, {reads} reads of status.json, all whole");
+    eprintln!("{round} rounds, {restarts} gridd restarts, {reads} reads of status.json, all whole");
     assert!(restarts >= 8, "too little activity: {restarts} restarts");
     assert!(reads >= 100, "too few reads: {reads}");
 }
