@@ -22,7 +22,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::sim::{
-    self, Agent, Machine, Mode, NetworkFailure, Setup, SimConfig, SmiMode, gridd_lines, wait_for,
+    self, Agent, Machine, Mode, NetworkFailure, Setup, SmiMode, gridd_lines, has_event, reason,
+    setup, wait_for, write_gridd_conf,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -31,28 +32,6 @@ use vgpu_license_agent::report::message_ids;
 
 /// Deadline of a change the agent must make or report.
 const T: Duration = Duration::from_secs(30);
-
-fn setup(f: impl FnOnce(&mut SimConfig)) -> Setup {
-    let mut s = Setup::default();
-    f(&mut s.sim);
-    s
-}
-
-/// gridd.conf as `install` writes it, so that the agent has nothing to fix there.
-fn write_gridd_conf(m: &Machine) {
-    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
-}
-
-fn reason(v: &Value) -> Option<&str> {
-    v["failure"]["reason"].as_str()
-}
-
-fn has_event(v: &Value, text: &str) -> bool {
-    v["events"].as_array().is_some_and(|e| {
-        e.iter()
-            .any(|e| e["message"].as_str().is_some_and(|m| m.contains(text)))
-    })
-}
 
 /// Runs the restart command as the agent would (counted).
 fn restart_gridd_by_hand(m: &Machine) -> i32 {

@@ -30,7 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::sim::{self, Agent, Machine, Setup, SimConfig, SmiMode, wait_for};
+use common::sim::{
+    self, Agent, Machine, Setup, SmiMode, has_event, reason, setup, wait_for, write_gridd_conf,
+};
 use common::{Mount, skipped};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -43,28 +45,6 @@ const T: Duration = Duration::from_secs(30);
 const WATCHDOG: Duration = Duration::from_secs(10);
 
 // ---- The scenarios' common steps (as in tests/service.rs) ----
-
-fn setup(f: impl FnOnce(&mut SimConfig)) -> Setup {
-    let mut s = Setup::default();
-    f(&mut s.sim);
-    s
-}
-
-/// gridd.conf as `install` writes it, so that the agent has nothing to fix there.
-fn write_gridd_conf(m: &Machine) {
-    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
-}
-
-fn reason(v: &Value) -> Option<&str> {
-    v["failure"]["reason"].as_str()
-}
-
-fn has_event(v: &Value, text: &str) -> bool {
-    v["events"].as_array().is_some_and(|e| {
-        e.iter()
-            .any(|e| e["message"].as_str().is_some_and(|m| m.contains(text)))
-    })
-}
 
 fn notes(v: &Value) -> Vec<String> {
     v["notes"]

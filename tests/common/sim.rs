@@ -880,3 +880,30 @@ impl Agent {
         }
     }
 }
+
+// ---- The scenarios' common steps (tests/service.rs, tests/service_faults.rs) ----
+
+/// A machine's setup with its simulator configured by `f`.
+pub fn setup(f: impl FnOnce(&mut SimConfig)) -> Setup {
+    let mut s = Setup::default();
+    f(&mut s.sim);
+    s
+}
+
+/// gridd.conf as `install` writes it, so that the agent has nothing to fix there.
+pub fn write_gridd_conf(m: &Machine) {
+    write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
+}
+
+/// The report's failure reason.
+pub fn reason(v: &Value) -> Option<&str> {
+    v["failure"]["reason"].as_str()
+}
+
+/// Whether one of the report's events says `text`.
+pub fn has_event(v: &Value, text: &str) -> bool {
+    v["events"].as_array().is_some_and(|e| {
+        e.iter()
+            .any(|e| e["message"].as_str().is_some_and(|m| m.contains(text)))
+    })
+}
