@@ -85,7 +85,7 @@ check_glibc() {
 }
 
 check_lintian() {
-	lintian --pedantic --display-info --fail-on error,warning "$DEB"
+	lintian --pedantic --display-info --fail-on error,warning,pedantic "$DEB"
 }
 
 # Files and directories outside the volatile areas: before install and after purge, they must

@@ -27,14 +27,18 @@ NO_SKIP=${VGPU_TESTS_NO_SKIP:-0}
 passed=()
 failed=()
 skipped=()
+timings=()
 part() { printf '\n######## %s ########\n' "$*"; }
 # run_part NAME COMMAND...: runs COMMAND as the part NAME and counts it by its exit status.
 run_part() {
   local name=$1
   shift
   part "$name"
+  local start=$SECONDS rc
   "$@"
-  case $? in
+  rc=$?
+  timings+=("$(printf '%5d s  %s' $((SECONDS - start)) "$name")")
+  case $rc in
     0) passed+=("$name") ;;
     77)
       if [ "$NO_SKIP" = 1 ]; then
@@ -56,7 +60,8 @@ cargo_tests() {
   : >"$VGPU_TESTS_SKIP_LOG"
   local out rc=0
   out=$(mktemp)
-  cargo test --all-targets 2>&1 | tee "$out" || rc=1
+  # Every test binary runs even when an earlier one failed: one red run shows every failure.
+  cargo test --all-targets --no-fail-fast 2>&1 | tee "$out" || rc=1
   # An #[ignore]d test is a skipped one: it counts as such.
   if grep -qE '; [1-9][0-9]* ignored;' "$out"; then
     echo "!!!!!!!! ignored tests (#[ignore]): !!!!!!!!"
@@ -101,6 +106,9 @@ run_part "RPM package" bash rpm/check.sh
 run_part "boot test in systemd-nspawn guests (bookworm, bullseye)" bash deb/boot-test.sh
 
 part "summary"
+echo "time of each part:"
+printf '  %s\n' "${timings[@]}"
+echo "  $(printf '%5d s' "$SECONDS")  in all"
 for s in "${skipped[@]}"; do echo "SKIPPED (not passed): $s"; done
 for f in "${failed[@]}"; do echo "FAILED: $f"; done
 echo "parts: ${#passed[@]} passed, ${#skipped[@]} skipped, ${#failed[@]} failed"

@@ -11,6 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
 use vgpu_license_agent::config::Settings;
+use vgpu_license_agent::install::{Outcome, Restart};
 use vgpu_license_agent::live::{SmiRead, TokenProblem};
 use vgpu_license_agent::observe::journal::{self, GriddEvent};
 use vgpu_license_agent::observe::smi;
@@ -464,6 +465,100 @@ fn a_unit_answer_older_than_gridds_start_is_asked_again() {
     sim.carry_out(again);
     sim.run(S(5));
     assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+}
+
+/// An adoption that restarts gridd, as it ends: what `install` reports.
+fn restarted_for_the_token() -> Event {
+    Event::Adopted(Ok(Box::new(Outcome {
+        dry_run: false,
+        token_summary: String::new(),
+        changes: Vec::new(),
+        warnings: Vec::new(),
+        restart: Restart::Done,
+        restart_reason: Some("the token changed".into()),
+        restart_command: "systemctl restart nvidia-gridd".into(),
+    })))
+}
+
+fn gridd_not_running_counted(sim: &Sim) -> u64 {
+    let i = Reason::ALL
+        .iter()
+        .position(|r| *r == Reason::GriddNotRunning)
+        .unwrap();
+    sim.core.counters().failures[i]
+}
+
+/// The agent restarts gridd itself (for a dropped token): between the stop and the start
+/// systemd says "inactive", and that is the agent's own doing. Whether the question was
+/// asked during the restart or just before it, the answer is neither reported nor counted
+/// as `gridd_not_running` (a fleet alerts on the count), and systemd is asked again once the
+/// restart is over.
+#[test]
+fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
+    let inactive = || Event::Unit(Some(Err("nvidia-gridd.service is inactive".into())));
+    // Asked during the adoption.
+    let mut sim = Sim::new(settings(), World::new(LICENSED));
+    sim.log(ACQUIRED);
+    sim.run(S(60));
+    let now = sim.now();
+    let fx = sim.core.handle(Event::TokenDirChanged, now);
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Adopt { .. })),
+        "{fx:?}"
+    );
+    let fx = sim
+        .core
+        .handle(Event::Gridd(Box::new(gridd(100, "Shutdown (100)"))), now);
+    assert!(fx.contains(&Effect::CheckUnit), "{fx:?}");
+    let fx = sim.core.handle(inactive(), now);
+    assert!(
+        !fx.contains(&Effect::CheckUnit),
+        "asked again mid-restart: {fx:?}"
+    );
+    sim.core.tick(sim.now());
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+    let fx = sim.core.handle(restarted_for_the_token(), now);
+    assert!(fx.contains(&Effect::CheckUnit), "not asked again: {fx:?}");
+    sim.world.pid = 101;
+    sim.carry_out(fx);
+    sim.log("Started (101)");
+    sim.run(S(10));
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+    assert_eq!(gridd_not_running_counted(&sim), 0);
+
+    // Asked just before the adoption began, answered after it ended.
+    let mut sim = Sim::new(settings(), World::new(LICENSED));
+    sim.log(ACQUIRED);
+    sim.run(S(60));
+    let now = sim.now();
+    let fx = sim
+        .core
+        .handle(Event::Gridd(Box::new(gridd(100, "Shutdown (100)"))), now);
+    assert!(fx.contains(&Effect::CheckUnit), "{fx:?}");
+    sim.core.handle(Event::TokenDirChanged, now);
+    let mut fx = sim.core.handle(restarted_for_the_token(), now);
+    fx.extend(sim.core.handle(inactive(), now));
+    assert!(fx.contains(&Effect::CheckUnit), "not asked again: {fx:?}");
+    sim.core.tick(sim.now());
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+    sim.world.pid = 101;
+    sim.carry_out(fx);
+    sim.run(S(10));
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+    assert_eq!(gridd_not_running_counted(&sim), 0);
+
+    // gridd that stays down after the agent's restart is reported, at once.
+    let mut sim = Sim::new(settings(), World::new(LICENSED));
+    sim.log(ACQUIRED);
+    sim.run(S(60));
+    let now = sim.now();
+    sim.core.handle(Event::TokenDirChanged, now);
+    sim.world.unit = Some(Err("nvidia-gridd.service is failed".into()));
+    let fx = sim.core.handle(restarted_for_the_token(), now);
+    sim.carry_out(fx);
+    sim.run(S(1));
+    assert_eq!(sim.reason(), Some(Reason::GriddNotRunning));
+    assert_eq!(gridd_not_running_counted(&sim), 1);
 }
 
 /// systemd said gridd was not running, and then gridd logs: that answer is old news.

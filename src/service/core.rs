@@ -140,6 +140,19 @@ struct InFlight {
     /// gridd started or stopped while systemd was being asked: the answer on its way may
     /// predate that, so ask once more when it comes.
     unit_again: bool,
+    /// The agent's own restart of gridd ended while systemd was being asked: between its stop
+    /// and its start gridd was not running because the agent stopped it, so a "not running"
+    /// answer to that question is the agent's own doing, not gridd's failure.
+    unit_crossed: bool,
+    /// A "not running" answer was set aside: ask again once the agent's own work is over.
+    unit_after_own: bool,
+}
+
+impl InFlight {
+    /// The agent is restarting gridd, or adopting a token (which may restart it).
+    fn own_work(&self) -> bool {
+        self.restart || self.adopt
+    }
 }
 
 /// The service's state and judgement.
@@ -294,8 +307,17 @@ impl Core {
             }
             Event::Unit(u) => {
                 self.busy.unit = false;
-                self.unit = u;
-                if std::mem::take(&mut self.busy.unit_again) {
+                let own_doing = self.busy.own_work() || std::mem::take(&mut self.busy.unit_crossed);
+                if matches!(u, Some(Err(_))) && own_doing {
+                    // Set aside, not believed: asked again once the agent's own restart is
+                    // over (at once if it is over already).
+                    self.busy.unit_after_own = true;
+                } else {
+                    self.unit = u;
+                }
+                if std::mem::take(&mut self.busy.unit_again)
+                    || (self.busy.unit_after_own && !self.busy.own_work())
+                {
                     self.check_unit(&mut fx);
                 }
             }
@@ -316,13 +338,20 @@ impl Core {
                 if result.as_ref().is_ok_and(|o| o.changed()) {
                     fx.push(Effect::ReadToken);
                 }
-                self.adopted(result, now, &mut fx);
+                let restarted = result
+                    .as_ref()
+                    .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
+                self.adopted(result, now);
+                self.own_work_ended(restarted, &mut fx);
                 if std::mem::take(&mut self.adopt_again) {
                     self.adopt(now, &mut fx);
                 }
             }
             Event::Restarted(result) => {
                 self.busy.restart = false;
+                // Whether gridd runs now is asked once the agent's own work is over.
+                self.busy.unit_after_own = true;
+                self.own_work_ended(true, &mut fx);
                 match result {
                     Ok(()) => {
                         self.counters.gridd_restarts += 1;
@@ -338,7 +367,6 @@ impl Core {
                 }
                 // A restarted gridd's failure is news: probe it at once.
                 self.probed = None;
-                self.check_unit(&mut fx);
                 self.smi_soon(now.mono + Duration::from_secs(1));
             }
             Event::Probed { verdict, skew } => {
@@ -497,7 +525,20 @@ impl Core {
         if std::mem::replace(&mut self.busy.unit, true) {
             self.busy.unit_again = true;
         } else {
+            self.busy.unit_crossed = false;
+            self.busy.unit_after_own = false;
             fx.push(Effect::CheckUnit);
+        }
+    }
+
+    /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
+    /// the attempt made): a "not running" answer set aside while it ran is checked again.
+    fn own_work_ended(&mut self, restarted: bool, fx: &mut Vec<Effect>) {
+        if restarted && self.busy.unit {
+            self.busy.unit_crossed = true;
+        }
+        if self.busy.unit_after_own && !self.busy.own_work() {
+            self.check_unit(fx);
         }
     }
 
@@ -541,12 +582,7 @@ impl Core {
         });
     }
 
-    fn adopted(
-        &mut self,
-        result: Result<Box<Outcome>, AdoptError>,
-        now: Now,
-        fx: &mut Vec<Effect>,
-    ) {
+    fn adopted(&mut self, result: Result<Box<Outcome>, AdoptError>, now: Now) {
         match result {
             Ok(outcome) => {
                 if outcome.changed() || outcome.restart != Restart::NotNeeded {
@@ -570,7 +606,8 @@ impl Core {
                             "restarted nvidia-gridd for the token"
                         );
                         self.smi_soon(now.mono + Duration::from_secs(1));
-                        self.check_unit(fx);
+                        // Asked once the adoption is over.
+                        self.busy.unit_after_own = true;
                     }
                     Restart::Failed(why) => {
                         // A failed attempt counts against the budget and the backoff too.
