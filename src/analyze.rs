@@ -74,7 +74,7 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         if snap.gpus.is_empty() && snap.driver_error.is_none() && !snap.whole {
             notes.push(format!(
                 "{}: no nvidia-smi -q output found (no `GPU ...` section, no `License Status` line)",
-                path.display()
+                crate::text::show_path(path)
             ));
         }
         obs.at = snap.timestamp.map(|t| t.and_utc());
@@ -92,7 +92,10 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
             ))
         })?;
         if fold.total() == 0 {
-            notes.push(format!("{}: no nvidia-gridd lines found", path.display()));
+            notes.push(format!(
+                "{}: no nvidia-gridd lines found",
+                crate::text::show_path(path)
+            ));
         }
         if let Some(last) = stats.last_stamp.filter(|_| obs.at.is_none()) {
             obs.at_is_exact = last.utc().is_some();
@@ -106,8 +109,8 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
             crate::token::MAX_TOKEN_BYTES,
             "a client configuration token",
         )?;
-        let token =
-            Token::decode(&bytes).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+        let token = Token::decode(&bytes)
+            .map_err(|e| InputError(format!("{}: {e}", crate::text::show_path(path))))?;
         obs.token = Some(token);
     }
     let mut report = evaluate(obs);

@@ -150,6 +150,67 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// A TOML or type error's message without the value it quotes: a URL there may hold
+/// credentials, and a misplaced token is a secret. `invalid type: string "https://u:p@h",
+/// expected u64` becomes `invalid type: a string, expected u64`; any other quoted text is cut.
+fn without_values(message: &str) -> String {
+    for lead in ["invalid type: ", "invalid value: ", "invalid length "] {
+        if let Some(rest) = message.strip_prefix(lead) {
+            let kind = rest.split([' ', ',', '`', '"']).next().unwrap_or("");
+            let expected = rest.rfind(", expected ").map_or("", |i| &rest[i..]);
+            return format!("{lead}a {kind}{expected}");
+        }
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        let expected = rest.find(", expected ").map_or("", |i| &rest[i..]);
+        return format!("unknown value{expected}");
+    }
+    // Keys (`unknown field `x``) and punctuation (`expected `"``) are named; a quoted
+    // string is a value, and so is a "key" that is no key (`"https://u:p@h" = 1`).
+    let shown = |tick: &str| {
+        let key_like = tick.chars().count() <= 1
+            || tick
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        format!("`{}`", if key_like { tick } else { "..." })
+    };
+    let mut out = String::with_capacity(message.len());
+    let mut tick: Option<String> = None;
+    let mut quoted = false;
+    let mut escaped = false;
+    for c in message.chars() {
+        if let Some(t) = tick.as_mut() {
+            if c == '`' {
+                out.push_str(&shown(t));
+                tick = None;
+            } else {
+                t.push(c);
+            }
+        } else if quoted {
+            match (escaped, c) {
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    quoted = false;
+                    out.push_str("...\"");
+                }
+                _ => escaped = false,
+            }
+        } else if c == '`' {
+            tick = Some(String::new());
+        } else {
+            out.push(c);
+            quoted = c == '"';
+        }
+    }
+    if let Some(t) = tick {
+        out.push_str(&shown(&t));
+    }
+    if quoted {
+        out.push_str("...");
+    }
+    out
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -308,14 +369,17 @@ impl Settings {
                     let n = text[..s.start].matches('\n').count();
                     let line = text.lines().nth(n).unwrap_or("");
                     let shown = line.split('=').next().unwrap_or("").trim();
-                    if shown.is_empty() || shown.len() > 120 {
+                    let key_like = shown
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_-.[] \"'".contains(c));
+                    if shown.is_empty() || shown.len() > 120 || !key_like {
                         format!("line {}: ", n + 1)
                     } else {
                         format!("line {} ({shown}): ", n + 1)
                     }
                 })
                 .unwrap_or_default();
-            format!("{line}{}", e.message().replace('\n', " "))
+            format!("{line}{}", without_values(&e.message().replace('\n', " ")))
         })?;
         let p = frag.paths;
         merge!(
@@ -493,7 +557,7 @@ impl Settings {
             if !p.is_absolute() {
                 return Err(format!(
                     "{key} = {:?}: expected an absolute path",
-                    p.display()
+                    crate::text::show_path(p)
                 ));
             }
         }
@@ -502,14 +566,14 @@ impl Settings {
         {
             return Err(format!(
                 "paths.token_source = {:?}: expected an absolute path outside paths.token_dir (the file or directory the token comes from, e.g. a mounted Kubernetes Secret)",
-                p.display()
+                crate::text::show_path(p)
             ));
         }
         for p in &self.paths.gridd_client_state {
             if !p.is_absolute() || p.parent().is_none() {
                 return Err(format!(
                     "paths.gridd_client_state: {:?}: expected absolute paths of directories below /",
-                    p.display()
+                    crate::text::show_path(p)
                 ));
             }
         }
@@ -520,6 +584,40 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value in the wrong place (a URL with credentials, a token) is never quoted back:
+    /// whatever TOML or the types say about it, the error names the line and the key.
+    #[test]
+    fn type_and_syntax_errors_never_quote_the_value() {
+        let secret = "https://user:hunter2@dls.example/?key=s3cr3t";
+        for text in [
+            format!("[service]\npoll_unlicensed_seconds = \"{secret}\"\n"),
+            format!("[gridd]\nfeature_type = \"{secret}\"\n"),
+            format!("[paths]\ntoken_dir = [\"{secret}\"]\n"),
+            format!("\"{secret}\" = 1\n"),
+            format!("[service]\nwebhook_url = {{ u = \"{secret}\" }}\n"),
+            format!("[service]\npoll_unlicensed_seconds = \"{secret}\n"),
+            format!("[service]\nrestart_budget_per_hour = -1 # {secret}\n"),
+        ] {
+            let err = Settings::default().apply_toml(&text).unwrap_err();
+            assert!(
+                !err.contains("hunter2") && !err.contains("s3cr3t"),
+                "{text:?} -> {err}"
+            );
+            assert!(err.starts_with("line "), "{err}");
+        }
+        // What helps is still there: the key, the type expected, the keys known.
+        let err = Settings::default()
+            .apply_toml("[service]\npoll_unlicensed_seconds = \"x\"\n")
+            .unwrap_err();
+        assert_eq!(
+            err,
+            "line 2 (poll_unlicensed_seconds): invalid type: a string, expected u64"
+        );
+        let err = Settings::default().apply_toml("timeout = 1\n").unwrap_err();
+        assert!(err.contains("unknown field `timeout`"), "{err}");
+        assert!(err.contains("`service`"), "{err}");
+    }
 
     #[test]
     fn later_fragments_win_key_by_key() {

@@ -307,7 +307,7 @@ const INSTALL_FIX: &str = "generate a client configuration token on the DLS (Ser
 
 fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) -> Vec<Check> {
     let ts = live::token_state(settings, now);
-    let path = ts.path.display().to_string();
+    let path = crate::text::show_path(&ts.path).to_string();
     let main = match &ts.token {
         Ok(t) => {
             let n = t.nodes.len();
@@ -353,7 +353,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
                 }
                 TokenProblem::Unreadable(_) => format!(
                     "check the file's permissions (`ls -l {}`); `vgpu-license-agent install` sets them",
-                    settings.paths.token_dir.display()
+                    crate::text::show_path(&settings.paths.token_dir)
                 ),
                 TokenProblem::NotYetValid(_) => "check this guest's clock (`timedatectl`); a DLS whose clock is ahead issues tokens that are not valid yet".into(),
             };
@@ -378,7 +378,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
             "chmod 0744 {path} (`vgpu-license-agent install` sets it)"
         )),
     };
-    let dir = settings.paths.token_dir.display();
+    let dir = crate::text::show_path(&settings.paths.token_dir);
     let strays = if !settings.paths.token_dir.is_dir() {
         check("token-dir", Status::Skip, format!("no directory {dir}"))
     } else if ts.strays.is_empty() {
@@ -390,7 +390,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
             .map(|p| {
                 p.file_name()
                     .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| p.display().to_string())
+                    .unwrap_or_else(|| crate::text::show_path(p).to_string())
             })
             .collect();
         check(
@@ -410,7 +410,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
 
 fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode) -> Check {
     let path = &settings.paths.gridd_conf;
-    let shown = path.display();
+    let shown = crate::text::show_path(path);
     let bytes = match crate::input::read_file(
         path,
         crate::install::MAX_GRIDD_CONF_BYTES,

@@ -274,7 +274,7 @@ impl GriddConf {
                         "gridd.conf line {} sets ClientConfigTokenPath={}, but the token is installed in {}: gridd will not find it; remove that line, or set paths.token_dir = \"{}\" in the agent's config",
                         e.line,
                         e.value,
-                        token_dir.display(),
+                        crate::text::show_path(token_dir),
                         e.value
                     ));
                 }

@@ -34,7 +34,7 @@ impl Prepared {
         let mut out: Vec<String> = self
             .removed
             .iter()
-            .map(|p| format!("{verb} {}", p.display()))
+            .map(|p| format!("{verb} {}", crate::text::show_path(p)))
             .collect();
         if self.removed.is_empty() {
             out.push("no token and no agent state to remove".into());
@@ -42,7 +42,7 @@ impl Prepared {
         for (dir, n) in &self.client_state_left {
             out.push(format!(
                 "left in place: nvidia-gridd's client state {} ({n} entries); clones must not share it: run again with --purge-client-state",
-                dir.display()
+                crate::text::show_path(dir)
             ));
         }
         out.push(
@@ -62,7 +62,7 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
     let cannot = |what: &Path, e: io::Error| {
         anyhow!(
             "cannot read {}: {e}; check it and run prepare-image again",
-            what.display()
+            crate::text::show_path(what)
         )
     };
     // Hold the install lock, so that no install or adopt runs meanwhile.
@@ -75,7 +75,7 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
             .map_err(|_| {
                 anyhow!(
                     "cannot take the lock in {}: an install is running; wait for it and run prepare-image again",
-                    paths.state_dir.display()
+                    crate::text::show_path(&paths.state_dir)
                 )
             })?,
         )
@@ -143,7 +143,7 @@ pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Resul
                 Err(e) => {
                     return Err(anyhow!(
                         "cannot remove {}: {e}; remove it yourself and run prepare-image again (removed so far: {})",
-                        p.display(),
+                        crate::text::show_path(&p),
                         done.removed.len()
                     ));
                 }

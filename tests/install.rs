@@ -302,6 +302,28 @@ fn a_symlink_at_the_target_is_never_written_through() {
     assert_eq!(fs::read(root.token_path()).unwrap(), old);
 }
 
+/// A file name is outside text too: a symlink planted at the token's path, pointing to a
+/// name with a terminal escape and a line break, is named in one line with both escaped.
+#[test]
+fn a_file_name_cannot_write_to_the_terminal() {
+    let (root, old) = installed_root();
+    let victim = root.file("victim\u{1b}[2J\nvgpu-license-agent: installed", b"x");
+    fs::remove_file(root.token_path()).unwrap();
+    std::os::unix::fs::symlink(&victim, root.token_path()).unwrap();
+    let f = root.file("in/new.tok", &valid_token("new"));
+    let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
+    assert_eq!(r.code, Some(1));
+    assert!(!r.stderr.contains('\u{1b}'), "{:?}", r.stderr);
+    assert_eq!(r.stderr.trim_end().lines().count(), 1, "{:?}", r.stderr);
+    assert!(
+        r.stderr.contains("victim\\u{1b}[2J\\nvgpu-license-agent"),
+        "{:?}",
+        r.stderr
+    );
+    assert_eq!(fs::read(&victim).unwrap(), b"x");
+    assert!(!old.is_empty());
+}
+
 #[test]
 fn a_read_only_token_directory_changes_nothing() {
     // Both ways a token directory is not writable: a read-only file system (EROFS), and a

@@ -34,7 +34,12 @@ pub fn adopt_dropped_token(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(NoToken(target).into());
         }
-        Err(e) => return Err(anyhow!("cannot read the token {}: {e}", target.display())),
+        Err(e) => {
+            return Err(anyhow!(
+                "cannot read the token {}: {e}",
+                crate::text::show_path(&target)
+            ));
+        }
     };
     adopt_bytes(settings, &bytes, licensed, retry_owed, true)
 }
@@ -161,7 +166,7 @@ impl std::fmt::Display for NoToken {
         write!(
             f,
             "no client configuration token at {}; install one with vgpu-license-agent install",
-            self.0.display()
+            crate::text::show_path(&self.0)
         )
     }
 }

@@ -57,7 +57,11 @@ pub(super) fn apply(
                 "check that the directory is writable and the file system healthy, then run install again"
             }
         };
-        io_err(format!("cannot write {what} in {}", at.display()), e, fix)
+        io_err(
+            format!("cannot write {what} in {}", crate::text::show_path(at)),
+            e,
+            fix,
+        )
     };
 
     // Stage the new files first: nothing visible changes yet. Directories created for them
@@ -125,7 +129,7 @@ pub(super) fn apply(
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => {
                         return Err(io_err(
-                            format!("cannot remove {}", path.display()),
+                            format!("cannot remove {}", crate::text::show_path(path)),
                             e,
                             "remove it yourself",
                         ));
@@ -183,8 +187,8 @@ pub(super) fn apply(
                 io_err(
                     format!(
                         "cannot move the other files of {} aside into {}",
-                        dir.display(),
-                        replaced_root.display()
+                        crate::text::show_path(dir),
+                        crate::text::show_path(replaced_root)
                     ),
                     e,
                     "make room in the state directory or make it writable, then run install again",
@@ -227,7 +231,7 @@ pub(super) fn apply(
         stage.commit().map_err(|e| {
             anyhow!(
                 "the token is installed, but {} could not be replaced: {e}; make the directory writable and run install again",
-                paths.gridd_conf.display()
+                crate::text::show_path(&paths.gridd_conf)
             )
         })?;
         done.push(plan_entry(plan, |c| {
@@ -240,7 +244,7 @@ pub(super) fn apply(
 fn chmod(path: &Path, mode: u32) -> anyhow::Result<()> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| {
         io_err(
-            format!("cannot change the mode of {}", path.display()),
+            format!("cannot change the mode of {}", crate::text::show_path(path)),
             e,
             "check the file system",
         )

@@ -131,39 +131,39 @@ impl Change {
             Change::CreateDir { path, mode } => format!(
                 "{} directory {} (mode {mode:04o})",
                 v("created", "create"),
-                path.display()
+                crate::text::show_path(path)
             ),
             Change::ChmodDir { path, from, to } => format!(
                 "{} directory {} mode {from:04o} -> {to:04o}",
                 v("changed", "change"),
-                path.display()
+                crate::text::show_path(path)
             ),
             Change::RemoveTemp { path } => format!(
                 "{} {} (left by an interrupted install)",
                 v("removed", "remove"),
-                path.display()
+                crate::text::show_path(path)
             ),
             Change::MoveStray { from, to } => format!(
                 "{} {} to {} (only the token may be in the token directory)",
                 v("moved", "move"),
-                from.display(),
-                to.display()
+                crate::text::show_path(from),
+                crate::text::show_path(to)
             ),
             Change::SavePrevious { from, to } => format!(
                 "{} the previous token {} to {}",
                 v("saved", "save"),
-                from.display(),
-                to.display()
+                crate::text::show_path(from),
+                crate::text::show_path(to)
             ),
             Change::WriteToken { path, bytes, mode } => format!(
                 "{} token {} ({bytes} bytes, mode {mode:04o})",
                 v("installed", "install"),
-                path.display()
+                crate::text::show_path(path)
             ),
             Change::ChmodToken { path, from, to } => format!(
                 "{} token {} mode {from:04o} -> {to:04o}",
                 v("changed", "change"),
-                path.display()
+                crate::text::show_path(path)
             ),
             Change::WriteGriddConf {
                 path,
@@ -179,7 +179,7 @@ impl Change {
                 };
                 format!(
                     "{what} {} (mode {mode:04o}): {}",
-                    path.display(),
+                    crate::text::show_path(path),
                     edits.join("; ")
                 )
             }
@@ -404,12 +404,12 @@ fn read_no_follow(path: &Path, cap: usize) -> io::Result<Vec<u8>> {
 
 fn refuse_symlink(path: &Path, what: &str) -> anyhow::Error {
     let to = fs::read_link(path)
-        .map(|t| format!(" (pointing to {})", t.display()))
+        .map(|t| format!(" (pointing to {})", crate::text::show_path(&t)))
         .unwrap_or_default();
     anyhow!(
         "{what} {} is a symlink{to}; the agent never writes through a symlink: remove it (rm {}) and run install again; {}",
-        path.display(),
-        path.display(),
+        crate::text::show_path(path),
+        crate::text::show_path(path),
         nothing_changed()
     )
 }
@@ -424,14 +424,17 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
         Ok(_) => {
             return Err(anyhow!(
                 "the token directory {} is not a directory; move that file away and run install again; {}",
-                dir.display(),
+                crate::text::show_path(dir),
                 nothing_changed()
             ));
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {
             return Err(io_err(
-                format!("cannot read the token directory {}", dir.display()),
+                format!(
+                    "cannot read the token directory {}",
+                    crate::text::show_path(dir)
+                ),
                 e,
                 "check it",
             ));
@@ -442,14 +445,17 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
         Ok(m) if !m.is_file() => {
             return Err(anyhow!(
                 "the token path {} is not a regular file; move it away and run install again; {}",
-                target.display(),
+                crate::text::show_path(&target),
                 nothing_changed()
             ));
         }
         Ok(m) => {
             let bytes = read_no_follow(&target, crate::token::MAX_TOKEN_BYTES).map_err(|e| {
                 io_err(
-                    format!("cannot read the installed token {}", target.display()),
+                    format!(
+                        "cannot read the installed token {}",
+                        crate::text::show_path(&target)
+                    ),
                     e,
                     "check its permissions",
                 )
@@ -459,7 +465,7 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {
             return Err(io_err(
-                format!("cannot read {}", target.display()),
+                format!("cannot read {}", crate::text::show_path(&target)),
                 e,
                 "check the token directory",
             ));
@@ -496,14 +502,14 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
         Ok(m) if !m.is_file() => {
             return Err(anyhow!(
                 "{} is not a regular file; move it away and run install again; {}",
-                conf_path.display(),
+                crate::text::show_path(conf_path),
                 nothing_changed()
             ));
         }
         Ok(m) => {
             let bytes = read_no_follow(conf_path, MAX_GRIDD_CONF_BYTES).map_err(|e| {
                 io_err(
-                    format!("cannot read {}", conf_path.display()),
+                    format!("cannot read {}", crate::text::show_path(conf_path)),
                     e,
                     "check its permissions",
                 )
@@ -513,7 +519,7 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => {
             return Err(io_err(
-                format!("cannot read {}", conf_path.display()),
+                format!("cannot read {}", crate::text::show_path(conf_path)),
                 e,
                 "check its directory",
             ));
@@ -622,7 +628,7 @@ fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
         io_err(
             format!(
                 "cannot create the agent's state directory {}",
-                state_dir.display()
+                crate::text::show_path(state_dir)
             ),
             e,
             "make it writable (or set paths.state_dir in the agent's config)",
@@ -633,12 +639,12 @@ fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
     fsutil::lock(&path, wait).map_err(|e| match e {
         LockError::Busy => anyhow!(
             "another install (or the service) has held the lock {} for {}s; wait for it to finish and run install again; {}",
-            path.display(),
+            crate::text::show_path(&path),
             wait.as_secs(),
             nothing_changed()
         ),
         LockError::Io(e) => io_err(
-            format!("cannot take the lock {}", path.display()),
+            format!("cannot take the lock {}", crate::text::show_path(&path)),
             e,
             "check the state directory",
         ),
@@ -847,7 +853,7 @@ fn save_state(state: &mut InstallState, settings: &Settings, outcome: &mut Outco
     if let Err(e) = state.save(&settings.paths.state_dir) {
         outcome.warnings.push(format!(
             "cannot record the install in {}: {e}; the next run may restart nvidia-gridd once more",
-            settings.paths.state_dir.display()
+            crate::text::show_path(&settings.paths.state_dir)
         ));
     }
 }

@@ -365,7 +365,8 @@ mod tests {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/samples")
             .join(name);
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", crate::text::show_path(&path)))
     }
 
     #[test]

@@ -251,7 +251,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             _ = tokio::time::sleep_until(wake.into()) => {}
             _ = sighup.recv() => match Settings::load(&config_path) {
                 Ok(s) => {
-                    info!("config reloaded from {}", config_path.display());
+                    info!("config reloaded from {}", crate::text::show_path(&config_path));
                     let effects = core.handle(Event::Reloaded(Box::new(s)), clock.now());
                     shell.carry_out(core.settings(), effects);
                 }
@@ -286,14 +286,14 @@ fn write_file(failing: &RefCell<HashSet<PathBuf>>, path: &Path, bytes: &[u8], cr
     match crate::fsutil::replace_volatile(path, bytes, 0o644) {
         Ok(()) => {
             if failing.borrow_mut().remove(path) {
-                info!("{} is written again", path.display());
+                info!("{} is written again", crate::text::show_path(path));
             }
         }
         Err(e) => {
             if failing.borrow_mut().insert(path.to_path_buf()) {
                 warn!(
                     "cannot write {}: {e}; the last one written stays as it was, and this is logged again only once it can be written",
-                    path.display()
+                    crate::text::show_path(path)
                 );
             }
         }
@@ -416,7 +416,7 @@ fn watch_paths(
         if p.is_dir()
             && let Err(e) = watcher.watch(p, RecursiveMode::NonRecursive)
         {
-            warn!("cannot watch {}: {e}", p.display());
+            warn!("cannot watch {}: {e}", crate::text::show_path(p));
         }
     }
     let conf_dir = settings.paths.gridd_conf.parent().unwrap_or(Path::new("/"));
@@ -424,7 +424,7 @@ fn watch_paths(
         && conf_dir != dir.as_path()
         && let Err(e) = watcher.watch(conf_dir, RecursiveMode::NonRecursive)
     {
-        warn!("cannot watch {}: {e}", conf_dir.display());
+        warn!("cannot watch {}: {e}", crate::text::show_path(conf_dir));
     }
     if let Some(source) = &settings.paths.token_source {
         // A directory (a Secret volume swaps a `..data` link inside it) or a file's directory.
@@ -434,7 +434,7 @@ fn watch_paths(
             source.parent().unwrap_or(Path::new("/"))
         };
         if let Err(e) = watcher.watch(at, RecursiveMode::NonRecursive) {
-            warn!("cannot watch {}: {e}", at.display());
+            warn!("cannot watch {}: {e}", crate::text::show_path(at));
         }
     }
     Some(watcher)
@@ -457,7 +457,7 @@ async fn serve_metrics(
                     }
                 }));
             }
-            Err(e) => warn!("cannot listen on {}: {e}", path.display()),
+            Err(e) => warn!("cannot listen on {}: {e}", crate::text::show_path(path)),
         }
     }
     if let Some(addr) = &settings.service.metrics_listen {
