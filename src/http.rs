@@ -149,3 +149,78 @@ pub async fn post_json(url: &str, body: Vec<u8>, timeout: Duration) -> anyhow::R
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    const SECRET_URL: &str = "http://hook-user:hunter2@127.0.0.1:{port}/alert?token=s3cr3t";
+
+    fn url(port: u16) -> String {
+        SECRET_URL.replace("{port}", &port.to_string())
+    }
+
+    fn assert_no_secret(err: &str) {
+        assert!(
+            !err.contains("hunter2") && !err.contains("s3cr3t") && !err.contains("hook-user"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    fn post(url: &str) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(post_json(url, b"{}".to_vec(), Duration::from_secs(2)))
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// A webhook that fails, however it fails, is logged without its credentials or query.
+    #[test]
+    fn a_failed_webhook_never_shows_its_credentials() {
+        // Refused.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let err = post(&url(port));
+        assert!(err.contains("POST http://127.0.0.1"), "{err}");
+        assert_no_secret(&err);
+
+        // Answered with an error status; and silent.
+        for answer in [
+            Some(&b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n"[..]),
+            None,
+        ] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            let server = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                match answer {
+                    Some(a) => s.write_all(a).unwrap(),
+                    None => std::thread::sleep(Duration::from_secs(4)),
+                }
+            });
+            let err = post(&url(port));
+            match answer {
+                Some(_) => assert!(err.contains("HTTP 500"), "{err}"),
+                None => assert!(
+                    err.contains("timed out") || err.contains("no answer within 2 s"),
+                    "{err}"
+                ),
+            }
+            assert_no_secret(&err);
+            server.join().unwrap();
+        }
+
+        // Not a URL at all: the text is not repeated.
+        let err = post("hunter2 s3cr3t");
+        assert_eq!(err, "webhook_url is not a URL");
+    }
+}
