@@ -6,10 +6,13 @@
 mod common;
 
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Root, mode, valid_token};
@@ -366,5 +369,795 @@ fn an_install_that_fails_half_way_undoes_every_step() {
         one_line_error(&r, 1, "nothing was changed");
         assert_eq!(root_tree(&root), before, "{fault}");
         assert_eq!(root.restarts(), restarts, "{fault}");
+    }
+}
+
+/// Runs the agent like [`Root::run`], and how long it took; one that runs past two minutes
+/// is killed and fails the test, so that a hang is a failure, not a test that never ends.
+fn within(root: &Root, args: &[&str]) -> (common::Run, Duration) {
+    const LIMIT: Duration = Duration::from_secs(120);
+    let start = Instant::now();
+    let mut child = root
+        .cmd(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still running after {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = start.elapsed();
+    let out = std::process::Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    };
+    (root.finish(out), took)
+}
+
+/// `tok` with its payload changed by `edit` (header and signature kept).
+fn edit_token(tok: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    use base64::Engine;
+    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let text = std::str::from_utf8(tok).unwrap();
+    let parts: Vec<&str> = text.split('.').collect();
+    let mut payload: serde_json::Value =
+        serde_json::from_slice(&e.decode(parts[1]).unwrap()).unwrap();
+    edit(&mut payload);
+    format!(
+        "{}.{}.{}",
+        parts[0],
+        e.encode(payload.to_string()),
+        parts[2]
+    )
+    .into_bytes()
+}
+
+/// A loopback port nobody listens on.
+fn closed_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// An HTTP server on the loopback that answers every request with a 200 and then trickles:
+/// the head at once and the body one byte every 0.5 s, or (`slow_head`) the head itself one
+/// byte at a time. It never ends an answer; it stops when dropped.
+struct Trickle {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    connections: Arc<AtomicUsize>,
+}
+
+impl Trickle {
+    fn start(slow_head: bool) -> Trickle {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (st, conns) = (stop.clone(), connections.clone());
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        conns.fetch_add(1, Ordering::Relaxed);
+                        let st = st.clone();
+                        std::thread::spawn(move || trickle_answer(s, slow_head, &st));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        });
+        Trickle {
+            port,
+            stop,
+            connections,
+        }
+    }
+}
+
+impl Drop for Trickle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn trickle_answer(mut s: TcpStream, slow_head: bool, stop: &AtomicBool) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 5000\r\n\r\n";
+    let (now, slow): (&[u8], &[u8]) = if slow_head { (b"", head) } else { (head, b"") };
+    if s.write_all(now).is_err() {
+        return;
+    }
+    let body = std::iter::repeat(&b'e');
+    for b in slow.iter().chain(body) {
+        if stop.load(Ordering::Relaxed) || s.write_all(&[*b]).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn a_trickling_token_url_ends_within_the_time_limit_and_changes_nothing() {
+    let mut root = Root::new();
+    root.install_ok(&valid_token("a"), &[]);
+    let snapshot = root.snapshot();
+    let before = root_tree(&root);
+    let restarts = root.restarts();
+    for slow_head in [false, true] {
+        let server = Trickle::start(slow_head);
+        let url = format!("http://127.0.0.1:{}/t.tok", server.port);
+        let (r, took) = within(
+            &root,
+            &[
+                "install",
+                "--token-url",
+                &url,
+                "--timeout",
+                "2",
+                "--retries",
+                "1",
+            ],
+        );
+        one_line_error(&r, 1, "cannot download the token");
+        assert!(
+            r.stderr.contains("after 2 attempt(s)") && r.stderr.contains("time"),
+            "slow head {slow_head}: {}",
+            r.stderr
+        );
+        // Two attempts of 2 s and a 1 s pause: far less than this, even on a loaded machine.
+        assert!(
+            took < Duration::from_secs(20),
+            "slow head {slow_head}: {took:?}"
+        );
+        let n = server.connections.load(Ordering::Relaxed);
+        assert!((1..=2).contains(&n), "slow head {slow_head}: {n} attempts");
+        assert_eq!(root.snapshot(), snapshot, "slow head {slow_head}");
+        assert_eq!(root_tree(&root), before, "slow head {slow_head}");
+        assert_eq!(root.restarts(), restarts);
+    }
+}
+
+/// A character device like `/dev/zero` (1, 5) at `p`, where the agent's own paths lie. Only
+/// root may make one: elsewhere the caller says what it skips.
+fn mkzero(p: &Path) -> bool {
+    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+    mknod(
+        p,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o644),
+        makedev(1, 5),
+    )
+    .is_ok()
+}
+
+/// `line`, repeated until the text is larger than `size` bytes.
+fn padded(head: &str, line: &str, size: usize) -> String {
+    let mut text = head.to_string();
+    while text.len() <= size {
+        text.push_str(line);
+    }
+    text
+}
+
+#[test]
+fn a_fifo_a_device_or_a_huge_file_as_the_config_is_refused_at_once() {
+    let mut root = Root::new();
+    root.install_ok(&valid_token("a"), &[]);
+    // The fake root's paths as a drop-in as well: a command that skipped a broken main file
+    // would still act on the fake root only.
+    root.dropin("00-root.toml", &fs::read_to_string(&root.config).unwrap());
+    let fifo = root.path("agent/fifo.toml");
+    mkfifo(&fifo);
+    let zero = root.path("agent/zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    // Valid TOML throughout: only the cap can refuse it.
+    let big = root.file(
+        "agent/big.toml",
+        padded("[service]\n", "# a comment line of the config\n", 1 << 20).as_bytes(),
+    );
+    let tok = root.file("in/new.tok", &valid_token("b"));
+    let tok = tok.to_str().unwrap();
+    let before = root_tree(&root);
+    let restarts = root.restarts();
+    for (config, want) in [
+        (&fifo, "not a regular file but a FIFO"),
+        (&zero, "not a regular file but a character device"),
+        (&big, "larger than 1 MiB"),
+    ] {
+        let config = config.to_str().unwrap();
+        for (args, code) in [
+            (vec!["status"], 3),
+            (vec!["diagnose", "--json"], 3),
+            (vec!["install", "--token-file", tok], 1),
+            (vec!["prepare-image", "--purge-client-state"], 1),
+            (vec!["token", "inspect"], 1),
+        ] {
+            let mut all = vec!["--config", config];
+            all.extend(&args);
+            let (r, took) = within(&root, &all);
+            one_line_error(&r, code, want);
+            assert!(r.stderr.contains("config"), "{}", r.stderr);
+            assert!(took < Duration::from_secs(20), "{config} {args:?}");
+            assert_eq!(root_tree(&root), before, "{config} {args:?}");
+        }
+    }
+    // A drop-in that is a FIFO stops every command the same way.
+    let dropin = root.path("agent/config.d/50-fifo.toml");
+    mkfifo(&dropin);
+    let before = root_tree(&root);
+    for (args, code) in [
+        (vec!["status"], 3),
+        (vec!["install", "--token-file", tok], 1),
+    ] {
+        let (r, took) = within(&root, &args);
+        one_line_error(&r, code, "not a regular file but a FIFO");
+        assert!(r.stderr.contains("50-fifo.toml"), "{}", r.stderr);
+        assert!(took < Duration::from_secs(20), "{args:?}");
+        assert_eq!(root_tree(&root), before, "{args:?}");
+    }
+    assert_eq!(root.restarts(), restarts);
+}
+
+#[test]
+fn a_fifo_a_device_or_a_huge_ca_file_is_refused_before_any_download() {
+    let mut root = Root::new();
+    root.install_ok(&valid_token("a"), &[]);
+    let fifo = root.path("in/ca.fifo");
+    fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    mkfifo(&fifo);
+    // Real certificates, over and over: read whole, this would be a valid bundle.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap()
+        .pem();
+    let big = root.file("in/big-ca.pem", padded("", &cert, 4 << 20).as_bytes());
+    let url = format!("http://127.0.0.1:{}/t.tok", closed_port());
+    let snapshot = root.snapshot();
+    let before = root_tree(&root);
+    let restarts = root.restarts();
+    for (ca, want) in [
+        (fifo.to_str().unwrap(), "not a regular file but a FIFO"),
+        ("/dev/zero", "not a regular file but a character device"),
+        (big.to_str().unwrap(), "larger than 4 MiB"),
+    ] {
+        let (r, took) = within(
+            &root,
+            &[
+                "install",
+                "--token-url",
+                &url,
+                "--ca-file",
+                ca,
+                "--retries",
+                "0",
+                "--timeout",
+                "2",
+            ],
+        );
+        one_line_error(&r, 1, want);
+        assert!(r.stderr.contains("--ca-file"), "{}", r.stderr);
+        assert!(took < Duration::from_secs(20), "{ca}");
+        assert_eq!(root.snapshot(), snapshot, "{ca}");
+        assert_eq!(root_tree(&root), before, "{ca}");
+    }
+    assert_eq!(root.restarts(), restarts);
+}
+
+/// A process that `status` takes for a running service (its name is the agent's): an
+/// install waiting for a token on a standard input that never ends. Ended when dropped.
+struct LiveAgent {
+    child: std::process::Child,
+    _root: Root,
+}
+
+impl LiveAgent {
+    fn start() -> LiveAgent {
+        let root = Root::new();
+        root.dropin("t.toml", "[commands]\ntimeout_seconds = 600\n");
+        let child = root
+            .cmd(&["install", "--token-file", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let agent = LiveAgent { child, _root: root };
+        let comm = format!("/proc/{}/comm", agent.pid());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !fs::read_to_string(&comm).is_ok_and(|c| c.starts_with("vgpu-license-ag")) {
+            assert!(Instant::now() < deadline, "the agent did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for LiveAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The report `status --json` gives for `root`, as a service would have written it.
+fn service_report(root: &Root, agent: &LiveAgent) -> serde_json::Value {
+    let r = root.run(&["status", "--json"]);
+    let mut v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    v["agent_pid"] = agent.pid().into();
+    v
+}
+
+#[test]
+fn a_fifo_a_device_or_a_huge_status_json_is_passed_over_for_observing_now() {
+    // This guest's own journal stays out of what is observed.
+    let root = Root::with_config("journalctl = \"/bin/true\"\n");
+    let agent = LiveAgent::start();
+    let status_file = root.path("run/vgpu-license-agent/status.json");
+    fs::create_dir_all(status_file.parent().unwrap()).unwrap();
+    let observed = root.run(&["status"]);
+    assert!(
+        observed
+            .stdout
+            .starts_with("The service is not running: observed now."),
+        "{}",
+        observed.stdout
+    );
+    assert!(matches!(observed.code, Some(0..=3)), "{:?}", observed.code);
+    // A report that claims licensed, from a live service: believed when it is read whole.
+    let mut report = service_report(&root, &agent);
+    report["state"] = "licensed".into();
+    report["exit_code"] = 0.into();
+    let text = report.to_string();
+    fs::write(&status_file, &text).unwrap();
+    let r = root.run(&["status"]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.starts_with("From the running service's report"),
+        "{}",
+        r.stdout
+    );
+    // The same report, padded with blanks (still valid JSON) past the 16 MiB cap; a FIFO; a
+    // device.
+    let mut huge = text.into_bytes();
+    huge.resize(17 << 20, b' ');
+    fs::write(&status_file, &huge).unwrap();
+    let fifo = root.path("run/vgpu-license-agent/fifo.json");
+    mkfifo(&fifo);
+    for (path, name) in [
+        (status_file.as_path(), "huge"),
+        (fifo.as_path(), "fifo"),
+        (Path::new("/dev/zero"), "device"),
+    ] {
+        root.dropin(
+            "status.toml",
+            &format!("[paths]\nstatus_file = \"{}\"\n", path.display()),
+        );
+        let before = root_tree(&root);
+        for json in [false, true] {
+            let args = if json {
+                vec!["status", "--json"]
+            } else {
+                vec!["status"]
+            };
+            let (r, took) = within(&root, &args);
+            assert!(took < Duration::from_secs(20), "{name} {args:?}");
+            assert_eq!(r.code, observed.code, "{name}: {}{}", r.stdout, r.stderr);
+            assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+            if json {
+                let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+                assert!(v.get("agent_pid").is_none(), "{name}: {v}");
+            } else {
+                assert!(
+                    r.stdout
+                        .starts_with("The service is not running: observed now."),
+                    "{name}: {}",
+                    r.stdout
+                );
+            }
+            assert_eq!(root_tree(&root), before, "{name} {args:?}");
+        }
+    }
+}
+
+#[test]
+fn status_exits_zero_to_three_whatever_status_json_claims() {
+    // This guest's own journal stays out of what is observed.
+    let root = Root::with_config("journalctl = \"/bin/true\"\n");
+    let agent = LiveAgent::start();
+    let status_file = root.path("run/vgpu-license-agent/status.json");
+    fs::create_dir_all(status_file.parent().unwrap()).unwrap();
+    let report = service_report(&root, &agent);
+    // A plain claim is believed: the forged file below is read as the service's.
+    let mut warning = report.clone();
+    warning["state"] = "unlicensed".into();
+    warning["exit_code"] = 1.into();
+    fs::write(&status_file, warning.to_string()).unwrap();
+    let r = root.run(&["status"]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.starts_with("From the running service's report"),
+        "{}",
+        r.stdout
+    );
+    for state in ["licensed", "unlicensed", "unknown"] {
+        for claim in [4u8, 127, 200, 255] {
+            let mut forged = report.clone();
+            forged["state"] = state.into();
+            forged["exit_code"] = claim.into();
+            fs::write(&status_file, forged.to_string()).unwrap();
+            for args in [vec!["status"], vec!["status", "--json"]] {
+                let r = root.run(&args);
+                assert!(
+                    matches!(r.code, Some(0..=3)),
+                    "{state} exit_code {claim} {args:?}: {:?} {}{}",
+                    r.code,
+                    r.stdout,
+                    r.stderr
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_fifo_a_device_or_a_huge_gridd_conf_is_refused_at_once() {
+    for kind in ["fifo", "device", "huge"] {
+        let mut root = Root::new();
+        root.install_ok(&valid_token("a"), &[]);
+        let conf = root.gridd_conf();
+        fs::remove_file(&conf).unwrap();
+        let want = match kind {
+            "fifo" => {
+                mkfifo(&conf);
+                "not a regular file"
+            }
+            "device" => {
+                if !mkzero(&conf) {
+                    common::skipped("a character device in place of gridd.conf: not root");
+                    continue;
+                }
+                "not a regular file"
+            }
+            _ => {
+                // A valid gridd.conf throughout: only the cap can refuse it.
+                let text = padded(
+                    "FeatureType=1\n",
+                    "# a comment line of gridd.conf\n",
+                    1 << 20,
+                );
+                fs::write(&conf, text).unwrap();
+                "larger than 1 MiB"
+            }
+        };
+        let tok = root.file("in/new.tok", &valid_token("b"));
+        let before = root_tree(&root);
+        let restarts = root.restarts();
+        let (r, took) = within(&root, &["install", "--token-file", tok.to_str().unwrap()]);
+        one_line_error(&r, 1, want);
+        assert!(r.stderr.contains("gridd.conf"), "{kind}: {}", r.stderr);
+        assert!(took < Duration::from_secs(20), "{kind}");
+        assert_eq!(root_tree(&root), before, "{kind}");
+        assert_eq!(root.restarts(), restarts, "{kind}");
+        // The checks read it too: they end, and say something about it.
+        for args in [vec!["diagnose"], vec!["status"]] {
+            let (r, took) = within(&root, &args);
+            assert!(
+                matches!(r.code, Some(0..=3)),
+                "{kind} {args:?}: {:?} {}",
+                r.code,
+                r.stderr
+            );
+            assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+            assert!(took < Duration::from_secs(30), "{kind} {args:?}");
+            assert_eq!(root_tree(&root), before, "{kind} {args:?}");
+        }
+    }
+}
+
+#[test]
+fn a_token_naming_thousands_of_nodes_makes_a_bounded_few_probes() {
+    let mut root = Root::new();
+    root.dropin("p.toml", "[service]\nprobe_timeout_seconds = 2\n");
+    // One listener for every loopback address: the address a connection reached names the
+    // node probed. Each connection is held a moment, then closed (no TLS is spoken).
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reached = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let (active, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let server = {
+        let (stop, reached, active, most) =
+            (stop.clone(), reached.clone(), active.clone(), most.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        if let Ok(a) = s.local_addr() {
+                            reached.lock().unwrap().insert(a.ip());
+                        }
+                        let now = active.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        let active = active.clone();
+                        std::thread::spawn(move || {
+                            std::thread::sleep(Duration::from_millis(300));
+                            drop(s);
+                            active.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        })
+    };
+    const NODES: usize = 2000;
+    let tok = edit_token(&valid_token("many"), |p| {
+        let sic = &mut p["service_instance_configuration"];
+        sic["svc_port_set_list"][0]["svc_port_map"] = serde_json::json!([
+            {"service": "auth", "port": port}, {"service": "lease", "port": port}
+        ]);
+        sic["node_url_list"] = (0..NODES)
+            .map(|i| serde_json::json!({"url": format!("127.1.{}.{}", i / 250, i % 250 + 1)}))
+            .collect();
+    });
+    assert!(tok.len() < 64 << 10, "{} bytes: not a token", tok.len());
+    root.install_ok(&tok, &[]);
+
+    let (r, took) = within(&root, &["diagnose", "--json"]);
+    assert!(matches!(r.code, Some(0..=3)), "{:?} {}", r.code, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let probed = v["dls_probes"].as_array().unwrap().len();
+    assert!((1..=16).contains(&probed), "{probed} nodes probed");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    let said = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["message"].as_str())
+        .find(|m| m.contains(&NODES.to_string()) && m.contains("probed"))
+        .unwrap_or_else(|| panic!("no check names the {NODES} endpoints: {}", v["checks"]));
+    assert!(
+        said.contains(&format!("{} not", NODES - probed)),
+        "{probed} probed: {said}"
+    );
+    let hosts = reached.lock().unwrap().len();
+    assert!(
+        (1..=probed).contains(&hosts),
+        "{hosts} nodes reached, {probed} probes"
+    );
+    assert!(
+        most.load(Ordering::SeqCst) <= 16,
+        "{} at once",
+        most.load(Ordering::SeqCst)
+    );
+
+    // The same for a person.
+    reached.lock().unwrap().clear();
+    let (r, took) = within(&root, &["diagnose"]);
+    assert!(took < Duration::from_secs(60));
+    assert!(matches!(r.code, Some(0..=3)), "{:?} {}", r.code, r.stderr);
+    assert!(
+        r.stdout.contains(&NODES.to_string())
+            && r.stdout.contains(&format!("{} not", NODES - probed)),
+        "{}",
+        r.stdout
+    );
+    assert!(reached.lock().unwrap().len() <= probed);
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+}
+
+#[test]
+fn purging_client_state_never_follows_a_symlink_out() {
+    // gridd's client state directory is itself a link to someone else's directory.
+    let mut root = Root::new();
+    root.install_ok(&valid_token("a"), &[]);
+    let victim = root.path("victim");
+    fs::create_dir_all(victim.join("sub")).unwrap();
+    fs::write(victim.join("precious.dat"), b"not gridd's").unwrap();
+    fs::write(victim.join("sub/more.dat"), b"nor this").unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o750)).unwrap();
+    let state = root.path("var/lib/nvidia/GridLicensing");
+    fs::create_dir_all(state.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&victim, &state).unwrap();
+    let victim_before = tree(&victim);
+    let before = root_tree(&root);
+    let r = root.run(&["prepare-image", "--purge-client-state", "--dry-run"]);
+    assert!(matches!(r.code, Some(0 | 1)), "{}", r.stderr);
+    assert!(!r.stdout.contains("precious.dat"), "{}", r.stdout);
+    assert_eq!(root_tree(&root), before);
+    let r = root.run(&["prepare-image", "--purge-client-state"]);
+    assert_eq!(tree(&victim), victim_before, "{}{}", r.stdout, r.stderr);
+    assert_eq!(mode(&victim), 0o750);
+    assert!(!r.stdout.contains("precious.dat"), "{}", r.stdout);
+    match r.code {
+        // Refused: nothing at all was removed, the link included.
+        Some(1) => {
+            one_line_error(&r, 1, "symlink");
+            assert_eq!(root_tree(&root), before);
+        }
+        // Or the link alone removed, never what it points to.
+        Some(0) => assert!(
+            fs::symlink_metadata(&state).is_err()
+                || fs::symlink_metadata(&state)
+                    .unwrap()
+                    .file_type()
+                    .is_symlink()
+        ),
+        other => panic!("{other:?}: {}{}", r.stdout, r.stderr),
+    }
+
+    // A link inside gridd's directory, to someone else's directory.
+    let mut root = Root::new();
+    root.install_ok(&valid_token("a"), &[]);
+    let victim = root.path("victim");
+    fs::create_dir_all(&victim).unwrap();
+    fs::write(victim.join("precious.dat"), b"not gridd's").unwrap();
+    let state = root.path("var/lib/nvidia/GridLicensing");
+    fs::create_dir_all(&state).unwrap();
+    fs::write(state.join("client.dat"), b"gridd's").unwrap();
+    std::os::unix::fs::symlink(&victim, state.join("escape")).unwrap();
+    let victim_before = tree(&victim);
+    let r = root.run(&["prepare-image", "--purge-client-state"]);
+    assert_eq!(tree(&victim), victim_before, "{}{}", r.stdout, r.stderr);
+    assert!(matches!(r.code, Some(0 | 1)), "{}", r.stderr);
+    assert!(!r.stdout.contains("precious.dat"), "{}", r.stdout);
+    if r.code == Some(1) {
+        assert_eq!(r.stderr.trim_end().lines().count(), 1, "{}", r.stderr);
+    } else {
+        assert!(fs::symlink_metadata(state.join("escape")).is_err());
+    }
+}
+
+/// No raw ESC, BEL or CR on either stream.
+#[track_caller]
+fn no_raw_controls(what: &str, r: &common::Run) {
+    for (name, out) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+        assert!(
+            !out.contains(['\x1b', '\x07', '\r']),
+            "{what}: raw control character on {name}: {out:?}"
+        );
+        assert!(!out.contains("panicked"), "{what}: {out}");
+    }
+}
+
+/// No raw control character, and no line forged by a newline from outside (text that
+/// follows the newline of `FORGED_NEWLINE` never starts a line).
+#[track_caller]
+fn clean(what: &str, r: &common::Run) {
+    no_raw_controls(what, r);
+    for (name, out) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+        assert!(
+            !out.lines().any(|l| l.starts_with("FORGED")),
+            "{what}: a line forged on {name}: {out:?}"
+        );
+    }
+}
+
+/// Control characters as a token's field or a URL may carry them: clear the screen, set the
+/// terminal's title, ring, return, and a new line that would pass for the agent's own.
+const FORGED_NEWLINE: &str = "\x1b[2J\x1b]0;pwned\x07\r\nFORGED \x1b[31m";
+
+#[test]
+fn control_characters_in_a_token_or_a_url_never_reach_the_terminal() {
+    let mut root = Root::new();
+    root.dropin("p.toml", "[service]\nprobe_timeout_seconds = 2\n");
+    root.install_ok(&valid_token("a"), &[]);
+    let evil = FORGED_NEWLINE;
+    let evil_token = |exp: i64| {
+        edit_token(&valid_token("x"), |p| {
+            p["iss"] = format!("NLS{evil}").into();
+            p["jti"] = format!("j{evil}").into();
+            p["exp"] = exp.into();
+            p["service_instance_configuration"]["node_url_list"][0]["url"] =
+                format!("dls{evil}.invalid").into();
+        })
+    };
+    let tok = evil_token(2_078_691_200);
+    let f = root.file("in/evil.tok", &tok);
+    let f = f.to_str().unwrap();
+    let r = root.run(&["token", "inspect", f]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    clean("token inspect", &r);
+    assert!(r.stdout.contains("\\u{1b}[2J"), "{}", r.stdout);
+    // JSON keeps the text as it was, JSON-escaped.
+    let r = root.run(&["token", "inspect", "--json", f]);
+    clean("token inspect --json", &r);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["issuer"], format!("NLS{evil}"));
+
+    // Installed (or refused): whatever install says is clean.
+    let r = root.run(&["install", "--token-file", f]);
+    no_raw_controls("install", &r);
+    // In place, as if dropped there: every check that shows it is clean.
+    fs::write(root.token_path(), &tok).unwrap();
+    for args in [vec!["token", "inspect"], vec!["status"], vec!["diagnose"]] {
+        let (r, took) = within(&root, &args);
+        if args[0] == "diagnose" {
+            no_raw_controls("diagnose", &r);
+        } else {
+            clean(&format!("{args:?}"), &r);
+        }
+        assert!(took < Duration::from_secs(60), "{args:?}");
+    }
+
+    // An expired one: the refusal is clean.
+    let expired = root.file("in/expired.tok", &evil_token(1_700_000_100));
+    let r = root.run(&["install", "--token-file", expired.to_str().unwrap()]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    clean("install expired", &r);
+    // A file name.
+    let named = root.file(&format!("in/n{evil}.tok"), b"not a token");
+    let r = root.run(&["install", "--token-file", named.to_str().unwrap()]);
+    assert_eq!(r.code, Some(1));
+    clean("install named", &r);
+
+    // URLs.
+    let port = closed_port();
+    for url in [
+        format!("http://127.0.0.1:{port}/{evil}t.tok"),
+        format!("http://127.0.0.1:{port}/t.tok?{evil}"),
+        format!("http://127.0.0.1:{port}/t.tok#{evil}"),
+        format!("http://u{evil}:p{evil}@127.0.0.1:{port}/t.tok"),
+        format!("https://dls{evil}.example/t.tok"),
+        format!("{evil}https://dls.example/t.tok"),
+        format!("ht{evil}tp://dls.example/t.tok"),
+        format!("http://dls.example/{evil}"),
+    ] {
+        let (r, took) = within(
+            &root,
+            &[
+                "install",
+                "--token-url",
+                &url,
+                "--retries",
+                "0",
+                "--timeout",
+                "2",
+            ],
+        );
+        assert_eq!(r.code, Some(1), "{url:?}: {}", r.stderr);
+        assert_eq!(
+            r.stderr.trim_end().lines().count(),
+            1,
+            "{url:?}: {:?}",
+            r.stderr
+        );
+        clean(&format!("{url:?}"), &r);
+        assert!(took < Duration::from_secs(20), "{url:?}");
     }
 }
