@@ -536,7 +536,10 @@ fn step_check_name(step: StepName) -> &'static str {
 }
 
 fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode) -> String {
-    let (host, port) = (&p.host, p.port);
+    let (host, port) = (crate::text::escape(&p.host), p.port);
+    if step == StepName::Dns && !crate::probe::is_host_name(&p.host) {
+        return "the token names a DLS that is no host name: download a new token from the DLS (and check that nothing edited this one)".into();
+    }
     match (step, &p.proxy) {
         (StepName::Dns, Some(proxy)) => {
             return format!(

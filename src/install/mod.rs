@@ -317,7 +317,7 @@ fn summary(bytes: &[u8], token: &Token) -> String {
     let nodes: Vec<String> = token
         .nodes
         .iter()
-        .map(|n| format!("{}:{}", n.host, n.lease_port))
+        .map(|n| format!("{}:{}", crate::text::escape(&n.host), n.lease_port))
         .collect();
     let until = token
         .expires

@@ -192,12 +192,29 @@ impl NodeProbe {
     }
 }
 
+/// `host:port` for a message or a request line. A host that is no host name (control
+/// characters from a token) never gets past the DNS step, and is shown escaped.
 fn endpoint(host: &str, port: u16) -> String {
+    let host = crate::text::escape(host);
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
     }
+}
+
+/// Letters, digits, `.`, `-` and `_` (a name), or an IP address (IPv6 with its zone).
+pub fn is_host_name(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && (host.parse::<IpAddr>().is_ok()
+            || host.split_once('%').is_some_and(|(ip, zone)| {
+                ip.parse::<std::net::Ipv6Addr>().is_ok()
+                    && zone.chars().all(|c| c.is_ascii_alphanumeric())
+            })
+            || host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
 }
 
 /// The host part of a token's node URL: tolerates a scheme, a path and IPv6 brackets.
@@ -379,6 +396,20 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
         });
         ok
     };
+
+    // A name from a token (or gridd.conf) goes into request lines: one that is no host name
+    // (a line break, a space) fails here, before anything is sent.
+    let t = Instant::now();
+    for name in std::iter::once(host).chain(via.map(|v| v.host.as_str())) {
+        if !is_host_name(name) {
+            let why = format!(
+                "{} is not a host name or an IP address",
+                crate::text::escape(name)
+            );
+            push(&mut p, StepName::Dns, t, Err(why));
+            return p;
+        }
+    }
 
     // DNS (of the proxy, when there is one: the proxy resolves the DLS's name)
     let t = Instant::now();
