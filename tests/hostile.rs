@@ -528,7 +528,9 @@ fn a_trickling_token_url_ends_within_the_time_limit_and_changes_nothing() {
         );
         one_line_error(&r, 1, "cannot download the token");
         assert!(
-            r.stderr.contains("after 2 attempt(s)") && r.stderr.contains("time"),
+            r.stderr.contains("after 2 attempt(s)")
+                && r.stderr
+                    .contains("within the time limit of 2 s (--timeout)"),
             "slow head {slow_head}: {}",
             r.stderr
         );

@@ -25,6 +25,7 @@ async fn attempt(client: &Client, url: &Url, shown: &str, timeout: Duration) -> 
     let whole = async {
         let mut resp = match client.get(url.clone()).send().await {
             Ok(r) => r,
+            Err(e) if e.is_timeout() => return Attempt::Retry(too_slow(timeout)),
             Err(e) => return Attempt::Retry(chain(e)),
         };
         let status = resp.status();
@@ -56,17 +57,23 @@ async fn attempt(client: &Client, url: &Url, shown: &str, timeout: Duration) -> 
                     body.extend_from_slice(&chunk);
                 }
                 Ok(None) => return Attempt::Done(body),
+                Err(e) if e.is_timeout() => return Attempt::Retry(too_slow(timeout)),
                 Err(e) => return Attempt::Retry(format!("the download broke off: {}", chain(e))),
             }
         }
     };
     match tokio::time::timeout(timeout, whole).await {
         Ok(a) => a,
-        Err(_) => Attempt::Retry(format!(
-            "no whole answer within the time limit of {} s (--timeout)",
-            timeout.as_secs()
-        )),
+        Err(_) => Attempt::Retry(too_slow(timeout)),
     }
+}
+
+/// The attempt's time limit ran out (the client's own limit and this one are the same).
+fn too_slow(timeout: Duration) -> String {
+    format!(
+        "no whole answer within the time limit of {} s (--timeout)",
+        timeout.as_secs()
+    )
 }
 
 /// Downloads the token, retrying `retries` times on network errors, on an attempt that ran
