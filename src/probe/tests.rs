@@ -439,3 +439,272 @@ fn a_gateway_error_fails_the_https_step() {
         );
     }
 }
+
+/// Whatever a server, a proxy or a certificate holds: read or refused, never a panic, and
+/// nothing read grows past what came in.
+mod arbitrary_input {
+    use std::net::TcpStream;
+    use std::sync::OnceLock;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Pieces of response heads, so that random heads reach past the status line.
+    const HEAD_PIECES: &[&str] = &[
+        "HTTP/1.1 ",
+        "HTTP/1.0 ",
+        "HTTP/",
+        "HTTP/2 200",
+        "200",
+        "407",
+        "502",
+        "65535",
+        "65536",
+        "-1",
+        "+200",
+        " OK",
+        " Proxy Authentication Required",
+        " ",
+        "\r\n",
+        "\n",
+        "\r",
+        "\r\n\r\n",
+        "Date: ",
+        "date:",
+        " DATE :",
+        "Sun, 06 Nov 1994 08:49:37 GMT",
+        "Fri, 31 Dec 9999 23:59:59 GMT",
+        "Sat, 01 Jan 0000 00:00:00 GMT",
+        "31 Dec 262143 23:59:59 +2359",
+        "Mon, 32 Feb 2024 25:61:61 -9999",
+        ":",
+        "\u{1b}[2J",
+        "\u{202e}",
+        "\u{fffd}",
+        "\0",
+    ];
+
+    fn head_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..1024),
+            prop::collection::vec(
+                prop_oneof![
+                    3 => prop::sample::select(HEAD_PIECES).prop_map(|p| p.as_bytes().to_vec()),
+                    1 => prop::collection::vec(any::<u8>(), 0..8),
+                ],
+                0..32,
+            )
+            .prop_map(|v| v.concat()),
+        ]
+    }
+
+    /// How the probe uses a `Date` it read: the skew against now, and the time shown.
+    fn use_date(t: DateTime<Utc>) {
+        let _ = rfc3339(t);
+        let half = chrono::Duration::from_std(Duration::from_secs(3600)).unwrap_or_default();
+        let skew = ((Utc::now() + half) - t).as_seconds_f64() - 0.5;
+        assert!(skew.is_finite(), "{t:?}");
+        let _ = skew_words((skew * 1000.0).round() / 1000.0);
+    }
+
+    /// A message for a person: one line, control characters shown as `?`.
+    fn one_line(s: &str) -> bool {
+        !s.chars().any(char::is_control)
+    }
+
+    /// A proxy that reads the `CONNECT` request, answers `answer` and closes.
+    fn proxy_answering(answer: Vec<u8>) -> TcpStream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.ends_with(b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = s.write_all(&answer);
+        });
+        TcpStream::connect(addr).unwrap()
+    }
+
+    /// A real certificate's DER, made once.
+    fn certificate() -> &'static [u8] {
+        static DER: OnceLock<Vec<u8>> = OnceLock::new();
+        DER.get_or_init(|| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params =
+                rcgen::CertificateParams::new(vec!["dls.example".to_string()]).unwrap();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "dls.example");
+            params
+                .distinguished_name
+                .push(rcgen::DnType::OrganizationName, "Example, Inc.");
+            params.self_signed(&key).unwrap().der().to_vec()
+        })
+    }
+
+    #[test]
+    fn a_proxy_head_that_never_ends_is_cut_at_the_bound() {
+        let mut sock = proxy_answering(vec![b'x'; MAX_HEAD + 4096]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        match tunnel(&mut sock, "dls.example", 443, deadline) {
+            Err(Tunnel::Broken(e)) => assert!(e.contains("too long"), "{e}"),
+            Ok(s) | Err(Tunnel::Refused(_, s)) => panic!("{s}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn any_response_head_is_read_or_refused(head in head_bytes()) {
+            match parse_head(&head) {
+                Ok((_, reason, date)) => {
+                    prop_assert!(head.starts_with(b"HTTP/"));
+                    // Only the head before its blank line is read.
+                    let end = http::find(&head, b"\r\n\r\n").unwrap_or(head.len());
+                    let read = reason.len() + date.as_ref().map_or(0, String::len);
+                    prop_assert!(read <= 3 * end, "{read} bytes from {end}");
+                    if let Some(t) = date.as_deref().and_then(parse_http_date) {
+                        use_date(t);
+                    }
+                }
+                Err(e) => {
+                    prop_assert!(one_line(&e), "{e:?}");
+                    // At most 60 characters of the line, each escaped in at most 10.
+                    prop_assert!(e.len() <= 30 + 60 * 10, "{e:?}");
+                }
+            }
+        }
+
+        #[test]
+        fn any_date_is_read_or_refused(
+            s in prop_oneof![
+                any::<String>(),
+                prop::collection::vec(prop::sample::select(HEAD_PIECES), 0..6)
+                    .prop_map(|v| v.concat()),
+            ],
+        ) {
+            if let Some(t) = parse_http_date(&s) {
+                use_date(t);
+            }
+        }
+
+        /// A `Date` as RFC 7231 writes it (IMF-fixdate) reads back as the same time.
+        #[test]
+        fn an_http_date_reads_back_as_the_same_time(
+            secs in -62_135_596_800i64..253_402_300_800,
+            name in prop::sample::select(&["Date", "date", "DATE", " Date "][..]),
+            before in prop::collection::vec("[A-Za-z-]{1,12}: [ -~]{0,20}", 0..4),
+        ) {
+            let t = DateTime::from_timestamp(secs, 0).unwrap();
+            let mut head = String::from("HTTP/1.1 404 Not Found\r\n");
+            for h in before.iter().filter(|h| !h.to_ascii_lowercase().starts_with("date")) {
+                head.push_str(h);
+                head.push_str("\r\n");
+            }
+            head.push_str(&format!("{name}: {}\r\n\r\n", http_date(t)));
+            let (code, reason, date) = parse_head(head.as_bytes()).unwrap();
+            prop_assert_eq!((code, reason.as_str()), (404, "Not Found"));
+            let date = date.unwrap();
+            prop_assert_eq!(parse_http_date(&date), Some(t), "{}", date);
+        }
+
+        #[test]
+        fn any_skew_gives_a_verdict(
+            skews in prop::collection::vec(
+                prop::option::of(prop_oneof![any::<f64>(), -1e6f64..1e6]),
+                0..6,
+            ),
+            reachable in any::<bool>(),
+            max in 0u64..(366 * 86_400),
+        ) {
+            let probes: Vec<NodeProbe> = skews
+                .iter()
+                .enumerate()
+                .map(|(i, skew)| {
+                    let mut p = NodeProbe::new(&format!("dls{i}.example"), 443);
+                    p.steps.push(Step {
+                        name: StepName::Https,
+                        ok: reachable,
+                        detail: "HTTP 404".into(),
+                        elapsed_ms: 1,
+                    });
+                    p.clock_skew_seconds = *skew;
+                    p
+                })
+                .collect();
+            let _ = clock_skew(&probes);
+            if let Some((_, message)) = verdict(&probes, Duration::from_secs(max)) {
+                prop_assert!(!message.contains('\n'), "{message}");
+            }
+            for s in skews.iter().flatten() {
+                let _ = skew_words(*s);
+            }
+        }
+
+        #[test]
+        fn any_host_is_cut_to_a_part_of_itself(host in any::<String>(), port in any::<u16>()) {
+            let bare = bare_host(&host);
+            prop_assert!(host.contains(bare));
+            let _ = endpoint(bare, port);
+        }
+
+        /// Any bytes as the server's certificate, random or a real one damaged.
+        #[test]
+        fn any_certificate_is_described_or_refused(
+            der in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..512),
+                prop::collection::vec((any::<usize>(), any::<u8>()), 0..8).prop_map(|changes| {
+                    let mut der = certificate().to_vec();
+                    for (at, b) in changes {
+                        let n = der.len();
+                        der[at % n] = b;
+                    }
+                    der
+                }),
+                (any::<usize>()).prop_map(|cut| {
+                    let der = certificate();
+                    der[..cut % der.len()].to_vec()
+                }),
+            ],
+        ) {
+            match cert_info(&[CertificateDer::from(der)]) {
+                Ok(c) => {
+                    prop_assert!(one_line(&c.subject) && one_line(&c.issuer), "{c:?}");
+                    let _ = c.valid_at(Utc::now());
+                }
+                Err(e) => prop_assert!(!e.contains('\n'), "{e}"),
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Whatever a proxy answers to `CONNECT`: a tunnel only on 2xx, its status shown
+        /// on one line.
+        #[test]
+        fn any_proxy_answer_is_a_tunnel_a_refusal_or_broken(answer in head_bytes()) {
+            let mut sock = proxy_answering(answer);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            match tunnel(&mut sock, "dls.example", 443, deadline) {
+                Ok(status) => {
+                    prop_assert!(status.starts_with("HTTP 2"), "{status}");
+                    prop_assert!(one_line(&status), "{status:?}");
+                }
+                Err(Tunnel::Refused(code, status)) => {
+                    prop_assert!(!(200..300).contains(&code));
+                    prop_assert!(one_line(&status), "{status:?}");
+                }
+                Err(Tunnel::Broken(e)) => prop_assert!(one_line(&e), "{e:?}"),
+            }
+        }
+    }
+}
