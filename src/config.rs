@@ -150,6 +150,16 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// A refused value as an error shows it: quoted and escaped, unless it may carry a secret
+/// (a URL, credentials), which a misplaced value often is.
+fn shown_value(v: &str) -> String {
+    if v.contains("://") || v.contains('@') || v.contains('?') {
+        "(a URL; not shown, it may hold credentials)".into()
+    } else {
+        format!("\"{}\"", crate::text::escape(v))
+    }
+}
+
 /// A TOML or type error's message without the value it quotes: a URL there may hold
 /// credentials, and a misplaced token is a secret. `invalid type: string "https://u:p@h",
 /// expected u64` becomes `invalid type: a string, expected u64`; any other quoted text is cut.
@@ -524,7 +534,8 @@ impl Settings {
             && addr.parse::<std::net::SocketAddr>().is_err()
         {
             return Err(format!(
-                "service.metrics_listen = {addr:?}: expected an address and port, e.g. \"127.0.0.1:9841\""
+                "service.metrics_listen = {}: expected an address and port, e.g. \"127.0.0.1:9841\"",
+                shown_value(addr)
             ));
         }
         if let Some(url) = &svc.webhook_url
@@ -544,7 +555,8 @@ impl Settings {
         let f = &self.paths.token_file;
         if f.is_empty() || f.contains('/') || f == "." || f == ".." {
             return Err(format!(
-                "paths.token_file = {f:?}: expected a file name without '/'"
+                "paths.token_file = {}: expected a file name without '/'",
+                shown_value(f)
             ));
         }
         for (key, p) in [
@@ -556,8 +568,8 @@ impl Settings {
         ] {
             if !p.is_absolute() {
                 return Err(format!(
-                    "{key} = {:?}: expected an absolute path",
-                    crate::text::show_path(p)
+                    "{key} = {}: expected an absolute path",
+                    shown_value(&p.to_string_lossy())
                 ));
             }
         }
@@ -565,15 +577,15 @@ impl Settings {
             && (!p.is_absolute() || p.starts_with(&self.paths.token_dir))
         {
             return Err(format!(
-                "paths.token_source = {:?}: expected an absolute path outside paths.token_dir (the file or directory the token comes from, e.g. a mounted Kubernetes Secret)",
-                crate::text::show_path(p)
+                "paths.token_source = {}: expected an absolute path outside paths.token_dir (the file or directory the token comes from, e.g. a mounted Kubernetes Secret)",
+                shown_value(&p.to_string_lossy())
             ));
         }
         for p in &self.paths.gridd_client_state {
             if !p.is_absolute() || p.parent().is_none() {
                 return Err(format!(
-                    "paths.gridd_client_state: {:?}: expected absolute paths of directories below /",
-                    crate::text::show_path(p)
+                    "paths.gridd_client_state: {}: expected absolute paths of directories below /",
+                    shown_value(&p.to_string_lossy())
                 ));
             }
         }

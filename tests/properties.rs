@@ -1372,3 +1372,44 @@ proptest! {
         prop_assert!(answer.len() <= body + 256, "{} bytes", answer.len());
     }
 }
+/// A URL with credentials, under any key in any form, and the secrets it holds.
+fn credential_url() -> impl Strategy<Value = (String, String, String)> {
+    (
+        prop::sample::select(&["https", "http", "ftp"][..]),
+        prop::sample::select(&["host", "10.0.0.5", "127.0.0.1:9841", "h.example:8443"][..]),
+        "[A-Za-z0-9]{4,10}",
+        "[A-Za-z0-9]{4,10}",
+    )
+        .prop_map(|(scheme, host, pw, q)| {
+            let (pw, q) = (format!("PW{pw}"), format!("QS{q}"));
+            (format!("{scheme}://user:{pw}@{host}/?k={q}"), pw, q)
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever key a URL with credentials is put under, and however, a refusal shows
+    /// neither its password nor its query.
+    #[test]
+    fn config_errors_never_echo_a_credential(
+        (section, key) in prop::sample::select(config_keys()),
+        (url, pw, q) in credential_url(),
+        form in 0usize..7,
+    ) {
+        let u = toml::Value::from(url.as_str()).to_string();
+        let text = match form {
+            0 => format!("[{section}]\n{key} = {u}\n"),
+            1 => format!("[{section}]\n{key} = [{u}]\n"),
+            2 => format!("[{section}]\n{key} = {{ x = {u} }}\n"),
+            3 => format!("[{section}]\n{u} = 1\n"),
+            4 => format!("[{section}]\n{key} = {u}\n{key} = 2\n"),
+            5 => format!("[{section}]\n{key} = \"{url}\n"),
+            _ => format!("[{section}]\n{key} = -1 # {url}\n"),
+        };
+        if let Err(e) = load_config(text.as_bytes(), None) {
+            let shown = e.to_string();
+            prop_assert!(!shown.contains(&pw) && !shown.contains(&q), "{text:?} -> {shown}");
+        }
+    }
+}
