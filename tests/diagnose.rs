@@ -12,7 +12,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::thread;
 
-use base64::Engine;
 use chrono::Utc;
 use common::Root;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
@@ -47,13 +46,8 @@ fn dls(offset: i64) -> u16 {
             thread::spawn(move || {
                 let mut conn = ServerConnection::new(cfg).unwrap();
                 let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-                let mut req = Vec::new();
-                let mut buf = [0u8; 1024];
-                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tls.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => req.extend_from_slice(&buf[..n]),
-                    }
+                if common::read_request_head(&mut tls).is_none() {
+                    return;
                 }
                 let date = (Utc::now() + chrono::Duration::seconds(offset))
                     .format("%a, %d %b %Y %H:%M:%S GMT");
@@ -76,25 +70,16 @@ fn free_port() -> u16 {
 
 /// The test token of `common`, naming `host:port` as its one DLS node.
 fn token_for(host: &str, port: u16, nbf: i64, exp: i64) -> Vec<u8> {
-    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let base = String::from_utf8(common::token("diagnose", nbf, exp)).unwrap();
-    let parts: Vec<&str> = base.split('.').collect();
-    let mut payload: Value = serde_json::from_slice(&e.decode(parts[1]).unwrap()).unwrap();
-    let sic = &mut payload["service_instance_configuration"];
-    sic["node_url_list"][0]["url"] = host.into();
-    for m in sic["svc_port_set_list"][0]["svc_port_map"]
-        .as_array_mut()
-        .unwrap()
-    {
-        m["port"] = port.into();
-    }
-    format!(
-        "{}.{}.{}",
-        parts[0],
-        e.encode(payload.to_string()),
-        parts[2]
-    )
-    .into_bytes()
+    common::sim::edit_payload(&common::token("diagnose", nbf, exp), |payload| {
+        let sic = &mut payload["service_instance_configuration"];
+        sic["node_url_list"][0]["url"] = host.into();
+        for m in sic["svc_port_set_list"][0]["svc_port_map"]
+            .as_array_mut()
+            .unwrap()
+        {
+            m["port"] = port.into();
+        }
+    })
 }
 
 fn script(root: &Root, name: &str, body: &str) -> String {

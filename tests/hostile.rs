@@ -412,24 +412,6 @@ fn within(root: &Root, args: &[&str]) -> (common::Run, Duration) {
     (root.finish(out), took)
 }
 
-/// `tok` with its payload changed by `edit` (header and signature kept).
-fn edit_token(tok: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
-    use base64::Engine;
-    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let text = std::str::from_utf8(tok).unwrap();
-    let parts: Vec<&str> = text.split('.').collect();
-    let mut payload: serde_json::Value =
-        serde_json::from_slice(&e.decode(parts[1]).unwrap()).unwrap();
-    edit(&mut payload);
-    format!(
-        "{}.{}.{}",
-        parts[0],
-        e.encode(payload.to_string()),
-        parts[2]
-    )
-    .into_bytes()
-}
-
 /// A loopback port nobody listens on.
 fn closed_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -482,13 +464,8 @@ impl Drop for Trickle {
 fn trickle_answer(mut s: TcpStream, slow_head: bool, stop: &AtomicBool) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        match s.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
+    if common::read_request_head(&mut s).is_none() {
+        return;
     }
     let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 5000\r\n\r\n";
     let (now, slow): (&[u8], &[u8]) = if slow_head { (b"", head) } else { (head, b"") };
@@ -927,7 +904,7 @@ fn a_token_naming_thousands_of_nodes_makes_a_bounded_few_probes() {
         })
     };
     const NODES: usize = 2000;
-    let tok = edit_token(&valid_token("many"), |p| {
+    let tok = common::sim::edit_payload(&valid_token("many"), |p| {
         let sic = &mut p["service_instance_configuration"];
         sic["svc_port_set_list"][0]["svc_port_map"] = serde_json::json!([
             {"service": "auth", "port": port}, {"service": "lease", "port": port}
@@ -1081,7 +1058,7 @@ fn control_characters_in_a_token_or_a_url_never_reach_the_terminal() {
     root.install_ok(&valid_token("a"), &[]);
     let evil = FORGED_NEWLINE;
     let evil_token = |exp: i64| {
-        edit_token(&valid_token("x"), |p| {
+        common::sim::edit_payload(&valid_token("x"), |p| {
             p["iss"] = format!("NLS{evil}").into();
             p["jti"] = format!("j{evil}").into();
             p["exp"] = exp.into();

@@ -3,7 +3,7 @@
 mod common;
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::PermissionsExt;
@@ -824,15 +824,8 @@ fn serve(responses: Vec<Vec<u8>>) -> (u16, std::thread::JoinHandle<Vec<String>>)
         for resp in responses {
             let (mut s, _) = listener.accept().unwrap();
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 1024];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            requests.push(String::from_utf8_lossy(&buf).into_owned());
+            let head = common::read_request_head(&mut s).unwrap_or_default();
+            requests.push(String::from_utf8_lossy(&head).into_owned());
             let _ = s.write_all(&resp);
         }
         requests

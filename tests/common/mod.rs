@@ -317,3 +317,17 @@ pub fn skipped(why: &str) {
         let _ = f.write_all(line.as_bytes());
     }
 }
+
+/// Reads an HTTP request's head (up to the blank line) from `r`; `None` when the peer closed
+/// or failed first.
+pub fn read_request_head(r: &mut impl std::io::Read) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match r.read(&mut chunk) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+        }
+    }
+    Some(head)
+}
