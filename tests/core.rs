@@ -461,6 +461,14 @@ fn a_unit_answer_older_than_gridds_start_is_asked_again() {
     );
     again.extend(fx);
     assert!(again.contains(&Effect::CheckUnit), "{again:?}");
+    // Not believed meanwhile: while systemd is asked again, time passes and nvidia-smi
+    // answers; no failure is reported, and gridd is not restarted for it.
+    let restarts = sim.world.restarts.len();
+    sim.mono += S(1);
+    let fx = sim.core.tick(sim.now());
+    sim.carry_out(fx.into_iter().filter(|e| *e != Effect::CheckUnit).collect());
+    assert_eq!(sim.world.restarts.len(), restarts);
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
     sim.world.pid = 101;
     sim.carry_out(again);
     sim.run(S(5));

@@ -140,9 +140,9 @@ struct InFlight {
     /// gridd started or stopped while systemd was being asked: the answer on its way may
     /// predate that, so ask once more when it comes.
     unit_again: bool,
-    /// The agent's own restart of gridd ended while systemd was being asked: between its stop
-    /// and its start gridd was not running because the agent stopped it, so a "not running"
-    /// answer to that question is the agent's own doing, not gridd's failure.
+    /// gridd started, or the agent's own restart of it ended, while systemd was being asked:
+    /// a "not running" answer to that question may predate the start (or be the agent's own
+    /// doing, between its stop and its start), so it is asked again rather than believed.
     unit_crossed: bool,
     /// A "not running" answer was set aside: ask again once the agent's own work is over.
     unit_after_own: bool,
@@ -275,6 +275,9 @@ impl Core {
                 self.smi_soon(now.mono + Duration::from_millis(300));
                 // A start or stop changes the unit's state; and a line from gridd while
                 // systemd was last heard saying it is not running means that answer is old.
+                if kind == EventKind::Started && self.busy.unit {
+                    self.busy.unit_crossed = true;
+                }
                 if matches!(kind, EventKind::Started | EventKind::Shutdown)
                     || matches!(self.unit, Some(Err(_)))
                 {
