@@ -233,6 +233,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let effects = core.start(clock.now());
     shell.carry_out(core.settings(), effects);
 
+    let alarm = Alarm::new();
     info!("vgpu-license-agent started");
     loop {
         let wake = clock.instant(core.next_wake(clock.now()));
@@ -248,7 +249,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
                 }
                 shell.carry_out(core.settings(), effects);
             }
-            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = alarm.until(wake) => {}
             _ = sighup.recv() => match Settings::load(&config_path) {
                 Ok(s) => {
                     info!("config reloaded from {}", crate::text::show_path(&config_path));
@@ -275,6 +276,73 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         s.abort();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The loop's one timer. tokio's timer wheel reaches a deadline seconds away in steps (a
+/// 30 s heartbeat cost three wakeups); a timerfd wakes the process once, at the deadline, as
+/// a guest that sleeps between heartbeats should. Without one, tokio's timer.
+struct Alarm(Option<tokio::io::unix::AsyncFd<TimerFd>>);
+
+struct TimerFd(nix::sys::timerfd::TimerFd);
+
+impl std::os::fd::AsRawFd for TimerFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+impl Alarm {
+    fn new() -> Alarm {
+        use nix::sys::timerfd::{ClockId, TimerFlags};
+        let fd = nix::sys::timerfd::TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )
+        .map_err(|e| warn!("no timerfd ({e}): timing with tokio's timer"))
+        .ok()
+        .and_then(|fd| {
+            // SAFETY: the AsyncFd owns the TimerFd, so the descriptor it registers stays open
+            // (and the same one) until the registration ends with it.
+            unsafe { tokio::io::unix::AsyncFd::register(TimerFd(fd)) }.ok()
+        });
+        Alarm(fd)
+    }
+
+    /// Returns at `at` (at once if it has passed).
+    async fn until(&self, at: Instant) {
+        use nix::sys::time::TimeSpec;
+        use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
+        let Some(fd) = &self.0 else {
+            return tokio::time::sleep_until(at.into()).await;
+        };
+        // A zero time would disarm the timer: the least is a nanosecond.
+        let left = at
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_nanos(1));
+        let armed = fd.get_ref().0.set(
+            Expiration::OneShot(TimeSpec::from_duration(left)),
+            TimerSetTimeFlags::empty(),
+        );
+        if armed.is_err() {
+            return tokio::time::sleep_until(at.into()).await;
+        }
+        loop {
+            let Ok(mut ready) = fd.readable().await else {
+                return tokio::time::sleep_until(at.into()).await;
+            };
+            // Readiness may be left from a deadline set before this one: only a read that
+            // finds the count says this one expired (setting the timer zeroes the count).
+            let mut count = [0u8; 8];
+            match ready.try_io(|f| {
+                nix::unistd::read(&f.get_ref().0, &mut count).map_err(std::io::Error::from)
+            }) {
+                Ok(Ok(_)) => return,
+                Ok(Err(_)) => return tokio::time::sleep_until(at.into()).await,
+                Err(_would_block) => continue,
+            }
+        }
+    }
 }
 
 /// Writes `path` atomically. A failure (a full disk, say) is logged when it starts and when
