@@ -234,11 +234,22 @@ fn settings() -> Settings {
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
-#[test]
-fn licensed_and_quiet_the_core_wakes_once_per_heartbeat_at_most() {
+/// A guest that acquired its license a minute ago, the core settled.
+fn licensed_for_a_minute() -> Sim {
     let mut sim = Sim::new(settings(), World::new(LICENSED));
     sim.log(ACQUIRED);
     sim.run(S(60));
+    sim
+}
+
+/// systemd's answer: gridd's unit is not running.
+fn inactive() -> Event {
+    Event::Unit(Some(Err("nvidia-gridd.service is inactive".into())))
+}
+
+#[test]
+fn licensed_and_quiet_the_core_wakes_once_per_heartbeat_at_most() {
+    let mut sim = licensed_for_a_minute();
     assert_eq!(sim.state(), State::Licensed);
     assert_eq!(sim.reason(), None);
     let before = sim.world.ticks;
@@ -441,9 +452,7 @@ fn gridd_not_running_is_restarted_at_once_and_a_missing_token_is_not() {
 /// more, systemd says gridd runs, and a licensed guest reports no failure.
 #[test]
 fn a_unit_answer_older_than_gridds_start_is_asked_again() {
-    let mut sim = Sim::new(settings(), World::new(LICENSED));
-    sim.log(ACQUIRED);
-    sim.run(S(60));
+    let mut sim = licensed_for_a_minute();
     assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
 
     let now = sim.now();
@@ -455,10 +464,7 @@ fn a_unit_answer_older_than_gridds_start_is_asked_again() {
     let fx = sim
         .core
         .handle(Event::Gridd(Box::new(gridd(101, "Started (101)"))), now);
-    let mut again = sim.core.handle(
-        Event::Unit(Some(Err("nvidia-gridd.service is inactive".into()))),
-        now,
-    );
+    let mut again = sim.core.handle(inactive(), now);
     again.extend(fx);
     assert!(again.contains(&Effect::CheckUnit), "{again:?}");
     // Not believed meanwhile: while systemd is asked again, time passes and nvidia-smi
@@ -503,11 +509,8 @@ fn gridd_not_running_counted(sim: &Sim) -> u64 {
 /// restart is over.
 #[test]
 fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
-    let inactive = || Event::Unit(Some(Err("nvidia-gridd.service is inactive".into())));
     // Asked during the adoption.
-    let mut sim = Sim::new(settings(), World::new(LICENSED));
-    sim.log(ACQUIRED);
-    sim.run(S(60));
+    let mut sim = licensed_for_a_minute();
     let now = sim.now();
     let fx = sim.core.handle(Event::TokenDirChanged, now);
     assert!(
@@ -535,9 +538,7 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
     assert_eq!(gridd_not_running_counted(&sim), 0);
 
     // Asked just before the adoption began, answered after it ended.
-    let mut sim = Sim::new(settings(), World::new(LICENSED));
-    sim.log(ACQUIRED);
-    sim.run(S(60));
+    let mut sim = licensed_for_a_minute();
     let now = sim.now();
     let fx = sim
         .core
@@ -556,9 +557,7 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
     assert_eq!(gridd_not_running_counted(&sim), 0);
 
     // gridd that stays down after the agent's restart is reported, at once.
-    let mut sim = Sim::new(settings(), World::new(LICENSED));
-    sim.log(ACQUIRED);
-    sim.run(S(60));
+    let mut sim = licensed_for_a_minute();
     let now = sim.now();
     sim.core.handle(Event::TokenDirChanged, now);
     sim.world.unit = Some(Err("nvidia-gridd.service is failed".into()));
@@ -572,14 +571,9 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
 /// systemd said gridd was not running, and then gridd logs: that answer is old news.
 #[test]
 fn a_line_from_gridd_after_systemd_said_it_was_down_asks_again() {
-    let mut sim = Sim::new(settings(), World::new(LICENSED));
-    sim.log(ACQUIRED);
-    sim.run(S(60));
+    let mut sim = licensed_for_a_minute();
     let now = sim.now();
-    let fx = sim.core.handle(
-        Event::Unit(Some(Err("nvidia-gridd.service is inactive".into()))),
-        now,
-    );
+    let fx = sim.core.handle(inactive(), now);
     assert!(!fx.contains(&Effect::CheckUnit), "{fx:?}");
     let fx = sim.core.handle(
         Event::Gridd(Box::new(gridd(

@@ -311,35 +311,32 @@ impl Alarm {
 
     /// Returns at `at` (at once if it has passed).
     async fn until(&self, at: Instant) {
+        let fired = match &self.0 {
+            Some(fd) => Self::timerfd(fd, at).await,
+            None => Err(std::io::ErrorKind::Unsupported.into()),
+        };
+        if fired.is_err() {
+            tokio::time::sleep_until(at.into()).await;
+        }
+    }
+
+    async fn timerfd(fd: &tokio::io::unix::AsyncFd<TimerFd>, at: Instant) -> std::io::Result<()> {
         use nix::sys::time::TimeSpec;
         use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
-        let Some(fd) = &self.0 else {
-            return tokio::time::sleep_until(at.into()).await;
-        };
         // A zero time would disarm the timer: the least is a nanosecond.
         let left = at
             .saturating_duration_since(Instant::now())
             .max(Duration::from_nanos(1));
-        let armed = fd.get_ref().0.set(
+        fd.get_ref().0.set(
             Expiration::OneShot(TimeSpec::from_duration(left)),
             TimerSetTimeFlags::empty(),
-        );
-        if armed.is_err() {
-            return tokio::time::sleep_until(at.into()).await;
-        }
+        )?;
+        // Readiness may be left from a deadline set before this one: only a read that finds
+        // the count says this one expired (setting the timer zeroes the count).
         loop {
-            let Ok(mut ready) = fd.readable().await else {
-                return tokio::time::sleep_until(at.into()).await;
-            };
-            // Readiness may be left from a deadline set before this one: only a read that
-            // finds the count says this one expired (setting the timer zeroes the count).
-            let mut count = [0u8; 8];
-            match ready.try_io(|f| {
-                nix::unistd::read(&f.get_ref().0, &mut count).map_err(std::io::Error::from)
-            }) {
-                Ok(Ok(_)) => return,
-                Ok(Err(_)) => return tokio::time::sleep_until(at.into()).await,
-                Err(_would_block) => continue,
+            let mut ready = fd.readable().await?;
+            if let Ok(read) = ready.try_io(|f| f.get_ref().0.wait().map_err(std::io::Error::from)) {
+                return read;
             }
         }
     }
