@@ -21,7 +21,9 @@
 # mirror, a guest whose systemd never starts, no cargo to build the simulator. Once a
 # guest's systemd answers, every problem is a failure: a boot that never finishes (a unit
 # that hangs it) included. With VGPU_TESTS_NO_SKIP=1 (CI) a skip is a failure too.
-# BOOT_TEST_KEEP=1 keeps the guest trees and their console logs.
+# BOOT_TEST_KEEP=1 keeps the guest trees and their console logs. The debootstrapped trees are
+# cached between runs in /var/cache/vgpu-license-agent-tests/debootstrap (BOOT_TEST_CACHE_DIR;
+# empty: no cache), and made again when stale: see "The debootstrap cache" below.
 set -uo pipefail
 
 NAME=vgpu-license-agent
@@ -140,14 +142,95 @@ trap cleanup EXIT
 # guest COMMAND...: runs COMMAND inside the booted guest, in all its namespaces.
 guest() { nsenter -t "$LEADER" -a "$@"; }
 
+# ---- The debootstrap cache
+#
+# A debootstrapped tree depends only on the release, the package list, the mirror, the
+# architecture and debootstrap's version (the key), and on the state of the archive. Each is
+# kept in CACHE_DIR (one per release: a new key replaces the old one) and copied for every
+# run (cp -a: seconds, against a minute or more of downloads). A tree is made again when the
+# archive's Release file for its release has another Date than when the tree was made (the
+# archive moved on: a point release), when that cannot be asked and the tree is older than
+# CACHE_MAX_DAYS, or when the key changed. BOOT_TEST_CACHE_DIR= (empty) turns the cache off.
+CACHE_DIR=${BOOT_TEST_CACHE_DIR-/var/cache/$NAME-tests/debootstrap}
+CACHE_MAX_DAYS=${BOOT_TEST_CACHE_MAX_DAYS:-7}
+
+# release_date: the Date of the mirror's Release file of SUITE; nothing when it cannot be read.
+release_date() {
+	"$PYTHON" - "$MIRROR/dists/$SUITE/Release" 2>/dev/null <<'PY'
+import sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=10) as r:
+    for line in r.read(65536).decode("utf-8", "replace").splitlines():
+        if line.startswith("Date:"):
+            print(line[5:].strip())
+            break
+PY
+}
+
+# debootstrap_root DIR INCLUDE: a minbase tree of SUITE with INCLUDE at DIR, copied from the
+# cache when it holds one that is fresh, else debootstrapped (into the cache, then copied).
+# Its log goes to $WORK/$SUITE-debootstrap.log.
+debootstrap_root() {
+	local dir=$1 include=$2 log=$WORK/$SUITE-debootstrap.log key entry date made lock rc=0
+	if [ -z "$CACHE_DIR" ]; then
+		debootstrap --variant=minbase --include="$include" "$SUITE" "$dir" "$MIRROR" >"$log" 2>&1
+		return
+	fi
+	key=$(printf '%s\n' "$SUITE" minbase "$include" "$MIRROR" "$(dpkg --print-architecture)" \
+		"$(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null)" | sha256sum | cut -c1-16)
+	entry=$CACHE_DIR/$SUITE-$key
+	mkdir -p "$CACHE_DIR" || return 1
+	# One run at a time makes or reads the cache.
+	exec {lock}>"$CACHE_DIR/.lock" && flock "$lock" || return 1
+	date=$(release_date)
+	made=
+	if [ -f "$entry/complete" ]; then
+		made=$(cat "$entry/complete")
+		if [ -n "$date" ] && [ "$date" != "$made" ]; then
+			echo "[$SUITE] the cached tree was made from the archive of $made, the archive is of $date now: made again"
+			made=
+		elif [ -z "$date" ] && [ -n "$(find "$entry/complete" -mtime +"$CACHE_MAX_DAYS")" ]; then
+			echo "[$SUITE] the cached tree is older than $CACHE_MAX_DAYS days, and the archive cannot be asked whether it moved on: made again"
+			made=
+		fi
+	fi
+	if [ -n "$made" ]; then
+		echo "[$SUITE] debootstrap: the cached tree $entry (archive of $made)"
+		: >"$log"
+	else
+		# This release's trees of another key, or stale, or half made.
+		rm -rf "$CACHE_DIR/$SUITE"-????????????????
+		echo "[$SUITE] debootstrap --variant=minbase --include=$include into $entry"
+		if debootstrap --variant=minbase --include="$include" "$SUITE" "$entry/root" "$MIRROR" >"$log" 2>&1; then
+			# The packages debootstrap downloaded: not needed once installed.
+			rm -f "$entry/root/var/cache/apt/archives/"*.deb
+			printf 'suite %s\nvariant minbase\ninclude %s\nmirror %s\n' "$SUITE" "$include" "$MIRROR" >"$entry/key"
+			# Without a date from the archive, the tree's age alone says when it is stale.
+			echo "${date:-unknown}" >"$entry/complete"
+		else
+			rc=1
+			rm -rf "$entry"
+		fi
+	fi
+	if [ "$rc" = 0 ]; then
+		cp -a "$entry/root" "$dir" || rc=1
+	fi
+	exec {lock}>&-
+	[ "$rc" = 0 ] || return 1
+	# As debootstrap does: the build machine's resolver for apt in the chroot (the cached
+	# copy is of the day the tree was made).
+	if [ -f /etc/resolv.conf ]; then
+		rm -f "$dir/etc/resolv.conf"
+		cp -L /etc/resolv.conf "$dir/etc/resolv.conf"
+	fi
+}
+
 # prepare_guest: debootstraps the current release into GUEST and installs the package there
 # as an image build would, in a chroot.
 prepare_guest() {
 	local include=systemd,systemd-sysv,dbus,ca-certificates
 	[ "$SUITE" = "$RPM_SUITE" ] && include+=,rpm
 	banner "[$SUITE] debootstrap"
-	debootstrap --variant=minbase --include="$include" \
-		"$SUITE" "$GUEST" "$MIRROR" >"$WORK/$SUITE-debootstrap.log" 2>&1 || {
+	debootstrap_root "$GUEST" "$include" || {
 		tail -20 "$WORK/$SUITE-debootstrap.log" >&2
 		skip "[$SUITE] debootstrap failed (no mirror reachable?)"
 		return 1
