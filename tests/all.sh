@@ -3,9 +3,10 @@
 #
 #   bash tests/all.sh
 #
-# Installs the Debian packages the tests need when they are missing (as root), starts
-# journald when nothing answers on its socket (the end-to-end tests read the real journal),
-# then runs: cargo test (unit, samples, properties, install, the service's end-to-end
+# Installs the Debian packages the tests need when they are missing (as root), without
+# starting or enabling any of their services (see install_packages), starts journald when
+# nothing answers on its socket (the end-to-end tests read the real journal; it is stopped at
+# the end), then runs: cargo test (unit, samples, properties, install, the service's end-to-end
 # scenarios), the cloud-init user-data check, the Debian and RPM package checks and the boot
 # test in real systemd guests. Every part runs even when an earlier one failed.
 #
@@ -55,7 +56,23 @@ run_part() {
 # VGPU_TESTS_NO_SKIP=1, fail instead): their output is hidden when they pass.
 VGPU_TESTS_SKIP_LOG=$(mktemp)
 export VGPU_TESTS_SKIP_LOG
-trap 'rm -f "$VGPU_TESTS_SKIP_LOG"' EXIT
+
+# What this script set up and must take down on its way out, whatever stops it.
+POLICY_RC_D=/usr/sbin/policy-rc.d
+POLICY_RC_D_OURS=0
+JOURNALD_PID=
+JOURNALD_DIRS_OURS=()
+cleanup() {
+  rm -f "$VGPU_TESTS_SKIP_LOG"
+  if [ "$POLICY_RC_D_OURS" = 1 ]; then
+    rm -f "$POLICY_RC_D"
+    POLICY_RC_D_OURS=0
+  fi
+  [ -z "$JOURNALD_PID" ] || stop_journald
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 cargo_tests() {
   : >"$VGPU_TESTS_SKIP_LOG"
   local out rc=0
@@ -77,24 +94,132 @@ cargo_tests() {
   fi
 }
 
+# ---- The Debian packages the tests need, installed without touching the machine's services
+
+installed_packages() {
+  dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' 2>/dev/null | awk '$1 == "ii" { print $2 }' | sort
+}
+unit_links() { find /etc/systemd -type l 2>/dev/null | sort; }
+
+# install_packages PACKAGE...: apt-get install, leaving the machine's services as they were.
+# - A policy-rc.d that refuses every start (exit 101, the documented "action forbidden") is
+#   in place for the install, made by this script where none existed (and removed again
+#   whatever happens, see cleanup); where the machine has one already, it is the machine's
+#   and it decides.
+# - The units that the packages' maintainer scripts enabled (prometheus.service,
+#   victoria-metrics.service, cloud-init's, those of a dependency pulled in) are disabled
+#   again with deb-systemd-helper, which keeps them disabled across upgrades; any other link
+#   under /etc/systemd that the install made is removed. The tests run their own instances
+#   (tests/fleet.rs: Prometheus and VictoriaMetrics on loopback, in temporary directories).
+# - cloud-init, when the machine did not have it, is disabled for the next boots with
+#   /etc/cloud/cloud-init.disabled (cloud-init's own switch, read by its systemd generator):
+#   the tests only validate user-data with `cloud-init schema`. A machine that had cloud-init
+#   keeps its setting.
+install_packages() {
+  local before_pkgs before_links had_cloud_init=0 made_ci_disabled=0 rc=0 u link
+  before_pkgs=$(installed_packages)
+  before_links=$(unit_links)
+  grep -qx cloud-init <<<"$before_pkgs" && had_cloud_init=1
+  if [ ! -e "$POLICY_RC_D" ] && [ ! -L "$POLICY_RC_D" ]; then
+    printf '#!/bin/sh\n# tests/all.sh: no service starts while it installs packages.\nexit 101\n' >"$POLICY_RC_D" &&
+      chmod 0755 "$POLICY_RC_D" && POLICY_RC_D_OURS=1
+  else
+    echo "$POLICY_RC_D exists already: it decides which services the install starts"
+  fi
+  if [ "$had_cloud_init" = 0 ] && [ ! -e /etc/cloud/cloud-init.disabled ]; then
+    mkdir -p /etc/cloud && : >/etc/cloud/cloud-init.disabled && made_ci_disabled=1
+  fi
+  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" || rc=1
+  if [ "$POLICY_RC_D_OURS" = 1 ]; then
+    rm -f "$POLICY_RC_D"
+    POLICY_RC_D_OURS=0
+  fi
+  # cloud-init.disabled stays only where cloud-init now is.
+  if [ "$made_ci_disabled" = 1 ] && ! installed_packages | grep -qx cloud-init; then
+    rm -f /etc/cloud/cloud-init.disabled
+    rmdir /etc/cloud 2>/dev/null
+  fi
+  # Every unit the install enabled (a link to it under /etc/systemd that was not there
+  # before), disabled again.
+  local new_links units=()
+  new_links=$(comm -13 <(echo "$before_links") <(unit_links))
+  for link in $new_links; do
+    u=$(readlink "$link")
+    # A mask (a link to /dev/null) disables, it enables nothing.
+    [ "$u" = /dev/null ] || units+=("$(basename "$u")")
+  done
+  for u in $(printf '%s\n' "${units[@]}" | sort -u); do
+    echo "the install enabled $u: disabled again (the tests start their own instances)"
+    if command -v deb-systemd-helper >/dev/null && deb-systemd-helper debian-installed "$u"; then
+      deb-systemd-helper disable "$u"
+    fi
+  done
+  for link in $new_links; do
+    if [ ! -L "$link" ] || [ "$(readlink "$link")" = /dev/null ]; then continue; fi
+    # A link a package ships is the package's.
+    dpkg -S "$link" >/dev/null 2>&1 && continue
+    echo "the install made $link: removed"
+    rm -f "$link"
+  done
+  return $rc
+}
+
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = "install ok installed" ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    part "installing ${missing[*]}"
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
-      failed+=("apt-get install ${missing[*]}")
+    part "installing ${missing[*]} (no service started or enabled)"
+    install_packages "${missing[@]}" || failed+=("apt-get install ${missing[*]}")
   else
     echo "!!!!!!!! not root: cannot install ${missing[*]}; the parts that need them will fail or skip !!!!!!!!" >&2
   fi
 fi
 
-if [ ! -S /run/systemd/journal/socket ]; then
-  part "starting systemd-journald (nothing answers on /run/systemd/journal/socket)"
-  /lib/systemd/systemd-journald &
-  for _ in $(seq 50); do [ -S /run/systemd/journal/socket ] && break; sleep 0.1; done
+# ---- journald: the end-to-end tests read the real journal
+
+JOURNAL_SOCKET=/run/systemd/journal/socket
+# Something answers on journald's socket (a socket file left by a journald that is gone does
+# not).
+journald_answers() {
+  [ -S "$JOURNAL_SOCKET" ] && [ -e /run/systemd/journal/dev-log ] || return 1
+  command -v python3 >/dev/null || return 0
+  python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).connect(sys.argv[1])' \
+    "$JOURNAL_SOCKET" 2>/dev/null
+}
+# stop_journald: stops the journald this script started, if it did, and removes its sockets
+# and the volatile journal it wrote where those directories were not there before.
+stop_journald() {
+  [ -n "$JOURNALD_PID" ] || return 0
+  kill -TERM "$JOURNALD_PID" 2>/dev/null
+  for _ in $(seq 50); do kill -0 "$JOURNALD_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$JOURNALD_PID" 2>/dev/null
+  wait "$JOURNALD_PID" 2>/dev/null
+  echo "stopped the systemd-journald this run started (pid $JOURNALD_PID)"
+  JOURNALD_PID=
+  local d
+  for d in "${JOURNALD_DIRS_OURS[@]}"; do rm -rf "$d"; done
+  JOURNALD_DIRS_OURS=()
+}
+if ! journald_answers; then
+  journald_bin=
+  for b in /lib/systemd/systemd-journald /usr/lib/systemd/systemd-journald; do
+    [ -x "$b" ] && journald_bin=$b && break
+  done
+  if [ -n "$journald_bin" ] && [ "$(id -u)" = 0 ]; then
+    part "starting systemd-journald for this run (nothing answers on $JOURNAL_SOCKET; stopped at the end)"
+    for d in /run/systemd/journal /run/log/journal; do
+      [ -e "$d" ] || JOURNALD_DIRS_OURS+=("$d")
+    done
+    # Not a service of a systemd that runs this script.
+    env -u NOTIFY_SOCKET -u WATCHDOG_USEC -u WATCHDOG_PID "$journald_bin" </dev/null >/dev/null 2>&1 &
+    JOURNALD_PID=$!
+    for _ in $(seq 100); do journald_answers && break; sleep 0.1; done
+    journald_answers || echo "!!!!!!!! started $journald_bin (pid $JOURNALD_PID), but nothing answers on $JOURNAL_SOCKET !!!!!!!!" >&2
+  else
+    echo "!!!!!!!! nothing answers on $JOURNAL_SOCKET and journald cannot be started here (not root, or not installed): the end-to-end tests will fail or skip !!!!!!!!" >&2
+  fi
 fi
 
 run_part "cargo test" cargo_tests
@@ -104,6 +229,8 @@ run_part "cloud-init user-data" bash cloud-init/check.sh
 run_part "Debian package" bash deb/check.sh
 run_part "RPM package" bash rpm/check.sh
 run_part "boot test in systemd-nspawn guests (bookworm, bullseye)" bash deb/boot-test.sh
+
+stop_journald
 
 part "summary"
 echo "time of each part:"
