@@ -10,6 +10,7 @@
 //! new machine. The MAC addresses are recorded and shown, but alone they do not count: a NIC
 //! added or replaced is not a clone.
 
+use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -157,18 +158,59 @@ pub fn check(settings: &Settings, root: &Path) -> anyhow::Result<Checked> {
     Ok(result)
 }
 
+/// The names of nvidia-gridd's own client state directories: all that such a directory holds
+/// is gridd's.
+pub const CLIENT_STATE_DIR_NAMES: [&str; 2] = ["GridLicensing", "vGPULicensing"];
+
+/// The entries of one of `paths.gridd_client_state`, once it is known to hold only gridd's
+/// client state: a directory named as gridd names its own (any content is gridd's), or one
+/// that holds nothing but such directories. Anything else (`/var/lib`, a directory shared with
+/// other programs) is refused with the path named, so that a path one level too wide is never
+/// emptied or moved aside. `then` ends the error: what was (not) done.
+pub fn client_state_entries(dir: &Path, then: &str) -> anyhow::Result<Vec<(OsString, PathBuf)>> {
+    let own = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| CLIENT_STATE_DIR_NAMES.contains(&n));
+    fsutil::managed_entries(dir, |name, m| {
+        own || (m.is_dir() && CLIENT_STATE_DIR_NAMES.contains(&name))
+    })
+    .map_err(|e| match e {
+        fsutil::ManagedDirError::Unexpected(names) => anyhow!(
+            "nvidia-gridd's client state {} (paths.gridd_client_state) holds what is not gridd's client state ({}): only gridd's own directories ({}) are ever emptied or moved; point paths.gridd_client_state at them in the agent's config; {then}",
+            show_path(dir),
+            shown(&names),
+            CLIENT_STATE_DIR_NAMES
+                .map(|n| format!("/var/lib/nvidia/{n}"))
+                .join(", "),
+        ),
+        e => anyhow!(
+            "nvidia-gridd's client state {} (paths.gridd_client_state) {e}; {then}",
+            show_path(dir)
+        ),
+    })
+}
+
+fn shown(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut list = names
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        list.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    list
+}
+
 /// Moves the content of gridd's client state directories into
 /// `<state_dir>/replaced/<stamp>-clone/`; `None` when there was nothing to move.
 fn move_client_state(settings: &Settings, stamp: &str) -> anyhow::Result<Option<PathBuf>> {
     let mut plan = Vec::new();
     for dir in &settings.paths.gridd_client_state {
-        // gridd's own directory: any content is its state, but a link out of it is not.
-        let entries = fsutil::managed_entries(dir, |_, _| true).map_err(|e| {
-            anyhow!(
-                "nvidia-gridd's client state {} (paths.gridd_client_state) {e}; nothing was moved",
-                show_path(dir)
-            )
-        })?;
+        let entries = client_state_entries(dir, "nothing was moved")?;
         for (name, path) in entries {
             plan.push((dir.clone(), name, path));
         }

@@ -129,6 +129,10 @@ pub fn read_journal(
 /// a persistent journal keeps). `None` when there is no previous boot in the journal, or gridd
 /// held no lease at its end.
 pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::shutdown::LastShutdown> {
+    // A clone's first boot: the previous boot in the journal the image kept is the builder's.
+    if crate::prepare::previous_boot_is_the_builders(settings) {
+        return None;
+    }
     let argv: Vec<String> = journal_args(settings, false)
         .into_iter()
         .map(|a| if a == "--boot" { "--boot=-1".into() } else { a })

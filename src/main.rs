@@ -50,7 +50,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Analyze(args) => analyze::run(args),
         Command::Token(TokenCommand::Inspect(args)) => token::run(args, &settings()?),
         Command::Install(args) => install::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
-        Command::PrepareImage(args) => prepare::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
+        Command::PrepareImage(args) => prepare::run(args, &cli.config).map(|()| ExitCode::SUCCESS),
         Command::CheckIdentity(args) => {
             vgpu_license_agent::identity::run(&settings()?, &args.root).map(|()| ExitCode::SUCCESS)
         }

@@ -1,158 +1,850 @@
-//! `prepare-image`: ready a golden image so that clones start clean: no token (each clone gets
-//! its own through cloud-init or `install`), no agent state (old tokens kept aside, install
-//! records, live report, metrics), and, with `--purge-client-state`, none of nvidia-gridd's
-//! client state.
+//! `prepare-image`: ready a golden image so that clones start clean and no copy of the token
+//! stays in it.
+//!
+//! It stops the agent and nvidia-gridd when they run (what they write after the cleaning would
+//! be sealed into the image), removes the token, the agent's state (old tokens kept aside,
+//! install records, live report, metrics) and a token source that is a file, with
+//! `--purge-client-state` nvidia-gridd's client state, with `--cloud-init` what
+//! `cloud-init clean --logs` removes, with `--journal` the journal's archived files. Then it
+//! searches every place a token reaches on a guest (cloud-init's instance data, seed and logs,
+//! the journal, the agent's config drop-ins, ...) for the token's bytes, raw and in the base64
+//! forms cloud-init stores, and names each file that still holds them: the command then fails,
+//! so that an image pipeline stops instead of shipping a token. Last, it records that the image
+//! was prepared (beside the state directory), so that a clone's first boot does not report the
+//! builder's last shutdown as its own.
+//!
+//! With `--root DIR` it acts on a mounted image tree instead: the config is read below DIR,
+//! every configured path is taken below DIR (and refused when a symlink on the way could lead
+//! out of it), and nothing on the builder itself (its services, its journal) is touched.
 
-use std::io;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
 
 use anyhow::anyhow;
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
 use crate::fsutil;
+use crate::input::{self, Links};
+use crate::text::show_path;
 
-/// What `prepare-image` removed (or, in a dry run, would remove) and what it left.
+/// The agent's own unit.
+pub const AGENT_UNIT: &str = "vgpu-license-agent.service";
+
+/// What `prepare-image` is asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub purge_client_state: bool,
+    pub dry_run: bool,
+    /// Do what `cloud-init clean --logs` does.
+    pub cloud_init: bool,
+    /// Rotate and vacuum the journal (below `root`: remove its files).
+    pub journal: bool,
+    /// A mounted image tree to act on, instead of this machine.
+    pub root: Option<PathBuf>,
+}
+
+/// What `prepare-image` did (or, in a dry run, would do) and what it left.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Prepared {
     pub dry_run: bool,
+    /// Units stopped (or to be stopped).
+    pub stopped: Vec<String>,
     /// Removed (or to be removed), in order.
     pub removed: Vec<PathBuf>,
+    /// Commands run (or to be run) on the journal.
+    pub ran: Vec<String>,
     /// gridd's client state directories that hold something, with their entries, left in
     /// place (without `--purge-client-state`).
     pub client_state_left: Vec<(PathBuf, usize)>,
+    /// The agent's config drop-ins, kept: they are the image's intended config.
+    pub kept_dropins: Vec<PathBuf>,
+    /// Journal files kept (without `--journal`).
+    pub journal_kept: usize,
+    /// Files that still hold (or, in a dry run, would still hold) the token's bytes.
+    pub holding: Vec<PathBuf>,
+    /// How many tokens were searched for (0: none was found to search for).
+    pub tokens_known: usize,
+    /// The record that the image was prepared.
+    pub marker: Option<PathBuf>,
 }
 
 impl Prepared {
     /// The lines printed on standard output.
     pub fn lines(&self) -> Vec<String> {
-        let verb = if self.dry_run {
-            "would remove"
+        let (stop, remove, run, record) = if self.dry_run {
+            ("would stop", "would remove", "would run", "would record")
         } else {
-            "removed"
+            ("stopped", "removed", "ran", "recorded")
         };
-        let mut out: Vec<String> = self
-            .removed
-            .iter()
-            .map(|p| format!("{verb} {}", crate::text::show_path(p)))
-            .collect();
+        let mut out: Vec<String> = Vec::new();
+        for u in &self.stopped {
+            out.push(format!(
+                "{stop} {u}: what it writes after the cleaning would be sealed into the image"
+            ));
+        }
+        out.extend(
+            self.removed
+                .iter()
+                .map(|p| format!("{remove} {}", show_path(p))),
+        );
         if self.removed.is_empty() {
             out.push("no token and no agent state to remove".into());
         }
+        out.extend(self.ran.iter().map(|c| format!("{run} {c}")));
         for (dir, n) in &self.client_state_left {
             out.push(format!(
                 "left in place: nvidia-gridd's client state {} ({n} entries); clones must not share it: run again with --purge-client-state",
-                crate::text::show_path(dir)
+                show_path(dir)
+            ));
+        }
+        for d in &self.kept_dropins {
+            out.push(format!(
+                "kept {}: the image's config (it holds no token)",
+                show_path(d)
+            ));
+        }
+        if self.journal_kept > 0 {
+            out.push(format!(
+                "kept the journal ({} files): it holds this machine's boots, gridd's lines about its lease among them; --journal removes them",
+                self.journal_kept
+            ));
+        }
+        if let Some(m) = &self.marker {
+            out.push(format!(
+                "{record} {}: a clone's first boot does not report this machine's last shutdown as its own",
+                show_path(m)
+            ));
+        }
+        if self.tokens_known == 0 {
+            out.push(
+                "no token found on this machine to search for; searched for any client configuration token's payload".into(),
+            );
+        }
+        for h in &self.holding {
+            out.push(format!(
+                "still holds the token: {}{}",
+                show_path(h),
+                advice_for(h)
             ));
         }
         out.push(
-            "before sealing the image: stop nvidia-gridd and vgpu-license-agent (systemctl stop nvidia-gridd.service vgpu-license-agent.service) so they write nothing more, and reset /etc/machine-id with your sealing tool (virt-sysprep --operations machine-id, or truncate -s 0 /etc/machine-id)".into(),
+            "before sealing the image: reset /etc/machine-id with your sealing tool (virt-sysprep --operations machine-id, or truncate -s 0 /etc/machine-id)".into(),
         );
         out
     }
+}
+
+fn advice_for(p: &Path) -> &'static str {
+    let s = p.to_string_lossy();
+    if s.contains("/var/lib/cloud/seed") {
+        " (cloud-init's seed: remove it, or build the image from a seed without the token)"
+    } else if s.contains("/var/lib/cloud") || s.contains("/var/log/cloud-init") {
+        " (cloud-init's: --cloud-init removes it)"
+    } else if s.contains("/var/log/journal") {
+        " (the journal: --journal removes it)"
+    } else {
+        " (remove it, or take the token out of it)"
+    }
+}
+
+/// The record that an image was prepared, beside the state directory (the state directory
+/// itself is emptied, and holds only the agent's own files).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImagePrepared {
+    /// When `prepare-image` ran (RFC 3339).
+    pub at: String,
+    /// The boot it ran in (`/proc/sys/kernel/random/boot_id`); `None` for `--root` (the
+    /// image was not booted then).
+    pub boot_id: Option<String>,
+}
+
+/// Where the record is kept: `<state_dir>.image-prepared.json`.
+pub fn marker_path(state_dir: &Path) -> PathBuf {
+    let mut name = state_dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".image-prepared.json");
+    state_dir.with_file_name(name)
+}
+
+impl ImagePrepared {
+    pub fn read(state_dir: &Path) -> Option<ImagePrepared> {
+        input::read_file(&marker_path(state_dir), 4096, Links::Refuse)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+    }
+
+    /// Whether a previous boot (its id, and the time of its last journal entry) is the one
+    /// the image was prepared in, or one before it: the builder's, not this guest's.
+    pub fn covers(&self, boot_id: Option<&str>, last_entry: Option<DateTime<Utc>>) -> bool {
+        let norm = |s: &str| s.trim().replace('-', "").to_ascii_lowercase();
+        if let (Some(mine), Some(theirs)) = (&self.boot_id, boot_id) {
+            return norm(mine) == norm(theirs);
+        }
+        let at = DateTime::parse_from_rfc3339(&self.at).map(|t| t.with_timezone(&Utc));
+        matches!((at, last_entry), (Ok(at), Some(last)) if last <= at)
+    }
+}
+
+/// For the service's last-shutdown reading: whether the journal's previous boot is the
+/// builder's (the image was prepared in it, or after it), so that it is not reported as this
+/// guest's own. Asks journalctl for that boot's last entry only when the image was prepared.
+pub fn previous_boot_is_the_builders(settings: &Settings) -> bool {
+    let Some(marker) = ImagePrepared::read(&settings.paths.state_dir) else {
+        return false;
+    };
+    let argv: Vec<String> = [
+        settings.commands.journalctl.as_str(),
+        "--boot=-1",
+        "--lines=1",
+        "--output=json",
+        "--no-pager",
+    ]
+    .map(String::from)
+    .to_vec();
+    let Ok(out) = crate::command::run(&argv, settings.commands.timeout) else {
+        return false;
+    };
+    let Some(entry) = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    else {
+        // No previous boot in the journal: nothing of the builder's to report either.
+        return false;
+    };
+    let boot_id = entry["_BOOT_ID"].as_str();
+    let last = entry["__REALTIME_TIMESTAMP"]
+        .as_str()
+        .and_then(|s| s.parse::<i64>().ok())
+        .and_then(DateTime::from_timestamp_micros);
+    marker.covers(boot_id, last)
+}
+
+/// A path of the config, taken below `root`.
+fn under(root: &Path, p: &Path) -> PathBuf {
+    let rel: PathBuf = p
+        .components()
+        .filter(|c| matches!(c, Component::Normal(_)))
+        .collect();
+    root.join(rel)
+}
+
+/// Refuses a path below `root` that is reached through a symlink (which could lead out of the
+/// image, onto the builder).
+fn no_link_on_the_way(root: &Path, p: &Path) -> anyhow::Result<()> {
+    let Ok(rel) = p.strip_prefix(root) else {
+        return Ok(());
+    };
+    let mut at = root.to_path_buf();
+    let parts: Vec<_> = rel.components().collect();
+    for c in parts.iter().take(parts.len().saturating_sub(1)) {
+        at.push(c);
+        if fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(anyhow!(
+                "{} is reached through a symlink ({}) that may lead out of the image; prepare-image --root never follows one: mount the image so that the path is real, or run prepare-image inside it; nothing was changed",
+                show_path(p),
+                show_path(&at)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The settings for `--root DIR`: the config read below DIR (`config` taken below it), every
+/// path of it taken below DIR.
+pub fn settings_under(root: &Path, config: &Path) -> anyhow::Result<Settings> {
+    if !root.is_dir() {
+        return Err(anyhow!(
+            "--root {}: not a directory; give the directory the image is mounted on",
+            show_path(root)
+        ));
+    }
+    let mut s = Settings::load(&under(root, config))?;
+    let p = &mut s.paths;
+    for path in [
+        &mut p.token_dir,
+        &mut p.gridd_conf,
+        &mut p.state_dir,
+        &mut p.status_file,
+        &mut p.metrics_textfile,
+    ] {
+        *path = under(root, path);
+    }
+    for d in &mut p.gridd_client_state {
+        *d = under(root, d);
+    }
+    if let Some(t) = &mut p.token_source {
+        *t = under(root, t);
+    }
+    let all: Vec<PathBuf> = [
+        &p.token_dir,
+        &p.gridd_conf,
+        &p.state_dir,
+        &p.status_file,
+        &p.metrics_textfile,
+    ]
+    .into_iter()
+    .chain(p.gridd_client_state.iter())
+    .chain(p.token_source.iter())
+    .cloned()
+    .collect();
+    for path in &all {
+        no_link_on_the_way(root, path)?;
+    }
+    Ok(s)
+}
+
+/// Where the system's files are: `/`, or the image's root.
+fn sys(req: &Request, rel: &str) -> PathBuf {
+    req.root.as_deref().unwrap_or(Path::new("/")).join(rel)
 }
 
 fn entries(dir: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(fsutil::list_dir(dir)?.into_iter().map(|(_, p)| p).collect())
 }
 
-/// Removes the token and the agent's state (and gridd's client state with `purge`).
-pub fn prepare(settings: &Settings, purge: bool, dry_run: bool) -> anyhow::Result<Prepared> {
+/// Whether a unit is running, by `systemctl is-active`. A machine without systemd, or
+/// without the unit (a builder with no NVIDIA driver yet), has nothing to stop.
+fn is_active(settings: &Settings, unit: &str) -> bool {
+    let argv = [settings.commands.systemctl.as_str(), "is-active", unit].map(String::from);
+    crate::command::run(&argv, settings.commands.timeout).is_ok_and(|o| {
+        matches!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            "active" | "activating" | "reloading" | "deactivating"
+        )
+    })
+}
+
+fn stop(settings: &Settings, unit: &str) -> anyhow::Result<()> {
+    let argv = [settings.commands.systemctl.as_str(), "stop", unit].map(String::from);
+    let out = crate::command::run(&argv, settings.commands.timeout)
+        .map_err(|e| anyhow!("cannot stop {unit}: {}: {e}", settings.commands.systemctl))?;
+    if !out.status.success() {
+        return Err(anyhow!(
+            "cannot stop {unit}: {}; stop it yourself and run prepare-image again; nothing was removed",
+            out.last_line().unwrap_or_else(|| out.status.to_string())
+        ));
+    }
+    Ok(())
+}
+
+/// The token's bytes as they may be stored: raw, base64 (cloud-init's `encoding: b64`), and
+/// inside the base64 of a whole document that holds either (a MIME part, a base64 user-data),
+/// at each of the three offsets a base64 encoding can start at. Each form is searched for by
+/// pieces of 24 characters taken from its end (the signature, unique to this token), enough
+/// of them that a form wrapped at 76 characters a line (or at 48 or more) still shows one
+/// whole.
+fn needles_of(token: &[u8]) -> Vec<Vec<u8>> {
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    let raw = token.trim_ascii().to_vec();
+    let mut forms = vec![raw.clone()];
+    for s in [raw.clone(), b64.encode(&raw).into_bytes()] {
+        for skip in 0..3 {
+            if s.len() > skip {
+                forms.push(b64.encode(&s[skip..]).into_bytes());
+            }
+        }
+    }
+    const PIECE: usize = 24;
+    const SPAN: usize = 8 * PIECE;
+    let mut out = Vec::new();
+    for f in forms {
+        // The last quantum of a base64 form depends on what follows it in a document.
+        let end = f.len().saturating_sub(4);
+        let start = end.saturating_sub(SPAN);
+        let mut at = start;
+        while at + PIECE <= end {
+            out.push(f[at..at + PIECE].to_vec());
+            at += PIECE;
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Any client configuration token, without knowing its bytes: the name of the payload's
+/// `service_instance_configuration`, base64url-encoded as in the token (at each offset), and
+/// the base64 of that (a token or a document holding it, base64-encoded).
+fn any_token_needles() -> Vec<Vec<u8>> {
+    let url = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    let key = br#""service_instance_configuration""#;
+    let mut out = Vec::new();
+    for skip in 0..3 {
+        let piece = &key[skip..skip + (key.len() - skip) / 3 * 3];
+        let enc = url.encode(piece).into_bytes();
+        for s2 in 0..3 {
+            let piece2 = &enc[s2..s2 + (enc.len() - s2) / 3 * 3];
+            out.push(b64.encode(piece2).into_bytes());
+        }
+        out.push(enc);
+    }
+    out
+}
+
+/// Whether the file holds any of `needles`, read in blocks (a journal file can be large).
+fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool> {
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    let keep = needles.iter().map(|n| n.needle().len()).max().unwrap_or(0);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut have = 0;
+    loop {
+        let n = f.read(&mut buf[have..])?;
+        if n == 0 {
+            return Ok(false);
+        }
+        have += n;
+        if needles.iter().any(|f| f.find(&buf[..have]).is_some()) {
+            return Ok(true);
+        }
+        let tail = have.min(keep);
+        buf.copy_within(have - tail..have, 0);
+        have = tail;
+    }
+}
+
+/// The regular files below `p` (or `p` itself), symlinks not followed.
+fn walk(p: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(m) = fs::symlink_metadata(p) else {
+        return;
+    };
+    if m.is_file() {
+        out.push(p.to_path_buf());
+    } else if m.is_dir()
+        && let Ok(list) = fsutil::list_dir(p)
+    {
+        for (_, e) in list {
+            walk(&e, out);
+        }
+    }
+}
+
+/// Entries of `dir` whose name starts with `prefix` (and ends with `suffix`).
+fn matching(dir: &Path, prefix: &str, suffix: &str) -> Vec<PathBuf> {
+    fsutil::list_dir(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(n, _)| {
+            let n = n.to_string_lossy();
+            n.starts_with(prefix) && n.ends_with(suffix)
+        })
+        .map(|(_, p)| p)
+        .collect()
+}
+
+/// The journal's files: `<var/log/journal>/<machine-id>/*.journal` (and `*.journal~`).
+fn journal_files(req: &Request) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for (_, d) in fsutil::list_dir(&sys(req, "var/log/journal")).unwrap_or_default() {
+        if fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
+            out.extend(matching(&d, "", ".journal").into_iter().chain(matching(
+                &d,
+                "",
+                ".journal~",
+            )));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What `cloud-init clean --logs` removes: all of `/var/lib/cloud` but its seed, and its logs.
+fn cloud_init_plan(req: &Request) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fsutil::list_dir(&sys(req, "var/lib/cloud"))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(n, _)| n != "seed")
+        .map(|(_, p)| p)
+        .collect();
+    out.extend(matching(&sys(req, "var/log"), "cloud-init", ".log"));
+    out
+}
+
+/// The tokens on this machine (the token directory, the ones kept aside, the token source),
+/// to search for.
+fn known_tokens(settings: &Settings, token_entries: &[PathBuf]) -> Vec<Vec<u8>> {
+    let mut files: Vec<PathBuf> = token_entries.to_vec();
+    walk(&settings.paths.state_dir.join("replaced"), &mut files);
+    if let Some(src) = &settings.paths.token_source {
+        walk(src, &mut files);
+    }
+    let mut out: Vec<Vec<u8>> = files
+        .iter()
+        .filter_map(|f| input::read_file(f, 1 << 20, Links::Refuse).ok())
+        .map(|b| b.trim_ascii().to_vec())
+        .filter(|b| b.len() >= 64 && b.iter().filter(|&&c| c == b'.').count() >= 2)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Everything prepare-image would remove, checked first: a directory that is a symlink or
+/// holds what is not the agent's (or gridd's) stops the whole command, with nothing removed.
+struct Plan {
+    token_entries: Vec<PathBuf>,
+    remove: Vec<PathBuf>,
+    client_state_left: Vec<(PathBuf, usize)>,
+}
+
+fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
     let paths = &settings.paths;
     let cannot = |what: &Path, e: io::Error| {
         anyhow!(
             "cannot read {}: {e}; check it and run prepare-image again",
-            crate::text::show_path(what)
+            show_path(what)
         )
     };
-    // Hold the install lock, so that no install or adopt runs meanwhile.
-    let _lock = if !dry_run && paths.state_dir.is_dir() {
-        Some(
-            fsutil::lock(
-                &paths.state_dir.join("install.lock"),
-                settings.commands.timeout * 2 + Duration::from_secs(30),
-            )
-            .map_err(|_| {
-                anyhow!(
-                    "cannot take the lock in {}: an install is running; wait for it and run prepare-image again",
-                    crate::text::show_path(&paths.state_dir)
-                )
-            })?,
-        )
-    } else {
-        None
-    };
-    // Every directory is checked before anything is removed: one that is a symlink or holds
-    // what is not the agent's stops the whole command, with nothing removed.
-    let mut plan: Vec<PathBuf> = crate::install::token_dir_entries(settings)?
+    let token_entries: Vec<PathBuf> = crate::install::token_dir_entries(settings)?
         .into_iter()
         .map(|(_, p)| p)
         .collect();
+    let mut remove = token_entries.clone();
     crate::install::check_state_dir(settings)?;
-    plan.extend(entries(&paths.state_dir).map_err(|e| cannot(&paths.state_dir, e))?);
+    remove.extend(entries(&paths.state_dir).map_err(|e| cannot(&paths.state_dir, e))?);
     for (key, f) in [
         ("paths.status_file", &paths.status_file),
         ("paths.metrics_textfile", &paths.metrics_textfile),
     ] {
         match f.symlink_metadata() {
-            Ok(m) if m.is_file() || m.file_type().is_symlink() => plan.push(f.clone()),
+            Ok(m) if m.is_file() || m.file_type().is_symlink() => remove.push(f.clone()),
             Ok(_) => {
                 return Err(anyhow!(
                     "{} ({key}) is not a file; the agent removes only its own files: check the config; nothing was removed",
-                    crate::text::show_path(f)
+                    show_path(f)
                 ));
             }
             Err(_) => {}
         }
     }
+    // A token source that is a file in the image is a copy of the token; a directory (a
+    // mount point) is only searched.
+    if let Some(src) = &paths.token_source
+        && fs::symlink_metadata(src).is_ok_and(|m| m.is_file())
+    {
+        remove.push(src.clone());
+    }
     let mut left = Vec::new();
     for dir in &paths.gridd_client_state {
-        // gridd's own directory: any content is its state, but a link out of it is not.
-        let inside: Vec<PathBuf> = fsutil::managed_entries(dir, |_, _| true)
-            .map_err(|e| {
-                anyhow!(
-                    "nvidia-gridd's client state {} (paths.gridd_client_state) {e}; nothing was removed",
-                    crate::text::show_path(dir)
-                )
-            })?
-            .into_iter()
-            .map(|(_, p)| p)
-            .collect();
+        let inside: Vec<PathBuf> =
+            crate::identity::client_state_entries(dir, "nothing was removed")?
+                .into_iter()
+                .map(|(_, p)| p)
+                .collect();
         if inside.is_empty() {
             continue;
         }
-        if purge {
-            plan.extend(inside);
+        if req.purge_client_state {
+            remove.extend(inside);
         } else {
             left.push((dir.clone(), inside.len()));
         }
     }
+    if req.cloud_init {
+        remove.extend(cloud_init_plan(req));
+    }
+    if req.journal && req.root.is_some() {
+        remove.extend(journal_files(req));
+    }
     // The lock file is no state: it is removed last and silently, held until the end.
     let lock_path = paths.state_dir.join("install.lock");
-    plan.retain(|p| *p != lock_path);
-    let mut done = Prepared {
-        dry_run,
-        removed: Vec::new(),
+    remove.retain(|p| *p != lock_path);
+    Ok(Plan {
+        token_entries,
+        remove,
         client_state_left: left,
+    })
+}
+
+/// The files searched for the token's bytes once the cleaning is done.
+fn search_places(settings: &Settings, req: &Request, config: &Path) -> Vec<PathBuf> {
+    let p = &settings.paths;
+    let mut places = vec![
+        p.token_dir.clone(),
+        p.state_dir.clone(),
+        p.status_file.clone(),
+        p.metrics_textfile.clone(),
+        sys(req, "var/lib/cloud"),
+    ];
+    places.extend(p.token_source.iter().cloned());
+    places.extend(matching(&sys(req, "var/log"), "cloud-init", ".log"));
+    places.extend(journal_files(req));
+    if let Some(dir) = config.parent() {
+        places.push(dir.to_path_buf());
+    }
+    let mut files = Vec::new();
+    for place in places {
+        walk(&place, &mut files);
+    }
+    files.sort();
+    files.dedup();
+    files
+}
+
+fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Readies the image. `config` is the agent's config file (already below the root for
+/// `--root`), for its drop-ins.
+pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Result<Prepared> {
+    let paths = &settings.paths;
+    let first = plan(settings, req)?;
+    let tokens = known_tokens(settings, &first.token_entries);
+    let mut needles: Vec<Vec<u8>> = tokens.iter().flat_map(|t| needles_of(t)).collect();
+    needles.extend(any_token_needles());
+    let finders: Vec<memchr::memmem::Finder<'_>> =
+        needles.iter().map(memchr::memmem::Finder::new).collect();
+    let dropins: Vec<PathBuf> = config
+        .parent()
+        .map(|d| matching(&d.join("config.d"), "", ".toml"))
+        .unwrap_or_default();
+    let mut done = Prepared {
+        dry_run: req.dry_run,
+        client_state_left: first.client_state_left.clone(),
+        kept_dropins: dropins,
+        tokens_known: tokens.len(),
+        ..Prepared::default()
     };
-    for p in plan {
-        if !dry_run {
-            match fsutil::remove_tree(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    return Err(anyhow!(
-                        "cannot remove {}: {e}; remove it yourself and run prepare-image again (removed so far: {})",
-                        crate::text::show_path(&p),
-                        done.removed.len()
-                    ));
+    // Services: never the builder's when acting on an image.
+    if req.root.is_none() {
+        for unit in [AGENT_UNIT, settings.gridd.unit.as_str()] {
+            if is_active(settings, unit) {
+                if !req.dry_run {
+                    stop(settings, unit)?;
                 }
+                done.stopped.push(unit.to_string());
+            }
+        }
+    }
+    let journal_cmds: Vec<Vec<String>> = if req.journal && req.root.is_none() {
+        ["--rotate", "--vacuum-time=1s"]
+            .iter()
+            .map(|a| vec![settings.commands.journalctl.clone(), a.to_string()])
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if req.dry_run {
+        let going: std::collections::BTreeSet<&PathBuf> = first.remove.iter().collect();
+        let mut gone = Vec::new();
+        for p in &first.remove {
+            walk(p, &mut gone);
+        }
+        done.holding = search_places(settings, req, config)
+            .into_iter()
+            .filter(|f| !going.contains(f) && !gone.contains(f))
+            .filter(|f| !(req.journal && is_journal(f)))
+            .filter(|f| holds(f, &finders).unwrap_or(false))
+            .collect();
+        done.removed = first.remove;
+        done.ran = journal_cmds.iter().map(|c| c.join(" ")).collect();
+        done.journal_kept = if req.journal {
+            0
+        } else {
+            journal_files(req).len()
+        };
+        done.marker = Some(marker_path(&paths.state_dir));
+        return Ok(done);
+    }
+    // Hold the install lock, so that no install or adopt runs meanwhile.
+    let lock_path = paths.state_dir.join("install.lock");
+    let _lock = if paths.state_dir.is_dir() {
+        Some(
+            fsutil::lock(
+                &lock_path,
+                settings.commands.timeout * 2 + std::time::Duration::from_secs(30),
+            )
+            .map_err(|e| match e {
+                fsutil::LockError::Busy => anyhow!(
+                    "cannot take the lock in {}: an install is running; wait for it and run prepare-image again",
+                    show_path(&paths.state_dir)
+                ),
+                fsutil::LockError::Io(e) => anyhow!(
+                    "cannot open the lock {}: {e}; prepare-image must be able to write the state directory (run it as root, on a writable image); nothing was removed",
+                    show_path(&lock_path)
+                ),
+            })?,
+        )
+    } else {
+        None
+    };
+    // Again under the lock: the services may have written more before they stopped.
+    let now = plan(settings, req)?;
+    for p in now.remove {
+        match fsutil::remove_tree(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(anyhow!(
+                    "cannot remove {}: {e}; remove it yourself and run prepare-image again (removed so far: {})",
+                    show_path(&p),
+                    done.removed.len()
+                ));
             }
         }
         done.removed.push(p);
     }
-    if !dry_run {
-        let _ = std::fs::remove_file(&lock_path);
+    let _ = fs::remove_file(&lock_path);
+    for argv in &journal_cmds {
+        let out = crate::command::run(argv, settings.commands.timeout)
+            .map_err(|e| anyhow!("cannot run {}: {e}", argv.join(" ")))?;
+        if !out.status.success() {
+            return Err(anyhow!(
+                "{} failed: {}; clean the journal yourself and run prepare-image again",
+                argv.join(" "),
+                out.last_line().unwrap_or_else(|| out.status.to_string())
+            ));
+        }
+        done.ran.push(argv.join(" "));
+    }
+    if !req.journal {
+        done.journal_kept = journal_files(req).len();
+    }
+    done.holding = search_places(settings, req, config)
+        .into_iter()
+        .filter(|f| holds(f, &finders).unwrap_or(false))
+        .collect();
+    // The record that this image was prepared, for the clone's first boot.
+    let marker = ImagePrepared {
+        at: crate::time::rfc3339(Utc::now()),
+        boot_id: if req.root.is_none() { boot_id() } else { None },
+    };
+    let path = marker_path(&paths.state_dir);
+    if let Some(parent) = path.parent()
+        && parent.is_dir()
+    {
+        fsutil::write_atomic(&path, &serde_json::to_vec_pretty(&marker)?, 0o644).map_err(|e| {
+            anyhow!(
+                "cannot write {}: {e}; make it writable and run prepare-image again",
+                show_path(&path)
+            )
+        })?;
+        done.marker = Some(path);
     }
     Ok(done)
+}
+
+fn is_journal(p: &Path) -> bool {
+    p.to_string_lossy().contains("/var/log/journal/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finds(needles: &[Vec<u8>], hay: &[u8]) -> bool {
+        needles
+            .iter()
+            .any(|n| memchr::memmem::find(hay, n).is_some())
+    }
+
+    fn token() -> Vec<u8> {
+        token_signed((0..=255u8).collect())
+    }
+
+    fn token_signed(sig: Vec<u8>) -> Vec<u8> {
+        let u = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let payload = br#"{"jti":"t1","service_instance_configuration":{"node_url_list":[{"url":"dls.example"}]},"exp":2078691200}"#;
+        format!(
+            "{}.{}.{}",
+            u.encode(br#"{"alg":"RS256","typ":"JWT"}"#),
+            u.encode(payload),
+            u.encode(sig)
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn the_token_is_found_raw_in_base64_and_inside_a_base64_document_wrapped_or_not() {
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        let t = token();
+        let n = needles_of(&t);
+        assert!(finds(&n, &[b"content: ".as_slice(), &t].concat()));
+        assert!(finds(&n, b64.encode(&t).as_bytes()));
+        for prefix in ["", "a", "ab", "#cloud-config\nwrite_files:\n- content: "] {
+            let doc = [prefix.as_bytes(), &t, b"\n"].concat();
+            let whole = b64.encode(&doc);
+            assert!(finds(&n, whole.as_bytes()), "prefix {prefix:?}");
+            // Wrapped as base64(1) and MIME do.
+            let wrapped: Vec<u8> = whole
+                .as_bytes()
+                .chunks(76)
+                .flat_map(|c| [c, b"\n"].concat())
+                .collect();
+            assert!(finds(&n, &wrapped), "wrapped, prefix {prefix:?}");
+            let inner = [prefix.as_bytes(), b64.encode(&t).as_bytes()].concat();
+            assert!(
+                finds(&n, b64.encode(&inner).as_bytes()),
+                "b64 in b64 {prefix:?}"
+            );
+        }
+        // Another token is not this one.
+        let other = token_signed((0..=255u8).rev().collect());
+        assert!(!finds(&n, &other));
+        assert!(!finds(&n, b64.encode(&other).as_bytes()));
+        assert!(!finds(&n, b"nothing here"));
+    }
+
+    #[test]
+    fn any_token_is_found_by_its_payload_even_unknown() {
+        let b64 = &base64::engine::general_purpose::STANDARD;
+        let n = any_token_needles();
+        let t = token();
+        assert!(finds(&n, &t));
+        assert!(finds(&n, b64.encode(&t).as_bytes()));
+        for prefix in ["", "x", "xy"] {
+            let doc = [prefix.as_bytes(), &t].concat();
+            assert!(finds(&n, b64.encode(&doc).as_bytes()), "{prefix:?}");
+        }
+        assert!(!finds(
+            &n,
+            b"service_instance_configuration is documented here"
+        ));
+    }
+
+    #[test]
+    fn the_marker_covers_the_builders_boot_and_none_after() {
+        let m = ImagePrepared {
+            at: "2026-12-01T10:00:00Z".into(),
+            boot_id: Some("0a1b2c3d-0000-0000-0000-000000000001".into()),
+        };
+        assert!(m.covers(Some("0a1b2c3d000000000000000000000001"), None));
+        assert!(!m.covers(Some("ffff2c3d000000000000000000000001"), None));
+        let img = ImagePrepared {
+            at: "2026-12-01T10:00:00Z".into(),
+            boot_id: None,
+        };
+        let t = |s: &str| Some(DateTime::parse_from_rfc3339(s).unwrap().to_utc());
+        assert!(img.covers(Some("x"), t("2026-12-01T09:59:00Z")));
+        assert!(!img.covers(Some("x"), t("2026-12-01T10:01:00Z")));
+        assert!(!img.covers(None, None));
+    }
+
+    #[test]
+    fn a_path_is_taken_below_the_root() {
+        assert_eq!(
+            under(Path::new("/mnt/img"), Path::new("/var/lib/x")),
+            PathBuf::from("/mnt/img/var/lib/x")
+        );
+        assert_eq!(
+            under(Path::new("/mnt/img"), Path::new("/../../etc")),
+            PathBuf::from("/mnt/img/etc")
+        );
+        assert_eq!(
+            marker_path(Path::new("/var/lib/vgpu-license-agent")),
+            PathBuf::from("/var/lib/vgpu-license-agent.image-prepared.json")
+        );
+    }
 }

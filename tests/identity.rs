@@ -158,3 +158,53 @@ fn scenario_the_service_reports_a_clone_once() {
     assert!(state.join("clone-detected.seen.json").exists());
     assert!(!state.join("clone-detected.json").exists());
 }
+
+#[test]
+fn on_a_clone_a_client_state_path_one_level_too_wide_is_refused_and_nothing_moves() {
+    let root = Root::new();
+    let config = fs::read_to_string(&root.config).unwrap();
+    let wide = root.path("var/lib");
+    root.write_config(&config.replace(
+        &format!(
+            "gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]",
+            r = root.dir.path().display()
+        ),
+        &format!("gridd_client_state = [\"{}\"]", wide.display()),
+    ));
+    let others = [
+        "var/lib/apt/lists/lock",
+        "var/lib/dpkg/status",
+        "var/lib/nvidia/GridLicensing/client.dat",
+    ];
+    for f in others {
+        root.file(f, b"keep");
+    }
+    let g = root.path("guest");
+    guest(
+        &g,
+        "0123456789abcdef0123456789abcdef",
+        "11111111-0000-0000-0000-000000000001",
+    );
+    let g_arg = g.to_str().unwrap();
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    // The clone: refused at every boot until the config is fixed, nothing moved.
+    fs::write(
+        g.join("sys/class/dmi/id/product_uuid"),
+        "22222222-0000-0000-0000-000000000002\n",
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let r = root.run(&["check-identity", "--root", g_arg]);
+        assert_eq!(r.code, Some(1), "{}", r.stdout);
+        let line = r.error_line();
+        assert!(line.contains(&wide.display().to_string()), "{line}");
+        assert!(line.contains("paths.gridd_client_state"), "{line}");
+        assert!(line.contains("nothing was moved"), "{line}");
+        for f in others {
+            assert_eq!(fs::read(root.path(f)).unwrap(), b"keep", "{f}");
+        }
+        assert!(!root.state_dir().join("replaced").exists());
+        assert!(!root.state_dir().join("clone-detected.json").exists());
+    }
+}

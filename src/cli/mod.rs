@@ -177,7 +177,19 @@ pub struct PrepareImageArgs {
     /// /var/lib/nvidia/vGPULicensing).
     #[arg(long)]
     pub purge_client_state: bool,
-    /// Say what would be removed, remove nothing.
+    /// Also do what `cloud-init clean --logs` does: remove /var/lib/cloud (but its seed) and
+    /// cloud-init's logs, where the user-data that carried the token is kept.
+    #[arg(long)]
+    pub cloud_init: bool,
+    /// Also clean the journal: `journalctl --rotate` and `--vacuum-time=1s` (with --root:
+    /// remove the image's journal files).
+    #[arg(long)]
+    pub journal: bool,
+    /// Act on the image mounted at DIR: the config is read below DIR, every configured path
+    /// is taken below DIR, and nothing of this machine (services, journal) is touched.
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// Say what would be stopped, removed and still found, change nothing.
     #[arg(long)]
     pub dry_run: bool,
 }

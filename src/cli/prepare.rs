@@ -1,14 +1,50 @@
-//! `prepare-image`: a guest made ready to be a golden image, each change printed.
+//! `prepare-image`: a guest (or a mounted image) made ready to be a golden image, each change
+//! printed; a failure when a copy of the token is still in it.
+
+use std::path::Path;
+
+use anyhow::anyhow;
 
 use crate::cli::PrepareImageArgs;
 use crate::config::Settings;
-use crate::prepare::prepare;
+use crate::prepare::{Request, prepare, settings_under};
 
-/// `vgpu-license-agent prepare-image`.
-pub fn run(args: &PrepareImageArgs, settings: &Settings) -> anyhow::Result<()> {
-    let done = prepare(settings, args.purge_client_state, args.dry_run)?;
+/// `vgpu-license-agent prepare-image`; `config` is the agent's config file (taken below
+/// `--root` when given).
+pub fn run(args: &PrepareImageArgs, config: &Path) -> anyhow::Result<()> {
+    let (settings, config) = match &args.root {
+        Some(root) => (
+            settings_under(root, config)?,
+            root.join(config.strip_prefix("/").unwrap_or(config)),
+        ),
+        None => (Settings::load(config)?, config.to_path_buf()),
+    };
+    let req = Request {
+        purge_client_state: args.purge_client_state,
+        dry_run: args.dry_run,
+        cloud_init: args.cloud_init,
+        journal: args.journal,
+        root: args.root.clone(),
+    };
+    let done = prepare(&settings, &req, &config)?;
     for line in done.lines() {
         println!("{}", crate::text::for_terminal(&line));
+    }
+    if !done.holding.is_empty() {
+        return Err(anyhow!(
+            "{} {} the token (listed above): the image is not ready; clean {} as said and run prepare-image again",
+            done.holding.len(),
+            if done.holding.len() == 1 {
+                "file still holds"
+            } else {
+                "files still hold"
+            },
+            if done.holding.len() == 1 {
+                "it"
+            } else {
+                "them"
+            },
+        ));
     }
     Ok(())
 }
