@@ -13,13 +13,15 @@ set -uo pipefail
 # Debian packages the checks need (cargo/rustc come from the CI image; deb/build.sh installs
 # the zig toolchain from PyPI).
 APT_PACKAGES=(lintian prometheus systemd shellcheck dpkg-dev man-db binutils)
-MAX_EXPOSURE=3.0
+MAX_EXPOSURE=2.5
 
 NAME=vgpu-license-agent
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 UNIT=packaging/$NAME.service
+# Every unit of the package runs as root: each is held to MAX_EXPOSURE.
+UNITS=("$UNIT" "packaging/$NAME-identity.service")
 # shellcheck source=packaging/portable.sh
 . packaging/portable.sh
 # shellcheck source=packaging/check-lib.sh
@@ -36,16 +38,23 @@ check_rules() {
 }
 
 check_security() {
-	local out level
-	out=$(systemd-analyze security --offline=true --no-pager "$UNIT") || return 1
-	echo "$out"
-	level=$(echo "$out" | sed -n 's/^→ Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p')
-	[ -n "$level" ] || {
-		echo "no exposure level in the output" >&2
-		return 1
-	}
-	echo "exposure $level (limit $MAX_EXPOSURE)"
-	awk -v l="$level" -v max="$MAX_EXPOSURE" 'BEGIN { exit !(l <= max) }'
+	local out level unit rc=0
+	for unit in "${UNITS[@]}"; do
+		out=$(systemd-analyze security --offline=true --no-pager "$unit") || {
+			rc=1
+			continue
+		}
+		echo "$out"
+		level=$(echo "$out" | sed -n 's/^→ Overall exposure level for [^:]*: \([0-9.]*\) .*/\1/p')
+		[ -n "$level" ] || {
+			echo "$unit: no exposure level in the output" >&2
+			rc=1
+			continue
+		}
+		echo "$unit: exposure $level (limit $MAX_EXPOSURE)"
+		awk -v l="$level" -v max="$MAX_EXPOSURE" 'BEGIN { exit !(l <= max) }' || rc=1
+	done
+	return $rc
 }
 
 check_catalog() {
