@@ -11,14 +11,22 @@ so that the alert rules, the dashboard and the scrape settings each have one sou
 a person edits. Run it after editing one of them; `--check` (the tests run it) exits 1 and
 shows the difference when a committed manifest is not what its source makes.
 
-usage: python3 deploy/kubernetes/generate.py [--check]
+Only VMs that opt in are scraped: their virt-launcher pods carry the label
+vgpu-license-agent/scrape=true (set in the VirtualMachine's spec.template.metadata.labels;
+KubeVirt copies it to the pod). `--scrape-label KEY=VALUE` makes the manifests select another
+label; with `--output DIR` they are written there rather than over the committed ones.
+
+usage: python3 deploy/kubernetes/generate.py [--check] [--scrape-label KEY=VALUE] [--output DIR]
 
 Needs PyYAML (Debian: python3-yaml).
 """
+import argparse
 import difflib
 import json
 import os
+import re
 import sys
+import textwrap
 
 try:
     import yaml
@@ -36,32 +44,56 @@ LABELS = {"app.kubernetes.io/name": NAME}
 # The agent's metrics_listen port in the guests (docs/fleet.md).
 PORT = 9841
 
-# How a virt-launcher pod becomes one target: the guest's agent at the pod's IP (the VM owns
-# it on Cozystack's and KubeVirt's bridge/masquerade pod network), labelled with the VM's
-# name. Prometheus's pod discovery makes a target per declared container port, and one
-# without a port for each container that declares none: only the `compute` container's (where
-# the VM runs) is kept, and only its port-free target or the one for the agent's port, so
-# that other declared ports do not scrape the same guest twice.
-SCRAPE_RELABEL = [
-    {"action": "keep", "sourceLabels": ["__meta_kubernetes_pod_container_name"], "regex": "compute"},
-    {"action": "keep", "sourceLabels": ["__meta_kubernetes_pod_container_port_number"],
-     "regex": "|%d" % PORT},
-    # A VirtualMachine's pod (a bare VirtualMachineInstance has no VM name to show).
-    {"action": "keep", "sourceLabels": ["__meta_kubernetes_pod_label_vm_kubevirt_io_name"],
-     "regex": ".+"},
-    {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_ip"], "regex": "([0-9.]+)",
-     "targetLabel": "__address__", "replacement": "$1:%d" % PORT},
-    {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_ip"], "regex": "(.*:.*)",
-     "targetLabel": "__address__", "replacement": "[$1]:%d" % PORT},
-    {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_label_vm_kubevirt_io_name"],
-     "targetLabel": "vm"},
-    # instance names the VM, not the pod's address, which changes with each start or
-    # migration: alerts and dashboards follow the VM.
-    {"action": "replace",
-     "sourceLabels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_label_vm_kubevirt_io_name"],
-     "separator": "/", "targetLabel": "instance"},
-]
-SCRAPE_SELECTOR = {"matchLabels": {"kubevirt.io": "virt-launcher"}}
+# The label that puts a VM in the scrape (docs/fleet.md): a VM without it is never a target.
+SCRAPE_LABEL = ("vgpu-license-agent/scrape", "true")
+# The job label of every series and of `up`, whatever job name the operator gives the scrape
+# pool (podMonitor/NS/NAME/0, podScrape/NS/NAME/0): the agent-down alert selects it.
+JOB = NAME
+
+
+def meta_label(key):
+    """The pod label `key` as Kubernetes service discovery names it."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+
+
+def scrape_relabel(label):
+    """How a virt-launcher pod becomes one target: the guest's agent at the pod's IP (the VM
+    owns it on Cozystack's and KubeVirt's bridge/masquerade pod network), labelled with the VM's
+    name. Prometheus's pod discovery makes a target per declared container port, and one
+    without a port for each container that declares none: only the `compute` container's
+    (where the VM runs) is kept, and only its port-free target or the one for the agent's
+    port, so that other declared ports do not scrape the same guest twice. The opt-in label is
+    kept here too, beside the selector, so that an edited selector cannot make every VM a
+    target."""
+    key, value = label
+    return [
+        {"action": "keep", "sourceLabels": [meta_label(key)], "regex": re.escape(value)},
+        {"action": "keep", "sourceLabels": ["__meta_kubernetes_pod_container_name"], "regex": "compute"},
+        {"action": "keep", "sourceLabels": ["__meta_kubernetes_pod_container_port_number"],
+         "regex": "|%d" % PORT},
+        # A VirtualMachine's pod (a bare VirtualMachineInstance has no VM name to show).
+        {"action": "keep", "sourceLabels": ["__meta_kubernetes_pod_label_vm_kubevirt_io_name"],
+         "regex": ".+"},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_ip"], "regex": "([0-9.]+)",
+         "targetLabel": "__address__", "replacement": "$1:%d" % PORT},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_ip"], "regex": "(.*:.*)",
+         "targetLabel": "__address__", "replacement": "[$1]:%d" % PORT},
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_label_vm_kubevirt_io_name"],
+         "targetLabel": "vm"},
+        # instance names the VM, not the pod's address, which changes with each start or
+        # migration: alerts and dashboards follow the VM.
+        {"action": "replace",
+         "sourceLabels": ["__meta_kubernetes_namespace", "__meta_kubernetes_pod_label_vm_kubevirt_io_name"],
+         "separator": "/", "targetLabel": "instance"},
+        {"action": "replace", "targetLabel": "job", "replacement": JOB},
+    ]
+
+
+def scrape_selector(label):
+    key, value = label
+    return {"matchLabels": {"kubevirt.io": "virt-launcher", key: value}}
+
+
 SCRAPE_INTERVAL = "30s"
 SCRAPE_TIMEOUT = "10s"
 
@@ -100,7 +132,7 @@ def rules_groups():
     return rules["groups"]
 
 
-def vmrule():
+def vmrule(_label):
     return dump(generated("packaging/vgpu-license-agent.rules.yml",
                           "The alert rules for Cozystack's vmalert (docs/fleet.md)."), {
         "apiVersion": "operator.victoriametrics.com/v1beta1",
@@ -110,7 +142,7 @@ def vmrule():
     })
 
 
-def prometheusrule():
+def prometheusrule(_label):
     return dump(generated("packaging/vgpu-license-agent.rules.yml",
                           "The alert rules for the Prometheus Operator (docs/fleet.md). A\n"
                           "kube-prometheus-stack Prometheus selects rules by its release's label:\n"
@@ -122,51 +154,56 @@ def prometheusrule():
     })
 
 
-SCRAPE_NOTE = """\
-Scrapes vgpu-license-agent (metrics_listen = "0.0.0.0:%d") in every KubeVirt VM's guest,
-through its virt-launcher pod, in every namespace; series get `vm` (the VM's name) and
-`instance` (namespace/vm). See docs/fleet.md.""" % PORT
+def scrape_note(label, where):
+    return textwrap.fill(
+        'Scrapes vgpu-license-agent (metrics_listen = "0.0.0.0:%d") in the KubeVirt VMs whose '
+        "virt-launcher pod carries the label %s=%s (set it in the VM's "
+        "spec.template.metadata.labels), %s. Series get job=%s, `vm` (the VM's name) and "
+        "`instance` (namespace/vm). See docs/fleet.md." % (PORT, label[0], label[1], where, JOB),
+        width=92, break_on_hyphens=False)
 
 
-def vmpodscrape():
-    return dump(generated("SCRAPE_* in deploy/kubernetes/generate.py", SCRAPE_NOTE), {
+def vmpodscrape(label):
+    return dump(generated("scrape_* in deploy/kubernetes/generate.py", scrape_note(
+        label, "in this VMPodScrape's own namespace: apply it in each namespace whose VMs a "
+               "tenant's monitoring collects")), {
         "apiVersion": "operator.victoriametrics.com/v1beta1",
         "kind": "VMPodScrape",
         "metadata": metadata(NAME),
         "spec": {
-            "selector": SCRAPE_SELECTOR,
-            "namespaceSelector": {"any": True},
+            "selector": scrape_selector(label),
             "podMetricsEndpoints": [{
                 "path": "/metrics",
                 "interval": SCRAPE_INTERVAL,
                 "scrapeTimeout": SCRAPE_TIMEOUT,
-                "relabelConfigs": SCRAPE_RELABEL,
+                "relabelConfigs": scrape_relabel(label),
             }],
         },
     })
 
 
-def podmonitor():
-    return dump(generated("SCRAPE_* in deploy/kubernetes/generate.py", SCRAPE_NOTE +
-                          "\nA kube-prometheus-stack Prometheus selects PodMonitors by its release's\n"
-                          "label: add it (e.g. `release: kube-prometheus-stack`) where yours does."), {
+def podmonitor(label):
+    return dump(generated("scrape_* in deploy/kubernetes/generate.py", scrape_note(
+        label, "in every namespace") +
+        "\nA kube-prometheus-stack Prometheus selects PodMonitors by its release's\n"
+        "label: add it (e.g. `release: kube-prometheus-stack`) where yours does."), {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
         "metadata": metadata(NAME),
         "spec": {
-            "selector": SCRAPE_SELECTOR,
+            "selector": scrape_selector(label),
             "namespaceSelector": {"any": True},
             "podMetricsEndpoints": [{
                 "path": "/metrics",
                 "interval": SCRAPE_INTERVAL,
                 "scrapeTimeout": SCRAPE_TIMEOUT,
-                "relabelings": SCRAPE_RELABEL,
+                "relabelings": scrape_relabel(label),
             }],
         },
     })
 
 
-def grafanadashboard():
+def grafanadashboard(_label):
     with open(DASHBOARD, encoding="utf-8") as f:
         dashboard = json.load(f)
     return dump(generated("deploy/kubernetes/dashboard/vgpu-license-fleet.json",
@@ -195,15 +232,36 @@ OUTPUTS = {
 }
 
 
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                       r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def parse_label(text):
+    key, sep, value = text.partition("=")
+    if not sep or not LABEL_KEY.match(key) or len(key.partition("/")[0]) > 253 \
+            or not value or not LABEL_VALUE.match(value):
+        raise argparse.ArgumentTypeError(
+            "--scrape-label wants KEY=VALUE, a Kubernetes label (e.g. "
+            "vgpu-license-agent/scrape=true): %r is none" % text)
+    return key, value
+
+
 def main(argv):
-    check = argv == ["--check"]
-    if argv and not check:
-        sys.stderr.write(__doc__)
-        return 2
+    ap = argparse.ArgumentParser(prog="generate.py", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 and show the difference where a manifest is not what its source makes")
+    ap.add_argument("--scrape-label", type=parse_label, default=SCRAPE_LABEL, metavar="KEY=VALUE",
+                    help="the pod label that opts a VM in (default %s=%s)" % SCRAPE_LABEL)
+    ap.add_argument("--output", metavar="DIR", default=HERE,
+                    help="where to write the manifests (default: deploy/kubernetes/)")
+    args = ap.parse_args(argv)
+    out = os.path.abspath(args.output)
     stale = 0
     for rel, make in OUTPUTS.items():
-        path = os.path.join(HERE, rel)
-        want = make()
+        path = os.path.join(out, rel)
+        want = make(args.scrape_label)
         try:
             with open(path, encoding="utf-8") as f:
                 have = f.read()
@@ -211,9 +269,9 @@ def main(argv):
             have = None
         if have == want:
             continue
-        if check:
+        if args.check:
             stale += 1
-            print("deploy/kubernetes/%s is not what generate.py makes of its source:" % rel)
+            print("%s is not what generate.py makes of its source:" % os.path.relpath(path, ROOT))
             sys.stdout.writelines(difflib.unified_diff(
                 (have or "").splitlines(True), want.splitlines(True),
                 "committed/" + rel, "generated/" + rel))
@@ -221,7 +279,7 @@ def main(argv):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(want)
-            print("wrote deploy/kubernetes/%s" % rel)
+            print("wrote %s" % os.path.relpath(path))
     if stale:
         print("run: python3 deploy/kubernetes/generate.py")
         return 1
