@@ -208,3 +208,32 @@ fn on_a_clone_a_client_state_path_one_level_too_wide_is_refused_and_nothing_move
         assert!(!root.state_dir().join("clone-detected.json").exists());
     }
 }
+
+#[test]
+fn a_clone_of_a_prepared_image_is_a_new_guest_not_a_clone() {
+    let root = Root::new();
+    let g = root.path("guest");
+    guest(
+        &g,
+        "0123456789abcdef0123456789abcdef",
+        "11111111-0000-0000-0000-000000000001",
+    );
+    let g_arg = g.to_str().unwrap();
+    let state = root.path("var/lib/nvidia/GridLicensing");
+    fs::create_dir_all(&state).unwrap();
+    fs::write(state.join("client.dat"), b"the builder's").unwrap();
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert!(r.stdout.contains("recorded"), "{}", r.stdout);
+    let r = root.run(&["prepare-image", "--purge-client-state"]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    // The clone: its own product UUID and machine-id, the image's disk.
+    guest(
+        &g,
+        "fedcba9876543210fedcba9876543210",
+        "22222222-0000-0000-0000-000000000002",
+    );
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("recorded"), "{}", r.stdout);
+    assert!(!root.state_dir().join("clone-detected.json").exists());
+}
