@@ -557,6 +557,12 @@ fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
     // The lock file is no state: it is removed last and silently, held until the end.
     let lock_path = paths.state_dir.join("install.lock");
     remove.retain(|p| *p != lock_path);
+    // In an image, cloud-init's and the journal's places too must be the image's own.
+    if let Some(root) = &req.root {
+        for p in &remove {
+            no_link_on_the_way(root, p)?;
+        }
+    }
     Ok(Plan {
         token_entries,
         remove,

@@ -551,6 +551,21 @@ fn a_root_reached_through_a_symlink_out_of_the_image_is_refused() {
         d.join("etc/nvidia/ClientConfigToken/client_configuration_token.tok")
             .exists()
     );
+
+    // The same for cloud-init's logs: the image's /var/log a link to the builder's.
+    fs::remove_file(d.join("var/lib/nvidia")).unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    fs::write(logs.path().join("cloud-init.log"), b"the builder's").unwrap();
+    fs::remove_dir_all(d.join("var/log")).unwrap();
+    std::os::unix::fs::symlink(logs.path(), d.join("var/log")).unwrap();
+    let r = in_image(d, &["prepare-image", "--cloud-init"]);
+    assert_eq!(r.code, Some(1), "{}", r.stdout);
+    assert!(r.error_line().contains("through a symlink"), "{}", r.stderr);
+    assert!(logs.path().join("cloud-init.log").exists());
+    assert!(
+        d.join("var/lib/cloud/instances").exists(),
+        "nothing removed"
+    );
 }
 
 /// A journalctl whose previous boot (`--boot=-1`) is `boot_id`'s, where gridd held a lease
