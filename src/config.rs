@@ -589,7 +589,132 @@ impl Settings {
                 ));
             }
         }
+        self.check_output_overlap()
+    }
+
+    /// The files the agent writes (`paths.status_file`, `paths.metrics_textfile`,
+    /// `service.metrics_socket`) never are, or lie inside, what it manages or reads: the
+    /// token directory, the token source, gridd.conf, its state directory. Written there, a
+    /// report would overwrite gridd.conf or the token, or be adopted as a stray and moved aside
+    /// again and again.
+    fn check_output_overlap(&self) -> Result<(), String> {
+        let p = &self.paths;
+        let mut managed: Vec<(&str, &Path, bool)> = vec![
+            ("paths.token_dir", &p.token_dir, true),
+            ("paths.gridd_conf", &p.gridd_conf, false),
+            ("paths.state_dir", &p.state_dir, true),
+        ];
+        if let Some(src) = &p.token_source {
+            managed.push(("paths.token_source", src, true));
+        }
+        let mut outputs: Vec<(&str, &Path)> = vec![
+            ("paths.status_file", &p.status_file),
+            ("paths.metrics_textfile", &p.metrics_textfile),
+        ];
+        if let Some(sock) = &self.service.metrics_socket {
+            outputs.push(("service.metrics_socket", sock));
+        }
+        for (i, (key, out)) in outputs.iter().enumerate() {
+            let out = normalize(out);
+            for (mkey, m, is_dir) in &managed {
+                let m = normalize(m);
+                if out == m || (*is_dir && out.starts_with(&m)) {
+                    return Err(format!(
+                        "{key} = {}: {} {mkey}, which the agent manages; its output there would overwrite what is there or be taken for a stray: choose a path of its own (the default is {})",
+                        shown_value(&out.to_string_lossy()),
+                        if out == m {
+                            "the same path as"
+                        } else {
+                            "inside"
+                        },
+                        default_output(key)
+                    ));
+                }
+            }
+            for (other_key, other) in &outputs[i + 1..] {
+                if out == normalize(other) {
+                    return Err(format!(
+                        "{key} and {other_key} are the same file: give each its own path"
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Checks that the agent's outputs can be written without destroying what is not the
+    /// agent's: an existing status file or metrics textfile must hold what the agent writes
+    /// there, and an existing metrics socket path must be a socket (it is replaced at start).
+    /// The service runs it at start and at reload, `config check` too.
+    pub fn check_outputs_on_disk(&self) -> Result<(), String> {
+        use std::os::unix::fs::FileTypeExt;
+        let p = &self.paths;
+        for (key, path, mark) in [
+            (
+                "paths.status_file",
+                &p.status_file,
+                crate::report::SCHEMA.as_bytes(),
+            ),
+            (
+                "paths.metrics_textfile",
+                &p.metrics_textfile,
+                b"vgpu_license_".as_slice(),
+            ),
+        ] {
+            match std::fs::symlink_metadata(path) {
+                Err(_) => {}
+                Ok(m) if m.is_file() => {
+                    let head = crate::input::read_file(path, 1 << 20, crate::input::Links::Refuse)
+                        .unwrap_or_default();
+                    if !head.is_empty() && memchr::memmem::find(&head, mark).is_none() {
+                        return Err(format!(
+                            "{key} = {}: that file exists and is not the agent's (it does not hold what the agent writes there); the agent would overwrite it: choose another path or move the file away",
+                            shown_value(&path.to_string_lossy())
+                        ));
+                    }
+                }
+                Ok(_) => {
+                    return Err(format!(
+                        "{key} = {}: that path exists and is not a regular file; choose another path",
+                        shown_value(&path.to_string_lossy())
+                    ));
+                }
+            }
+        }
+        if let Some(sock) = &self.service.metrics_socket
+            && let Ok(m) = std::fs::symlink_metadata(sock)
+            && !m.file_type().is_socket()
+        {
+            return Err(format!(
+                "service.metrics_socket = {}: that path exists and is not a socket; the agent replaces only a socket there: choose another path or move the file away",
+                shown_value(&sock.to_string_lossy())
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A path without `.` components, trailing slashes or repeated `/` (no link is resolved: the
+/// paths may not exist yet).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+fn default_output(key: &str) -> &'static str {
+    match key {
+        "paths.status_file" => "/run/vgpu-license-agent/status.json",
+        "paths.metrics_textfile" => "/var/lib/prometheus/node-exporter/vgpu_license_agent.prom",
+        _ => "unset",
     }
 }
 
@@ -669,6 +794,85 @@ mod tests {
         assert_eq!(
             s.paths.gridd_client_state,
             vec![PathBuf::from("/x/GridLicensing")]
+        );
+    }
+
+    /// An output path that is, or lies inside, what the agent manages is refused, with the
+    /// key and the clash named: written there, a report would overwrite gridd.conf or the
+    /// token, or be adopted as a stray again and again.
+    #[test]
+    fn outputs_never_overlap_what_the_agent_manages() {
+        for (text, key, clash) in [
+            (
+                "[paths]\nstatus_file = \"/etc/nvidia/gridd.conf\"\n",
+                "paths.status_file",
+                "same path as paths.gridd_conf",
+            ),
+            (
+                "[paths]\nstatus_file = \"/etc/nvidia/ClientConfigToken/status.tok\"\n",
+                "paths.status_file",
+                "inside paths.token_dir",
+            ),
+            (
+                "[paths]\nmetrics_textfile = \"/etc/nvidia/ClientConfigToken/./x.prom\"\n",
+                "paths.metrics_textfile",
+                "inside paths.token_dir",
+            ),
+            (
+                "[paths]\nstatus_file = \"/var/lib/vgpu-license-agent/status.json\"\n",
+                "paths.status_file",
+                "inside paths.state_dir",
+            ),
+            (
+                "[service]\nmetrics_socket = \"/etc/nvidia/gridd.conf\"\n",
+                "service.metrics_socket",
+                "same path as paths.gridd_conf",
+            ),
+            (
+                "[paths]\ntoken_source = \"/run/secret\"\nstatus_file = \"/run/secret/token\"\n",
+                "paths.status_file",
+                "inside paths.token_source",
+            ),
+            (
+                "[paths]\nmetrics_textfile = \"/run/vgpu-license-agent/status.json\"\n",
+                "paths.status_file and paths.metrics_textfile",
+                "same file",
+            ),
+        ] {
+            let mut s = Settings::default();
+            let e = s.apply_toml(text).unwrap_err();
+            assert!(e.contains(key) && e.contains(clash), "{text}: {e}");
+            assert_eq!(s, Settings::default(), "a refused fragment changes nothing");
+        }
+    }
+
+    /// An existing file at an output path that is not what the agent writes there is never
+    /// overwritten, and a metrics socket path is replaced only if it is a socket.
+    #[test]
+    fn an_existing_file_that_is_not_the_agents_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = Settings::default();
+        s.paths.status_file = d.path().join("status.json");
+        s.paths.metrics_textfile = d.path().join("m.prom");
+        s.check_outputs_on_disk().unwrap();
+        std::fs::write(&s.paths.status_file, "operator's notes\n").unwrap();
+        let e = s.check_outputs_on_disk().unwrap_err();
+        assert!(
+            e.contains("paths.status_file") && e.contains("not the agent's"),
+            "{e}"
+        );
+        std::fs::write(
+            &s.paths.status_file,
+            format!("{{\"schema\": \"{}\"}}", crate::report::SCHEMA),
+        )
+        .unwrap();
+        s.check_outputs_on_disk().unwrap();
+        s.service.metrics_socket = Some(d.path().join("notes.txt"));
+        std::fs::write(d.path().join("notes.txt"), "keep").unwrap();
+        let e = s.check_outputs_on_disk().unwrap_err();
+        assert!(
+            e.contains("service.metrics_socket") && e.contains("not a socket"),
+            "{e}"
         );
     }
 }

@@ -308,7 +308,8 @@ const INSTALL_FIX: &str = "generate a client configuration token on the DLS (Ser
 fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) -> Vec<Check> {
     let ts = live::token_state(settings, now);
     let path = crate::text::show_path(&ts.path).to_string();
-    let main = match &ts.token {
+    let judged = live::token_at(&ts.token, now);
+    let main = match &judged {
         Ok(t) => {
             let n = t.nodes.len();
             let until = t
@@ -379,33 +380,128 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
         )),
     };
     let dir = crate::text::show_path(&settings.paths.token_dir);
-    let strays = if !settings.paths.token_dir.is_dir() {
-        check("token-dir", Status::Skip, format!("no directory {dir}"))
-    } else if ts.strays.is_empty() {
-        check("token-dir", Status::Ok, format!("only the token in {dir}"))
-    } else {
-        let names: Vec<String> = ts
-            .strays
-            .iter()
-            .map(|p| {
-                p.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| crate::text::show_path(p).to_string())
-            })
-            .collect();
-        check(
+    let strays = token_dir_check(settings, &ts, &dir);
+    let owner = token_owner_check(&ts, &dir);
+    let mut checks = vec![main, mode, strays];
+    checks.extend(owner);
+    checks
+}
+
+/// What else the token directory holds: strays are a problem until they are moved aside (a
+/// non-token file makes gridd fail to decode and exit), a directory that is not a token
+/// directory is refused.
+fn token_dir_check(settings: &Settings, ts: &live::TokenState, dir: &str) -> Check {
+    let Some(listing) = &ts.listing else {
+        return check(
+            "token-dir",
+            Status::Fail,
+            match &ts.token {
+                Err(TokenProblem::Unreadable(why)) => why.clone(),
+                _ => format!("{dir} cannot be read"),
+            },
+        )
+        .fix(format!(
+            "make {dir} a real directory owned by root (mode 0755), or set paths.token_dir"
+        ));
+    };
+    if !listing.exists {
+        return check("token-dir", Status::Skip, format!("no directory {dir}"));
+    }
+    if let Some(why) = &listing.refusal {
+        return check("token-dir", Status::Fail, why.clone()).fix(format!(
+            "point paths.token_dir at the directory gridd reads, or move what is not a token out of {dir}"
+        ));
+    }
+    let moved = format!(
+        "move them out of {dir} (the running service moves strays to {}/replaced/ at its next look; `vgpu-license-agent install --token-file FILE` does too)",
+        crate::text::show_path(&settings.paths.state_dir)
+    );
+    let not_tokens: Vec<_> = listing
+        .strays
+        .iter()
+        .filter(|s| s.kind != crate::token_dir::StrayKind::OldToken)
+        .collect();
+    if !not_tokens.is_empty() {
+        let what = if listing.has_gridd_conf() {
+            "nvidia-gridd reads every file there and exits on a gridd.conf (its place is /etc/nvidia/gridd.conf)"
+        } else {
+            "nvidia-gridd reads every file there and may fail to decode them and exit"
+        };
+        return check(
+            "token-dir",
+            Status::Fail,
+            format!("{dir} also holds {}: {what}", listing.stray_names()),
+        )
+        .fix(moved);
+    }
+    if !listing.strays.is_empty() {
+        return check(
             "token-dir",
             Status::Warn,
             format!(
-                "{dir} also holds {}: nvidia-gridd may read them and fail to decode",
-                names.join(", ")
+                "{dir} also holds old tokens ({}): which one nvidia-gridd uses is not known",
+                listing.stray_names()
             ),
         )
+        .fix(moved);
+    }
+    match &listing.token {
+        Some(_) => check("token-dir", Status::Ok, format!("only the token in {dir}")),
+        None => check("token-dir", Status::Ok, format!("{dir} is empty")),
+    }
+}
+
+/// The token directory and the token must be root's and writable by root alone: anyone else
+/// who can write there can replace the token gridd reads.
+fn token_owner_check(ts: &live::TokenState, dir: &str) -> Option<Check> {
+    let listing = ts.listing.as_ref().filter(|l| l.exists)?;
+    let mut wrong = Vec::new();
+    let me = nix::unistd::geteuid().as_raw();
+    if let (Some(uid), Some(mode)) = (listing.uid, listing.mode) {
+        if uid != 0 && uid != me {
+            wrong.push(format!("{dir} is owned by uid {uid}"));
+        }
+        if mode & 0o022 != 0 {
+            wrong.push(format!("{dir} is writable by others (mode {mode:04o})"));
+        }
+    }
+    if let Some(t) = &listing.token {
+        if t.uid != 0 && t.uid != me {
+            wrong.push(format!(
+                "the token {} is owned by uid {}",
+                crate::text::show_path(&t.path),
+                t.uid
+            ));
+        }
+        if t.mode & 0o022 != 0 {
+            wrong.push(format!(
+                "the token {} is writable by others (mode {:04o})",
+                crate::text::show_path(&t.path),
+                t.mode
+            ));
+        }
+    }
+    Some(if wrong.is_empty() {
+        check(
+            "token-owner",
+            Status::Ok,
+            "the token and its directory are root's",
+        )
+    } else {
+        check(
+            "token-owner",
+            Status::Fail,
+            format!("{}: whoever owns them can replace the token", wrong.join("; ")),
+        )
         .fix(format!(
-            "move them out of {dir}: keep exactly one token file there"
+            "chown root:root {dir} {}; chmod 0755 {dir}; chmod 0744 the token (`vgpu-license-agent install` as root sets the modes, and refuses a directory owned by another user)",
+            listing
+                .token
+                .as_ref()
+                .map(|t| crate::text::show_path(&t.path))
+                .unwrap_or_default()
         ))
-    };
-    vec![main, mode, strays]
+    })
 }
 
 fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode) -> Check {

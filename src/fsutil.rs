@@ -530,3 +530,170 @@ mod tests {
         assert!(!create_dir_mode(&p, 0o755).unwrap());
     }
 }
+
+/// A stray larger than this is never copied across file systems: no token or gridd.conf is
+/// that large, and copying a stray of any size could fill the state file system.
+pub const MAX_STRAY_COPY_BYTES: u64 = 1 << 20;
+
+/// A stray that would have to be copied across file systems, and is not copied: larger than
+/// any file that belongs in the token directory (`Some(size)`), or a FIFO or socket (`None`).
+#[derive(Debug)]
+pub struct NotCopied {
+    pub path: PathBuf,
+    pub size: Option<u64>,
+}
+
+impl std::fmt::Display for NotCopied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = crate::text::show_path(&self.path);
+        match self.size {
+            Some(size) => write!(
+                f,
+                "{shown} is {size} bytes, larger than any token or gridd.conf, and the state directory is on another file system, so moving it aside would copy it: move or remove it yourself (rm {shown})"
+            ),
+            None => write!(
+                f,
+                "{shown} is a FIFO or socket, which cannot be moved to the state directory on another file system: remove it (rm {shown})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for NotCopied {}
+
+/// Opens a directory without following a symlink at its last component.
+pub fn open_dir_no_follow(dir: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(dir)
+}
+
+/// Changes a directory's mode through a descriptor of it (never through a symlink).
+pub fn chmod_dir_no_follow(dir: &Path, mode: u32) -> io::Result<()> {
+    open_dir_no_follow(dir)?.set_permissions(fs::Permissions::from_mode(mode))
+}
+
+/// Changes a file's mode through a descriptor opened without following links or blocking,
+/// and only if it is a regular file (and, when given, still the inode that was checked).
+pub fn chmod_checked(path: &Path, mode: u32, ino: Option<u64>) -> io::Result<()> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(
+            nix::libc::O_NOFOLLOW
+                | nix::libc::O_NONBLOCK
+                | nix::libc::O_CLOEXEC
+                | nix::libc::O_NOCTTY,
+        )
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.is_file() || ino.is_some_and(|i| i != m.ino()) {
+        return Err(io::Error::other(
+            "it was replaced by something else since it was checked",
+        ));
+    }
+    f.set_permissions(fs::Permissions::from_mode(mode))
+}
+
+/// Writes a new file `name` in the directory open as `dir` (created exclusively, never
+/// through a link), synced.
+pub fn write_new_in(dir: &File, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let fd = nix::fcntl::openat(
+        dir.as_fd(),
+        name,
+        nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_EXCL
+            | nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(mode as nix::libc::mode_t),
+    )?;
+    let mut f = File::from(fd);
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Moves `from` (an entry of the directory open as `from_dir`) to `to` (in the directory open
+/// as `to_dir`) by a rename relative to both descriptors. Across file systems a regular file
+/// or a link is copied and then removed, but a file larger than [`MAX_STRAY_COPY_BYTES`] is
+/// refused ([`NotCopied`]) and anything else is never copied.
+pub fn move_out(from_dir: &File, from: &Path, to_dir: &File, to: &Path) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let (Some(src), Some(dst)) = (from.file_name(), to.file_name()) else {
+        return Err(io::Error::other("not a file name"));
+    };
+    let renamed = if fault("exdev") {
+        Err(nix::errno::Errno::EXDEV)
+    } else {
+        nix::fcntl::renameat(from_dir.as_fd(), src, to_dir.as_fd(), dst)
+    };
+    match renamed {
+        Ok(()) => return Ok(()),
+        Err(nix::errno::Errno::EXDEV) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let st = nix::sys::stat::fstatat(
+        from_dir.as_fd(),
+        src,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )?;
+    let kind = st.st_mode & nix::libc::S_IFMT;
+    if kind == nix::libc::S_IFLNK {
+        let target = nix::fcntl::readlinkat(from_dir.as_fd(), src)?;
+        nix::unistd::symlinkat(target.as_os_str(), to_dir.as_fd(), dst)?;
+    } else if kind == nix::libc::S_IFREG {
+        if st.st_size as u64 > MAX_STRAY_COPY_BYTES {
+            return Err(io::Error::other(NotCopied {
+                path: from.to_path_buf(),
+                size: Some(st.st_size as u64),
+            }));
+        }
+        let fd = nix::fcntl::openat(
+            from_dir.as_fd(),
+            src,
+            nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_NOFOLLOW
+                | nix::fcntl::OFlag::O_NONBLOCK
+                | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        let file = File::from(fd);
+        let m = file.metadata()?;
+        if !m.is_file() || m.ino() != st.st_ino {
+            return Err(io::Error::other(
+                "it was replaced by something else while it was being moved",
+            ));
+        }
+        let bytes = crate::input::read_capped(file, MAX_STRAY_COPY_BYTES as usize)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let written = if fault("copy-enospc") {
+            // Half a copy, then a full disk.
+            let _ = write_new_in(
+                to_dir,
+                &dst.to_string_lossy(),
+                &bytes[..bytes.len() / 2],
+                0o600,
+            );
+            Err(io::Error::from_raw_os_error(nix::libc::ENOSPC))
+        } else {
+            write_new_in(to_dir, &dst.to_string_lossy(), &bytes, m.mode() & 0o7777)
+        };
+        if let Err(e) = written {
+            let _ =
+                nix::unistd::unlinkat(to_dir.as_fd(), dst, nix::unistd::UnlinkatFlags::NoRemoveDir);
+            return Err(e);
+        }
+    } else {
+        return Err(io::Error::other(NotCopied {
+            path: from.to_path_buf(),
+            size: None,
+        }));
+    }
+    nix::unistd::unlinkat(
+        from_dir.as_fd(),
+        src,
+        nix::unistd::UnlinkatFlags::NoRemoveDir,
+    )
+    .map_err(io::Error::from)
+}

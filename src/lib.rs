@@ -29,4 +29,5 @@ pub mod status;
 pub mod text;
 pub mod time;
 pub mod token;
+pub mod token_dir;
 pub mod token_inspect;

@@ -202,45 +202,49 @@ impl std::fmt::Display for TokenProblem {
     }
 }
 
-/// Looks at the installed token and its directory.
+/// Looks at the installed token and its directory. `now` only breaks ties between several
+/// tokens (one valid now is the token); the token's own validity is judged later, at each
+/// observation.
 pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
-    use std::os::unix::fs::PermissionsExt;
-    let path = settings.paths.token_path();
-    let strays = std::fs::read_dir(&settings.paths.token_dir)
-        .map(|rd| {
-            let mut v: Vec<PathBuf> = rd
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| *p != path)
-                .collect();
-            v.sort();
-            v
-        })
-        .unwrap_or_default();
-    let mode = std::fs::symlink_metadata(&path)
-        .ok()
-        .map(|m| m.permissions().mode() & 0o7777);
-    // Never blocks and never follows a link: a FIFO or a symlink planted as the token is
-    // reported, not read.
-    let token = match crate::input::read_file(&path, MAX_TOKEN_BYTES, crate::input::Links::Refuse) {
-        Err(e) if e.is_not_found() => Err(TokenProblem::Missing),
-        Err(crate::input::ReadError::TooLarge(_)) => Err(TokenProblem::Invalid(
-            crate::token::TokenError::TooLarge(MAX_TOKEN_BYTES + 1),
-        )),
-        Err(e) => Err(TokenProblem::Unreadable(e.to_string())),
-        Ok(bytes) => match Token::decode(&bytes) {
-            Err(e) => Err(TokenProblem::Invalid(e)),
-            Ok(t) => match t.validity(now) {
-                Validity::Valid => Ok(t),
-                Validity::Expired(at) => Err(TokenProblem::Expired(at)),
-                Validity::NotYetValid(at) => Err(TokenProblem::NotYetValid(at)),
-            },
-        },
+    let p = &settings.paths;
+    let listing = crate::token_dir::scan(&p.token_dir, &p.token_file, &p.gridd_conf, now);
+    let listing = match listing {
+        Ok(l) => l,
+        Err(e) => {
+            return TokenState {
+                path: p.token_path(),
+                token: Err(TokenProblem::Unreadable(format!(
+                    "the token directory {} {e}",
+                    crate::text::show_path(&p.token_dir)
+                ))),
+                mode: None,
+                uid: None,
+                listing: None,
+            };
+        }
+    };
+    let (path, token, mode, uid) = match &listing.token {
+        None => (p.token_path(), Err(TokenProblem::Missing), None, None),
+        Some(i) => {
+            let token = match &i.content {
+                crate::token_dir::Content::Token(t) => Ok(t.clone()),
+                crate::token_dir::Content::Invalid(TokenError::TooLarge(_)) => Err(
+                    TokenProblem::Invalid(TokenError::TooLarge(MAX_TOKEN_BYTES + 1)),
+                ),
+                crate::token_dir::Content::Invalid(e) => Err(TokenProblem::Invalid(e.clone())),
+                crate::token_dir::Content::Unreadable(e) => {
+                    Err(TokenProblem::Unreadable(e.clone()))
+                }
+            };
+            (i.path.clone(), token, Some(i.mode), Some(i.uid))
+        }
     };
     TokenState {
         path,
         token,
         mode,
-        strays,
+        uid,
+        listing: Some(listing),
     }
 }
 

@@ -490,6 +490,7 @@ fn restarted_for_the_token() -> Event {
         warnings: Vec::new(),
         restart: Restart::Done,
         restart_reason: Some("the token changed".into()),
+        kept_name: None,
         restart_command: "systemctl restart nvidia-gridd".into(),
     })))
 }

@@ -221,6 +221,7 @@ fn a_healthy_guest_passes_every_check() {
             "token",
             "token-mode",
             "token-dir",
+            "token-owner",
             "gridd.conf",
             "gridd",
             "dls-dns",
@@ -254,7 +255,7 @@ fn a_healthy_guest_passes_every_check() {
         "{out}"
     );
     assert!(
-        out.ends_with("14 checks: 14 ok, 0 warning, 0 failed, 0 skipped\n"),
+        out.ends_with("15 checks: 15 ok, 0 warning, 0 failed, 0 skipped\n"),
         "{out}"
     );
 
@@ -459,7 +460,18 @@ fn warnings_for_mode_strays_and_legacy_keys_exit_1() {
     )));
     let r = &g.root;
     fs::set_permissions(r.token_path(), fs::Permissions::from_mode(0o600)).unwrap();
-    r.file("etc/nvidia/ClientConfigToken/old.tok", b"x");
+    // An old token beside the token: which one gridd uses is not known.
+    let old = token_for("localhost", port, 1_600_000_000, 2_078_000_000);
+    r.file("etc/nvidia/ClientConfigToken/old.tok", &old);
+    // Older than the token: the newest valid one is the token.
+    let f = fs::File::options()
+        .write(true)
+        .open(r.path("etc/nvidia/ClientConfigToken/old.tok"))
+        .unwrap();
+    f.set_modified(
+        std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000),
+    )
+    .unwrap();
     r.file(
         "etc/nvidia/gridd.conf",
         b"FeatureType=1\nServerAddress=10.0.0.5\n",
@@ -474,7 +486,7 @@ fn warnings_for_mode_strays_and_legacy_keys_exit_1() {
     );
     let (status, msg) = line(&lines, "token-dir");
     assert_eq!(status, "WARN");
-    assert!(msg.contains("also holds old.tok"), "{msg}");
+    assert!(msg.contains("also holds old tokens (old.tok)"), "{msg}");
     let (status, msg) = line(&lines, "gridd.conf");
     assert_eq!(status, "WARN");
     assert!(
@@ -482,6 +494,55 @@ fn warnings_for_mode_strays_and_legacy_keys_exit_1() {
         "{msg}"
     );
     assert_eq!(line(&lines, "license").0, "OK", "{out}");
+}
+
+/// The classic mistake: a gridd.conf copied into the token directory. gridd reads every
+/// file there and exits on it, so it is a failure, with a fix that works.
+#[test]
+fn a_gridd_conf_in_the_token_directory_fails() {
+    let port = dls(0);
+    let g = Guest::new(Some(&token_for(
+        "localhost",
+        port,
+        1_700_000_000,
+        2_078_691_200,
+    )));
+    g.root.file(
+        "etc/nvidia/ClientConfigToken/gridd.conf",
+        b"FeatureType=1\n",
+    );
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "token-dir");
+    assert_eq!(status, "FAIL", "{out}");
+    assert!(
+        msg.contains("also holds gridd.conf") && msg.contains("exits"),
+        "{msg}"
+    );
+    assert!(msg.contains("-> move them out of"), "{msg}");
+    // The token itself is still the token.
+    assert_eq!(line(&lines, "token").0, "OK", "{out}");
+}
+
+/// A token saved under the DLS's download name is the installed token: no `token_missing`.
+#[test]
+fn a_token_under_the_download_name_is_the_token() {
+    let port = dls(0);
+    let g = Guest::new(None);
+    let tok = token_for("localhost", port, 1_700_000_000, 2_078_691_200);
+    let name = "etc/nvidia/ClientConfigToken/client_configuration_token_11-30-2026-10-00-00.tok";
+    g.root.file(name, &tok);
+    fs::set_permissions(g.root.path(name), fs::Permissions::from_mode(0o744)).unwrap();
+    let (_, lines, out) = g.human();
+    let (status, msg) = line(&lines, "token");
+    assert_eq!(status, "OK", "{out}");
+    assert!(
+        msg.contains("client_configuration_token_11-30-2026-10-00-00.tok: decodes"),
+        "{msg}"
+    );
+    assert_eq!(line(&lines, "token-dir").0, "OK", "{out}");
+    let (_, v) = g.json();
+    assert_ne!(v["failure"]["reason"], "token_missing", "{v}");
 }
 
 #[test]

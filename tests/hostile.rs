@@ -220,14 +220,14 @@ fn a_token_dir_that_is_not_the_agents_own_is_refused_not_cleaned() {
     let tok = root.file("in/t.tok", &valid_token("a"));
     let before = root_tree(&root);
     let r = root.run(&["install", "--token-file", tok.to_str().unwrap()]);
-    one_line_error(&r, 1, "holds what is not the agent's");
+    one_line_error(&r, 1, "is not a token directory");
     assert!(
         r.stderr.contains("gridd.conf") && r.stderr.contains("sub"),
         "{}",
         r.stderr
     );
     let r = root.run(&["prepare-image"]);
-    one_line_error(&r, 1, "holds what is not the agent's");
+    one_line_error(&r, 1, "is not a token directory");
     assert_eq!(root_tree(&root), before);
     assert_eq!(root.restarts(), 0);
 

@@ -1038,3 +1038,143 @@ fn a_guest_its_cloud_platform_licenses_is_not_given_a_token_unless_forced() {
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
     assert!(root.token_path().exists());
 }
+
+/// The DLS's download name, as NVIDIA's guide copies it into the token directory.
+const DOWNLOAD_NAME: &str = "client_configuration_token_11-30-2026-10-00-00.tok";
+
+/// A token saved under the DLS's download name is the installed token: installing the same
+/// token again changes nothing and keeps that name; a new one replaces it, and the old one is
+/// kept in `replaced/`, so exactly one token is left.
+#[test]
+fn a_token_under_any_name_is_the_installed_token() {
+    let root = Root::new();
+    let tok = valid_token("download");
+    fs::create_dir_all(root.token_dir()).unwrap();
+    let at = root.token_dir().join(DOWNLOAD_NAME);
+    fs::write(&at, &tok).unwrap();
+    fs::set_permissions(&at, fs::Permissions::from_mode(0o600)).unwrap();
+    let f = root.file("in/same.tok", &tok);
+    let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("it keeps that name"), "{}", r.stdout);
+    assert!(r.stdout.contains("mode 0600 -> 0744"), "{}", r.stdout);
+    assert_eq!(root.token_dir_names(), vec![DOWNLOAD_NAME]);
+    assert_eq!(mode(&at), 0o744);
+    // Idempotent: nothing more to change.
+    let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
+    assert!(r.stdout.contains("nothing to change"), "{}", r.stdout);
+
+    // A new token: the old one is moved aside, whatever its name; one token is left.
+    let new = valid_token("new");
+    let f = root.file("in/new.tok", &new);
+    let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert_eq!(
+        root.token_dir_names(),
+        vec!["client_configuration_token.tok"]
+    );
+    assert_eq!(fs::read(root.token_path()).unwrap(), new);
+    let replaced = root.state_dir().join("replaced");
+    let kept: Vec<Vec<u8>> = fs::read_dir(&replaced)
+        .unwrap()
+        .flat_map(|d| fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|e| fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(kept, vec![tok]);
+}
+
+/// A site's own name, without `.tok` (NREC drops `bgo-client-token-latest`): the token all
+/// the same, and `status` does not call it missing.
+#[test]
+fn a_token_without_tok_suffix_is_judged_not_missing() {
+    let root = Root::new();
+    fs::create_dir_all(root.token_dir()).unwrap();
+    let at = root.token_dir().join("bgo-client-token-latest");
+    fs::write(&at, valid_token("site")).unwrap();
+    let reason = |root: &Root| {
+        let r = root.run(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
+        v["failure"]["reason"].clone()
+    };
+    assert_ne!(reason(&root), "token_missing");
+    // The same directory without it: the token is missing.
+    fs::rename(&at, root.path("elsewhere")).unwrap();
+    assert_eq!(reason(&root), "token_missing");
+}
+
+/// The classic misplaced file: a gridd.conf (and an editor's backup) in the token directory.
+/// gridd exits on them; install moves them aside, nothing is lost.
+#[test]
+fn a_gridd_conf_in_the_token_directory_is_moved_aside() {
+    let (root, _) = installed_root();
+    fs::write(root.token_dir().join("gridd.conf"), b"FeatureType=1\n").unwrap();
+    fs::write(
+        root.token_dir().join("client_configuration_token.tok~"),
+        b"x",
+    )
+    .unwrap();
+    let f = root.file("in/new.tok", &valid_token("new"));
+    let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("gridd.conf to "), "{}", r.stdout);
+    assert_eq!(
+        root.token_dir_names(),
+        vec!["client_configuration_token.tok"]
+    );
+    let moved: Vec<String> = fs::read_dir(root.state_dir().join("replaced"))
+        .unwrap()
+        .flat_map(|d| fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(moved.contains(&"gridd.conf".to_string()), "{moved:?}");
+}
+
+/// A stray larger than any token, when moving it would copy it to another file system, is
+/// named and left where it is; nothing else changes.
+#[test]
+fn a_huge_stray_is_never_copied_across_file_systems() {
+    let (root, old) = installed_root();
+    let big = root.token_dir().join("backup.img");
+    let f = fs::File::create(&big).unwrap();
+    f.set_len(1 << 30).unwrap();
+    let tok = root.file("in/new.tok", &valid_token("new"));
+    let before = root.restarts();
+    let mut cmd = root.cmd(&["install", "--token-file", tok.to_str().unwrap()]);
+    cmd.env("VGPU_LICENSE_AGENT_FAULT", "exdev");
+    let r = root.finish(cmd.output().unwrap());
+    assert_eq!(r.code, Some(1), "{}", r.stdout);
+    let line = r.error_line();
+    assert!(
+        line.contains("backup.img") && line.contains("rm ") && line.contains("nothing was changed"),
+        "{line}"
+    );
+    assert_eq!(fs::metadata(&big).unwrap().len(), 1 << 30);
+    assert_eq!(fs::read(root.token_path()).unwrap(), old);
+    assert_eq!(root.restarts(), before);
+}
+
+/// A token directory owned by another user lets that user replace the token: install
+/// refuses it and changes nothing.
+#[test]
+fn a_token_directory_owned_by_another_user_is_refused() {
+    if !is_root() {
+        skipped("a_token_directory_owned_by_another_user_is_refused: needs root to chown");
+        return;
+    }
+    let (root, old) = installed_root();
+    nix::unistd::chown(
+        &root.token_dir(),
+        Some(nix::unistd::Uid::from_raw(65534)),
+        None,
+    )
+    .unwrap();
+    let f = root.file("in/new.tok", &valid_token("new"));
+    let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
+    assert_eq!(r.code, Some(1));
+    assert!(
+        r.error_line().contains("owned by uid 65534") && r.error_line().contains("chown root:root"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(fs::read(root.token_path()).unwrap(), old);
+}

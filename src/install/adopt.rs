@@ -4,8 +4,8 @@
 
 use super::*;
 
-/// Adopts a token that cloud-init (`write_files`) or an operator put at the token path
-/// itself: validates it, sets its mode to 0744 (directory 0755), moves the other files of the
+/// Adopts a token that cloud-init (`write_files`) or an operator put into the token directory,
+/// under any name ([`crate::token_dir`]; it keeps its name): validates it, sets its mode to 0744 (directory 0755), moves the other files of the
 /// token directory aside, sets FeatureType from the config, and restarts nvidia-gridd when
 /// any of that changed or the agent has not restarted gridd since this token appeared.
 ///
@@ -19,29 +19,22 @@ pub fn adopt_dropped_token(
     licensed: bool,
     retry_owed: bool,
 ) -> anyhow::Result<Outcome> {
-    let target = settings.paths.token_path();
-    let bytes = match fs::symlink_metadata(&target) {
-        Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
-        Ok(_) => input::read_file(&target, crate::token::MAX_TOKEN_BYTES, Links::Refuse).map_err(
-            |e| match e {
-                ReadError::TooLarge(_) => {
-                    TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1))
-                        .into()
-                }
-                e => anyhow!("cannot read the token {}: {e}", show_path(&target)),
-            },
-        )?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(NoToken(target).into());
-        }
-        Err(e) => {
+    // The token is whatever file gridd would read as one, under any name.
+    let listing = scan_token_dir(settings)?;
+    let Some(found) = listing.token else {
+        return Err(NoToken(settings.paths.token_dir.clone()).into());
+    };
+    match found.content {
+        crate::token_dir::Content::Token(_) => {}
+        crate::token_dir::Content::Invalid(e) => return Err(TokenRejected::Invalid(e).into()),
+        crate::token_dir::Content::Unreadable(why) => {
             return Err(anyhow!(
-                "cannot read the token {}: {e}",
-                crate::text::show_path(&target)
+                "cannot read the token {}: {why}",
+                show_path(&found.path)
             ));
         }
-    };
-    adopt_bytes(settings, &bytes, licensed, retry_owed, true)
+    }
+    adopt_bytes(settings, &found.bytes, licensed, retry_owed, true)
 }
 
 /// The service's adoption of a token's bytes (from the token directory or the source):
@@ -80,12 +73,10 @@ pub(super) fn adopt_bytes(
 pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::Result<Outcome> {
     if let Some(source) = &settings.paths.token_source {
         let bytes = read_source(source, &settings.paths.token_file)?;
-        let installed = input::read_file(
-            &settings.paths.token_path(),
-            crate::token::MAX_TOKEN_BYTES,
-            Links::Refuse,
-        )
-        .ok();
+        let installed = scan_token_dir(settings)
+            .ok()
+            .and_then(|l| l.token)
+            .map(|t| t.bytes);
         if installed.as_deref() != Some(bytes.as_slice()) {
             // A bad token is refused here, before anything changes: the installed one stays.
             // A new token: gridd must be restarted for it, license held or not.
@@ -157,7 +148,7 @@ impl std::fmt::Display for Superseded {
 
 impl std::error::Error for Superseded {}
 
-/// There is no token at the path.
+/// There is no token in the token directory.
 #[derive(Debug)]
 pub struct NoToken(pub PathBuf);
 
@@ -165,7 +156,7 @@ impl std::fmt::Display for NoToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "no client configuration token at {}; install one with vgpu-license-agent install",
+            "no client configuration token in {}; install one with vgpu-license-agent install",
             crate::text::show_path(&self.0)
         )
     }

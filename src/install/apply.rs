@@ -19,7 +19,7 @@ enum Undo {
 impl Undo {
     fn run(self) {
         let _ = match self {
-            Undo::Chmod(p, mode) => fs::set_permissions(&p, fs::Permissions::from_mode(mode)),
+            Undo::Chmod(p, mode) => fsutil::chmod_dir_no_follow(&p, mode),
             Undo::MoveBack(from, to) => fsutil::move_path(&from, &to),
             Undo::RemoveFile(p) => fs::remove_file(&p),
             Undo::RemoveDir(p) => fs::remove_dir(&p),
@@ -30,6 +30,7 @@ impl Undo {
 #[allow(clippy::too_many_arguments)]
 pub(super) fn apply(
     plan: &[Change],
+    previous: Option<&Previous>,
     token_bytes: &[u8],
     conf_bytes: &[u8],
     conf_mode: u32,
@@ -118,7 +119,16 @@ pub(super) fn apply(
             match change {
                 Change::CreateDir { .. } | Change::ChmodDir { .. } => {
                     if let Change::ChmodDir { path, from, to } = change {
-                        chmod(path, *to)?;
+                        fsutil::chmod_dir_no_follow(path, *to).map_err(|e| {
+                            io_err(
+                                format!(
+                                    "cannot change the mode of {}",
+                                    crate::text::show_path(path)
+                                ),
+                                e,
+                                "check the file system",
+                            )
+                        })?;
                         undo.push(Undo::Chmod(path.clone(), *from));
                     }
                     done.insert(0, change.clone());
@@ -150,6 +160,11 @@ pub(super) fn apply(
                 }
                 let into = fsutil::create_unique_dir(replaced_root, stamp, REPLACED_MODE)?;
                 undo.push(Undo::RemoveDir(into.clone()));
+                // Both directories are opened once, without following links, and every move
+                // is made relative to them: a directory swapped for a symlink after the check
+                // is never written through.
+                let into_fd = fsutil::open_dir_no_follow(&into)?;
+                let dir_fd = fsutil::open_dir_no_follow(dir)?;
                 for c in &aside {
                     match c {
                         Change::MoveStray { from, .. } => {
@@ -159,7 +174,7 @@ pub(super) fn apply(
                             {
                                 return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
                             }
-                            fsutil::move_path(from, &to)?;
+                            fsutil::move_out(&dir_fd, from, &into_fd, &to)?;
                             undo.push(Undo::MoveBack(to.clone(), from.clone()));
                             done.push(Change::MoveStray {
                                 from: from.clone(),
@@ -168,10 +183,12 @@ pub(super) fn apply(
                         }
                         Change::SavePrevious { from, .. } => {
                             let to = into.join(&paths.token_file);
-                            // Registered first: a copy that fails half way is removed too.
+                            // Registered first: a write that fails half way is removed too.
                             undo.push(Undo::RemoveFile(to.clone()));
-                            fs::copy(from, &to)?;
-                            fs::File::open(&to)?.sync_all()?;
+                            // The bytes that were read and checked, never a second read by
+                            // path (which a swapped link or FIFO would redirect or block).
+                            let bytes = previous.map(|p| p.bytes.as_slice()).unwrap_or_default();
+                            fsutil::write_new_in(&into_fd, &paths.token_file, bytes, 0o600)?;
                             done.push(Change::SavePrevious {
                                 from: from.clone(),
                                 to,
@@ -184,6 +201,12 @@ pub(super) fn apply(
                 fsutil::fsync_dir(dir)
             })();
             moved.map_err(|e| {
+                if let Some(big) = e
+                    .get_ref()
+                    .and_then(|i| i.downcast_ref::<fsutil::NotCopied>())
+                {
+                    return anyhow!("{big}; {}", nothing_changed());
+                }
                 io_err(
                     format!(
                         "cannot move the other files of {} aside into {}",
@@ -223,7 +246,14 @@ pub(super) fn apply(
     }
     for change in plan {
         if let Change::ChmodToken { path, to, .. } = change {
-            chmod(path, *to)?;
+            // On the file that was read: one swapped for a link meanwhile is not followed.
+            fsutil::chmod_checked(path, *to, previous.map(|p| p.ino)).map_err(|e| {
+                io_err(
+                    format!("cannot change the mode of {}", crate::text::show_path(path)),
+                    e,
+                    "check that it is still the token that was read, then run install again",
+                )
+            })?;
             done.push(change.clone());
         }
     }
@@ -239,14 +269,4 @@ pub(super) fn apply(
         }));
     }
     Ok(done)
-}
-
-fn chmod(path: &Path, mode: u32) -> anyhow::Result<()> {
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| {
-        io_err(
-            format!("cannot change the mode of {}", crate::text::show_path(path)),
-            e,
-            "check the file system",
-        )
-    })
 }

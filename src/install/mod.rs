@@ -19,7 +19,7 @@ use apply::apply;
 use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -216,6 +216,9 @@ pub struct Outcome {
     pub restart_reason: Option<String>,
     /// The restart command, as shown.
     pub restart_command: String,
+    /// The installed token, when it is in place under a name other than `paths.token_file`
+    /// (it keeps that name: gridd reads any file in the token directory).
+    pub kept_name: Option<PathBuf>,
 }
 
 impl Outcome {
@@ -228,6 +231,12 @@ impl Outcome {
     pub fn lines(&self) -> Vec<String> {
         let done = !self.dry_run;
         let mut out = vec![self.token_summary.clone()];
+        if let Some(p) = &self.kept_name {
+            out.push(format!(
+                "the token is {}: it keeps that name (nvidia-gridd reads any file in its directory)",
+                crate::text::show_path(p)
+            ));
+        }
         out.extend(self.changes.iter().map(|c| c.describe(done)));
         let reason = self.restart_reason.as_deref().unwrap_or("");
         match &self.restart {
@@ -384,10 +393,20 @@ fn io_err(what: String, e: io::Error, fix: &str) -> anyhow::Error {
 /// What is in place now.
 struct Current {
     dir_mode: Option<u32>,
-    token: Option<(Vec<u8>, u32)>,
-    strays: Vec<PathBuf>,
+    /// The installed token, whatever its name ([`crate::token_dir`]).
+    token: Option<Previous>,
+    strays: Vec<crate::token_dir::Stray>,
     temps: Vec<PathBuf>,
     conf: Option<(Vec<u8>, fs::Metadata)>,
+}
+
+/// The token in place before this install: where it is, its bytes as read, its mode and inode
+/// (a chmod goes to the file that was read, never to whatever the path names later).
+struct Previous {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    mode: u32,
+    ino: u64,
 }
 
 /// A gridd.conf larger than this is not one (the driver's template is about 2 KB).
@@ -416,75 +435,60 @@ fn refuse_symlink(path: &Path, what: &str) -> anyhow::Error {
 
 fn read_current(settings: &Settings) -> anyhow::Result<Current> {
     let dir = &settings.paths.token_dir;
-    let target = settings.paths.token_path();
     check_state_dir(settings)?;
-    let entries = token_dir_entries(settings)?;
-    let dir_mode = match fs::symlink_metadata(dir) {
-        Ok(m) if m.is_dir() => Some(fsutil::mode_of(&m)),
-        Ok(_) => {
-            return Err(anyhow!(
-                "the token directory {} is not a directory; move that file away and run install again; {}",
-                crate::text::show_path(dir),
-                nothing_changed()
-            ));
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(io_err(
-                format!(
-                    "cannot read the token directory {}",
-                    crate::text::show_path(dir)
-                ),
-                e,
-                "check it",
-            ));
-        }
-    };
-    let token = match fs::symlink_metadata(&target) {
-        Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(&target, "the token")),
-        Ok(m) if !m.is_file() => {
-            return Err(anyhow!(
-                "the token path {} is not a regular file; move it away and run install again; {}",
-                crate::text::show_path(&target),
-                nothing_changed()
-            ));
-        }
-        Ok(m) => {
-            let bytes = read_no_follow(&target, crate::token::MAX_TOKEN_BYTES).map_err(|e| {
-                io_err(
-                    format!(
-                        "cannot read the installed token {}",
-                        crate::text::show_path(&target)
-                    ),
-                    e,
-                    "check its permissions",
-                )
-            })?;
-            Some((bytes, fsutil::mode_of(&m)))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(io_err(
-                format!("cannot read {}", crate::text::show_path(&target)),
-                e,
-                "check the token directory",
-            ));
-        }
-    };
-    let mut strays = Vec::new();
-    let mut temps = Vec::new();
-    if dir_mode.is_some() {
-        for (name, path) in entries {
-            if name == settings.paths.token_file.as_str() {
-                continue;
-            }
-            if fsutil::is_temp_name(&name.to_string_lossy()) {
-                temps.push(path);
-            } else {
-                strays.push(path);
-            }
-        }
+    let listing = scan_token_dir(settings)?;
+    let dir_mode = listing.mode;
+    let me = nix::unistd::geteuid().as_raw();
+    if let Some(uid) = listing.uid.filter(|u| *u != 0 && *u != me) {
+        return Err(anyhow!(
+            "the token directory {} is owned by uid {uid}, who could replace the token gridd reads: make it root's (chown root:root {}) and run install again; {}",
+            show_path(dir),
+            show_path(dir),
+            nothing_changed()
+        ));
     }
+    let mut strays = listing.strays;
+    let mut temps = listing.temps;
+    let token = match listing.token {
+        None => None,
+        Some(t) => {
+            if let crate::token_dir::Content::Unreadable(why) = &t.content {
+                return Err(anyhow!(
+                    "cannot read the installed token {}: {why}; check its permissions; {}",
+                    show_path(&t.path),
+                    nothing_changed()
+                ));
+            }
+            if t.uid != 0 && t.uid != me {
+                return Err(anyhow!(
+                    "the token {} is owned by uid {}, who could rewrite it: make it root's (chown root:root {}) and run install again; {}",
+                    show_path(&t.path),
+                    t.uid,
+                    show_path(&t.path),
+                    nothing_changed()
+                ));
+            }
+            if t.bytes.is_empty() && !matches!(t.content, crate::token_dir::Content::Token(_)) {
+                // Too large to be a token, or empty: moved aside whole, never copied.
+                let meta = fs::symlink_metadata(&t.path).ok();
+                strays.push(crate::token_dir::Stray {
+                    size: meta.as_ref().map_or(0, |m| m.len()),
+                    dev: meta.as_ref().map_or(0, |m| m.dev()),
+                    path: t.path,
+                    name: t.name,
+                    kind: crate::token_dir::StrayKind::NotAToken,
+                });
+                None
+            } else {
+                Some(Previous {
+                    path: t.path,
+                    bytes: t.bytes,
+                    mode: t.mode,
+                    ino: t.ino,
+                })
+            }
+        }
+    };
     let conf_path = &settings.paths.gridd_conf;
     if let Some(name) = conf_path.file_name() {
         let prefix = fsutil::temp_prefix(&name.to_string_lossy());
@@ -568,14 +572,6 @@ fn lock_wait(settings: &Settings) -> Duration {
     settings.commands.timeout * 2 + Duration::from_secs(30)
 }
 
-/// Whether `name` (with metadata `m`, links not followed) belongs in the token directory:
-/// the token, a temporary file of ours, or another token (`*.tok`, anything but a
-/// directory), which install moves aside by a rename (never opening it: a FIFO planted there
-/// is moved, not read).
-pub fn expected_in_token_dir(token_file: &str, name: &str, m: &fs::Metadata) -> bool {
-    name == token_file || fsutil::is_temp_name(name) || (name.ends_with(".tok") && !m.is_dir())
-}
-
 /// Whether `name` belongs in the agent's state directory.
 pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
     use crate::identity::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
@@ -592,19 +588,41 @@ pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
         || fsutil::is_temp_name(name)
 }
 
-/// The token directory's entries, once it is known to be the agent's own.
+/// The token directory as [`crate::token_dir`] sees it, refused (with nothing changed) when it
+/// is not a token directory.
+pub fn scan_token_dir(settings: &Settings) -> anyhow::Result<crate::token_dir::Listing> {
+    let p = &settings.paths;
+    let listing = crate::token_dir::scan(&p.token_dir, &p.token_file, &p.gridd_conf, Utc::now())
+        .map_err(|e| {
+            anyhow!(
+                "the token directory {} (paths.token_dir) {e}; {}",
+                show_path(&p.token_dir),
+                nothing_changed()
+            )
+        })?;
+    if let Some(why) = &listing.refusal {
+        return Err(anyhow!("{why}; {}", nothing_changed()));
+    }
+    Ok(listing)
+}
+
+/// The token directory's entries (the token, strays, our temporary files), once it is known
+/// to be a token directory.
 pub fn token_dir_entries(settings: &Settings) -> anyhow::Result<Vec<(OsString, PathBuf)>> {
-    let dir = &settings.paths.token_dir;
-    fsutil::managed_entries(dir, |n, m| {
-        expected_in_token_dir(&settings.paths.token_file, n, m)
-    })
-    .map_err(|e| {
-        anyhow!(
-            "the token directory {} (paths.token_dir) {e}; {}",
-            show_path(dir),
-            nothing_changed()
+    let l = scan_token_dir(settings)?;
+    let mut out: Vec<(OsString, PathBuf)> = l
+        .token
+        .into_iter()
+        .map(|t| (t.name, t.path))
+        .chain(l.strays.into_iter().map(|s| (s.name, s.path)))
+        .chain(
+            l.temps
+                .into_iter()
+                .map(|p| (p.file_name().unwrap_or_default().to_os_string(), p)),
         )
-    })
+        .collect();
+    out.sort();
+    Ok(out)
 }
 
 /// Refuses a state directory that is not the agent's own.
@@ -675,7 +693,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     let paths = &settings.paths;
     let target = paths.token_path();
     let cur = read_current(settings)?;
-    if in_place && cur.token.as_ref().map(|(b, _)| b.as_slice()) != Some(bytes) {
+    if in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(bytes) {
         // Another install replaced (or removed) the token between the read and the lock:
         // writing the bytes read before would put the old token back over the new one.
         return Err(Superseded.into());
@@ -747,31 +765,43 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     }
     for s in &cur.strays {
         changes.push(Change::MoveStray {
-            from: s.clone(),
-            to: planned_dir.join(s.file_name().unwrap_or_default()),
+            from: s.path.clone(),
+            to: planned_dir.join(&s.name),
         });
     }
-    let write_token = cur.token.as_ref().is_none_or(|(old, _)| old != bytes);
+    let write_token = cur.token.as_ref().is_none_or(|p| p.bytes != bytes);
+    // The same token already in place under another name (the DLS's download name, a site's
+    // own) stays as it is: gridd reads any file there, and a config tool that writes that name
+    // again must find it unchanged, not see a second copy appear.
+    let mut kept_name = None;
     if write_token {
-        if cur.token.is_some() {
-            changes.push(Change::SavePrevious {
+        match &cur.token {
+            Some(prev) if prev.path == target => changes.push(Change::SavePrevious {
                 from: target.clone(),
                 to: planned_dir.join(&paths.token_file),
-            });
+            }),
+            Some(prev) => changes.push(Change::MoveStray {
+                from: prev.path.clone(),
+                to: planned_dir.join(prev.path.file_name().unwrap_or_default()),
+            }),
+            None => {}
         }
         changes.push(Change::WriteToken {
             path: target.clone(),
             bytes: bytes.len(),
             mode: TOKEN_MODE,
         });
-    } else if let Some((_, m)) = &cur.token
-        && *m != TOKEN_MODE
-    {
-        changes.push(Change::ChmodToken {
-            path: target.clone(),
-            from: *m,
-            to: TOKEN_MODE,
-        });
+    } else if let Some(prev) = &cur.token {
+        if prev.path != target {
+            kept_name = Some(prev.path.clone());
+        }
+        if prev.mode != TOKEN_MODE {
+            changes.push(Change::ChmodToken {
+                path: prev.path.clone(),
+                from: prev.mode,
+                to: TOKEN_MODE,
+            });
+        }
     }
     let write_conf = cur.conf.as_ref().is_none_or(|(old, _)| *old != new_conf);
     if write_conf {
@@ -804,6 +834,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         restart: Restart::NotNeeded,
         restart_reason: reason.clone(),
         restart_command,
+        kept_name,
     };
     if dry_run {
         outcome.restart = match (&reason, restart) {
@@ -816,6 +847,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
 
     outcome.changes = apply(
         &outcome.changes,
+        cur.token.as_ref(),
         bytes,
         &new_conf,
         conf_mode,

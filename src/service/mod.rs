@@ -33,6 +33,9 @@ use self::core::{AdoptError, Core, Effect, Event, HEARTBEAT, Now, Publication};
 /// Runs the service until SIGTERM or SIGINT.
 pub fn run(settings: Settings, config_path: &Path) -> anyhow::Result<ExitCode> {
     init_logging();
+    settings
+        .check_outputs_on_disk()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", crate::text::show_path(config_path)))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         // The blocking jobs (nvidia-smi, systemctl, probes) come every few seconds to
@@ -250,7 +253,11 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
                 shell.carry_out(core.settings(), effects);
             }
             _ = alarm.until(wake) => {}
-            _ = sighup.recv() => match Settings::load(&config_path) {
+            _ = sighup.recv() => match Settings::load(&config_path).and_then(|s| {
+                s.check_outputs_on_disk().map(|()| s).map_err(|message| {
+                    crate::config::ConfigError { file: config_path.clone(), message }
+                })
+            }) {
                 Ok(s) => {
                     info!("config reloaded from {}", crate::text::show_path(&config_path));
                     let effects = core.handle(Event::Reloaded(Box::new(s)), clock.now());

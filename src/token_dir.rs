@@ -1,0 +1,505 @@
+//! The token directory as nvidia-gridd reads it, and the one rule that says which file in it is
+//! the installed token.
+//!
+//! gridd reads whatever file is in `/etc/nvidia/ClientConfigToken`: the DLS's download name
+//! (`client_configuration_token_MM-DD-YYYY-HH-MM-SS.tok`), a site's own name
+//! (`bgo-client-token-latest`) and the standard `client_configuration_token.tok` are all the
+//! token. So the installed token is the regular file there that decodes as a token, whatever
+//! its name. With several, the rule is:
+//!
+//! 1. one that is valid now beats one that is expired or not yet valid;
+//! 2. then the one named `paths.token_file`;
+//! 3. then the newest (modification time), then the name, so the choice is stable.
+//!
+//! Every other entry is a stray: an old token, a misplaced gridd.conf, an editor's backup, a
+//! README. gridd may read a stray and exit on it, so `install` and the service move strays into
+//! `<state_dir>/replaced/` (nothing is lost). A directory that shows it is *not* a token
+//! directory is refused, never cleaned: it holds the configured gridd.conf, a subdirectory, a
+//! device node, or more than [`MAX_ENTRIES`] entries (`token_dir = "/etc/nvidia"` by mistake).
+//! A FIFO or a socket is moved aside by a rename, never opened; where that would take a copy
+//! (another file system), it is named with "remove it".
+//!
+//! Files are opened without following links and without blocking, and only regular files up
+//! to the token's size cap are read.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+
+use crate::input::{self, Links, ReadError};
+use crate::text::show_path;
+use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
+
+/// More entries than a token directory ever has: such a directory is some other directory.
+pub const MAX_ENTRIES: usize = 64;
+
+/// Stray names shown in a message; the rest are counted.
+const SHOWN: usize = 5;
+
+/// What a file that was read says.
+#[derive(Debug, Clone)]
+pub enum Content {
+    /// It decodes as a token (valid now or not: that is judged at each observation).
+    Token(Token),
+    /// It does not decode.
+    Invalid(TokenError),
+    /// It cannot be read (permissions, I/O): the reason.
+    Unreadable(String),
+}
+
+/// The installed token: the file gridd reads as the token.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    pub path: PathBuf,
+    pub name: OsString,
+    /// Its bytes, as read (empty when it could not be read).
+    pub bytes: Vec<u8>,
+    pub mode: u32,
+    pub uid: u32,
+    pub ino: u64,
+    pub content: Content,
+}
+
+impl Installed {
+    /// Whether it is under the configured standard name.
+    pub fn has_name(&self, token_file: &str) -> bool {
+        self.name == token_file
+    }
+}
+
+/// Why an entry is a stray.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrayKind {
+    /// Another file that decodes as a token.
+    OldToken,
+    /// A regular file that is no token (a gridd.conf, a backup, a README, a broken token).
+    NotAToken,
+    /// A symlink (moved as the link, never followed).
+    Link,
+    /// A FIFO or a socket (moved by a rename, never opened).
+    Special,
+}
+
+#[derive(Debug, Clone)]
+pub struct Stray {
+    pub path: PathBuf,
+    pub name: OsString,
+    pub kind: StrayKind,
+    /// Size in bytes (of the link itself for a link).
+    pub size: u64,
+    pub dev: u64,
+}
+
+/// The token directory as it is now.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub dir: PathBuf,
+    /// Whether the directory exists.
+    pub exists: bool,
+    /// Its mode and owner, when it exists.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub dev: Option<u64>,
+    pub token: Option<Installed>,
+    pub strays: Vec<Stray>,
+    /// Temporary files of an interrupted install of ours.
+    pub temps: Vec<PathBuf>,
+    /// Why this is not a token directory, when it is not: every change is refused.
+    pub refusal: Option<String>,
+}
+
+impl Listing {
+    /// The strays' names for a message: a few, and how many more.
+    pub fn stray_names(&self) -> String {
+        names(
+            self.strays
+                .iter()
+                .map(|s| s.name.to_string_lossy().into_owned()),
+        )
+    }
+
+    /// Whether a stray is a misplaced gridd.conf (gridd exits on it).
+    pub fn has_gridd_conf(&self) -> bool {
+        self.strays
+            .iter()
+            .any(|s| s.name.to_string_lossy().eq_ignore_ascii_case("gridd.conf"))
+    }
+}
+
+/// A few names, escaped, and a count of the rest.
+pub fn names(all: impl Iterator<Item = String>) -> String {
+    let all: Vec<String> = all.map(|n| crate::text::escape(&n).into_owned()).collect();
+    let mut list = all
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if all.len() > SHOWN {
+        list.push_str(&format!(" and {} more", all.len() - SHOWN));
+    }
+    list
+}
+
+/// Why the directory cannot be looked at at all.
+#[derive(Debug)]
+pub enum ScanError {
+    /// It is a symlink (to this).
+    Symlink(PathBuf),
+    /// It exists and is not a directory.
+    NotDir,
+    Io(io::Error),
+}
+
+impl std::fmt::Display for ScanError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScanError::Symlink(to) => write!(
+                f,
+                "is a symlink (to {}), and the agent never follows a symlink out of a directory it manages: make it a real directory, or point paths.token_dir at the real one",
+                show_path(to)
+            ),
+            ScanError::NotDir => f.write_str("is not a directory: move that file away"),
+            ScanError::Io(e) => write!(f, "cannot be read: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ScanError {}
+
+/// Looks at the token directory: which file is the token, what else is there, and whether
+/// it is a token directory at all. Changes nothing. `gridd_conf` is the configured gridd.conf
+/// (a directory that holds it is not a token directory); `now` decides rule 1.
+pub fn scan(
+    dir: &Path,
+    token_file: &str,
+    gridd_conf: &Path,
+    now: DateTime<Utc>,
+) -> Result<Listing, ScanError> {
+    let mut out = Listing {
+        dir: dir.to_path_buf(),
+        ..Listing::default()
+    };
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(ScanError::Symlink(fs::read_link(dir).unwrap_or_default()));
+        }
+        Ok(m) if !m.is_dir() => return Err(ScanError::NotDir),
+        Ok(m) => {
+            out.exists = true;
+            out.mode = Some(m.mode() & 0o7777);
+            out.uid = Some(m.uid());
+            out.dev = Some(m.dev());
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(ScanError::Io(e)),
+    }
+    let entries = crate::fsutil::list_dir(dir).map_err(ScanError::Io)?;
+    let mut wrong: Vec<String> = Vec::new();
+    let mut link_at_token: Option<String> = None;
+    // Too many entries: not a token directory, and not worth reading file by file.
+    let crowded = entries.len() > MAX_ENTRIES;
+    let conf_here = gridd_conf.parent() == Some(dir);
+    let mut candidates: Vec<(Installed, i64)> = Vec::new();
+    for (name, path) in entries {
+        let shown = name.to_string_lossy().into_owned();
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(ScanError::Io(e)),
+        };
+        let ft = meta.file_type();
+        if crate::fsutil::is_temp_name(&shown) && ft.is_file() {
+            out.temps.push(path);
+            continue;
+        }
+        if conf_here && Some(name.as_os_str()) == gridd_conf.file_name() {
+            wrong.push(format!("the configured gridd.conf {}", show_path(&path)));
+            continue;
+        }
+        if ft.is_dir() {
+            wrong.push(format!("the directory {}", crate::text::escape(&shown)));
+            continue;
+        }
+        if ft.is_block_device() || ft.is_char_device() {
+            wrong.push(format!("the device {}", crate::text::escape(&shown)));
+            continue;
+        }
+        if ft.is_symlink() && name == token_file {
+            // At the token's own path: refused, as every symlink the agent would write
+            // through (a link elsewhere in the directory is moved aside as a link).
+            let to = fs::read_link(&path)
+                .map(|t| format!(" (pointing to {})", show_path(&t)))
+                .unwrap_or_default();
+            link_at_token = Some(format!(
+                "the token {} is a symlink{to}; the agent never writes through a symlink: remove it (rm {}) and run install again",
+                show_path(&path),
+                show_path(&path)
+            ));
+            continue;
+        }
+        let stray = |kind| Stray {
+            path: path.clone(),
+            name: name.clone(),
+            kind,
+            size: meta.len(),
+            dev: meta.dev(),
+        };
+        if ft.is_symlink() {
+            out.strays.push(stray(StrayKind::Link));
+            continue;
+        }
+        if ft.is_fifo() || ft.is_socket() {
+            out.strays.push(stray(StrayKind::Special));
+            continue;
+        }
+        // A regular file: read it only if it may be a token.
+        let worth_reading = !crowded || name == token_file;
+        let content = if !worth_reading {
+            Content::Invalid(TokenError::TooLarge(0))
+        } else if meta.len() > MAX_TOKEN_BYTES as u64 {
+            Content::Invalid(TokenError::TooLarge(meta.len() as usize))
+        } else {
+            match input::open_regular(&path, Links::Refuse)
+                .and_then(|f| input::read_capped(f, MAX_TOKEN_BYTES))
+            {
+                Ok(bytes) => {
+                    let c = match Token::decode(&bytes) {
+                        Ok(t) => Content::Token(t),
+                        Err(e) => Content::Invalid(e),
+                    };
+                    candidates.push((installed(&path, &name, &meta, bytes, c), meta.mtime()));
+                    continue;
+                }
+                Err(ReadError::TooLarge(_)) => {
+                    Content::Invalid(TokenError::TooLarge(MAX_TOKEN_BYTES + 1))
+                }
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => Content::Unreadable(e.to_string()),
+            }
+        };
+        candidates.push((
+            installed(&path, &name, &meta, Vec::new(), content),
+            meta.mtime(),
+        ));
+    }
+    // The rule (see the module's doc).
+    let rank = |(i, mtime): &(Installed, i64)| {
+        let decodes = matches!(i.content, Content::Token(_));
+        let valid = matches!(&i.content, Content::Token(t) if t.validity(now) == Validity::Valid);
+        // A file that does not decode is the token only under a token's name: the standard
+        // one, or `*.tok`; a README is a stray, never "the token".
+        let token_named = i.name == token_file || i.name.to_string_lossy().ends_with(".tok");
+        (
+            decodes || token_named,
+            valid,
+            decodes,
+            i.name == token_file,
+            *mtime,
+            std::cmp::Reverse(i.name.clone()),
+        )
+    };
+    candidates.sort_by_key(|c| std::cmp::Reverse(rank(c)));
+    let mut candidates = candidates.into_iter();
+    if let Some(first) = candidates.next() {
+        let r = rank(&first);
+        let (chosen, _) = first;
+        if r.0 {
+            out.token = Some(chosen);
+        } else {
+            out.strays.push(as_stray(chosen, StrayKind::NotAToken));
+        }
+    }
+    for (other, _) in candidates {
+        let kind = match other.content {
+            Content::Token(_) => StrayKind::OldToken,
+            _ => StrayKind::NotAToken,
+        };
+        out.strays.push(as_stray(other, kind));
+    }
+    out.strays.sort_by(|a, b| a.name.cmp(&b.name));
+    let dir_shown = show_path(dir);
+    if crowded {
+        wrong.insert(
+            0,
+            format!("more entries than a token directory ever has (over {MAX_ENTRIES})"),
+        );
+    }
+    if !wrong.is_empty() {
+        out.refusal = Some(format!(
+            "the token directory {dir_shown} (paths.token_dir) is not a token directory: it holds {}; the agent changes nothing in it: point paths.token_dir at the directory gridd reads (/etc/nvidia/ClientConfigToken), or move those away",
+            names(wrong.into_iter())
+        ));
+    } else if let Some(why) = link_at_token {
+        out.refusal = Some(why);
+    }
+    Ok(out)
+}
+
+fn installed(
+    path: &Path,
+    name: &OsString,
+    meta: &fs::Metadata,
+    bytes: Vec<u8>,
+    content: Content,
+) -> Installed {
+    Installed {
+        path: path.to_path_buf(),
+        name: name.clone(),
+        bytes,
+        mode: meta.mode() & 0o7777,
+        uid: meta.uid(),
+        ino: meta.ino(),
+        content,
+    }
+}
+
+fn as_stray(i: Installed, kind: StrayKind) -> Stray {
+    let meta = fs::symlink_metadata(&i.path).ok();
+    Stray {
+        size: meta.as_ref().map_or(0, |m| m.len()),
+        dev: meta.as_ref().map_or(0, |m| m.dev()),
+        path: i.path,
+        name: i.name,
+        kind,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn token(exp_days: i64) -> String {
+        let now = Utc::now().timestamp();
+        crate::token::tests::make_token(&serde_json::json!({
+            "iat": now - 86400, "nbf": now - 86400, "exp": now + exp_days * 86400,
+            "service_instance_configuration": {
+                "node_url_list": [{"url": "dls.example.com", "svc_port_set_idx": 0}],
+                "svc_port_set_list": [{"svc_port_map": [
+                    {"service": "auth", "port": 443}, {"service": "lease", "port": 443}]}]
+            }
+        }))
+    }
+
+    fn scan_dir(dir: &Path) -> Listing {
+        scan(
+            dir,
+            "client_configuration_token.tok",
+            Path::new("/etc/nvidia/gridd.conf"),
+            Utc::now(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_token_under_any_name_is_the_token() {
+        for name in [
+            "client_configuration_token_11-30-2026-10-00-00.tok",
+            "bgo-client-token-latest",
+        ] {
+            let d = tempfile::tempdir().unwrap();
+            fs::write(d.path().join(name), token(30)).unwrap();
+            let l = scan_dir(d.path());
+            let t = l.token.expect("a token");
+            assert_eq!(t.name, name);
+            assert!(matches!(t.content, Content::Token(_)));
+            assert!(l.strays.is_empty());
+            assert!(l.refusal.is_none());
+        }
+    }
+
+    #[test]
+    fn the_rule_picks_valid_then_standard_name_then_newest() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("old.tok"), token(-1)).unwrap();
+        fs::write(d.path().join("client_configuration_token.tok"), token(30)).unwrap();
+        fs::write(d.path().join("newer.tok"), token(30)).unwrap();
+        let l = scan_dir(d.path());
+        assert_eq!(l.token.unwrap().name, "client_configuration_token.tok");
+        assert_eq!(l.strays.len(), 2);
+        assert!(l.strays.iter().all(|s| s.kind == StrayKind::OldToken));
+
+        // Without the standard name: the valid one, then the newest.
+        fs::remove_file(d.path().join("client_configuration_token.tok")).unwrap();
+        let f = fs::File::options()
+            .write(true)
+            .open(d.path().join("old.tok"))
+            .unwrap();
+        f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(scan_dir(d.path()).token.unwrap().name, "newer.tok");
+    }
+
+    #[test]
+    fn strays_are_named_and_a_readme_is_never_the_token() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("gridd.conf"), "FeatureType=1\n").unwrap();
+        fs::write(d.path().join("README"), "hello").unwrap();
+        let l = scan_dir(d.path());
+        assert!(l.token.is_none());
+        assert!(l.has_gridd_conf());
+        assert_eq!(l.stray_names(), "README, gridd.conf");
+        assert!(l.refusal.is_none(), "strays are moved, not refused");
+        // A broken file under the standard name is the (broken) token.
+        fs::write(d.path().join("client_configuration_token.tok"), "garbage").unwrap();
+        let l = scan_dir(d.path());
+        assert!(matches!(l.token.unwrap().content, Content::Invalid(_)));
+    }
+
+    #[test]
+    fn a_directory_that_is_not_a_token_directory_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir(d.path().join("sub")).unwrap();
+        let l = scan_dir(d.path());
+        assert!(l.refusal.unwrap().contains("not a token directory"));
+
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("gridd.conf"), "").unwrap();
+        let l = scan(
+            d.path(),
+            "client_configuration_token.tok",
+            &d.path().join("gridd.conf"),
+            Utc::now(),
+        )
+        .unwrap();
+        assert!(l.refusal.unwrap().contains("the configured gridd.conf"));
+
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..=MAX_ENTRIES {
+            fs::write(d.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let l = scan_dir(d.path());
+        let why = l.refusal.clone().unwrap();
+        assert!(why.contains("more entries"), "{why}");
+        assert!(
+            l.stray_names()
+                .ends_with(&format!("and {} more", MAX_ENTRIES + 1 - SHOWN))
+        );
+    }
+
+    #[test]
+    fn a_fifo_is_a_stray_never_opened() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("pipe.tok");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let l = scan_dir(d.path());
+        assert!(l.refusal.is_none());
+        assert!(l.token.is_none());
+        assert_eq!(l.stray_names(), "pipe.tok");
+    }
+
+    #[test]
+    fn an_unreadable_token_is_reported_not_skipped() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("client_configuration_token.tok");
+        fs::write(&p, token(30)).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o744)).unwrap();
+        let l = scan_dir(d.path());
+        assert_eq!(l.token.unwrap().mode, 0o744);
+    }
+}
