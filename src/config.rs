@@ -538,16 +538,9 @@ impl Settings {
                 shown_value(addr)
             ));
         }
-        if let Some(url) = &svc.webhook_url
-            && !(url.starts_with("https://")
-                || url.starts_with("http://127.0.0.1")
-                || url.starts_with("http://localhost"))
-        {
+        if let Some(url) = &svc.webhook_url {
             // The value is not shown: a webhook URL often carries its credentials.
-            return Err(
-                "service.webhook_url: expected an https:// URL (plain http only to localhost)"
-                    .into(),
-            );
+            crate::http::webhook_url(url)?;
         }
         if self.commands.timeout.is_zero() {
             return Err("commands.timeout_seconds: expected at least 1".into());

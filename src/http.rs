@@ -30,18 +30,58 @@ pub fn redact(url: &Url) -> String {
     shown
 }
 
+/// Whether `url` goes to this machine: its host, as parsed (not as written: `localhost@host`
+/// and `127.0.0.1.host` name `host`), is a loopback address (127.0.0.0/8, ::1) or exactly
+/// `localhost`.
 fn is_loopback(url: &Url) -> bool {
-    let host = url.host_str().unwrap_or("");
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(name)) => name == "localhost",
+        None => false,
+    }
 }
 
+/// The rule for every URL the agent sends to (`--token-url`, its redirects, the webhook):
+/// HTTPS, or plain HTTP only to the loopback (a local proxy or relay), judged by the URL's
+/// parsed host.
 pub fn allowed(url: &Url) -> bool {
     url.scheme() == "https" || (url.scheme() == "http" && is_loopback(url))
+}
+
+/// `service.webhook_url` judged by [`allowed`], at config load and before each POST: the
+/// report it carries names the guest. The message never shows the URL, which often holds
+/// credentials.
+pub fn webhook_url(url: &str) -> Result<Url, String> {
+    let parsed = Url::parse(url.trim())
+        .map_err(|_| "service.webhook_url is not a URL; give an https:// URL".to_string())?;
+    if !allowed(&parsed) {
+        return Err(
+            "service.webhook_url: expected an https:// URL (plain http only to a loopback address: 127.0.0.0/8, ::1 or localhost)"
+                .into(),
+        );
+    }
+    Ok(parsed)
+}
+
+/// Where `metrics_listen` asks to listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// `:PORT`: every address of the guest, as node_exporter's `:9100`.
+    Any(u16),
+    /// `ADDRESS:PORT` (`[ADDRESS]:PORT` for IPv6).
+    At(std::net::SocketAddr),
+}
+
+/// `metrics_listen`'s value, or `None` when it is neither `ADDRESS:PORT` nor `:PORT`.
+pub fn listen_address(value: &str) -> Option<Listen> {
+    match value.strip_prefix(':') {
+        Some(port) if port.bytes().all(|b| b.is_ascii_digit()) => {
+            port.parse().ok().map(Listen::Any)
+        }
+        Some(_) => None,
+        None => value.parse().ok().map(Listen::At),
+    }
 }
 
 /// An error and its causes on one line, with no URL in it.
@@ -132,7 +172,9 @@ pub fn block_on<F: Future>(fut: F) -> anyhow::Result<F::Output> {
 /// POSTs a JSON body (the service's webhook): HTTPS with the system's roots, verified, the
 /// whole exchange within `timeout`.
 pub async fn post_json(url: &str, body: Vec<u8>, timeout: Duration) -> anyhow::Result<()> {
-    let parsed = Url::parse(url).map_err(|_| anyhow!("webhook_url is not a URL"))?;
+    // Judged again here: a config loaded by an older agent, or edited under a running one,
+    // never sends the report in clear to another host.
+    let parsed = webhook_url(url).map_err(|e| anyhow!(e))?;
     let shown = redact(&parsed);
     let client = client(&parsed, None, timeout)?;
     let send = client
@@ -180,6 +222,73 @@ mod tests {
             .to_string()
     }
 
+    /// Plain HTTP goes to the loopback only, as the URL parses: a user name, a longer host
+    /// name or a subdomain that starts like a loopback address is another host.
+    #[test]
+    fn plain_http_is_judged_by_the_parsed_host() {
+        for url in [
+            "http://localhost@webhook.example.com/",
+            "http://127.0.0.1.webhook.example.com/",
+            "http://localhost.example.com/",
+            "http://127.0.0.1@10.0.0.5/",
+            "http://[::ffff:10.0.0.5]/",
+            "http://10.0.0.5/hook",
+            "ftp://localhost/x",
+            "localhost:80",
+        ] {
+            let e = webhook_url(url).unwrap_err();
+            assert!(e.starts_with("service.webhook_url"), "{url}: {e}");
+            assert!(!e.contains("example") && !e.contains("10.0.0.5"), "{e}");
+        }
+        for url in [
+            "http://127.0.0.1:9/",
+            "http://127.1.2.3/hook",
+            "http://localhost:8080/hook",
+            "http://LOCALHOST/hook",
+            "http://[::1]:9/",
+            "http://user:pw@127.0.0.1/hook",
+            "https://webhook.example.com/",
+            "https://localhost@webhook.example.com/",
+        ] {
+            assert!(webhook_url(url).is_ok(), "{url}");
+        }
+    }
+
+    /// Before each POST too: a URL that reached the service unjudged never goes out.
+    #[test]
+    fn a_plain_http_webhook_to_another_host_is_never_posted() {
+        for url in [
+            "http://localhost@webhook.example.com/",
+            "http://127.0.0.1.webhook.example.com/",
+            "http://localhost.example.com/",
+        ] {
+            let err = post(url);
+            assert!(
+                err.starts_with("service.webhook_url: expected an https:// URL"),
+                "{url}: {err}"
+            );
+        }
+        // The loopback is tried (nothing listens on the discard port here).
+        let err = post("http://127.0.0.1:9/");
+        assert!(err.starts_with("POST http://127.0.0.1:9/"), "{err}");
+    }
+
+    #[test]
+    fn a_listen_address_is_an_address_and_port_or_a_port_alone() {
+        assert_eq!(listen_address(":9841"), Some(Listen::Any(9841)));
+        assert_eq!(
+            listen_address("127.0.0.1:9841"),
+            Some(Listen::At("127.0.0.1:9841".parse().unwrap()))
+        );
+        assert_eq!(
+            listen_address("[::]:9841"),
+            Some(Listen::At("[::]:9841".parse().unwrap()))
+        );
+        for bad in [":", ":+1", ":65536", ": 9841", "9841", "localhost:9841", ""] {
+            assert_eq!(listen_address(bad), None, "{bad:?}");
+        }
+    }
+
     /// A webhook that fails, however it fails, is logged without its credentials or query.
     #[test]
     fn a_failed_webhook_never_shows_its_credentials() {
@@ -221,6 +330,9 @@ mod tests {
 
         // Not a URL at all: the text is not repeated.
         let err = post("hunter2 s3cr3t");
-        assert_eq!(err, "webhook_url is not a URL");
+        assert_eq!(
+            err,
+            "service.webhook_url is not a URL; give an https:// URL"
+        );
     }
 }
