@@ -531,10 +531,10 @@ impl Settings {
             );
         }
         if let Some(addr) = &svc.metrics_listen
-            && addr.parse::<std::net::SocketAddr>().is_err()
+            && crate::http::listen_address(addr).is_none()
         {
             return Err(format!(
-                "service.metrics_listen = {}: expected an address and port, e.g. \"127.0.0.1:9841\"",
+                "service.metrics_listen = {}: expected an address and port, e.g. \"127.0.0.1:9841\", or \":9841\" for every address",
                 shown_value(addr)
             ));
         }

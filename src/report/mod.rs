@@ -3,7 +3,6 @@
 
 use serde::{Deserialize, Serialize};
 
-pub mod http;
 pub mod human;
 pub mod message_ids;
 pub mod metrics;

@@ -7,6 +7,7 @@
 //! licensing logic.
 
 pub mod core;
+pub mod metrics_server;
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -512,46 +513,19 @@ fn watch_paths(
     Some(watcher)
 }
 
-/// Serves `GET /metrics` on the configured Unix socket and TCP address.
+/// Serves `GET /metrics` on the configured Unix socket and TCP address
+/// ([`metrics_server`]).
 async fn serve_metrics(
     settings: &Settings,
     metrics: watch::Receiver<String>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    if let Some(path) = &settings.service.metrics_socket {
-        let _ = std::fs::remove_file(path);
-        match tokio::net::UnixListener::bind(path) {
-            Ok(l) => {
-                let m = metrics.clone();
-                tasks.push(tokio::spawn(async move {
-                    while let Ok((conn, _)) = l.accept().await {
-                        tokio::spawn(answer(conn, m.borrow().clone()));
-                    }
-                }));
-            }
-            Err(e) => warn!("cannot listen on {}: {e}", crate::text::show_path(path)),
-        }
-    }
-    if let Some(addr) = &settings.service.metrics_listen {
-        match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => {
-                let m = metrics.clone();
-                tasks.push(tokio::spawn(async move {
-                    while let Ok((conn, _)) = l.accept().await {
-                        tokio::spawn(answer(conn, m.borrow().clone()));
-                    }
-                }));
-            }
-            Err(e) => warn!("cannot listen on {addr}: {e}"),
-        }
-    }
-    tasks
-}
-
-/// One HTTP exchange on a metrics connection (`report::http`: `GET /metrics`, text format or
-/// OpenMetrics as the client asks; bounded request, read deadline).
-async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(conn: S, body: String) {
-    crate::report::http::answer(conn, &body).await;
+    let svc = &settings.service;
+    metrics_server::serve(
+        svc.metrics_socket.as_deref(),
+        svc.metrics_listen.as_deref(),
+        metrics,
+    )
+    .await
 }
 
 /// Probes every DLS node of the token: the failure the probes show (if any) and the clock
