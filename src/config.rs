@@ -711,6 +711,29 @@ fn default_output(key: &str) -> &'static str {
     }
 }
 
+/// The files [`Settings::load`] reads for `main`, in its order (`main` where it exists, then
+/// the `config.d/*.toml` drop-ins by name), and the entries of `config.d/` it leaves out
+/// (any other name): what `config check` warns of and `config show` names as origins.
+pub fn config_files(main: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let mut read: Vec<PathBuf> = Vec::new();
+    if main.try_exists().unwrap_or(false) {
+        read.push(main.to_path_buf());
+    }
+    let dropins = main.parent().unwrap_or(Path::new(".")).join("config.d");
+    let (mut more, mut ignored): (Vec<PathBuf>, Vec<PathBuf>) = std::fs::read_dir(&dropins)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+        .into_iter()
+        .partition(|p| p.extension().is_some_and(|x| x == "toml"));
+    more.sort();
+    ignored.sort();
+    read.extend(more);
+    (read, ignored)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use vgpu_license_agent::cli::{Cli, Command, TokenCommand};
-use vgpu_license_agent::cli::{analyze, diagnose, install, prepare, status, token};
+use vgpu_license_agent::cli::{analyze, config, diagnose, install, prepare, status, token};
 use vgpu_license_agent::config::Settings;
 
 /// UNKNOWN in the monitoring-plugin convention: the check itself could not run.
@@ -34,10 +34,15 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the error and its causes, outermost first.
             let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            let line = vgpu_license_agent::cli::with_root_hint(
+                chain.join(": "),
+                vgpu_license_agent::cli::denied(&e),
+                nix::unistd::geteuid().is_root(),
+            );
             // Escaped: an error may quote a file name, a URL or a line from outside.
             eprintln!(
                 "vgpu-license-agent: error: {}",
-                vgpu_license_agent::text::escape(&chain.join(": "))
+                vgpu_license_agent::text::escape(&line)
             );
             ExitCode::from(if check { UNKNOWN } else { 1 })
         }
@@ -54,7 +59,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckIdentity(args) => {
             vgpu_license_agent::identity::run(&settings()?, &args.root).map(|()| ExitCode::SUCCESS)
         }
-        Command::Run => vgpu_license_agent::service::run(settings()?, &cli.config),
+        Command::Run(args) => {
+            vgpu_license_agent::service::run(settings()?, &cli.config, args.log_stderr)
+        }
+        Command::Config(command) => config::run(command, &cli.config),
         Command::Status(args) => status::run(args, &settings()?),
         Command::Diagnose(args) => diagnose::run(args, &settings()?),
     }

@@ -10,6 +10,9 @@ use crate::install::{Request, Restart, check_feature_type, install, nothing_chan
 
 /// `vgpu-license-agent install`.
 pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
+    if !args.dry_run {
+        needs_root(settings)?;
+    }
     let feature_type = args.feature_type.unwrap_or(settings.gridd.feature_type);
     check_feature_type(feature_type)?;
     let timeout = args
@@ -58,4 +61,39 @@ pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The first of the directories install writes that this user may not write, with its key.
+fn unwritable(settings: &Settings) -> Option<(&'static str, std::path::PathBuf)> {
+    use nix::unistd::{AccessFlags, access};
+    let p = &settings.paths;
+    let conf_dir = p.gridd_conf.parent().unwrap_or(std::path::Path::new("/"));
+    for (key, dir) in [
+        ("paths.state_dir", p.state_dir.as_path()),
+        ("paths.token_dir", p.token_dir.as_path()),
+        ("paths.gridd_conf", conf_dir),
+    ] {
+        // The directory, or the nearest one above it that exists: install creates the rest.
+        let existing = dir.ancestors().find(|d| d.exists())?;
+        if access(existing, AccessFlags::W_OK).is_err() {
+            return Some((key, existing.to_path_buf()));
+        }
+    }
+    None
+}
+
+/// Install as a user who cannot write its directories (not root, say) fails before it
+/// begins, saying the one thing that fixes it.
+fn needs_root(settings: &Settings) -> anyhow::Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    match unwritable(settings) {
+        Some((key, dir)) => Err(anyhow!(
+            "install writes {} ({key}), which this user may not: run as root (sudo); {}",
+            crate::text::show_path(&dir),
+            nothing_changed()
+        )),
+        None => Ok(()),
+    }
 }

@@ -6,8 +6,10 @@
 //! (see `examples/gen-docs.rs`) are generated from the very same definitions.
 
 pub mod analyze;
+pub mod config;
 pub mod diagnose;
 pub mod install;
+pub mod manual;
 pub mod prepare;
 pub mod status;
 pub mod token;
@@ -47,7 +49,7 @@ pub enum Command {
     /// something changed.
     Install(InstallArgs),
     /// Run the long-running service (systemd Type=notify).
-    Run,
+    Run(RunArgs),
     /// Show the current license state (from the live report, else observed now).
     Status(StatusArgs),
     /// Explain saved nvidia-smi output and/or nvidia-gridd logs, offline.
@@ -57,12 +59,32 @@ pub enum Command {
     /// Work with client configuration tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Check or show the agent's config (config.toml and its config.d drop-ins).
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Ready a golden image: remove the token and the agent's state so clones start clean.
     PrepareImage(PrepareImageArgs),
     /// At boot, before nvidia-gridd: compare this guest's identity (DMI product UUID,
     /// machine-id) with the last boot's; on a clone or a restored snapshot, move gridd's
     /// client state aside so that it registers as a client of its own.
     CheckIdentity(CheckIdentityArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate the config and every drop-in as the service does at start and at reload;
+    /// exit 1 with the error on any.
+    Check,
+    /// Print the merged config as TOML, each key with the file it comes from; secrets
+    /// redacted.
+    Show,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Log to standard error instead of the journal (the default when it is a terminal).
+    #[arg(long)]
+    pub log_stderr: bool,
 }
 
 #[derive(Debug, Args)]
@@ -110,6 +132,10 @@ pub struct StatusArgs {
     /// Wait up to SECONDS (at most 86400, a day) for a license; return as soon as licensed.
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub wait: Option<u64>,
+    /// With --wait: exit 0 once licensed (an expiring lease too), 1 when the wait ends
+    /// without a license, instead of the monitoring codes.
+    #[arg(long, requires = "wait")]
+    pub require_licensed: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -192,4 +218,47 @@ pub struct PrepareImageArgs {
     /// Say what would be stopped, removed and still found, change nothing.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+/// Whether a permission was denied somewhere in the error's causes (EACCES, EPERM), or its
+/// text says so.
+pub fn denied(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+            || c.to_string().contains("Permission denied")
+            || c.to_string().contains("Operation not permitted")
+    })
+}
+
+/// An error's line as a user who is not root reads it: a denied permission is what running
+/// as root fixes, and the line says so once (no "make it writable" for a system directory).
+pub fn with_root_hint(line: String, denied: bool, root: bool) -> String {
+    if root || !denied || line.contains("as root") {
+        return line;
+    }
+    format!("{line}; run as root (sudo)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_denied_permission_says_run_as_root_once_and_only_to_others_than_root() {
+        let e = anyhow::Error::new(std::io::Error::from_raw_os_error(13))
+            .context("cannot write /var/lib/vgpu-license-agent/identity.json");
+        assert!(denied(&e));
+        let line = "cannot write x: Permission denied (os error 13)".to_string();
+        assert_eq!(
+            with_root_hint(line.clone(), true, false),
+            format!("{line}; run as root (sudo)")
+        );
+        assert_eq!(with_root_hint(line.clone(), true, true), line);
+        assert_eq!(with_root_hint(line.clone(), false, false), line);
+        let said =
+            "install writes /etc (paths.token_dir), which this user may not: run as root (sudo)";
+        assert_eq!(with_root_hint(said.into(), true, false), said);
+        assert!(!denied(&anyhow::anyhow!("no such file")));
+    }
 }

@@ -1,5 +1,6 @@
 //! `status`: the current state, from the live report when the service runs, else observed on
-//! the spot; exit codes of a monitoring plugin; `--wait` until licensed.
+//! the spot; exit codes of a monitoring plugin; `--wait` until licensed (`--require-licensed`:
+//! 0 or 1, for `vgpu-license-agent-wait-licensed.service`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -12,10 +13,15 @@ use crate::status::{Source, current};
 /// The `status` command.
 pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
     let deadline = args.wait.map(|s| Instant::now() + Duration::from_secs(s));
+    // What ends the wait: a license, or (for --require-licensed, which gates workloads) a GPU
+    // that needs none.
+    let done = |state: State| {
+        state == State::Licensed || (args.require_licensed && state == State::NotLicensable)
+    };
     let (report, source) = loop {
         let (report, source) = current(settings);
         match deadline {
-            Some(d) if report.state != State::Licensed && Instant::now() < d => {
+            Some(d) if !done(report.state) && Instant::now() < d => {
                 std::thread::sleep(
                     Duration::from_secs(1).min(d.saturating_duration_since(Instant::now())),
                 );
@@ -34,7 +40,7 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
             Source::Observed => println!("The service is not running: observed now."),
         }
         print!("{}", crate::text::for_terminal(&human::render(&report)));
-        if args.wait.is_some() && report.state != State::Licensed {
+        if args.wait.is_some() && !done(report.state) {
             println!(
                 "Not licensed after waiting {} s{}",
                 args.wait.unwrap_or_default(),
@@ -45,6 +51,13 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
                     .unwrap_or_default()
             );
         }
+    }
+    if args.require_licensed {
+        return Ok(if done(report.state) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
     }
     // 0-3 whatever a status.json says: a monitoring system reads anything else as a crash.
     Ok(ExitCode::from(report.exit_code.min(3)))

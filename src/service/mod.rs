@@ -31,9 +31,9 @@ use crate::report::Finding;
 pub use self::core::status_line;
 use self::core::{AdoptError, Core, Effect, Event, HEARTBEAT, Now, Publication};
 
-/// Runs the service until SIGTERM or SIGINT.
-pub fn run(settings: Settings, config_path: &Path) -> anyhow::Result<ExitCode> {
-    init_logging();
+/// Runs the service until SIGTERM or SIGINT; logs to standard error with `log_stderr`.
+pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::Result<ExitCode> {
+    init_logging(log_stderr);
     settings
         .check_outputs_on_disk()
         .map_err(|e| anyhow::anyhow!("{}: {e}", crate::text::show_path(config_path)))?;
@@ -53,12 +53,17 @@ pub fn run(settings: Settings, config_path: &Path) -> anyhow::Result<ExitCode> {
     code
 }
 
-fn init_logging() {
+/// Logs go where the operator looks: to the journal under systemd, to standard error when
+/// it is a terminal (`run` started by hand) or with `--log-stderr`, and to standard error
+/// where there is no journald. Never both under systemd, whose standard error is the journal.
+fn init_logging(log_stderr: bool) {
+    use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
-    let journald = tracing_journald::layer()
-        .ok()
+    let journald = (!log_stderr)
+        .then(|| tracing_journald::layer().ok())
+        .flatten()
         .map(|l| l.with_field_prefix(None));
-    let stderr = journald.is_none().then(|| {
+    let stderr = (log_stderr || journald.is_none() || std::io::stderr().is_terminal()).then(|| {
         tracing_subscriber::fmt::layer()
             .with_ansi(false)
             .with_target(false)
@@ -386,7 +391,7 @@ async fn follow_journal(
             .args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn();
         let why = match child {
@@ -419,6 +424,25 @@ async fn follow_journal(
                 };
                 let _ = child.kill().await;
                 let _ = child.wait().await;
+                // A journal this user may not read never becomes readable by restarting.
+                let mut said = String::new();
+                if let Some(err) = child.stderr.take() {
+                    use tokio::io::AsyncReadExt;
+                    let _ = err.take(4096).read_to_string(&mut said).await;
+                }
+                if said.contains("insufficient permissions") {
+                    error!(
+                        "cannot read nvidia-gridd's journal ({}): {}; stopping",
+                        said.trim(),
+                        if nix::unistd::geteuid().is_root() {
+                            "give the service the systemd-journal group (SupplementaryGroups=)"
+                        } else {
+                            "run as root (sudo)"
+                        }
+                    );
+                    crate::command::kill_all();
+                    std::process::exit(1);
+                }
                 why
             }
         };
