@@ -1,4 +1,5 @@
-//! What the machine does to `vgpu-license-agent run`, end to end: journald restarted under it,
+//! What the machine does to `vgpu-license-agent run`, end to end: journald restarted under it
+//! (a journald of the test's own, in a mount namespace of its own: the machine's is left alone),
 //! nvidia-smi hanging on every call, the disk under status.json full, SIGTERM at random moments
 //! of heavy work, gridd crash-looping, the token directory pulled away, FIFOs planted in it.
 //! The real agent, journald and journalctl against the simulator of `tests/sim/`, as in
@@ -24,8 +25,9 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixDatagram;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -258,13 +260,29 @@ fn machine_processes(m: &Machine, name: &str) -> Vec<i32> {
 }
 
 // ---- journald ----
+//
+// The journald this scenario stops is one of its own, never the machine's: the scenario runs
+// on a thread of its own in a mount namespace of its own, where an empty tmpfs hides each
+// directory journald serves or writes (its sockets, the volatile and the persistent journal),
+// and a journald the test starts there serves the simulated gridd, the agent and the test's
+// own journalctl, all started from that thread. The machine's journald, if one runs, is
+// never signalled, and nothing logged there reaches the machine's journal (journald's own
+// messages included: to its standard error, not the kernel's log).
 
 const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
 const JOURNAL_DEV_LOG: &str = "/run/systemd/journal/dev-log";
-/// The lock `tests/common/sim.rs` takes to start journald: held while journald is down, so
-/// that a test starting meanwhile (in any test binary) waits instead of starting a second
-/// one.
-const JOURNALD_LOCK: &str = "/tmp/vgpu-license-agent-journald.lock";
+/// What journald serves and writes in: its sockets, the volatile and the persistent journal.
+const JOURNAL_DIRS: [&str; 3] = [
+    "/run/systemd/journal",
+    "/run/log/journal",
+    "/var/log/journal",
+];
+const CLONE_NEWNS: std::ffi::c_int = 0x0002_0000;
+
+unsafe extern "C" {
+    /// unshare(2), from the C library the test links anyway.
+    fn unshare(flags: std::ffi::c_int) -> std::ffi::c_int;
+}
 
 fn journald_answers() -> bool {
     Path::new(JOURNAL_DEV_LOG).exists()
@@ -282,124 +300,146 @@ fn journald_bin() -> Option<&'static str> {
     .find(|p| Path::new(p).exists())
 }
 
-/// The running (not zombie) journalds of this machine: not those of containers (a boot test
-/// in systemd-nspawn runs one of its own), which share the name but not the namespaces.
-fn journald_pids() -> Vec<i32> {
-    let ns = |pid: &str, which: &str| fs::read_link(format!("/proc/{pid}/ns/{which}")).ok();
-    let ours = (ns("self", "mnt"), ns("self", "pid"));
-    let mut pids = Vec::new();
-    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Ok(pid) = name.parse::<i32>() else {
-            continue;
+fn mount(args: &[&str], at: &Path) -> Result<(), String> {
+    let out = Command::new("mount")
+        .args(args)
+        .arg(at)
+        .output()
+        .map_err(|e| format!("cannot run mount: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mount {} {}: {}",
+            args.join(" "),
+            at.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// Puts the calling thread, and every process it starts from now on, in a mount namespace of
+/// its own whose mounts do not propagate to the machine's, with an empty tmpfs on each of
+/// [`JOURNAL_DIRS`]. `Err` says why it cannot (not root, no mount namespaces).
+fn private_journal_dirs() -> Result<(), String> {
+    // SAFETY: unshare(2) touches no memory of ours; CLONE_NEWNS (with the CLONE_FS it
+    // implies) changes the calling thread's file system context only, not its process's.
+    if unsafe { unshare(CLONE_NEWNS) } != 0 {
+        return Err(format!(
+            "unshare(CLONE_NEWNS): {} (needs root with CAP_SYS_ADMIN)",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // Before anything is mounted: a mount on a shared mount point would show on the machine.
+    mount(&["--make-rprivate"], Path::new("/"))?;
+    for dir in JOURNAL_DIRS {
+        shadow(Path::new(dir))?;
+    }
+    Ok(())
+}
+
+/// An empty tmpfs on `dir`; where `dir` does not exist, on its nearest existing parent, with
+/// `dir` made in it: nothing is made on the machine's own file systems.
+fn shadow(dir: &Path) -> Result<(), String> {
+    if dir.is_dir() {
+        return mount(&["-t", "tmpfs", "-o", "mode=0755", "tmpfs"], dir);
+    }
+    let parent = dir
+        .parent()
+        .ok_or_else(|| format!("{}: no parent to mount on", dir.display()))?;
+    shadow(parent)?;
+    fs::create_dir(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))
+}
+
+/// A journald of the test's own, started in the namespace of [`private_journal_dirs`] as a
+/// child of the thread that made it (which it does not outlive: its parent-death signal is
+/// SIGKILL), stopped when dropped.
+struct OwnJournald {
+    child: Option<Child>,
+    /// Its own log (standard error), for a failure message.
+    log: tempfile::NamedTempFile,
+}
+
+impl OwnJournald {
+    /// Starts it and waits up to 10 s for its socket to answer.
+    fn start() -> Result<OwnJournald, String> {
+        let bin = journald_bin().ok_or("systemd-journald is not installed")?;
+        let log = tempfile::NamedTempFile::new().map_err(|e| format!("a temporary file: {e}"))?;
+        let stderr = log.reopen().map_err(|e| format!("a temporary file: {e}"))?;
+        let mut cmd = Command::new(bin);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            // journald's own messages (started, stopped, a dirty file replaced) go to the
+            // kernel's log by default, which the machine's journald reads: to its stderr.
+            .env("SYSTEMD_LOG_TARGET", "console")
+            // Not a service of whichever systemd runs this test.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .process_group(0);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) only, between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {bin}: {e}"))?;
+        let mut j = OwnJournald {
+            child: Some(child),
+            log,
         };
-        // By its name (cut to 15 bytes): its executable may read "(deleted)" once the
-        // package was upgraded under it.
-        let is_journald = fs::read_to_string(e.path().join("comm"))
-            .is_ok_and(|c| c.trim_end() == "systemd-journal");
-        if is_journald && (ns(&name, "mnt"), ns(&name, "pid")) == ours && alive(pid) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
-fn alive(pid: i32) -> bool {
-    sim::proc_stat(pid).is_some_and(|(state, _, _)| state != 'Z' && state != 'X')
-}
-
-/// Starts journald as the one it replaces ran: in a session of its own, no output of ours
-/// held open, and not a child of this test (`setsid --fork`: init adopts it, and reaps it when
-/// a later restart kills it). Waits up to 10 s for its socket to answer.
-fn start_journald() -> Result<(), String> {
-    let bin = journald_bin().ok_or("systemd-journald is not installed")?;
-    let started = Command::new("setsid")
-        .arg("--fork")
-        .arg(bin)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run setsid (util-linux): {e}"))?;
-    if !started.success() {
-        return Err(format!("setsid --fork {bin}: {started}"));
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if journald_answers() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(format!(
-        "started {bin}, but nothing answers on {JOURNAL_SOCKET}"
-    ))
-}
-
-fn lock_journald() -> nix::fcntl::Flock<fs::File> {
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(JOURNALD_LOCK)
-        .unwrap();
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .unwrap()
-}
-
-/// Stops journald with `signal` (SIGTERM: a clean stop; SIGKILL: a crash, its journal file
-/// left dirty), starts it again and waits until it answers.
-fn restart_journald(signal: Signal) {
-    let _lock = lock_journald();
-    let old = journald_pids();
-    assert!(!old.is_empty(), "no journald runs");
-    for p in &old {
-        let _ = kill(Pid::from_raw(*p), signal);
-    }
-    let gone = |pids: &[i32]| pids.iter().all(|p| !alive(*p));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !gone(&old) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if !gone(&old) {
-        for p in &old {
-            let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
-        }
-        wait_for(
-            "the old journald to be gone",
-            Duration::from_secs(10),
-            || gone(&old).then_some(()),
-            String::new,
-        );
-    }
-    start_journald().unwrap_or_else(|e| panic!("journald: {e}"));
-}
-
-/// Makes sure, when dropped, that journald runs: a test that stopped it and failed half way
-/// must not leave the machine (and every later test) without one.
-struct JournaldGuard;
-
-impl Drop for JournaldGuard {
-    fn drop(&mut self) {
-        if journald_answers() {
-            return;
-        }
-        let _lock = lock_journald();
-        // One may be starting (or stopping) still: give it a moment before starting another.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && !journald_answers() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if !journald_answers() {
-            if journald_pids().is_empty() {
-                if let Err(e) = start_journald() {
-                    eprintln!("journald could not be started again: {e}");
-                }
-            } else {
-                eprintln!("journald runs but does not answer on {JOURNAL_SOCKET}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if journald_answers() {
+                return Ok(j);
             }
+            if let Some(status) = j.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return Err(format!("{bin} exited at start: {status}\n{}", j.said()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        Err(format!(
+            "started {bin}, but nothing answers on {JOURNAL_SOCKET}\n{}",
+            j.said()
+        ))
+    }
+
+    /// What it logged.
+    fn said(&self) -> String {
+        fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    /// Sends it `signal` and waits until it is gone (SIGKILL after 10 s).
+    fn stop(&mut self, signal: Signal) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = kill(Pid::from_raw(child.id() as i32), signal);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("journald did not stop within 10 s of {signal}: killed");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Stops it with `signal` (SIGTERM: a clean stop; SIGKILL: a crash, its journal file
+    /// left dirty), starts another and waits until it answers.
+    fn restart(&mut self, signal: Signal) {
+        self.stop(signal);
+        *self = OwnJournald::start().unwrap_or_else(|e| panic!("journald: {e}"));
+    }
+}
+
+impl Drop for OwnJournald {
+    fn drop(&mut self) {
+        self.stop(Signal::SIGTERM);
     }
 }
 
@@ -429,15 +469,37 @@ fn now_usec() -> u128 {
 
 /// journald stopped and started again under the running agent, cleanly and by a crash: what
 /// gridd logs once journald is back reaches status.json, and the agent's own lines reach the
-/// new journald.
+/// new journald. The journald stopped is the test's own (see "journald" above).
 #[test]
 fn scenario_journald_restarted_under_the_agent() {
-    // Declared first, dropped last: journald runs again whatever happens below.
-    let _journald = JournaldGuard;
+    // The other scenarios of this binary use the machine's journald (started where none runs):
+    // made sure of here, in the machine's namespace, before this one leaves it.
+    sim::ensure_journald();
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("scenario_journald_restarted_under_the_agent")
+        .to_string();
+    // A thread of its own: the namespace goes with it, whatever happens.
+    let scenario = std::thread::Builder::new()
+        .name(name)
+        .spawn(journald_restarted_under_the_agent)
+        .unwrap();
+    if let Err(panic) = scenario.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn journald_restarted_under_the_agent() {
+    if let Err(e) = private_journal_dirs() {
+        skipped(&format!("no journal of the test's own: {e}"));
+        return;
+    }
+    // Declared first, dropped last: stopped once the agent and the simulator are gone.
+    let mut journald = OwnJournald::start().unwrap_or_else(|e| panic!("journald: {e}"));
     let (m, a) = licensed(Setup::default());
     for signal in [Signal::SIGTERM, Signal::SIGKILL] {
         let before = follower(&a);
-        restart_journald(signal);
+        journald.restart(signal);
         let back = now_usec();
         let new = restart_gridd_by_hand(&m);
         a.wait_status(
