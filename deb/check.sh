@@ -21,7 +21,7 @@ cd "$ROOT" || exit 1
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 UNIT=packaging/$NAME.service
 # Every unit of the package runs as root: each is held to MAX_EXPOSURE.
-UNITS=("$UNIT" "packaging/$NAME-identity.service")
+UNITS=("$UNIT" "packaging/$NAME-identity.service" "packaging/$NAME-wait-licensed.service")
 # shellcheck source=packaging/portable.sh
 . packaging/portable.sh
 # shellcheck source=packaging/check-lib.sh
@@ -110,7 +110,7 @@ snapshot() {
 }
 
 check_installed() {
-	local rc=0 installed=/usr/lib/systemd/system/$NAME.service verify
+	local rc=0 installed=/usr/lib/systemd/system/$NAME.service verify unit doc
 	[ "$(dpkg-query -W -f='${Status}' "$NAME" 2>/dev/null)" = "install ok installed" ] || {
 		echo "not installed" >&2
 		return 1
@@ -124,7 +124,28 @@ check_installed() {
 		echo "$verify" >&2
 		rc=1
 	fi
+	for unit in "$NAME-wait-licensed.service" vgpu-licensed.target; do
+		verify=$(systemd-analyze verify "/usr/lib/systemd/system/$unit" 2>&1) || rc=1
+		if [ -n "$verify" ]; then
+			echo "systemd-analyze verify $unit:" >&2
+			echo "$verify" >&2
+			rc=1
+		fi
+	done
+	# Nothing of the default boot waits for the license: the target is static.
+	[ "$(systemctl is-enabled vgpu-licensed.target 2>&1)" = static ] || {
+		echo "vgpu-licensed.target is not static" >&2
+		rc=1
+	}
 	man -w "$NAME" || rc=1
+	man -w 8 "$NAME-run" || rc=1
+	man -w 5 "$NAME.toml" || rc=1
+	for doc in install.md fleet.md kubevirt.md vgpu-license-fleet.json user-data-write-files.yaml; do
+		[ -f "/usr/share/doc/$NAME/$doc" ] || {
+			echo "/usr/share/doc/$NAME/$doc is missing" >&2
+			rc=1
+		}
+	done
 	[ -e "/etc/systemd/system/multi-user.target.wants/$NAME.service" ] || {
 		echo "the unit is not enabled" >&2
 		rc=1

@@ -3,7 +3,9 @@
 # $CARGO_TARGET_DIR/dist/):
 #   vgpu-license-agent    the portable release binary: x86_64, glibc 2.17 or newer
 #                         (packaging/portable.sh), at most 6 MB
-#   man/*.8, completions/ the man pages and bash, zsh and fish completions
+#   man/*.8, man/*.5,     the man pages (the commands, the service, the config file:
+#   completions/          vgpu-license-agent.toml.5 from packaging/config.toml) and bash,
+#                         zsh and fish completions
 #
 #   bash packaging/build-release.sh      (needs: cargo, python3 with venv, binutils)
 #

@@ -69,6 +69,7 @@ declare -A DIRS=(
 	[zshcompdir]=$PREFIX/share/zsh/site-functions
 	[fishcompdir]=$PREFIX/share/fish/vendor_completions.d
 	[licensedir]=$PREFIX/share/licenses/$NAME
+	[docdir]=$PREFIX/share/doc/$NAME
 	[dist]=$DIST
 )
 for k in "${!OVERRIDE[@]}"; do
@@ -130,9 +131,20 @@ while read -r kind src dst mode; do
 	unit)
 		[ -f "$src" ] || die "$src is missing"
 		install -d "$DESTDIR${dst%/*}"
-		# The unit names the binary by its path: follow bindir.
-		sed "s#^ExecStart=/usr/bin/$NAME #ExecStart=${DIRS[bindir]}/$NAME #" "$src" >"$DESTDIR$dst"
+		# The unit names the binary by its path (ExecStart=, ExecReload=): follow bindir.
+		sed "s#^\(Exec[A-Za-z]*=\)/usr/bin/$NAME #\1${DIRS[bindir]}/$NAME #" "$src" >"$DESTDIR$dst"
 		chmod "$mode" "$DESTDIR$dst"
+		;;
+	doc)
+		# shellcheck disable=SC2206 # the source is a glob, expanded here on purpose
+		docs=($src)
+		[ -f "${docs[0]}" ] || die "no documents at $src"
+		install -d "$DESTDIR$dst"
+		for doc in "${docs[@]}"; do
+			install -m "$mode" "$doc" "$DESTDIR$dst/"
+			record doc "$mode" "$dst/${doc##*/}"
+		done
+		continue
 		;;
 	man)
 		# shellcheck disable=SC2206 # the source is a glob, expanded here on purpose

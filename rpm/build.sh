@@ -54,10 +54,11 @@ echo "==> staging"
 bash packaging/install.sh --destdir "$WORK/stage" --prefix /usr --dist "$DIST" \
 	--manifest "$WORK/manifest" >/dev/null
 # The install map's kinds as %files entries: the config is the admin's to edit, the
-# directories are the package's own, the license is marked as one.
+# directories are the package's own, the license and the documents are marked as such.
 awk '$1 == "config" { printf "%s", "%config(noreplace) " }
      $1 == "dir" { printf "%s", "%dir " }
      $1 == "license" { printf "%s", "%license " }
+     $1 == "doc" { printf "%s", "%doc " }
      { printf "%s\n", "%attr(" $2 ",root,root) " $3 }' "$WORK/manifest" >"$WORK/files"
 find "$WORK/stage" -exec touch --no-dereference --date="@$SOURCE_DATE_EPOCH" {} +
 

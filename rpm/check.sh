@@ -87,6 +87,22 @@ check_same_files_as_deb() {
 		cmp "$WORK/deb/$f" "$WORK/rpm/$f" || rc=1
 	done < <(listing "$WORK/rpm")
 	cmp "$WORK/deb/usr/share/zsh/vendor-completions/_$NAME" "$WORK/rpm/usr/share/zsh/site-functions/_$NAME" || rc=1
+	# The documents (docs, dashboard, cloud-init examples) are in both, the same bytes; the
+	# .deb's own changelog.gz and copyright are its alone.
+	diff -u <(cd "$WORK/deb/usr/share/doc/$NAME" && find . -type f ! -name changelog.gz ! -name copyright | LC_ALL=C sort) \
+		<(cd "$WORK/rpm/usr/share/doc/$NAME" && find . -type f | LC_ALL=C sort) || {
+		echo "the .deb (-) and the .rpm (+) do not hold the same documents" >&2
+		rc=1
+	}
+	for f in install.md fleet.md kubevirt.md; do
+		cmp "$WORK/deb/usr/share/doc/$NAME/$f" "$WORK/rpm/usr/share/doc/$NAME/$f" || rc=1
+	done
+	for f in "$NAME.toml.5.gz" "$NAME-run.8.gz"; do
+		[ -f "$WORK/rpm/usr/share/man/man${f: -4:1}/$f" ] || {
+			echo "no man page $f" >&2
+			rc=1
+		}
+	done
 	[ -f "$WORK/rpm/usr/share/licenses/$NAME/LICENSE" ] || {
 		echo "no license file" >&2
 		rc=1

@@ -103,7 +103,7 @@ pub fn config_page(config: &str, date: &str, source: &str) -> String {
             out.push_str(&roff(&item.text.join(" ")));
             out.push('\n');
             if let Some(e) = &item.example {
-                out.push_str(&format!("Unset by default. For example: {}\n", roff(e)));
+                out.push_str(&format!("For example: {}\n", roff(e)));
             }
         }
     }
@@ -191,7 +191,7 @@ mod tests {
             "{page}"
         );
         assert!(
-            page.contains("\\fBc\\fR\nOff by default.\nUnset by default. For example: \"x\"\n"),
+            page.contains("\\fBc\\fR\nOff by default.\nFor example: \"x\"\n"),
             "{page}"
         );
         assert!(!page.contains("header"), "{page}");
