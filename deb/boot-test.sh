@@ -448,6 +448,14 @@ sim_files() {
 		install -m 0755 "$SIM_EXAMPLES/sim-nvidia-smi" "$GUEST/usr/bin/nvidia-smi" &&
 		install -m 0755 "$SIM_EXAMPLES/sim-dls" "$GUEST/usr/local/bin/sim-dls" || return 1
 	mkdir -p "$GUEST$SIM_DIR_GUEST"
+	# The vGPU on the guest's PCI bus, as sysfs shows one (the container sees the host's bus,
+	# which has none): vendor 0x10de, a 3D controller, the nvidia driver bound.
+	local pci="$SIM_DIR_GUEST/pci"
+	mkdir -p "$GUEST$pci/devices/0000:02:01.0" "$GUEST$pci/drivers/nvidia" "$GUEST/etc/$NAME/config.d" &&
+		echo 0x10de >"$GUEST$pci/devices/0000:02:01.0/vendor" &&
+		echo 0x030200 >"$GUEST$pci/devices/0000:02:01.0/class" &&
+		ln -sfn "$pci/drivers/nvidia" "$GUEST$pci/devices/0000:02:01.0/driver" &&
+		printf '[paths]\npci_devices = "%s/devices"\n' "$pci" >"$GUEST/etc/$NAME/config.d/00-sim-pci.toml" || return 1
 	# A gridd that does not notice a new token by itself: only a restart gets it licensed.
 	echo '{"retry_seconds": 2.0, "pickup_new_token": false}' >"$GUEST$SIM_DIR_GUEST/sim.json"
 	echo '{"mode": "up", "skew_seconds": 0}' >"$GUEST$SIM_DIR_GUEST/dls.json"

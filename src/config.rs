@@ -34,6 +34,8 @@ pub struct Paths {
     /// A file, or a directory holding one token, that the service watches and installs from
     /// (a Kubernetes Secret shared into the guest, say).
     pub token_source: Option<PathBuf>,
+    /// sysfs's PCI devices: no NVIDIA device there is `no_gpu` (nothing to license).
+    pub pci_devices: PathBuf,
 }
 
 impl Paths {
@@ -108,6 +110,7 @@ impl Default for Settings {
                     "/var/lib/nvidia/vGPULicensing".into(),
                 ],
                 token_source: None,
+                pci_devices: "/sys/bus/pci/devices".into(),
             },
             commands: Commands {
                 nvidia_smi: "nvidia-smi".into(),
@@ -258,6 +261,7 @@ struct PathsFragment {
     metrics_textfile: Option<PathBuf>,
     gridd_client_state: Option<Vec<PathBuf>>,
     token_source: Option<PathBuf>,
+    pci_devices: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -402,7 +406,8 @@ impl Settings {
             status_file,
             metrics_textfile,
             gridd_client_state,
-            token_source
+            token_source,
+            pci_devices
         );
         let c = frag.commands;
         merge!(
@@ -558,6 +563,7 @@ impl Settings {
             ("paths.state_dir", &self.paths.state_dir),
             ("paths.status_file", &self.paths.status_file),
             ("paths.metrics_textfile", &self.paths.metrics_textfile),
+            ("paths.pci_devices", &self.paths.pci_devices),
         ] {
             if !p.is_absolute() {
                 return Err(format!(

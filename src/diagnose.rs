@@ -153,13 +153,37 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     );
     let empty = SmiSnapshot::default();
     let smi = obs.smi.as_ref().unwrap_or(&empty);
+    if smi.no_device {
+        // Nothing to license: no check below applies, and none fails.
+        let report = state::evaluate(obs);
+        return Diagnosis {
+            checks: vec![check(
+                "gpu",
+                Status::Ok,
+                format!(
+                    "no NVIDIA device on this guest's PCI bus ({}): nothing to license",
+                    crate::text::show_path(&settings.paths.pci_devices)
+                ),
+            )],
+            probes: Vec::new(),
+            report,
+        };
+    }
     let mut checks = vec![driver_check(smi)];
     checks.push(vgpu_check(smi));
-    checks.push(check(
-        "mode",
-        Status::Ok,
-        format!("licensing mode: {}", mode.describe()),
-    ));
+    checks.push(if mode == LicensingMode::Unknown {
+        check(
+            "mode",
+            Status::Skip,
+            format!("licensing mode: {}", mode.describe()),
+        )
+    } else {
+        check(
+            "mode",
+            Status::Ok,
+            format!("licensing mode: {}", mode.describe()),
+        )
+    });
     checks.extend(token_checks(settings, now, mode));
     checks.push(gridd_conf_check(settings, smi, mode));
     checks.push(gridd_check(settings));
@@ -221,8 +245,6 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     }
 }
 
-const DRIVER_FIX: &str = "install the NVIDIA vGPU (GRID) guest driver of the host's vGPU software release, then check that `nvidia-smi -q` lists the GPU";
-
 fn driver_check(smi: &SmiSnapshot) -> Check {
     if let Some(why) = smi.unanswered.as_ref().filter(|_| smi.gpus.is_empty()) {
         return check("driver", Status::Fail, format!("nvidia-smi did not answer: {why}")).fix(
@@ -230,16 +252,12 @@ fn driver_check(smi: &SmiSnapshot) -> Check {
         );
     }
     if smi.gpus.is_empty() {
-        let why = smi
-            .driver_error
-            .clone()
-            .unwrap_or_else(|| "nvidia-smi lists no GPU".into());
-        let fix = if smi.driver_error.is_some() {
-            DRIVER_FIX
-        } else {
-            "attach a vGPU to this VM (`lspci | grep -i nvidia` shows it) and load the guest driver"
+        return match &smi.driver_error {
+            Some(why) => check("driver", Status::Fail, why.clone()).fix(state::driver_advice(why)),
+            None => check("driver", Status::Fail, "nvidia-smi lists no GPU").fix(
+                "attach a vGPU to this VM (`lspci | grep -i nvidia` shows it) and load the guest driver",
+            ),
         };
-        return check("driver", Status::Fail, why).fix(fix);
     }
     let n = smi.gpus.len();
     let version = smi
@@ -608,6 +626,9 @@ fn gridd_check(settings: &Settings) -> Check {
     let unit = &settings.gridd.unit;
     match live::gridd_running(settings) {
         Some(Ok(())) => check("gridd", Status::Ok, format!("{unit} is active")),
+        Some(Err(why)) if crate::policy::unit_missing(&why) => {
+            check("gridd", Status::Fail, why).fix(state::GRIDD_MISSING_ADVICE)
+        }
         Some(Err(why)) => check("gridd", Status::Fail, why).fix(format!(
             "`systemctl enable --now {unit}`, then `journalctl -u {unit}` if it stops again"
         )),
@@ -772,6 +793,7 @@ fn license_check(report: &Report, checks: &[Check]) -> Check {
         State::Unlicensed => "unlicensed (full speed for now, throttled after the grace period)",
         State::Restricted => "unlicensed and restricted: the GPU is throttled",
         State::NotLicensable => "not licensable: no vGPU here needs a license",
+        State::NoGpu => "no NVIDIA GPU in this guest",
         State::NoDriver => "no driver answers",
         State::Unknown => "unknown: nvidia-smi and gridd's log do not tell",
     }

@@ -49,8 +49,27 @@ impl SmiRead {
     }
 }
 
-/// Runs `nvidia-smi -q` with the configured time limit.
+/// Runs `nvidia-smi -q` with the configured time limit, once the PCI bus shows an NVIDIA
+/// device: with none (a VM of the image without a vGPU) there is nothing to ask.
 pub fn read_smi(settings: &Settings) -> SmiRead {
+    let bus = crate::observe::pci::read(&settings.paths.pci_devices);
+    if bus.as_ref().is_some_and(|b| b.gpus.is_empty()) {
+        return SmiRead::Snapshot(SmiSnapshot {
+            no_device: true,
+            ..SmiSnapshot::default()
+        });
+    }
+    let read = read_smi_only(settings);
+    // nvidia-smi failing on a device the bus shows: say which device, and its driver.
+    match (read, bus) {
+        (SmiRead::Failed(why), Some(bus)) => {
+            SmiRead::Failed(format!("{why} (NVIDIA device {})", bus.describe()))
+        }
+        (read, _) => read,
+    }
+}
+
+fn read_smi_only(settings: &Settings) -> SmiRead {
     let argv = vec![settings.commands.nvidia_smi.clone(), "-q".to_string()];
     match command::run(&argv, settings.commands.timeout) {
         Err(e @ command::RunError::TimedOut(_)) => SmiRead::TimedOut(format!(
@@ -154,13 +173,25 @@ pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::shutdown::La
 /// The token directory as gridd sees it.
 #[derive(Debug)]
 pub struct TokenState {
+    /// The installed token's path: the file gridd reads as the token, whatever its name
+    /// ([`crate::token_dir`]); the standard path when there is none.
     pub path: PathBuf,
-    /// The token, or why there is none usable.
+    /// The token, or why there is none usable. A token that decodes is `Ok` whatever its
+    /// dates: its validity is judged at each observation ([`token_at`]).
     pub token: Result<Token, TokenProblem>,
     /// The file's mode, when it exists.
     pub mode: Option<u32>,
+    /// The file's owner, when it exists.
+    pub uid: Option<u32>,
+    /// The directory as scanned (`None` when it cannot be read at all).
+    pub listing: Option<crate::token_dir::Listing>,
+}
+
+impl TokenState {
     /// Other files in the token directory (gridd may read them and fail).
-    pub strays: Vec<PathBuf>,
+    pub fn strays(&self) -> &[crate::token_dir::Stray] {
+        self.listing.as_ref().map_or(&[], |l| l.strays.as_slice())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -263,10 +294,38 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
         "inactive" | "failed" | "deactivating" => {
             Some(Err(format!("{} is {state}", settings.gridd.unit)))
         }
+        // gridd started by hand, or by a driver container, runs without a unit.
+        "unknown" if gridd_process_runs() => Some(Ok(())),
         // "unknown" for a unit that does not exist, nothing when systemd is not running.
-        "unknown" => Some(Err(format!("{} is not installed", settings.gridd.unit))),
+        "unknown" => Some(Err(format!(
+            "{} {}",
+            settings.gridd.unit,
+            crate::policy::NOT_INSTALLED
+        ))),
         _ => None,
     }
+}
+
+/// Whether nvidia-gridd runs as a process: named `nvidia-gridd` (`/proc/*/comm`) and run from
+/// a program file of that name (`/proc/*/exe`, as its own mount namespace names it: a driver
+/// container's `/usr/bin/nvidia-gridd` too).
+pub fn gridd_process_runs() -> bool {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    rd.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .any(|e| {
+            std::fs::read(e.path().join("comm"))
+                .is_ok_and(|c| c.trim_ascii_end() == b"nvidia-gridd")
+                && std::fs::read_link(e.path().join("exe"))
+                    .is_ok_and(|x| x.file_name().is_some_and(|n| n == "nvidia-gridd"))
+        })
 }
 
 /// Runs the configured restart command with the configured time limit.

@@ -120,3 +120,12 @@ mod tests {
         assert!(!explains_exit(Reason::DlsUnreachable) && !explains_exit(Reason::Other));
     }
 }
+
+/// How a unit answer says that nvidia-gridd's unit does not exist.
+pub const NOT_INSTALLED: &str = "is not installed";
+
+/// Whether a unit answer says the unit does not exist: then it cannot be restarted
+/// (systemctl answers exit 5), and its fix is the driver that brings it.
+pub fn unit_missing(why: &str) -> bool {
+    why.ends_with(NOT_INSTALLED)
+}

@@ -62,7 +62,7 @@ impl Remedy {
     ) -> Decision {
         let gridd_down = reason == Some(Reason::GriddNotRunning);
         // A license held without gridd is lost at its expiry: gridd must run to renew it.
-        if matches!(state, State::NotLicensable | State::NoDriver)
+        if matches!(state, State::NotLicensable | State::NoGpu | State::NoDriver)
             || (state == State::Licensed && !gridd_down)
         {
             // Healthy (or nothing gridd can do): start over.
@@ -107,6 +107,17 @@ impl Remedy {
     pub fn may_restart(&mut self, cfg: &Service, now: f64) -> bool {
         self.restarts_last_hour(now) < cfg.restart_budget_per_hour as usize
             && now >= self.not_before
+    }
+
+    /// When (in the same seconds as `now`) the budget and the backoff next allow a restart.
+    pub fn next_allowed(&mut self, cfg: &Service, now: f64) -> f64 {
+        let budget = if self.restarts_last_hour(now) >= cfg.restart_budget_per_hour as usize {
+            // The oldest restart of the hour leaving it frees one.
+            self.restarts.front().map_or(now, |t| t + 3600.0)
+        } else {
+            now
+        };
+        budget.max(self.not_before)
     }
 
     /// A reloaded config: the restarts made so far still count against the budget, and the

@@ -296,6 +296,32 @@ pub fn advice(
     }
 }
 
+/// nvidia-gridd's unit does not exist: `systemctl enable --now` cannot work.
+pub const GRIDD_MISSING_ADVICE: &str = "nvidia-gridd's systemd unit is not installed: it comes with the NVIDIA vGPU (GRID) guest driver (the data-center driver has none; some builds ship the daemon without its unit): install the GRID guest driver, or add a unit running /usr/bin/nvidia-gridd; `vgpu-license-agent diagnose` shows what is there.";
+
+/// What to do when no driver answers, from what nvidia-smi (or the shell) said: the driver
+/// comes before the license, so this is the fix that matters first.
+pub fn driver_advice(why: &str) -> String {
+    let w = why.to_ascii_lowercase();
+    if w.contains("permission denied") {
+        "nvidia-smi could not be run or could not open the GPU's device files as this user: run the agent as root (`sudo vgpu-license-agent ...`)".into()
+    } else if w.contains("no such file") || w.contains("not found") {
+        "No NVIDIA driver is installed: install the NVIDIA vGPU (GRID) guest driver of the host's vGPU software release (it brings nvidia-smi and nvidia-gridd), then check that `nvidia-smi -q` lists the GPU; the license comes after the driver.".into()
+    } else if w.contains("version mismatch") {
+        "The NVIDIA kernel module and its user-space libraries are of different versions (a driver update without a reboot): reboot the guest, or reinstall one driver version; the license comes after the driver.".into()
+    } else if w.contains("(driver nvidia)") {
+        "The NVIDIA kernel module is loaded but nvidia-smi cannot use it: look for NVRM or Xid errors in `dmesg`, reboot after a driver update (the module and its libraries must be of one version), or reinstall the GRID guest driver; the license comes after the driver.".into()
+    } else if w.contains("failed to initialize nvml")
+        || w.contains("couldn't communicate")
+        || w.contains("has failed")
+        || w.contains("no driver bound")
+    {
+        "The NVIDIA kernel module is not loaded (often built for another kernel after a kernel update): check `dmesg | grep -i nvrm` and `dkms status`, rebuild or reinstall the GRID guest driver for the running kernel (`uname -r`) and reboot; the license comes after the driver.".into()
+    } else {
+        "No NVIDIA driver answers: check that the GRID guest driver is installed for the running kernel (`dkms status`, `dmesg | grep -i nvrm`) and that `nvidia-smi -q` lists the GPU; the license comes after the driver.".into()
+    }
+}
+
 /// The host of NVIDIA's Cloud License Service, as a CLS token names it.
 pub const CLS_HOST: &str = "api.cls.licensing.nvidia.com";
 
@@ -496,7 +522,11 @@ pub fn evaluate(obs: Observations) -> Report {
     let failure = match own_failure {
         Some((reason, message)) => Some(Failure {
             reason,
-            advice: advice(reason, dls_host.as_deref(), None, profile.as_deref()),
+            advice: if reason == Reason::GriddNotRunning && crate::policy::unit_missing(&message) {
+                GRIDD_MISSING_ADVICE.into()
+            } else {
+                advice(reason, dls_host.as_deref(), None, profile.as_deref())
+            },
             message,
             at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
         }),
@@ -525,6 +555,36 @@ pub fn evaluate(obs: Observations) -> Report {
                 message: f.message,
             }
         }),
+    };
+    // What blocks what: no device, then the driver, then gridd, the token and the DLS. Without
+    // a device there is nothing to fix; without a driver the driver is the fix, and what else
+    // was found is listed, not the headline.
+    let failure = match state {
+        State::NoGpu => {
+            notes.push("No NVIDIA device is on this guest's PCI bus (vendor 0x10de): nothing to license here. A VM of this image with a vGPU is licensed as usual.".into());
+            None
+        }
+        State::NoDriver => {
+            let why = obs
+                .smi
+                .as_ref()
+                .and_then(|s| s.driver_error.clone())
+                .unwrap_or_else(|| "nvidia-smi lists no GPU".into());
+            if let Some(f) = &failure {
+                notes.push(format!(
+                    "Also found, to look at once the driver answers: {} ({})",
+                    f.reason.as_str(),
+                    f.message
+                ));
+            }
+            Some(Failure {
+                reason: Reason::Other,
+                advice: driver_advice(&why),
+                message: why,
+                at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+            })
+        }
+        _ => failure,
     };
     let failure = failure.map(|mut f| {
         if mode == LicensingMode::Legacy
@@ -556,7 +616,7 @@ pub fn evaluate(obs: Observations) -> Report {
     };
     let exit_code = match state {
         State::Licensed if failure.is_some() || expiring_soon => 1,
-        State::Licensed | State::NotLicensable => 0,
+        State::Licensed | State::NotLicensable | State::NoGpu => 0,
         State::Unlicensed if failure.is_some() => 2,
         State::Unlicensed => 1,
         State::Restricted | State::NoDriver => 2,
@@ -596,6 +656,9 @@ pub fn evaluate(obs: Observations) -> Report {
 
 /// The state nvidia-smi alone shows.
 pub fn smi_state(s: &SmiSnapshot) -> State {
+    if s.no_device {
+        return State::NoGpu;
+    }
     if s.gpus.is_empty() {
         // nvidia-smi's own complaint, or a whole output that lists no GPU. One that did not
         // answer at all proves nothing.

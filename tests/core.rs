@@ -58,6 +58,8 @@ fn token() -> Token {
 struct World {
     smi: String,
     smi_hangs: bool,
+    /// The PCI bus shows no NVIDIA device (nvidia-smi is not asked).
+    smi_no_device: bool,
     unit: Option<Result<(), String>>,
     token: Result<Token, TokenProblem>,
     probe: Option<(Reason, String)>,
@@ -69,6 +71,11 @@ struct World {
     probes: Vec<Duration>,
     ticks: u32,
     pid: u32,
+    /// What an adoption answers (no token in the directory, by default).
+    adopt: fn() -> Result<Box<Outcome>, AdoptError>,
+    /// When the core started an adoption, and the token reads it asked for.
+    adopts: Vec<Duration>,
+    token_reads: u32,
 }
 
 impl World {
@@ -76,6 +83,7 @@ impl World {
         World {
             smi: smi.to_string(),
             smi_hangs: false,
+            smi_no_device: false,
             unit: Some(Ok(())),
             token: Ok(token()),
             probe: None,
@@ -85,6 +93,9 @@ impl World {
             probes: Vec::new(),
             ticks: 0,
             pid: 100,
+            adopt: || Err(AdoptError::NoToken),
+            adopts: Vec::new(),
+            token_reads: 0,
         }
     }
 }
@@ -134,12 +145,24 @@ impl Sim {
                     Effect::ReadSmi if self.world.smi_hangs => Some(Event::Smi(SmiRead::TimedOut(
                         "nvidia-smi: it did not finish within 10s and was killed".into(),
                     ))),
+                    Effect::ReadSmi if self.world.smi_no_device => {
+                        Some(Event::Smi(SmiRead::Snapshot(smi::SmiSnapshot {
+                            no_device: true,
+                            ..Default::default()
+                        })))
+                    }
                     Effect::ReadSmi => Some(Event::Smi(SmiRead::Snapshot(
                         smi::parse(self.world.smi.as_bytes()).unwrap(),
                     ))),
                     Effect::CheckUnit => Some(Event::Unit(self.world.unit.clone())),
-                    Effect::ReadToken => Some(Event::Token(self.world.token.clone())),
-                    Effect::Adopt { .. } => Some(Event::Adopted(Err(AdoptError::NoToken))),
+                    Effect::ReadToken => {
+                        self.world.token_reads += 1;
+                        Some(Event::Token(self.world.token.clone()))
+                    }
+                    Effect::Adopt { .. } => {
+                        self.world.adopts.push(self.mono);
+                        Some(Event::Adopted((self.world.adopt)()))
+                    }
                     Effect::RestartGridd { .. } => {
                         self.world.restarts.push(self.mono);
                         self.world.pid += 1;
@@ -830,4 +853,92 @@ proptest! {
             sim.world.probes
         );
     }
+}
+
+/// A burst of changes in the token directory (a sync tool writing thousands of files) is one
+/// read and one adoption in flight, and one more of each after them: never one per change.
+#[test]
+fn a_burst_of_token_directory_changes_is_coalesced() {
+    let mut sim = licensed_for_a_minute();
+    let (reads, adopts) = (sim.world.token_reads, sim.world.adopts.len());
+    let mut fx = Vec::new();
+    for _ in 0..10_000 {
+        fx.extend(sim.core.handle(Event::TokenDirChanged, sim.now()));
+    }
+    let asked = fx
+        .iter()
+        .filter(|e| matches!(e, Effect::ReadToken | Effect::Adopt { .. }))
+        .count();
+    assert_eq!(asked, 2, "one read and one adoption for 10,000 changes");
+    sim.carry_out(fx);
+    sim.run(S(5));
+    assert!(
+        sim.world.token_reads - reads <= 2,
+        "{}",
+        sim.world.token_reads - reads
+    );
+    assert!(
+        sim.world.adopts.len() - adopts <= 2,
+        "{:?}",
+        sim.world.adopts
+    );
+    assert_eq!(sim.state(), State::Licensed);
+}
+
+/// An adoption that fails (a full state file system) and is undone changes the directory
+/// itself: those changes do not start another adoption before the wait is over, and the
+/// next one comes by itself after it.
+#[test]
+fn a_failed_adoption_does_not_storm() {
+    let mut sim = licensed_for_a_minute();
+    sim.world.adopt = || {
+        Err(AdoptError::Other(
+            "cannot move the other files aside: No space left on device".into(),
+        ))
+    };
+    sim.handle(Event::TokenDirChanged);
+    let first = sim.world.adopts.len();
+    assert!(first >= 1);
+    // The undo's own changes, every 100 ms for 20 s.
+    for _ in 0..200 {
+        let fx = sim.core.handle(Event::TokenDirChanged, sim.now());
+        sim.carry_out(fx);
+        sim.run(Duration::from_millis(100));
+    }
+    assert_eq!(sim.world.adopts.len(), first, "{:?}", sim.world.adopts);
+    // The wait over, the next look (on a heartbeat's wakeup, at most one late) tries again.
+    sim.run(S(45));
+    assert_eq!(sim.world.adopts.len(), first + 1, "{:?}", sim.world.adopts);
+}
+
+/// A gridd unit that does not exist (a build of the driver without it) is reported with the
+/// fix that fits, and never restarted: systemctl would answer "unit not found" each time.
+#[test]
+fn a_gridd_unit_that_does_not_exist_is_never_restarted() {
+    let mut w = World::new(UNLICENSED);
+    w.unit = Some(Err("nvidia-gridd.service is not installed".into()));
+    let mut sim = Sim::new(settings(), w);
+    sim.run(S(3600));
+    assert_eq!(sim.reason(), Some(Reason::GriddNotRunning));
+    assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
+    let advice = &sim.core.report().unwrap().failure.as_ref().unwrap().advice;
+    assert!(
+        advice.contains("comes with the NVIDIA vGPU (GRID) guest driver"),
+        "{advice}"
+    );
+}
+
+/// No NVIDIA device on the bus: `no_gpu`, exit 0, no failure, no restart, no probe.
+#[test]
+fn a_guest_without_a_gpu_is_left_alone() {
+    let mut w = World::new("");
+    w.unit = Some(Err("nvidia-gridd.service is not installed".into()));
+    w.token = Err(TokenProblem::Missing);
+    w.smi_no_device = true;
+    let mut sim = Sim::new(settings(), w);
+    sim.run(S(3600));
+    let r = sim.core.report().unwrap();
+    assert_eq!((r.state, r.exit_code), (State::NoGpu, 0));
+    assert!(r.failure.is_none(), "{:?}", r.failure);
+    assert!(sim.world.restarts.is_empty() && sim.world.probes.is_empty());
 }

@@ -597,7 +597,8 @@ fn no_driver_is_a_failure_not_an_error() {
     assert_eq!(status, "FAIL");
     assert!(
         msg.contains("couldn't communicate with the NVIDIA driver")
-            && msg.contains("-> install the NVIDIA vGPU"),
+            && msg.contains("->")
+            && msg.contains("GRID guest driver"),
         "{msg}"
     );
     assert_eq!(line(&lines, "vgpu").0, "SKIP");
@@ -903,5 +904,79 @@ fn proxy_keys_gridd_cannot_use_are_a_failure_with_the_fix() {
     assert!(
         msg.contains("no ProxyServerPort") && msg.contains("add ProxyServerPort="),
         "{msg}"
+    );
+}
+
+/// The same image on a VM without a vGPU: no NVIDIA device on the PCI bus is `no_gpu`,
+/// nothing to license, exit 0 everywhere, and nvidia-smi is not even asked.
+#[test]
+fn a_guest_without_a_gpu_is_no_gpu_and_nothing_fails() {
+    let g = Guest::new(None);
+    common::no_pci_gpu(g.root.path("").as_path());
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(lines.len(), 1, "{out}");
+    let (status, msg) = line(&lines, "gpu");
+    assert_eq!(status, "OK");
+    assert!(msg.contains("nothing to license"), "{msg}");
+    let (code, v) = g.json();
+    assert_eq!(code, 0);
+    assert_eq!(v["state"], "no_gpu", "{v}");
+    assert!(v["failure"].is_null(), "{v}");
+}
+
+/// A vGPU whose driver does not load: the driver is the headline and its fix; the token
+/// (missing too) is listed, not the failure. No fix names a unit that is not there.
+#[test]
+fn without_a_driver_the_driver_comes_first() {
+    let g = Guest::new(None);
+    let smi = script(
+        &g.root,
+        "nvidia-smi",
+        "echo 'Failed to initialize NVML: Unknown Error'; exit 255",
+    );
+    common::pci_device(g.root.path("").as_path(), "0000:02:01.0", None);
+    g.root.file("unit-state", b"unknown\n");
+    g.root.dropin(
+        "60-smi.toml",
+        &format!("[commands]\nnvidia_smi = \"{smi}\"\n"),
+    );
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "driver");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.contains("Failed to initialize NVML") && msg.contains("no driver bound"),
+        "{msg}"
+    );
+    assert!(msg.contains("dkms status"), "{msg}");
+    let (status, msg) = line(&lines, "gridd");
+    assert_eq!(status, "FAIL");
+    assert!(
+        msg.contains("is not installed") && !msg.contains("enable --now"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("comes with the NVIDIA vGPU (GRID) guest driver"),
+        "{msg}"
+    );
+    // Nothing observed tells the mode: not an OK.
+    assert_eq!(line(&lines, "mode").0, "SKIP", "{out}");
+    let (_, report) = g.json();
+    assert_eq!(report["state"], "no_driver");
+    assert!(
+        report["failure"]["advice"]
+            .as_str()
+            .unwrap()
+            .contains("the license comes after the driver"),
+        "{report}"
+    );
+    assert!(
+        report["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("token_missing")),
+        "{report}"
     );
 }

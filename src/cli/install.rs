@@ -76,7 +76,7 @@ fn unwritable(settings: &Settings) -> Option<(&'static str, std::path::PathBuf)>
         // The directory, or the nearest one above it that exists: install creates the rest.
         let existing = dir.ancestors().find(|d| d.exists())?;
         if access(existing, AccessFlags::W_OK).is_err() {
-            return Some((key, existing.to_path_buf()));
+            return Some((key, dir.to_path_buf()));
         }
     }
     None

@@ -56,9 +56,12 @@ pub(super) fn adopt_bytes(
                 FeatureType::Default(settings.gridd.feature_type)
             },
             dry_run: false,
-            restart: true,
+            // Token changes spend the same restart budget and backoff as every other restart
+            // of gridd: while they say wait, the restart is owed.
+            restart: retry_owed,
             licensed,
             retry_owed,
+            owe_restart: true,
             summary: summary(bytes, &token),
             warnings: Vec::new(),
             in_place,

@@ -196,6 +196,9 @@ pub enum Restart {
     Skipped,
     /// A dry run: a restart would be made.
     WouldRestart,
+    /// The service's restart budget or backoff says wait: the restart stays owed and is made
+    /// once they allow it.
+    Deferred,
     /// Restarted.
     Done,
     /// The restart command failed or ran out of time: why, on one line. The restart stays
@@ -249,6 +252,9 @@ impl Outcome {
             Restart::Skipped => out.push(format!(
                 "nvidia-gridd not restarted (--no-restart), though {reason}: restart it yourself ({})",
                 self.restart_command
+            )),
+            Restart::Deferred => out.push(format!(
+                "nvidia-gridd not restarted yet, though {reason}: the restart budget or backoff says wait; it is made once they allow"
             )),
             Restart::WouldRestart => out.push(format!(
                 "would restart nvidia-gridd ({}): {reason}",
@@ -550,6 +556,9 @@ struct Core<'a> {
     /// Retry a restart that failed before (the service says no while its restart budget or
     /// backoff says wait; the restart stays owed).
     retry_owed: bool,
+    /// A restart not made (`restart` false) stays owed: the service's adoption while its
+    /// restart budget or backoff says wait. `install --no-restart` owes none.
+    owe_restart: bool,
     summary: String,
     warnings: Vec<String>,
     /// `bytes` were read from the token path itself, before the lock: they are adopted only
@@ -677,6 +686,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         restart,
         licensed,
         retry_owed,
+        owe_restart,
         summary,
         mut warnings,
         in_place,
@@ -819,7 +829,10 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     let reason = if changes.iter().any(Change::needs_restart) {
         Some("the token or gridd.conf changed".to_string())
     } else if state.restart_pending && retry_owed {
-        Some("an earlier restart failed or was interrupted".to_string())
+        Some(
+            "an earlier restart is still owed (it failed, was interrupted or had to wait)"
+                .to_string(),
+        )
     } else if state.token_sha256.as_deref() != Some(sha.as_str()) && !licensed {
         Some("the agent has not restarted it since this token was put in place".to_string())
     } else {
@@ -863,9 +876,13 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     }
     state.token_sha256 = Some(sha);
     if !restart {
-        state.restart_pending = false;
+        state.restart_pending = owe_restart;
         save_state(&mut state, settings, &mut outcome);
-        outcome.restart = Restart::Skipped;
+        outcome.restart = if owe_restart {
+            Restart::Deferred
+        } else {
+            Restart::Skipped
+        };
         return Ok(outcome);
     }
     state.restart_pending = true;
@@ -917,6 +934,7 @@ pub fn install_at(
             restart: req.restart,
             licensed: false,
             retry_owed: true,
+            owe_restart: false,
             summary: summary(&req.token, &token),
             warnings: warning.into_iter().collect(),
             in_place: false,

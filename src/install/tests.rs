@@ -242,3 +242,64 @@ fn an_install_during_an_adoption_is_never_undone() {
     assert!(o.changed());
     assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("source"));
 }
+
+/// A token changed while the service's restart budget or backoff says wait is installed at
+/// once, but gridd's restart waits and stays owed; the next adoption the budget allows makes
+/// it, once.
+#[test]
+fn a_token_change_restart_waits_for_the_budget_and_stays_owed() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    fs::write(s.paths.token_dir.join("dropped.tok"), tok("a")).unwrap();
+    let o = adopt_dropped_token(&s, false, false).unwrap();
+    assert_eq!(o.restart, Restart::Deferred);
+    assert!(o.changed());
+    assert_eq!(restarts(d.path()), 0);
+    assert!(
+        o.lines().iter().any(|l| l.contains("not restarted yet")),
+        "{:?}",
+        o.lines()
+    );
+    // Still not allowed: nothing more to do, nothing restarted.
+    let o = adopt_dropped_token(&s, false, false).unwrap();
+    assert_eq!(restarts(d.path()), 0, "{o:?}");
+    // Allowed: the owed restart, once.
+    let o = adopt_dropped_token(&s, false, true).unwrap();
+    assert_eq!(o.restart, Restart::Done);
+    assert!(
+        o.restart_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("still owed"),
+        "{o:?}"
+    );
+    assert_eq!(restarts(d.path()), 1);
+    let o = adopt_dropped_token(&s, false, true).unwrap();
+    assert_eq!(o.restart, Restart::NotNeeded);
+    assert_eq!(restarts(d.path()), 1);
+}
+
+/// A token dropped under the DLS's download name is adopted where it is, under its name.
+#[test]
+fn a_token_dropped_under_its_download_name_is_adopted_in_place() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    let at = s
+        .paths
+        .token_dir
+        .join("client_configuration_token_11-30-2026-10-00-00.tok");
+    fs::write(&at, tok("a")).unwrap();
+    fs::write(s.paths.token_dir.join("gridd.conf"), b"FeatureType=1\n").unwrap();
+    let o = adopt_dropped_token(&s, false, true).unwrap();
+    assert_eq!(o.restart, Restart::Done);
+    assert_eq!(o.kept_name.as_deref(), Some(at.as_path()));
+    assert_eq!(fs::read(&at).unwrap(), tok("a"));
+    assert_eq!(fsutil::mode_of(&fs::metadata(&at).unwrap()), TOKEN_MODE);
+    let left: Vec<_> = fs::read_dir(&s.paths.token_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![at.file_name().unwrap().to_os_string()]);
+}

@@ -2,5 +2,6 @@
 
 pub mod catalogue;
 pub mod journal;
+pub mod pci;
 pub mod smi;
 pub mod stamp;

@@ -37,6 +37,9 @@ pub struct SmiSnapshot {
     /// nvidia-smi did not answer within its time limit (the one-line reason): what the GPU
     /// shows is unknown, which is not the same as no driver.
     pub unanswered: Option<String>,
+    /// The guest's PCI bus holds no NVIDIA device (vendor 0x10de): nothing to license, and
+    /// nvidia-smi was not asked.
+    pub no_device: bool,
 }
 
 /// A `License Status` value, classified.
@@ -79,7 +82,8 @@ pub fn expiry_in(text: &str) -> Option<DateTime<Utc>> {
     parse_gmt(&rest[..end])
 }
 
-const DRIVER_ERRORS: [&str; 5] = [
+const DRIVER_ERRORS: [&str; 6] = [
+    "failed to initialize nvml",
     "nvidia-smi has failed",
     "no devices were found",
     "couldn't communicate with the nvidia driver",

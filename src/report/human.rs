@@ -14,6 +14,7 @@ fn describe(state: State) -> &'static str {
         State::Unlicensed => "unlicensed (full speed for now; throttled after the grace period)",
         State::Restricted => "unlicensed and RESTRICTED (the GPU is throttled)",
         State::NotLicensable => "not licensable (no vGPU here needs a license)",
+        State::NoGpu => "no NVIDIA GPU in this guest: nothing to license",
         State::NoDriver => "no NVIDIA driver answers",
         State::Unknown => "unknown (not enough to tell)",
     }
@@ -33,6 +34,43 @@ pub fn both_times(rfc3339: &str) -> String {
         }
         Err(_) => rfc3339.to_string(),
     }
+}
+
+/// The first line a monitoring check shows, in the monitoring-plugin form: the status word of
+/// the exit code, then the state and what matters most (`OK: licensed (NVIDIA RTX Virtual
+/// Workstation) until 2026-12-03 10:00:00 UTC`, `CRITICAL: unlicensed: token_missing: ...`).
+pub fn summary_line(r: &Report) -> String {
+    let word = match r.exit_code {
+        0 => "OK",
+        1 => "WARNING",
+        2 => "CRITICAL",
+        _ => "UNKNOWN",
+    };
+    let mut line = format!("{word}: {}", r.state.as_str());
+    if r.state == State::NoGpu {
+        line.push_str(": no NVIDIA GPU in this guest, nothing to license");
+    }
+    if let Some(l) = &r.license
+        && r.state == State::Licensed
+    {
+        if let Some(ed) = &l.edition {
+            let _ = write!(line, " ({})", escape(ed));
+        }
+        if let Some(exp) = &l.expiry
+            && let Ok(t) = DateTime::parse_from_rfc3339(exp)
+        {
+            let _ = write!(
+                line,
+                " until {}",
+                t.with_timezone(&chrono::Utc)
+                    .format("%Y-%m-%d %H:%M:%S UTC")
+            );
+        }
+    }
+    if let Some(f) = &r.failure {
+        let _ = write!(line, ": {}: {}", f.reason.as_str(), escape(&f.message));
+    }
+    line
 }
 
 /// Renders the report for a terminal.

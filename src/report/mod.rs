@@ -17,16 +17,20 @@ pub enum State {
     Unlicensed,
     Restricted,
     NotLicensable,
+    /// No NVIDIA device on the guest's PCI bus: nothing to license (a golden image booted on
+    /// a VM without a vGPU). Never an alert.
+    NoGpu,
     NoDriver,
     Unknown,
 }
 
 impl State {
-    pub const ALL: [State; 6] = [
+    pub const ALL: [State; 7] = [
         State::Licensed,
         State::Unlicensed,
         State::Restricted,
         State::NotLicensable,
+        State::NoGpu,
         State::NoDriver,
         State::Unknown,
     ];
@@ -37,6 +41,7 @@ impl State {
             State::Unlicensed => "unlicensed",
             State::Restricted => "restricted",
             State::NotLicensable => "not_licensable",
+            State::NoGpu => "no_gpu",
             State::NoDriver => "no_driver",
             State::Unknown => "unknown",
         }

@@ -46,6 +46,10 @@ pub const MEASURE_REPEAT: Duration = Duration::from_secs(300);
 /// The token is looked at again this often without a change seen (a watcher can miss one).
 const ADOPT_WATCHED: Duration = Duration::from_secs(300);
 const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
+/// After a failed adoption, the token directory's changes start the next one no sooner than
+/// this (the periodic look and the end of the wait do): an adoption undone on a full state
+/// file system changes the directory itself, and must not wake the agent into a storm.
+const ADOPT_AFTER_FAILURE: Duration = Duration::from_secs(30);
 
 /// The moment: monotonic time since the service started, and the wall clock.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -137,6 +141,10 @@ struct InFlight {
     adopt: bool,
     restart: bool,
     probe: bool,
+    /// The token directory is being read.
+    token: bool,
+    /// It changed again while it was being read: read it once more when the answer comes.
+    token_again: bool,
     /// gridd started or stopped while systemd was being asked: the answer on its way may
     /// predate that, so ask once more when it comes.
     unit_again: bool,
@@ -189,6 +197,9 @@ pub struct Core {
     next_probe: Duration,
     next_adopt: Duration,
     adopt_again: bool,
+    /// The last adoption failed at this time: the directory's changes (many of them the
+    /// adoption's own undo) do not start another one before [`ADOPT_AFTER_FAILURE`].
+    adopt_failed: Option<Duration>,
     /// When status.json was last written.
     written: Duration,
     last_report: Option<Duration>,
@@ -229,6 +240,7 @@ impl Core {
             next_probe: now.mono,
             next_adopt: now.mono + ADOPT_UNWATCHED,
             adopt_again: false,
+            adopt_failed: None,
             written: now.mono,
             last_report: None,
             dirty: false,
@@ -239,7 +251,8 @@ impl Core {
     /// The first things to do: ask systemd, read nvidia-smi and the token. The token is
     /// adopted once the first report says whether gridd already holds a license.
     pub fn start(&mut self, now: Now) -> Vec<Effect> {
-        let mut fx = vec![Effect::ReadToken, Effect::ReadLastShutdown];
+        let mut fx = vec![Effect::ReadLastShutdown];
+        self.read_token(&mut fx);
         self.check_unit(&mut fx);
         self.read_smi(now, &mut fx);
         fx
@@ -325,6 +338,10 @@ impl Core {
                 }
             }
             Event::Token(t) => {
+                self.busy.token = false;
+                if std::mem::take(&mut self.busy.token_again) {
+                    self.read_token(&mut fx);
+                }
                 if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
                     // A new token is news: a vague failure is probed again at once.
                     self.probed = None;
@@ -333,13 +350,23 @@ impl Core {
             }
             Event::LegacyServer(s) => self.legacy_server = s,
             Event::TokenDirChanged => {
-                fx.push(Effect::ReadToken);
-                self.adopt(now, &mut fx);
+                self.read_token(&mut fx);
+                match self.adopt_failed {
+                    // Looked at again when the wait is over.
+                    Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
+                        self.next_adopt = self.next_adopt.min(t + ADOPT_AFTER_FAILURE);
+                    }
+                    _ => self.adopt(now, &mut fx),
+                }
             }
             Event::Adopted(result) => {
                 self.busy.adopt = false;
+                self.adopt_failed = match &result {
+                    Err(AdoptError::Other(_) | AdoptError::Rejected(_)) => Some(now.mono),
+                    _ => None,
+                };
                 if result.as_ref().is_ok_and(|o| o.changed()) {
-                    fx.push(Effect::ReadToken);
+                    self.read_token(&mut fx);
                 }
                 let restarted = result
                     .as_ref()
@@ -412,7 +439,7 @@ impl Core {
                 } else {
                     ADOPT_UNWATCHED
                 };
-            fx.push(Effect::ReadToken);
+            self.read_token(&mut fx);
             self.adopt(now, &mut fx);
         }
         let licensed = self
@@ -433,7 +460,7 @@ impl Core {
             && self.report.as_ref().is_some_and(|r| {
                 !matches!(
                     r.state,
-                    State::Licensed | State::NotLicensable | State::NoDriver
+                    State::Licensed | State::NotLicensable | State::NoGpu | State::NoDriver
                 )
             })
         {
@@ -567,6 +594,16 @@ impl Core {
         }
     }
 
+    /// Reads the token directory, once at a time: a burst of changes (a sync tool writing
+    /// thousands of files) costs one read in flight and one more after it, not one each.
+    fn read_token(&mut self, fx: &mut Vec<Effect>) {
+        if std::mem::replace(&mut self.busy.token, true) {
+            self.busy.token_again = true;
+        } else {
+            fx.push(Effect::ReadToken);
+        }
+    }
+
     /// A token dropped by cloud-init (or anyone): validated, mode fixed, strays moved aside,
     /// gridd restarted: the same code as `install`.
     fn adopt(&mut self, now: Now, fx: &mut Vec<Effect>) {
@@ -611,6 +648,16 @@ impl Core {
                         self.smi_soon(now.mono + Duration::from_secs(1));
                         // Asked once the adoption is over.
                         self.busy.unit_after_own = true;
+                    }
+                    Restart::Deferred => {
+                        // Owed: adopted again (and gridd restarted) once the budget allows.
+                        let at = self.remedy.next_allowed(&self.settings.service, secs(now));
+                        let wait = Duration::from_secs_f64((at - secs(now)).max(1.0));
+                        self.next_adopt = self.next_adopt.min(now.mono + wait);
+                        info!(
+                            "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
+                            wait.as_secs_f64()
+                        );
                     }
                     Restart::Failed(why) => {
                         // A failed attempt counts against the budget and the backoff too.
@@ -801,7 +848,11 @@ impl Core {
             }
         }
         let t = secs(now);
+        // A unit that does not exist cannot be restarted (systemctl answers exit 5): it comes
+        // with the GRID guest driver, which is the fix.
+        let unit_missing = matches!(&self.unit, Some(Err(why)) if policy::unit_missing(why));
         if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
+            && !unit_missing
             && !self.busy.restart
             && !self.busy.adopt
         {

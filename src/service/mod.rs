@@ -249,6 +249,8 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         tokio::select! {
             Some(event) = rx.recv() => {
                 if matches!(event, Event::TokenDirChanged) {
+                    // Changes from here on queue a new event.
+                    DIR_CHANGE_QUEUED.store(false, std::sync::atomic::Ordering::Release);
                     rewatch(&mut watcher, &core.settings().paths.token_dir);
                 }
                 let mut effects = core.handle(event, clock.now());
@@ -469,6 +471,9 @@ fn rewatch(watcher: &mut Option<notify::RecommendedWatcher>, dir: &Path) {
     }
 }
 
+/// A [`Event::TokenDirChanged`] is queued and not yet handled.
+static DIR_CHANGE_QUEUED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Watches the token directory (or, until it exists, its parent) and gridd.conf.
 fn watch_paths(
     settings: &Settings,
@@ -497,7 +502,9 @@ fn watch_paths(
             // Events were lost (queue overflow): look again.
             Err(_) => true,
         };
-        if wanted {
+        // One event waits in the queue at most: a burst of changes (a sync tool writing
+        // thousands of files) is one look at the directory, not one per change.
+        if wanted && !DIR_CHANGE_QUEUED.swap(true, std::sync::atomic::Ordering::AcqRel) {
             let _ = tx.send(Event::TokenDirChanged);
         }
     })

@@ -285,8 +285,10 @@ impl Drop for Mount {
 }
 
 /// The `[paths]` table of a config whose every path lies below the temporary root `r`, laid
-/// out as on a guest.
+/// out as on a guest. The guest's PCI bus (`r/sys/bus/pci/devices`) is made too, with one
+/// vGPU on it as sysfs shows one: the test machine's own bus has no NVIDIA device.
 pub fn paths_toml(r: &Path) -> String {
+    pci_device(r, "0000:02:01.0", Some("nvidia"));
     format!(
         "[paths]\n\
          token_dir = \"{r}/etc/nvidia/ClientConfigToken\"\n\
@@ -294,7 +296,8 @@ pub fn paths_toml(r: &Path) -> String {
          state_dir = \"{r}/var/lib/vgpu-license-agent\"\n\
          status_file = \"{r}/run/vgpu-license-agent/status.json\"\n\
          metrics_textfile = \"{r}/var/lib/prometheus/node-exporter/vgpu_license_agent.prom\"\n\
-         gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]\n",
+         gridd_client_state = [\"{r}/var/lib/nvidia/GridLicensing\", \"{r}/var/lib/nvidia/vGPULicensing\"]\n\
+         pci_devices = \"{r}/sys/bus/pci/devices\"\n",
         r = r.display()
     )
 }
@@ -330,4 +333,30 @@ pub fn read_request_head(r: &mut impl std::io::Read) -> Option<Vec<u8>> {
         }
     }
     Some(head)
+}
+
+/// An NVIDIA display device (vendor 0x10de, class 0x0302: a 3D controller, as a vGPU shows)
+/// on the fake PCI bus below `r`, with `driver` bound (`None`: none, as after a kernel update
+/// that the module was not built for).
+pub fn pci_device(r: &Path, address: &str, driver: Option<&str>) {
+    let bus = r.join("sys/bus/pci");
+    let dev = bus.join("devices").join(address);
+    fs::create_dir_all(&dev).unwrap();
+    fs::write(dev.join("vendor"), "0x10de\n").unwrap();
+    fs::write(dev.join("class"), "0x030200\n").unwrap();
+    let _ = fs::remove_file(dev.join("driver"));
+    if let Some(d) = driver {
+        let target = bus.join("drivers").join(d);
+        fs::create_dir_all(&target).unwrap();
+        std::os::unix::fs::symlink(&target, dev.join("driver")).unwrap();
+    }
+}
+
+/// The fake PCI bus below `r` without any NVIDIA device (a VM of the image without a vGPU).
+pub fn no_pci_gpu(r: &Path) {
+    let devs = r.join("sys/bus/pci/devices");
+    let _ = fs::remove_dir_all(&devs);
+    fs::create_dir_all(devs.join("0000:00:01.0")).unwrap();
+    fs::write(devs.join("0000:00:01.0/vendor"), "0x1af4\n").unwrap();
+    fs::write(devs.join("0000:00:01.0/class"), "0x020000\n").unwrap();
 }
