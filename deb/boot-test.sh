@@ -618,6 +618,7 @@ agent_checks() {
 	check "vgpu-license-agent status --wait 60 exits 0 once licensed, from the service's report" check_status_wait
 	check "systemctl status shows the agent's state line" check_systemctl_status
 	check "journalctl -x explains an injected failure (clock skew) from the catalog" check_explained_failure
+	license_gate_checks
 	check "the agent is still active" check_agent_active
 }
 
@@ -1281,6 +1282,159 @@ cloud_init_checks() {
 	done
 	rm -rf "$CI_BASE"
 	SUITE=$suite
+}
+
+# ---- Reload and vgpu-licensed.target, with the real systemd (called from agent_checks, in
+# a licensed guest with the simulator running).
+NEEDS_LICENSE=needs-license-boot-test.service
+WAIT_UNIT=$NAME-wait-licensed.service
+
+# A bad drop-in: `systemctl reload` fails with the error in the unit's journal, and the
+# running service keeps its process and its config; fixed, the reload succeeds.
+check_reload_refused() {
+	local pid rc=0 dropin=/etc/$NAME/config.d/90-boot-test-bad.toml
+	pid=$(guest systemctl show -P MainPID "$NAME.service")
+	printf '[service]\npoll_licensed_seconds = 0\n' >"$GUEST$dropin"
+	if guest systemctl reload "$NAME.service"; then
+		echo "systemctl reload succeeded on a bad drop-in" >&2
+		rc=1
+	fi
+	grep -qF "service.poll_licensed_seconds = 0" <<<"$(guest journalctl -b --no-pager -o cat -u "$NAME.service")" || {
+		echo "the reload's error is not in the unit's journal" >&2
+		rc=1
+	}
+	if [ "$(guest systemctl is-active "$NAME.service")" != active ] ||
+		[ "$(guest systemctl show -P MainPID "$NAME.service")" != "$pid" ]; then
+		echo "the service did not keep running as it was" >&2
+		rc=1
+	fi
+	rm -f "$GUEST$dropin"
+	guest systemctl reload "$NAME.service" || {
+		echo "systemctl reload failed on a good config" >&2
+		rc=1
+	}
+	[ $rc = 0 ] || agent_journal_tail
+	return $rc
+}
+
+# gate_unit: a unit ordered after vgpu-licensed.target that records the license state at
+# the moment it starts.
+gate_unit() {
+	cat >"$GUEST/etc/systemd/system/$NEEDS_LICENSE" <<UNIT
+[Unit]
+Description=a workload that needs the license (vgpu-license-agent boot test)
+Wants=vgpu-licensed.target
+After=vgpu-licensed.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c '/usr/bin/$NAME status --json >/run/needs-license.json; true'
+UNIT
+}
+gate_reset() {
+	guest systemctl stop "$NEEDS_LICENSE" vgpu-licensed.target "$WAIT_UNIT" 2>/dev/null
+	guest systemctl reset-failed "$NEEDS_LICENSE" vgpu-licensed.target "$WAIT_UNIT" 2>/dev/null
+	rm -f "$GUEST/run/needs-license.json"
+	true
+}
+gate_active() { [ "$(guest systemctl is-active "$NEEDS_LICENSE")" = active ]; }
+gate_saw_licensed() { grep -q '"state": "licensed"' "$GUEST/run/needs-license.json" 2>/dev/null; }
+guest_unlicensed() { guest nvidia-smi -q | grep -q 'License Status *: Unlicensed'; }
+guest_licensed() { guest nvidia-smi -q | grep -q 'License Status *: Licensed'; }
+dls_mode() {
+	echo "{\"mode\": \"$1\", \"skew_seconds\": 0}" >"$GUEST$SIM_DIR_GUEST/dls.json"
+	sleep 1 # sim-dls reads its control file every 200 ms
+}
+
+# Nothing of the boot started the license wait, and nothing but a unit that asks wants it.
+check_target_holds_no_boot() {
+	local state wanted
+	state=$(guest systemctl show -P ActiveState "$WAIT_UNIT")
+	wanted=$(guest systemctl show -P WantedBy,RequiredBy vgpu-licensed.target | tr -d '\n')
+	echo "$WAIT_UNIT after boot: $state; vgpu-licensed.target wanted by: '${wanted}'"
+	[ "$state" = inactive ] && [ -z "$wanted" ] && [ "$(guest systemctl is-enabled vgpu-licensed.target)" = static ]
+}
+
+# Unlicensed (the DLS refuses): the unit waits; once the DLS is up and gridd licensed, it
+# starts, and saw the guest licensed when it did.
+check_target_waits_for_the_license() {
+	local rc=0
+	dls_mode down
+	guest systemctl restart nvidia-gridd.service || return 1
+	wait_until 60 guest_unlicensed || {
+		echo "the guest did not become unlicensed with the DLS down" >&2
+		return 1
+	}
+	gate_reset
+	gate_unit
+	guest systemctl daemon-reload || return 1
+	guest systemctl start --no-block "$NEEDS_LICENSE" || return 1
+	sleep 5
+	if gate_active; then
+		echo "$NEEDS_LICENSE started while the guest was not licensed" >&2
+		rc=1
+	fi
+	[ "$(guest systemctl show -P ActiveState "$WAIT_UNIT")" = activating ] || {
+		echo "$WAIT_UNIT is not waiting: $(guest systemctl show -P ActiveState "$WAIT_UNIT")" >&2
+		rc=1
+	}
+	dls_mode up
+	wait_until 120 gate_active || {
+		echo "$NEEDS_LICENSE did not start once the DLS was up" >&2
+		rc=1
+	}
+	gate_saw_licensed || {
+		echo "$NEEDS_LICENSE started before the guest was licensed:" >&2
+		cat "$GUEST/run/needs-license.json" >&2
+		rc=1
+	}
+	[ "$(guest systemctl is-active vgpu-licensed.target)" = active ] || rc=1
+	[ $rc = 0 ] || agent_journal_tail
+	return $rc
+}
+
+# A guest that never licenses: the wait gives up at its limit (a drop-in sets 10 s), the
+# target is not reached, and the unit that wants it starts anyway.
+check_target_gives_up() {
+	local rc=0 dropin=/etc/systemd/system/$WAIT_UNIT.d/50-boot-test.conf
+	dls_mode down
+	guest systemctl restart nvidia-gridd.service || return 1
+	wait_until 60 guest_unlicensed || return 1
+	gate_reset
+	mkdir -p "$GUEST${dropin%/*}"
+	printf '[Service]\nEnvironment=VGPU_LICENSE_WAIT_SECONDS=10\n' >"$GUEST$dropin"
+	guest systemctl daemon-reload || return 1
+	guest systemctl start --no-block "$NEEDS_LICENSE" || return 1
+	wait_until 90 gate_active || {
+		echo "$NEEDS_LICENSE did not start after the wait gave up" >&2
+		rc=1
+	}
+	[ "$(guest systemctl show -P ActiveState "$WAIT_UNIT")" = failed ] || {
+		echo "$WAIT_UNIT did not fail at its limit" >&2
+		rc=1
+	}
+	[ "$(guest systemctl is-active vgpu-licensed.target)" != active ] || {
+		echo "vgpu-licensed.target was reached without a license" >&2
+		rc=1
+	}
+	# Back as the other checks found it: licensed, no test units.
+	gate_reset
+	rm -rf "$GUEST${dropin%/*}" "$GUEST/etc/systemd/system/$NEEDS_LICENSE"
+	guest systemctl daemon-reload
+	dls_mode up
+	guest systemctl restart nvidia-gridd.service
+	wait_until 120 guest_licensed || {
+		echo "the guest did not license again" >&2
+		rc=1
+	}
+	return $rc
+}
+
+license_gate_checks() {
+	check "systemctl reload fails on a bad drop-in, says why, and the service keeps running" check_reload_refused
+	check "boot does not start the license wait; nothing but a unit that asks wants vgpu-licensed.target" check_target_holds_no_boot
+	check "a unit after vgpu-licensed.target starts only once the simulated gridd is licensed" check_target_waits_for_the_license
+	check "a guest that never licenses: the wait gives up at its limit, the unit starts anyway" check_target_gives_up
 }
 
 build_sim
