@@ -132,11 +132,15 @@ check_installed() {
 			rc=1
 		fi
 	done
-	# Nothing of the default boot waits for the license: the target is static.
-	[ "$(systemctl is-enabled vgpu-licensed.target 2>&1)" = static ] || {
-		echo "vgpu-licensed.target is not static" >&2
-		rc=1
-	}
+	# Nothing of the default boot waits for the license: neither the target nor its wait can
+	# be enabled, and the install enabled neither.
+	for unit in vgpu-licensed.target "$NAME-wait-licensed.service"; do
+		if grep -q '^\[Install\]' "/usr/lib/systemd/system/$unit" ||
+			[ -n "$(find /etc/systemd/system -name "$unit" 2>/dev/null)" ]; then
+			echo "$unit can be, or is, enabled: the boot would wait for the license" >&2
+			rc=1
+		fi
+	done
 	man -w "$NAME" || rc=1
 	man -w 8 "$NAME-run" || rc=1
 	man -w 5 "$NAME.toml" || rc=1
