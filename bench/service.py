@@ -7,25 +7,66 @@
    to the shell loop people write instead (nvidia-smi every 60 s plus `journalctl -f | grep`),
    with its detection delay.
 
-Usage: python3 bench/service.py [--binary target/release/vgpu-license-agent] [--lines 50]
-Needs root: the agent believes only gridd lines that journald says root's nvidia-gridd
-process sent (_UID=0, _COMM=nvidia-gridd), so the lines are sent by a helper process of
-root's named nvidia-gridd. Needs journald (started when its socket is missing).
+Every figure is printed beside its baseline measured in the same run, and as a ratio to it:
+for a line's delay, a plain `journalctl --follow` reader of the same line; for the idle hour,
+the shell loop.
+
+Usage: python3 bench/service.py [--binary PATH] [--lines 50] [--seconds 60]
+(without --binary: builds and measures target/release/vgpu-license-agent). About 6 minutes
+with the defaults. Needs root: the agent believes only gridd lines that journald says root's
+nvidia-gridd process sent (_UID=0, _COMM=nvidia-gridd), so the lines are sent by a helper
+process of root's named nvidia-gridd. Needs journald: where nothing answers on its socket,
+one is started for the run and stopped at its end.
 """
-import argparse, atexit, fcntl, os, shutil, socket, statistics, subprocess, sys, tempfile, threading, time
+import argparse, atexit, fcntl, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SMI = os.path.join(ROOT, "tests/fixtures/samples/smi-jp-dls-guide-2.txt")
 
 
+def journald_answers():
+    if not os.path.exists("/run/systemd/journal/dev-log"):
+        return False
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.connect("/run/systemd/journal/socket")
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def ensure_journald():
-    if not os.path.exists("/run/systemd/journal/socket"):
-        subprocess.Popen(["/lib/systemd/systemd-journald"])
-        for _ in range(100):
-            if os.path.exists("/run/systemd/journal/dev-log") and os.path.exists("/run/systemd/journal/socket"):
-                break
-            time.sleep(0.05)
+    """Where nothing answers on journald's socket, starts one for this run, stopped at its
+    end (with the sockets and the volatile journal it made, where they were not there)."""
+    if journald_answers():
+        return
+    binary = next((b for b in ["/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald"]
+                   if os.path.exists(b)), None)
+    if binary is None:
+        sys.exit("bench/service.py: nothing answers on /run/systemd/journal/socket, and systemd-journald is not installed")
+    made = [d for d in ["/run/systemd/journal", "/run/log/journal"] if not os.path.exists(d)]
+    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+    j = subprocess.Popen([binary], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env=env)
+
+    def stop():
+        j.terminate()
+        try:
+            j.wait(5)
+        except subprocess.TimeoutExpired:
+            j.kill()
+            j.wait()
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
+        print(f"(stopped the systemd-journald this run started, pid {j.pid})")
+
+    atexit.register(stop)
+    print(f"(nothing answered on journald's socket: started {binary} for this run, pid {j.pid})")
+    if not wait_for(journald_answers, 10, 0.05):
+        sys.exit(f"bench/service.py: started {binary}, but nothing answers on /run/systemd/journal/socket")
 
 
 def setup(root, poll_licensed):
@@ -48,6 +89,13 @@ def setup(root, poll_licensed):
         f.write(tok)
     os.chmod(f"{nv}/ClientConfigToken/client_configuration_token.tok", 0o744)
     open(f"{nv}/gridd.conf", "w").write("FeatureType=1\n")
+    # The guest's PCI bus: one NVIDIA 3D controller (a vGPU), its driver bound.
+    dev = f"{root}/sys/bus/pci/devices/0000:02:01.0"
+    os.makedirs(dev)
+    os.makedirs(f"{root}/sys/bus/pci/drivers/nvidia")
+    open(f"{dev}/vendor", "w").write("0x10de\n")
+    open(f"{dev}/class", "w").write("0x030200\n")
+    os.symlink(f"{root}/sys/bus/pci/drivers/nvidia", f"{dev}/driver")
     open(f"{root}/config.toml", "w").write(f"""
 [paths]
 token_dir = "{nv}/ClientConfigToken"
@@ -55,6 +103,7 @@ gridd_conf = "{nv}/gridd.conf"
 state_dir = "{root}/state"
 status_file = "{root}/run/status.json"
 metrics_textfile = "{root}/prom/vgpu_license_agent.prom"
+pci_devices = "{root}/sys/bus/pci/devices"
 [commands]
 nvidia_smi = "{root}/nvidia-smi"
 systemctl = "{root}/systemctl"
@@ -145,45 +194,53 @@ def hold_journal_lock():
 
 
 def latency(binary, n):
+    """Per gridd line, in the same moment: when a plain `journalctl --follow` reader of the
+    journal printed it (the baseline: what `journalctl -f | grep` sees), and when the agent's
+    status.json (a license renewed) or metrics file (a failure counted) showed it. Returns
+    two lists of (reader_ms, agent_ms) pairs: status.json's, the metrics file's."""
     root = tempfile.mkdtemp(prefix="vla-bench-")
     setup(root, 300)
     agent = subprocess.Popen([binary, "--config", f"{root}/config.toml", "run"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    jc = None
     try:
         assert wait_for(lambda: status_has(f"{root}/run/status.json", '"licensed"'), 15), "no report"
-        # A reader of its own: when `journalctl --follow` shows a line, it has reached readers
-        # of the journal; the rest is the agent's.
         seen = {}
         jc = subprocess.Popen(["journalctl", "--follow", "--lines=0", "-o", "cat",
                                "SYSLOG_IDENTIFIER=nvidia-gridd"], stdout=subprocess.PIPE, text=True)
         def reader():
             for line in jc.stdout:
-                seen.setdefault(line.split("(Info: ")[-1].split(",")[0], time.monotonic())
+                seen.setdefault(line.rstrip("\n"), time.monotonic())
         threading.Thread(target=reader, daemon=True).start()
         time.sleep(1)
-        lat_status, lat_metrics, lat_journal = [], [], []
+        status, metrics = [], []
         for i in range(n):
             marker = f"bench-{os.getpid()}-{i}"
+            msg = f"License renewed successfully. (Info: {marker}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)"
             t0 = time.monotonic()
-            send_gridd(f"License renewed successfully. (Info: {marker}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
+            send_gridd(msg)
             assert wait_for(lambda: status_has(f"{root}/run/status.json", marker)), marker
             t1 = time.monotonic()
-            lat_status.append((t1 - t0) * 1000)
-            if wait_for(lambda: marker in seen, 2):
-                lat_journal.append((t1 - seen[marker]) * 1000)
+            if wait_for(lambda: msg in seen, 2):
+                status.append(((seen[msg] - t0) * 1000, (t1 - t0) * 1000))
             time.sleep(0.05)
-        jc.terminate()
         # Metrics show a failure as soon as it happens: a counter by reason.
         for i in range(min(n, 20)):
             before = open(f"{root}/prom/vgpu_license_agent.prom").read()
+            msg = f"Failed to acquire license from bench-{os.getpid()}-{i} (Info: NVIDIA Virtual Compute Server - Error: Clock windback has been detected)"
             t0 = time.monotonic()
-            send_gridd(f"Failed to acquire license from bench-{i} (Info: NVIDIA Virtual Compute Server - Error: Clock windback has been detected)")
+            send_gridd(msg)
             assert wait_for(lambda: open(f"{root}/prom/vgpu_license_agent.prom").read() != before)
-            lat_metrics.append((time.monotonic() - t0) * 1000)
+            t1 = time.monotonic()
+            if wait_for(lambda: msg in seen, 2):
+                metrics.append(((seen[msg] - t0) * 1000, (t1 - t0) * 1000))
             send_gridd(f"License renewed successfully. (Info: ok-{i}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
             time.sleep(0.1)
-        return lat_status, lat_metrics, lat_journal
+        return status, metrics
     finally:
+        if jc:
+            jc.terminate()
+            jc.wait()
         agent.terminate(); agent.wait()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -206,17 +263,19 @@ def journal_floor(n):
             marker = f"floor-{os.getpid()}-{i}"
             t0 = time.monotonic()
             send_gridd(marker)
-            while True:
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
                 out = subprocess.run(["journalctl", "-n", "1", "-o", "cat", "SYSLOG_IDENTIFIER=nvidia-gridd"],
                                      capture_output=True, text=True).stdout
                 if marker in out:
+                    polled.append((time.monotonic() - t0) * 1000)
                     break
-            polled.append((time.monotonic() - t0) * 1000)
             if wait_for(lambda: marker in seen, 2):
                 follow.append((seen[marker] - t0) * 1000)
             time.sleep(0.1 + (i % 5) * 0.05)
     finally:
         jc.terminate()
+        jc.wait()
     return follow, polled
 
 
@@ -375,24 +434,53 @@ def cpu_tree(pid):
     return total
 
 
+def quantiles(v):
+    return (f"median {statistics.median(v):6.1f} ms, p90 {sorted(v)[max(0, int(len(v) * 0.9) - 1)]:6.1f} ms, "
+            f"max {max(v):6.1f} ms (n={len(v)})")
+
+
+def paired(name, pairs):
+    """A delay of the agent's beside the plain reader's for the same lines, and per line:
+    their ratio, and their difference (the agent's own part)."""
+    assert pairs, f"{name}: the plain journalctl --follow reader saw none of the lines"
+    reader = [r for r, _ in pairs]
+    agent = [g for _, g in pairs]
+    print(f"{name}: {quantiles(agent)}")
+    print(f"    the same lines, a plain journalctl --follow reader (baseline): {quantiles(reader)}")
+    print(f"    per line, agent / reader: median {statistics.median(g / max(r, 1e-3) for r, g in pairs):.3f}x; "
+          f"agent - reader (the agent's own part): {quantiles([g - r for r, g in pairs])}")
+
+
+def machine(binary):
+    mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal:"))
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+    journald = subprocess.run(["journalctl", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    return f"{os.cpu_count()} cores, {mem / 1048576:.0f} GiB; {version}; {journald}"
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/vgpu-license-agent"))
+    ap.add_argument("--binary", help="the agent to measure (default: target/release/vgpu-license-agent, built first)")
     ap.add_argument("--lines", type=int, default=50)
     ap.add_argument("--seconds", type=int, default=60)
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/service.py: run it as root: the agent believes only root's gridd lines")
+    # A stop by signal still takes down what the run started (atexit).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if a.binary is None:
+        cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+        subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent"], cwd=ROOT, check=True)
+        a.binary = os.path.join(ROOT, "target/release/vgpu-license-agent")
     ensure_journald()
     lock = hold_journal_lock()  # held until the process exits
-    st, me, own = latency(a.binary, a.lines)
-    q = lambda v: f"median {statistics.median(v):6.1f} ms, p90 {sorted(v)[int(len(v) * 0.9) - 1]:6.1f} ms, max {max(v):6.1f} ms (n={len(v)})"
-    print(f"gridd line -> status.json:      {q(st)}")
-    print(f"gridd failure -> metrics file:  {q(me)}")
-    print(f"of which after journalctl -f showed the line (the agent's own part): {q(own)}")
+    print(f"machine: {machine(a.binary)}")
+    st, me = latency(a.binary, a.lines)
+    paired("gridd line -> status.json", st)
+    paired("gridd failure -> metrics file", me)
     follow, polled = journal_floor(min(a.lines, 30))
-    print(f"no agent: line -> in the journal file (journalctl -n 1 in a loop): {q(polled)}")
-    print(f"no agent: line -> a journalctl --follow reader:                  {q(follow)}")
+    print(f"no agent: line -> in the journal file (journalctl -n 1 in a loop): {quantiles(polled)}")
+    print(f"no agent: line -> a journalctl --follow reader:                  {quantiles(follow)}")
     # One hour compressed into SECONDS: nvidia-smi at the rate of an hour (12 polls at the
     # default 300 s) plus SECONDS of idle; a second run without polls gives the idle rate.
     polls_per_hour = 3600 // 300
