@@ -171,6 +171,10 @@ PY
 # Its log goes to $WORK/$SUITE-debootstrap.log.
 debootstrap_root() {
 	local dir=$1 include=$2 log=$WORK/$SUITE-debootstrap.log key entry date made lock rc=0
+	if [ -n "$CACHE_DIR" ] && ! mkdir -p "$CACHE_DIR"; then
+		echo "[$SUITE] cannot make $CACHE_DIR: debootstrap without the cache"
+		CACHE_DIR=
+	fi
 	if [ -z "$CACHE_DIR" ]; then
 		debootstrap --variant=minbase --include="$include" "$SUITE" "$dir" "$MIRROR" >"$log" 2>&1
 		return
@@ -178,7 +182,6 @@ debootstrap_root() {
 	key=$(printf '%s\n' "$SUITE" minbase "$include" "$MIRROR" "$(dpkg --print-architecture)" \
 		"$(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null)" | sha256sum | cut -c1-16)
 	entry=$CACHE_DIR/$SUITE-$key
-	mkdir -p "$CACHE_DIR" || return 1
 	# One run at a time makes or reads the cache.
 	exec {lock}>"$CACHE_DIR/.lock" && flock "$lock" || return 1
 	date=$(release_date)
