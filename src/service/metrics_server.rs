@@ -446,30 +446,30 @@ fn bind_socket(path: &Path) -> Result<UnixListener, String> {
 /// Binds `metrics_listen`: `:PORT` is every address, IPv6 and IPv4 (IPv4 alone where the
 /// guest has no IPv6), as node_exporter's `:9100` is.
 fn bind_tcp(listen: Listen) -> io::Result<TcpListener> {
-    let addr = match listen {
-        Listen::At(addr) => addr,
+    match listen {
+        Listen::At(addr) => tcp_listener(addr, false),
         Listen::Any(port) => {
-            match bind_dual_stack(port) {
-                Ok(l) => return Ok(l),
+            match tcp_listener(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)), true) {
                 // No IPv6 on this guest (ipv6.disable=1): every IPv4 address.
                 Err(e) if e.raw_os_error() == Some(nix::libc::EAFNOSUPPORT) => {
-                    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port))
+                    tcp_listener(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)), false)
                 }
-                Err(e) => return Err(e),
+                bound => bound,
             }
         }
-    };
-    let std = std::net::TcpListener::bind(addr)?;
-    std.set_nonblocking(true)?;
-    TcpListener::from_std(std)
+    }
 }
 
-fn bind_dual_stack(port: u16) -> io::Result<TcpListener> {
+/// A listening socket on `addr` (IPv4 too when `dual_stack`), with room in the kernel's
+/// queue for a burst of connections.
+fn tcp_listener(addr: SocketAddr, dual_stack: bool) -> io::Result<TcpListener> {
     use socket2::{Domain, Socket, Type};
-    let s = Socket::new(Domain::IPV6, Type::STREAM, None)?;
-    s.set_only_v6(false)?;
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if dual_stack {
+        s.set_only_v6(false)?;
+    }
     s.set_reuse_address(true)?;
-    s.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
+    s.bind(&addr.into())?;
     s.listen(1024)?;
     s.set_nonblocking(true)?;
     TcpListener::from_std(s.into())
