@@ -1,18 +1,24 @@
 //! Running the commands of the config (`restart_gridd`, `nvidia-smi`) with a time limit that
-//! always holds: the command runs in its own process group, killed whole when time is up, and
-//! a child that keeps its output open cannot make the caller wait.
+//! always holds: the command runs in its own process group, killed whole when time is up.
+//! Its output is complete when the command itself exits, whoever else still holds the pipes
+//! (a daemon it started in a session of its own); a command that prints more than the cap is
+//! stopped at the cap. One thread reads both pipes with poll(2): nothing is left behind.
 
 use std::io::Read;
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::{ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-/// Output kept from each stream, at most.
-const MAX_OUTPUT: u64 = 8 << 20;
+/// Output kept from each stream, at most: a command that prints more is killed.
+const MAX_OUTPUT: usize = 8 << 20;
+
+/// How long a wait for output lasts before the command is checked for its exit again.
+const TICK: Duration = Duration::from_millis(20);
 
 /// What a finished command left.
 #[derive(Debug)]
@@ -43,6 +49,8 @@ pub enum RunError {
     Spawn(std::io::Error),
     /// It ran past the limit and was killed.
     TimedOut(Duration),
+    /// It printed more than this many bytes on one stream and was killed.
+    TooMuchOutput(usize),
 }
 
 impl std::fmt::Display for RunError {
@@ -56,22 +64,86 @@ impl std::fmt::Display for RunError {
                     t.as_secs()
                 )
             }
+            RunError::TooMuchOutput(n) => write!(f, "printed more than {} MiB: killed", n >> 20),
         }
     }
 }
 
 impl std::error::Error for RunError {}
 
-fn reader(mut r: impl Read + Send + 'static) -> mpsc::Receiver<Vec<u8>> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = (&mut r).take(MAX_OUTPUT).read_to_end(&mut buf);
-        // Past the cap, drain: a command blocked on a full pipe would run into its limit.
-        let _ = std::io::copy(&mut r, &mut std::io::sink());
-        let _ = tx.send(buf);
-    });
-    rx
+/// One output pipe of the command and what was read from it; `None` once at its end.
+struct Stream<R> {
+    pipe: Option<R>,
+    buf: Vec<u8>,
+}
+
+/// What one look at the pipes found.
+enum Pumped {
+    /// Something was read, or a pipe reached its end.
+    Moved,
+    /// Nothing within the wait.
+    Quiet,
+    /// A stream passed [`MAX_OUTPUT`].
+    TooMuch,
+}
+
+impl<R: Read> Stream<R> {
+    /// One read, after poll(2) said the pipe is readable (so it does not block).
+    fn read_once(&mut self, chunk: &mut [u8]) -> bool {
+        let Some(pipe) = self.pipe.as_mut() else {
+            return true;
+        };
+        match pipe.read(chunk) {
+            Ok(0) => self.pipe = None,
+            Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => self.pipe = None,
+        }
+        self.buf.len() <= MAX_OUTPUT
+    }
+}
+
+/// Waits at most `wait` for either pipe to be readable, then reads once from each that is.
+fn pump(
+    out: &mut Stream<ChildStdout>,
+    err: &mut Stream<ChildStderr>,
+    wait: Duration,
+    chunk: &mut [u8],
+) -> Pumped {
+    let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
+    let ready = {
+        let mut fds = Vec::with_capacity(2);
+        if let Some(p) = &out.pipe {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(p) = &err.pipe {
+            fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, timeout) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => return Pumped::Quiet,
+            Ok(_) => {}
+            Err(_) => {
+                // Not expected with pipes of our own; never spin on it.
+                std::thread::sleep(wait);
+                return Pumped::Quiet;
+            }
+        }
+        // Readable, at its end (POLLHUP) or in error: a read tells which.
+        let mut ready = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()));
+        let out_ready = out.pipe.is_some() && ready.next().unwrap_or(false);
+        let err_ready = err.pipe.is_some() && ready.next().unwrap_or(false);
+        (out_ready, err_ready)
+    };
+    let fits = (!ready.0 || out.read_once(chunk)) && (!ready.1 || err.read_once(chunk));
+    if !fits {
+        Pumped::TooMuch
+    } else if ready.0 || ready.1 {
+        Pumped::Moved
+    } else {
+        Pumped::Quiet
+    }
 }
 
 /// Whether the child has exited, without reaping it: while it is a zombie its pid (and so
@@ -117,6 +189,13 @@ pub fn kill_all() {
     }
 }
 
+/// How a run ended.
+enum End {
+    Exited,
+    TimedOut,
+    TooMuch,
+}
+
 /// Runs `argv` with standard input closed, waiting at most `timeout`.
 pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
     let (program, args) = argv.split_first().ok_or_else(|| {
@@ -133,37 +212,60 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
         .process_group(0)
         .spawn()
         .map_err(RunError::Spawn)?;
-    let out_rx = reader(child.stdout.take().expect("piped"));
-    let err_rx = reader(child.stderr.take().expect("piped"));
+    let mut out = Stream {
+        pipe: child.stdout.take(),
+        buf: Vec::new(),
+    };
+    let mut err = Stream {
+        pipe: child.stderr.take(),
+        buf: Vec::new(),
+    };
     let deadline = Instant::now() + timeout;
     let pgid = Pid::from_raw(child.id() as i32);
     let _running = Running::register(pgid);
-    let finished = loop {
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut end = loop {
         if exited(pgid) {
-            break true;
+            break End::Exited;
         }
-        if Instant::now() >= deadline {
-            break false;
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break End::TimedOut;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // With both pipes at their end, this only waits.
+        if let Pumped::TooMuch = pump(&mut out, &mut err, left.min(TICK), &mut chunk) {
+            break End::TooMuch;
+        }
     };
     // The whole group ends with its leader: what the command left running in the background
-    // (holding its output open, or not) would otherwise outlive it, and the readers would
-    // wait for it. The leader is not reaped yet, so the group's id is still its own.
+    // would otherwise outlive it. The leader is not reaped yet, so the group's id is still
+    // its own.
     let _ = killpg(pgid, Signal::SIGKILL);
-    let status = child.wait();
-    if !finished {
-        return Err(RunError::TimedOut(timeout));
+    if let End::Exited = end {
+        // What the command wrote before it exited is in the pipes now: take what is there,
+        // without waiting for an end that a holder in another session may never give.
+        loop {
+            match pump(&mut out, &mut err, Duration::ZERO, &mut chunk) {
+                Pumped::Moved if Instant::now() < deadline => {}
+                Pumped::TooMuch => {
+                    end = End::TooMuch;
+                    break;
+                }
+                _ => break,
+            }
+        }
     }
-    let status = status.map_err(RunError::Spawn)?;
-    // The pipes close once the group is gone; the grace only covers a grandchild that moved
-    // to a group of its own and kept them open.
-    let grace = Duration::from_secs(2);
-    Ok(Output {
-        status,
-        stdout: out_rx.recv_timeout(grace).unwrap_or_default(),
-        stderr: err_rx.recv_timeout(grace).unwrap_or_default(),
-    })
+    // `out` and `err` drop on return: the pipes close, whoever else holds their other end.
+    let status = child.wait();
+    match end {
+        End::TimedOut => Err(RunError::TimedOut(timeout)),
+        End::TooMuch => Err(RunError::TooMuchOutput(MAX_OUTPUT)),
+        End::Exited => Ok(Output {
+            status: status.map_err(RunError::Spawn)?,
+            stdout: out.buf,
+            stderr: err.buf,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -224,6 +326,24 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(!alive(), "the background child {pid} outlived its command");
+    }
+
+    #[test]
+    fn output_past_the_cap_ends_the_run() {
+        let e = run(&sh("yes"), Duration::from_secs(600)).unwrap_err();
+        assert!(matches!(e, RunError::TooMuchOutput(MAX_OUTPUT)), "{e:?}");
+        assert_eq!(e.to_string(), "printed more than 8 MiB: killed");
+    }
+
+    #[test]
+    fn output_up_to_the_cap_is_kept() {
+        let o = run(
+            &sh(&format!("head -c {MAX_OUTPUT} /dev/zero; echo err >&2")),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+        assert_eq!(o.stdout.len(), MAX_OUTPUT);
+        assert_eq!(o.stderr, b"err\n");
     }
 
     #[test]

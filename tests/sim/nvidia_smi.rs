@@ -1,6 +1,8 @@
 //! The simulated `nvidia-smi`: prints the simulated GPUs in the real layout (`-q`, `-q -x`,
 //! `-L`, the plain table), their license as the simulated gridd left it in the sim dir's
-//! `state.json`. `smi_mode` in `sim.json` makes it hang forever or fail as with no driver;
+//! `state.json`. `smi_mode` in `sim.json` makes it hang forever, fail as with no driver,
+//! leave a process of another session holding its output (`detached_holder`) or print
+//! without end (`endless`);
 //! `driver_version` sets the version printed and the wording of an unlicensed GPU (535's
 //! plain `Unlicensed`); `gpu_count` the number of vGPUs; `platform_licensed` prints
 //! `Licensed (Expiry: N/A)`.
@@ -9,6 +11,8 @@
 
 #[path = "shared.rs"]
 mod shared;
+
+use std::io::Write;
 
 use chrono::{Local, Utc};
 use shared::{GpuState, SimConfig, SmiMode};
@@ -26,6 +30,10 @@ fn main() {
         SmiMode::NoDriver => {
             print!("{NO_DRIVER}");
             std::process::exit(9);
+        }
+        SmiMode::DetachedHolder => hold_output_detached(&dir),
+        SmiMode::Endless => {
+            let _ = std::fs::write(dir.join("smi.pid"), std::process::id().to_string());
         }
         SmiMode::Normal => {}
     }
@@ -61,10 +69,51 @@ fn main() {
         }
     } else if query && xml {
         print!("{}", smi.xml());
+    } else if query && cfg.smi_mode == SmiMode::Endless {
+        let text = smi.text();
+        let mut out = std::io::stdout().lock();
+        // Until the reader goes away (a write error) or the process is killed.
+        while out.write_all(text.as_bytes()).is_ok() {}
+        std::process::exit(1);
     } else if query {
         print!("{}", smi.text());
     } else {
         print!("{}", smi.table());
+    }
+}
+
+/// Starts `sleep` in a session of its own (as a daemon that nvidia-smi started would be),
+/// inheriting standard output and error: the pipe stays open after nvidia-smi exits, and no
+/// kill of nvidia-smi's process group reaches it. Its pid is appended to `holders` in the
+/// sim dir, for the test to end it.
+fn hold_output_detached(dir: &std::path::Path) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("300");
+    // SAFETY: only setsid(2), async-signal-safe, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
+    }
+    match cmd.spawn() {
+        Ok(child) => {
+            let line = format!("{}\n", child.id());
+            let appended = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("holders"))
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+            if let Err(e) = appended {
+                eprintln!("sim-nvidia-smi: cannot record the holder: {e}");
+            }
+        }
+        Err(e) => {
+            eprintln!("sim-nvidia-smi: cannot start the holder: {e}");
+            std::process::exit(3);
+        }
     }
 }
 

@@ -43,6 +43,11 @@ pub enum SmiMode {
     Hang,
     /// Fails as with no driver loaded (exit 9).
     NoDriver,
+    /// Leaves a process in a session of its own holding its output open (its pid appended
+    /// to `holders` in the sim dir), then prints as `normal` and exits.
+    DetachedHolder,
+    /// Prints its output again and again, never ending (its pid in `smi.pid`).
+    Endless,
 }
 
 /// What gridd logs when it cannot reach the DLS: the real wording is not known (no sample
