@@ -71,12 +71,13 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     let mut notes = Vec::new();
     if let Some(path) = &args.smi {
         let snap = read_smi(path)?;
-        if snap.gpus.is_empty() && snap.driver_error.is_none() && !snap.whole {
+        if snap.gpus.is_empty() && snap.driver_error.is_none() && !snap.whole && !snap.host_view {
             notes.push(format!(
                 "{}: no nvidia-smi -q output found (no `GPU ...` section, no `License Status` line)",
                 crate::text::show_path(path)
             ));
         }
+        notes.extend(smi_notes(&snap));
         obs.at = snap.timestamp.map(|t| t.and_utc());
         obs.smi = Some(snap);
     }
@@ -94,6 +95,12 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         if fold.total() == 0 {
             notes.push(format!(
                 "{}: no nvidia-gridd lines found",
+                crate::text::show_path(path)
+            ));
+        }
+        if fold.total() > 0 && stats.last_stamp.is_none() {
+            notes.push(format!(
+                "{}: gridd's lines carry no time (`journalctl -o cat`?), so no event has a time and a lease cannot be judged against the clock: save the log with `journalctl -u nvidia-gridd -o json` (or `-o short-iso`)",
                 crate::text::show_path(path)
             ));
         }
@@ -116,4 +123,45 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     let mut report = evaluate(obs);
     report.notes.extend(notes);
     Ok(report)
+}
+
+/// What a saved nvidia-smi output is, where it is not a guest's whole `nvidia-smi -q`: the
+/// host's `nvidia-smi vgpu -q` (each VM's vGPU and license status listed), or an excerpt of a
+/// vGPU guest that stops before the license section.
+pub fn smi_notes(snap: &smi::SmiSnapshot) -> Vec<String> {
+    let show = |v: &Option<String>| {
+        crate::text::escape(v.as_deref().filter(|s| !s.is_empty()).unwrap_or("?")).into_owned()
+    };
+    let mut notes = Vec::new();
+    if snap.host_view {
+        notes.push("this is the host's view (nvidia-smi vgpu -q); the guest's own view is `nvidia-smi -q` inside the guest".to_string());
+        if snap.host_vgpus.is_empty() {
+            notes.push("the host shows no active vGPU".to_string());
+        }
+        for v in &snap.host_vgpus {
+            notes.push(format!(
+                "VM {} (UUID {}): vGPU {} (vGPU ID {}, on GPU {}), guest driver {}, license status {}",
+                show(&v.vm_name),
+                show(&v.vm_uuid),
+                show(&v.profile),
+                show(&v.vgpu_id),
+                show(&v.gpu_bus_id),
+                show(&v.guest_driver),
+                show(&v.license_status),
+            ));
+        }
+        return notes;
+    }
+    let no_status = snap.gpus.iter().all(|g| g.license_status.is_none());
+    let vgpu = snap
+        .gpus
+        .iter()
+        .find_map(|g| g.profile.as_deref().filter(|p| smi::is_vgpu_profile(p)));
+    if let Some(profile) = vgpu.filter(|_| no_status) {
+        notes.push(format!(
+            "the license section is not in this output: the vGPU profile {} needs a license, and whether it holds one is shown under `vGPU Software Licensed Product` near the end of `nvidia-smi -q`; give the whole output",
+            crate::text::escape(profile)
+        ));
+    }
+    notes
 }

@@ -25,7 +25,8 @@ pub fn edition_for_profile(profile: &str) -> Option<&'static str> {
         'Q' => Some("NVIDIA RTX Virtual Workstation"),
         'B' => Some("NVIDIA Virtual PC"),
         'A' => Some("NVIDIA Virtual Applications"),
-        'C' => Some("NVIDIA Virtual Compute Server"),
+        // Driver 595 renamed it; a DLS may list the license under either name.
+        'C' => Some("NVIDIA Virtual Compute Server (NVIDIA vGPU for Compute from driver 595)"),
         _ => None,
     }
 }
@@ -659,6 +660,10 @@ pub fn smi_state(s: &SmiSnapshot) -> State {
     if s.no_device {
         return State::NoGpu;
     }
+    // The hypervisor's view of its VMs says nothing of this machine's own license.
+    if s.host_view {
+        return State::Unknown;
+    }
     if s.gpus.is_empty() {
         // nvidia-smi's own complaint, or a whole output that lists no GPU. One that did not
         // answer at all proves nothing.
@@ -676,6 +681,14 @@ pub fn smi_state(s: &SmiSnapshot) -> State {
         .filter_map(|g| g.license_status.as_deref().map(classify_status))
         .collect();
     if statuses.is_empty() {
+        // A vGPU profile always has a licence section: an output without one was cut.
+        if s.gpus.iter().any(|g| {
+            g.profile
+                .as_deref()
+                .is_some_and(crate::observe::smi::is_vgpu_profile)
+        }) {
+            return State::Unknown;
+        }
         let passthrough = s.gpus.iter().all(|g| {
             g.virtualization_mode
                 .as_deref()
@@ -717,12 +730,17 @@ mod tests {
         );
         assert_eq!(
             edition_for_profile("GRID A100-4C"),
-            Some("NVIDIA Virtual Compute Server")
+            Some("NVIDIA Virtual Compute Server (NVIDIA vGPU for Compute from driver 595)")
         );
-        assert_eq!(
-            edition_for_profile("NVIDIA H100L-1-12C"),
-            Some("NVIDIA Virtual Compute Server")
+        // Both names of driver 595's rename, and they are the same license.
+        let c = edition_for_profile("NVIDIA H100L-1-12C").unwrap();
+        assert!(
+            c.contains("NVIDIA Virtual Compute Server") && c.contains("NVIDIA vGPU for Compute")
         );
+        assert!(crate::observe::smi::same_edition(
+            "NVIDIA vGPU for Compute",
+            "NVIDIA Virtual Compute Server"
+        ));
         assert_eq!(edition_for_profile("GRID T4-2B"), Some("NVIDIA Virtual PC"));
         assert_eq!(
             edition_for_profile("GRID M60-8A"),

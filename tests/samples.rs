@@ -569,3 +569,118 @@ fn human_summary_names_state_failure_and_fix() {
     );
     assert!(text.contains("local)"), "{text}");
 }
+
+// Fragments: the host's view, excerpts, flattened pastes, the legacy server's URL form.
+
+#[test]
+fn the_hosts_vgpu_q_is_the_hosts_view_never_one_guest() {
+    let host_note = "this is the host's view (nvidia-smi vgpu -q); the guest's own view is `nvidia-smi -q` inside the guest";
+    let (r, code) = smi("smi-host-vgpu-q-two-vms.txt");
+    // One VM of the two is `Unlicensed (Unrestricted)`: still not this machine's state.
+    assert_eq!((r["state"].as_str(), code), (Some("unknown"), 3));
+    assert_eq!(r["license"], Value::Null);
+    assert_eq!(r["gpus"], serde_json::json!([]));
+    let notes: Vec<&str> = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(notes[0], host_note);
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert!(
+        notes[1].contains("VM instance-00000004")
+            && notes[1].contains("NVIDIA RTX Pro 6000 Blackwell DC-3Q")
+            && notes[1].contains("license status N/A (Expiry: N/A)"),
+        "{}",
+        notes[1]
+    );
+    assert!(
+        notes[2].contains("VM instance-00000005")
+            && notes[2].contains("guest driver 580.105.08")
+            && notes[2].contains("license status Unlicensed (Unrestricted)"),
+        "{}",
+        notes[2]
+    );
+
+    let (r, code) = smi("smi-host-vgpu-q-akb486.txt");
+    assert_eq!((r["state"].as_str(), code), (Some("unknown"), 3));
+    assert_eq!(r["notes"][0], host_note);
+    let vm = r["notes"][1].as_str().unwrap();
+    assert!(
+        vm.contains("win10test,debug-threads=on")
+            && vm.contains("NVIDIA RTXA6000-2Q")
+            && vm.contains("vGPU ID 3251634190")
+            && vm.contains("on GPU 00000000:01:00.0"),
+        "{vm}"
+    );
+    assert_eq!(r["notes"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn an_excerpt_of_a_vgpu_guest_without_its_license_section_is_unknown() {
+    // Driver 595's documented output, line-numbered as the page renders it, cut before the
+    // license section: the profile H100-80C is a vGPU, so nothing says it is not licensable.
+    let (r, code) = smi("smi-595-docs-excerpt-numbered.txt");
+    assert_eq!((r["state"].as_str(), code), (Some("unknown"), 3));
+    assert_eq!(r["gpus"][0]["bus_id"], "00000000:02:01.0");
+    assert_eq!(r["gpus"][0]["profile"], "NVIDIA H100-80C");
+    let note = r["notes"][0].as_str().unwrap();
+    assert!(
+        note.starts_with("the license section is not in this output")
+            && note.contains("NVIDIA H100-80C"),
+        "{note}"
+    );
+}
+
+#[test]
+fn a_license_section_flattened_by_a_paste_is_read() {
+    let (r, code) = smi("smi-flattened-vcs-1.txt");
+    assert_eq!((r["state"].as_str(), code), (Some("licensed"), 0));
+    assert_eq!(r["license"]["edition"], "NVIDIA Virtual Compute Server");
+    assert_eq!(r["license"]["expiry"], "2021-11-13T18:29:59Z");
+    // AWS's guide glues the section onto its own sentence.
+    let (r, code) = smi("smi-flattened-aws-cloud-gaming.txt");
+    assert_eq!((r["state"].as_str(), code), (Some("licensed"), 0));
+    assert_eq!(r["license"]["edition"], "NVIDIA Cloud Gaming");
+    assert_eq!(r["license"]["status"], "Licensed (Expiry: N/A)");
+    assert_eq!(r["gpus"][0]["profile"], Value::Null);
+}
+
+#[test]
+fn the_legacy_servers_url_form_is_legacy_and_keeps_its_edition() {
+    let (r, code) = journal("gridd-log-legacy-acquired-url-1.txt");
+    assert_eq!((r["state"].as_str(), code), (Some("licensed"), 0));
+    assert_eq!(r["licensing_mode"], "legacy");
+    let acquired = &r["events"][1];
+    assert_eq!(acquired["kind"], "acquired");
+    assert_eq!(acquired["server"], "10.5.8.208");
+    assert_eq!(acquired["edition"], "Quadro-Virtual-DWS,5.0");
+    assert_eq!(r["license"]["edition"], "Quadro-Virtual-DWS,5.0");
+    assert_eq!(r["dls"], Value::Null);
+
+    let (r, _) = journal("gridd-log-legacy-acquired-url-2.txt");
+    assert_eq!(r["licensing_mode"], "legacy");
+    assert_eq!(r["events"][0]["server"], "10.103.15.200");
+    assert_eq!(r["license"]["edition"], "NVIDIA Virtual Compute Server");
+}
+
+#[test]
+fn a_log_without_times_gets_the_journalctl_options_that_keep_them() {
+    let hint = |r: &Value| {
+        r["notes"].as_array().is_some_and(|n| {
+            n.iter().any(|n| {
+                let n = n.as_str().unwrap();
+                n.contains("-o json") && n.contains("-o short-iso")
+            })
+        })
+    };
+    // `journalctl -u nvidia-gridd -f` as pasted without its times, and a bare quoted line.
+    let (r, _) = journal("gridd-log-fastapi-dls-2.txt");
+    assert!(hint(&r), "{r}");
+    let (r, _) = journal("gridd-log-legacy-acquired-url-2.txt");
+    assert!(hint(&r), "{r}");
+    // A log with its times needs no hint.
+    let (r, _) = journal("gridd-log-legacy-acquired-url-1.txt");
+    assert!(!hint(&r), "{r}");
+}

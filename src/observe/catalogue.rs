@@ -253,6 +253,16 @@ fn host_of_url(url: &str) -> Option<String> {
     nonempty(host)
 }
 
+/// The legacy server's `(Info: <url>; <edition>)`: a URL of the FlexNet license server
+/// (`http://HOST:7070/request`), never the bare host of the token path.
+fn legacy_info(info: &str) -> Option<(&str, &str)> {
+    let (url, edition) = info.split_once(';').unwrap_or((info, ""));
+    let url = url.trim();
+    let lower = url.to_ascii_lowercase();
+    let is_url = lower.starts_with("http://") || lower.starts_with("https://");
+    (is_url && lower.trim_end_matches('/').ends_with("/request")).then_some((url, edition))
+}
+
 /// Reads `rest` (the message after the wording's prefix) into `c` as `fields` says; `None`
 /// when the message does not have the wording's form after all (the next wording is tried).
 fn read_fields(fields: Fields, m: &str, rest: &str, c: &mut Classified) -> Option<()> {
@@ -267,7 +277,13 @@ fn read_fields(fields: Fields, m: &str, rest: &str, c: &mut Classified) -> Optio
             }
         }
         F::Lease => {
-            if let Some(info) = info_of(m) {
+            if let Some((url, edition)) = info_of(m).and_then(legacy_info) {
+                // `(Info: http://10.5.8.208:7070/request; Quadro-Virtual-DWS,5.0)`: the
+                // legacy server's URL and the feature it served.
+                c.server = host_of_url(url);
+                c.edition = nonempty(edition);
+                c.legacy = true;
+            } else if let Some(info) = info_of(m) {
                 let head = info.split(';').next().unwrap_or(info);
                 let (server, edition) = head.split_once(',').unwrap_or((head, ""));
                 c.server = nonempty(server);
@@ -423,5 +439,19 @@ mod tests {
             };
             assert!(!said.trim().is_empty(), "{:?}", wording.starts);
         }
+    }
+
+    #[test]
+    fn the_legacy_servers_acquisition_names_its_url_and_edition() {
+        // tests/fixtures/samples/gridd-log-legacy-acquired-url-1.txt
+        let c = classify("License acquired successfully. (Info: http://10.5.8.208:7070/request; Quadro-Virtual-DWS,5.0)").unwrap();
+        assert_eq!(c.kind, K::Acquired);
+        assert!(c.legacy);
+        assert_eq!(c.server.as_deref(), Some("10.5.8.208"));
+        assert_eq!(c.edition.as_deref(), Some("Quadro-Virtual-DWS,5.0"));
+        // The token path's form stays the token path's.
+        let c = classify("License acquired successfully. (Info: license.nvidia.space, NVIDIA RTX Virtual Workstation; Expiry: 2023-1-29 22:3:0 GMT)").unwrap();
+        assert!(!c.legacy);
+        assert_eq!(c.server.as_deref(), Some("license.nvidia.space"));
     }
 }

@@ -40,6 +40,64 @@ pub struct SmiSnapshot {
     /// The guest's PCI bus holds no NVIDIA device (vendor 0x10de): nothing to license, and
     /// nvidia-smi was not asked.
     pub no_device: bool,
+    /// The hypervisor host's `nvidia-smi vgpu -q` (`vGPU ID`, `VM Name`, `Guest Driver
+    /// Version` blocks), not a guest's own view: one entry per VM's vGPU.
+    pub host_vgpus: Vec<HostVgpu>,
+    /// The output is the host's view (see [`SmiSnapshot::host_vgpus`]), even with no vGPU
+    /// active (`Active vGPUs : 0`).
+    pub host_view: bool,
+}
+
+/// One VM's vGPU as the host's `nvidia-smi vgpu -q` shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostVgpu {
+    /// The physical GPU (`GPU 00000000:01:00.0` above the block).
+    pub gpu_bus_id: Option<String>,
+    pub vgpu_id: Option<String>,
+    pub vm_name: Option<String>,
+    pub vm_uuid: Option<String>,
+    /// `vGPU Name`: the profile (`NVIDIA RTXA6000-2Q`).
+    pub profile: Option<String>,
+    /// `N/A` while the guest driver is not loaded.
+    pub guest_driver: Option<String>,
+    /// `N/A (Expiry: N/A)`, `Unlicensed (Unrestricted)`, `Licensed (Expiry: ...)`.
+    pub license_status: Option<String>,
+}
+
+/// The editions, as driver 595 and later name them next to the names before it: the same
+/// license, so a comparison of editions goes through [`same_edition`].
+pub const EDITION_RENAMES: &[(&str, &str)] =
+    &[("NVIDIA Virtual Compute Server", "NVIDIA vGPU for Compute")];
+
+/// An edition's name in one spelling (the one before driver 595), whichever was printed.
+pub fn canonical_edition(name: &str) -> &str {
+    let n = name.trim();
+    EDITION_RENAMES
+        .iter()
+        .find(|(old, new)| n.eq_ignore_ascii_case(old) || n.eq_ignore_ascii_case(new))
+        .map_or(n, |(old, _)| old)
+}
+
+/// Whether two edition names are the same license (`NVIDIA Virtual Compute Server` is
+/// `NVIDIA vGPU for Compute` from driver 595 on).
+pub fn same_edition(a: &str, b: &str) -> bool {
+    canonical_edition(a).eq_ignore_ascii_case(canonical_edition(b))
+}
+
+/// Whether a GPU's product name is a vGPU profile: its last word ends in `-<n><letter>`
+/// (`A10-12Q`, `GRID A100-4C`, `NVIDIA L40S-24Q`, MIG-backed `H100L-1-12C`); a physical
+/// GPU's name never does (`NVIDIA H100 80GB HBM3`, `Tesla V100-SXM2-32GB`).
+pub fn is_vgpu_profile(name: &str) -> bool {
+    let Some(last) = name.split_whitespace().last() else {
+        return false;
+    };
+    let Some((_, tail)) = last.rsplit_once('-') else {
+        return false;
+    };
+    let b = tail.as_bytes();
+    b.len() >= 2
+        && b[..b.len() - 1].iter().all(u8::is_ascii_digit)
+        && b[b.len() - 1].is_ascii_alphabetic()
 }
 
 /// A `License Status` value, classified.
@@ -121,82 +179,305 @@ fn indent_of(line: &str) -> usize {
     line.len() - line.trim_start_matches([' ', '\t']).len()
 }
 
-/// Parses `nvidia-smi -q` text, whole or an excerpt.
+const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// `2024-05-27T00:08:28.123Z ` (or `2024-05-27 00:08:28+0000 `): the rest after it.
+fn after_iso_stamp(line: &str) -> Option<&str> {
+    let b = line.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let ok = digits(0..4)
+        && b.get(4) == Some(&b'-')
+        && digits(5..7)
+        && b.get(7) == Some(&b'-')
+        && digits(8..10)
+        && matches!(b.get(10), Some(b'T' | b' '))
+        && digits(11..13)
+        && b.get(13) == Some(&b':')
+        && digits(14..16)
+        && b.get(16) == Some(&b':')
+        && digits(17..19);
+    if !ok {
+        return None;
+    }
+    let mut i = 19;
+    if b.get(i) == Some(&b'.') || b.get(i) == Some(&b',') {
+        i += 1;
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+    }
+    match b.get(i) {
+        Some(b'Z') => i += 1,
+        Some(b'+' | b'-') => {
+            i += 1;
+            while b.get(i).is_some_and(|c| c.is_ascii_digit() || *c == b':') {
+                i += 1;
+            }
+        }
+        _ => {}
+    }
+    let rest = &line[i..];
+    rest.starts_with([' ', '\t']).then(|| &rest[1..])
+}
+
+/// `May 27 00:08:28 ` (syslog's time): the rest after it.
+fn after_syslog_stamp(line: &str) -> Option<&str> {
+    let month = line.get(..3)?;
+    if !MONTHS.contains(&month) {
+        return None;
+    }
+    let rest = line[3..].strip_prefix(' ')?.trim_start_matches(' ');
+    let (day, rest) = rest.split_once(' ')?;
+    if day.is_empty() || day.len() > 2 || !day.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let (time, rest) = rest.split_once(' ')?;
+    let t = time.as_bytes();
+    let time_ok = time.len() >= 8
+        && t[2] == b':'
+        && t[5] == b':'
+        && [0, 1, 3, 4, 6, 7].iter().all(|&k| t[k].is_ascii_digit());
+    time_ok.then_some(rest)
+}
+
+/// `host ansible: ` or `host ident[pid]: ` after a log's time: the rest after it (the
+/// paste's own indentation kept). nvidia-smi pads its keys (`License Status    : ...`), so
+/// a word glued to its colon is a program's name, never a key.
+fn after_host_ident(rest: &str) -> Option<&str> {
+    let (host, tail) = rest.split_once(' ')?;
+    if host.is_empty() || host.contains(':') {
+        return None;
+    }
+    let colon = tail.find(':')?;
+    let ident = &tail[..colon];
+    let name = ident.split('[').next().unwrap_or(ident);
+    let ok = !name.is_empty()
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'/'))
+        && ident[name.len()..].strip_prefix('[').is_none_or(|p| {
+            p.strip_suffix(']')
+                .is_some_and(|d| d.bytes().all(|c| c.is_ascii_digit()))
+        });
+    if !ok {
+        return None;
+    }
+    let after = &tail[colon + 1..];
+    Some(after.strip_prefix(' ').unwrap_or(after))
+}
+
+/// A line as nvidia-smi printed it, without what a log or a paste put around it: a log's
+/// time (ISO or syslog) and `host program:`, Ansible's quoting of `stdout_lines`
+/// (`"    License Status : Licensed",`), a leading line number of a rendered listing.
+fn unwrap_line(raw: &str) -> &str {
+    let mut line = raw.trim_end_matches(['\r', ' ', '\t']);
+    let lead = line.trim_start_matches([' ', '\t']);
+    if let Some(rest) = after_iso_stamp(lead).or_else(|| after_syslog_stamp(lead)) {
+        line = after_host_ident(rest).unwrap_or(rest);
+    }
+    let lead = line.trim_start_matches([' ', '\t']);
+    // No line of nvidia-smi starts with a digit: one that does is numbered by a listing
+    // (`3Timestamp : ...`, `9 Product Name : ...`).
+    let numbered = lead.bytes().take_while(u8::is_ascii_digit).count();
+    if (1..=4).contains(&numbered) {
+        let rest = &lead[numbered..];
+        let next = rest.trim_start_matches(' ');
+        if next.starts_with(|c: char| c.is_ascii_alphabetic() || c == '=') {
+            line = rest;
+        }
+    }
+    let lead = line.trim_start_matches([' ', '\t']);
+    if let Some(q) = lead.strip_prefix('"') {
+        let q = q.strip_suffix(',').unwrap_or(q);
+        if let Some(inner) = q.strip_suffix('"') {
+            line = inner;
+        }
+    }
+    line
+}
+
+/// The keys of the licence section, where a paste flattened it onto one line.
+const FLAT_MARKERS: [&str; 3] = [
+    "vGPU Software Licensed Product",
+    "Product Name",
+    "License Status",
+];
+
+/// A line holding several of the licence section's parts (`vGPU Software Licensed Product
+/// Product Name : ... License Status : ...`, as a paste flattens it) split back into its
+/// lines, the keys indented under the section's header. Any other line is itself.
+fn unflatten(indent: usize, line: &str) -> Vec<(usize, &str)> {
+    let mut cuts: Vec<usize> = FLAT_MARKERS
+        .iter()
+        .flat_map(|m| line.match_indices(m).map(|(i, _)| i))
+        .filter(|&i| i > 0 && line[..i].ends_with([' ', '\t']))
+        .collect();
+    // Two of the section's parts at least: a sentence naming one key is no section.
+    let at_start = FLAT_MARKERS.iter().any(|m| line.starts_with(m));
+    if cuts.is_empty() || cuts.len() + usize::from(at_start) < 2 {
+        return vec![(indent, line)];
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut parts = Vec::with_capacity(cuts.len() + 1);
+    let mut from = 0;
+    for cut in cuts.into_iter().chain(std::iter::once(line.len())) {
+        let part = line[from..cut].trim();
+        if !part.is_empty() {
+            let header = part.starts_with(FLAT_MARKERS[0]);
+            let at = if parts.is_empty() || header {
+                indent
+            } else {
+                indent + 4
+            };
+            parts.push((at, part));
+        }
+        from = cut;
+    }
+    parts
+}
+
+/// Parses `nvidia-smi -q` text, whole or an excerpt, or the host's `nvidia-smi vgpu -q`.
 pub fn parse_text(text: &str) -> SmiSnapshot {
     let mut snap = SmiSnapshot::default();
     // The section a key belongs to: its lowercased header and the header's indentation.
     let mut section: Option<(String, usize)> = None;
     for raw in text.lines() {
-        let indent = indent_of(raw);
-        let line = raw.trim();
+        let unwrapped = unwrap_line(raw);
+        let line = unwrapped.trim();
         if line.is_empty() {
             continue;
         }
         let lower = line.to_ascii_lowercase();
-        if lower.contains("nvsmi log") || lower.starts_with("attached gpus") {
-            snap.whole = true;
-        }
         if snap.driver_error.is_none() && DRIVER_ERRORS.iter().any(|e| lower.contains(e)) {
             snap.driver_error = Some(line.to_string());
             continue;
         }
-        if let Some(id) = line.strip_prefix("GPU ").map(str::trim)
-            && is_bus_id(id)
-        {
-            snap.gpus.push(SmiGpu {
-                bus_id: Some(id.to_string()),
-                ..SmiGpu::default()
-            });
-            section = None;
-            continue;
-        }
-        let Some((key, value)) = line.split_once(':') else {
-            // A section header.
-            section = Some((lower, indent));
-            if section
-                .as_ref()
-                .is_some_and(|s| s.0 == "vgpu software licensed product")
-            {
-                current(&mut snap).has_license_section = true;
-            }
-            continue;
-        };
-        if let Some((_, sec_indent)) = &section
-            && indent <= *sec_indent
-            && (indent > 0 || *sec_indent > 0)
-        {
-            section = None;
-        }
-        let key = key.trim();
-        let value = value.trim();
-        let value = (!value.is_empty()).then(|| value.to_string());
-        let in_license = section
-            .as_ref()
-            .is_some_and(|s| s.0 == "vgpu software licensed product");
-        if key.eq_ignore_ascii_case("Timestamp") {
-            snap.timestamp = value.as_deref().and_then(parse_smi_timestamp);
-        } else if key.eq_ignore_ascii_case("Driver Version") {
-            snap.driver_version = value;
-        } else if key.eq_ignore_ascii_case("Product Name") {
-            if in_license {
-                let gpu = current_for(&mut snap, |g| g.edition.is_some());
-                gpu.edition = value;
-                gpu.has_license_section = true;
-            } else if section.is_none() {
-                let gpu = current(&mut snap);
-                if gpu.profile.is_none() {
-                    gpu.profile = value;
-                }
-            }
-        } else if key.eq_ignore_ascii_case("License Status") {
-            let gpu = current_for(&mut snap, |g| g.license_status.is_some());
-            gpu.license_status = value;
-            gpu.has_license_section = true;
-        } else if key.eq_ignore_ascii_case("Virtualization Mode") {
-            current(&mut snap).virtualization_mode = value;
+        for (indent, line) in unflatten(indent_of(unwrapped), line) {
+            parse_line(&mut snap, &mut section, indent, line);
         }
     }
+    if snap.host_view {
+        // The host's physical GPUs: each VM's vGPU names its own (`gpu_bus_id`); none of
+        // them is a GPU of this output's reader.
+        snap.gpus.clear();
+    }
     snap
+}
+
+/// One line of `nvidia-smi -q` (or `vgpu -q`) text, trimmed, at its indentation.
+fn parse_line(
+    snap: &mut SmiSnapshot,
+    section: &mut Option<(String, usize)>,
+    indent: usize,
+    line: &str,
+) {
+    let lower = line.to_ascii_lowercase();
+    if lower.contains("nvsmi log") || lower.starts_with("attached gpus") {
+        snap.whole = true;
+    }
+    if let Some(id) = line.strip_prefix("GPU ").map(str::trim)
+        && is_bus_id(id)
+    {
+        snap.gpus.push(SmiGpu {
+            bus_id: Some(id.to_string()),
+            ..SmiGpu::default()
+        });
+        *section = None;
+        return;
+    }
+    let Some((key, value)) = line.split_once(':') else {
+        // A section header.
+        *section = Some((lower, indent));
+        if section
+            .as_ref()
+            .is_some_and(|s| s.0 == "vgpu software licensed product")
+        {
+            current(snap).has_license_section = true;
+        }
+        return;
+    };
+    if let Some((_, sec_indent)) = &section
+        && indent <= *sec_indent
+        && (indent > 0 || *sec_indent > 0)
+    {
+        *section = None;
+    }
+    let key = key.trim();
+    let value = value.trim();
+    let value = (!value.is_empty()).then(|| value.to_string());
+    let in_license = section
+        .as_ref()
+        .is_some_and(|s| s.0 == "vgpu software licensed product");
+    if host_key(snap, key, value.clone()) {
+        return;
+    }
+    if key.eq_ignore_ascii_case("Timestamp") {
+        snap.timestamp = value.as_deref().and_then(parse_smi_timestamp);
+    } else if key.eq_ignore_ascii_case("Driver Version") {
+        snap.driver_version = value;
+    } else if key.eq_ignore_ascii_case("Product Name") {
+        if in_license {
+            let gpu = current_for(snap, |g| g.edition.is_some());
+            gpu.edition = value;
+            gpu.has_license_section = true;
+        } else if section.is_none() {
+            let gpu = current(snap);
+            if gpu.profile.is_none() {
+                gpu.profile = value;
+            }
+        }
+    } else if key.eq_ignore_ascii_case("License Status") {
+        let gpu = current_for(snap, |g| g.license_status.is_some());
+        gpu.license_status = value;
+        gpu.has_license_section = true;
+    } else if key.eq_ignore_ascii_case("Virtualization Mode") {
+        current(snap).virtualization_mode = value;
+    }
+}
+
+/// The keys of the host's `nvidia-smi vgpu -q`: `true` when `key` was one (a VM's `License
+/// Status` there is that VM's, never this machine's).
+fn host_key(snap: &mut SmiSnapshot, key: &str, value: Option<String>) -> bool {
+    let is = |k: &str| key.eq_ignore_ascii_case(k);
+    if is("Active vGPUs") {
+        snap.host_view = true;
+        return true;
+    }
+    if is("vGPU ID") {
+        snap.host_view = true;
+        let gpu_bus_id = snap.gpus.last().and_then(|g| g.bus_id.clone());
+        snap.host_vgpus.push(HostVgpu {
+            gpu_bus_id,
+            vgpu_id: value,
+            ..HostVgpu::default()
+        });
+        return true;
+    }
+    if !snap.host_view {
+        return false;
+    }
+    let Some(vgpu) = snap.host_vgpus.last_mut() else {
+        return false;
+    };
+    let slot = if is("VM Name") {
+        &mut vgpu.vm_name
+    } else if is("VM UUID") {
+        &mut vgpu.vm_uuid
+    } else if is("vGPU Name") {
+        &mut vgpu.profile
+    } else if is("Guest Driver Version") {
+        &mut vgpu.guest_driver
+    } else if is("License Status") {
+        &mut vgpu.license_status
+    } else {
+        return false;
+    };
+    *slot = value;
+    true
 }
 
 /// The GPU fields belong to: the last `GPU ...` section, or an implicit one in an excerpt.
@@ -440,5 +721,108 @@ vGPU Software Licensed Product\nProduct Name : NVIDIA Virtual Compute Server\nLi
                 .contains("nvidia_smi_log")
         );
         assert!(parse(b"<nvidia_smi_log>").is_err());
+    }
+
+    #[test]
+    fn log_prefixes_quoting_and_listing_numbers_are_taken_off() {
+        let status = |text: &str| {
+            let s = parse_text(text);
+            (
+                s.gpus.first().and_then(|g| g.license_status.clone()),
+                s.gpus.first().and_then(|g| g.edition.clone()),
+            )
+        };
+        let want = (
+            Some("Licensed (Expiry: 2024-5-27 0:8:28 GMT)".to_string()),
+            Some("NVIDIA RTX Virtual Workstation".to_string()),
+        );
+        // A CI log's ISO times, with the section's indentation after them.
+        let iso = "2024-05-27T00:08:28.123Z     vGPU Software Licensed Product\n\
+2024-05-27T00:08:28.124Z         Product Name                      : NVIDIA RTX Virtual Workstation\n\
+2024-05-27T00:08:28.125Z         License Status                    : Licensed (Expiry: 2024-5-27 0:8:28 GMT)\n";
+        assert_eq!(status(iso), want);
+        // syslog's time and `host program:` (a playbook's output in the journal).
+        let syslog = "May 27 00:08:28 host ansible:     vGPU Software Licensed Product\n\
+May 27 00:08:28 host ansible:         Product Name : NVIDIA RTX Virtual Workstation\n\
+May 27 00:08:28 host ansible[77]:         License Status : Licensed (Expiry: 2024-5-27 0:8:28 GMT)\n";
+        assert_eq!(status(syslog), want);
+        // Ansible's `stdout_lines`, quoted one per line.
+        let ansible = "TASK [check the license] *****\nok: [vm1] => {\n    \"out.stdout_lines\": [\n\
+        \"    vGPU Software Licensed Product\",\n\
+        \"        Product Name                      : NVIDIA RTX Virtual Workstation\",\n\
+        \"        License Status                    : Licensed (Expiry: 2024-5-27 0:8:28 GMT)\"\n    ]\n}\n";
+        assert_eq!(status(ansible), want);
+        // Flattened onto one line, after a log's time.
+        let flat = "2024-05-27T00:08:28Z vGPU Software Licensed Product Product Name : NVIDIA RTX Virtual Workstation License Status : Licensed (Expiry: 2024-5-27 0:8:28 GMT)";
+        assert_eq!(status(flat), want);
+        // A key is never taken for a program's name: nvidia-smi pads it before its colon.
+        let s = parse_text("2024-05-27T00:08:28Z License Status : Unlicensed\n");
+        assert_eq!(s.gpus[0].license_status.as_deref(), Some("Unlicensed"));
+        // A sentence naming one key is no flattened section.
+        let s = parse_text("the License Status : Unlicensed line\n");
+        assert!(s.gpus.iter().all(|g| g.edition.is_none()));
+    }
+
+    #[test]
+    fn the_hosts_vgpu_q_fills_host_vgpus_never_a_guests_status() {
+        let text = "GPU 00000000:01:00.0\n    Active vGPUs : 1\n    vGPU ID : 3251634190\n\
+        VM Name : vm1\n        vGPU Name : NVIDIA RTXA6000-2Q\n        Guest Driver Version : 550.90.07\n\
+        License Status : Licensed (Expiry: 2030-1-1 0:0:0 GMT)\n";
+        let s = parse_text(text);
+        assert!(s.host_view);
+        assert!(s.gpus.is_empty());
+        assert_eq!(s.host_vgpus.len(), 1);
+        let v = &s.host_vgpus[0];
+        assert_eq!(v.gpu_bus_id.as_deref(), Some("00000000:01:00.0"));
+        assert_eq!(v.vm_name.as_deref(), Some("vm1"));
+        assert_eq!(v.profile.as_deref(), Some("NVIDIA RTXA6000-2Q"));
+        assert_eq!(v.guest_driver.as_deref(), Some("550.90.07"));
+        assert_eq!(
+            v.license_status.as_deref(),
+            Some("Licensed (Expiry: 2030-1-1 0:0:0 GMT)")
+        );
+        // No vGPU active: still the host's view.
+        let s = parse_text("GPU 00000000:01:00.0\n    Active vGPUs : 0\n");
+        assert!(s.host_view && s.host_vgpus.is_empty());
+        // A guest's own output is not.
+        assert!(
+            !parse_text("vGPU Software Licensed Product\nLicense Status : Licensed\n").host_view
+        );
+    }
+
+    #[test]
+    fn vgpu_profiles_and_both_names_of_an_edition() {
+        for p in [
+            "A10-12Q",
+            "GRID A100-4C",
+            "NVIDIA L40S-24Q",
+            "NVIDIA H100L-1-12C",
+            "NVIDIA H100-80C",
+        ] {
+            assert!(is_vgpu_profile(p), "{p}");
+        }
+        for p in [
+            "NVIDIA H100 80GB HBM3",
+            "Tesla V100-SXM2-32GB",
+            "NVIDIA A100-SXM4-40GB",
+            "Tesla T4",
+            "",
+            "-",
+        ] {
+            assert!(!is_vgpu_profile(p), "{p}");
+        }
+        assert!(same_edition(
+            "NVIDIA vGPU for Compute",
+            "NVIDIA Virtual Compute Server"
+        ));
+        assert!(same_edition(
+            "nvidia vgpu for compute ",
+            "NVIDIA vGPU for Compute"
+        ));
+        assert!(!same_edition(
+            "NVIDIA vGPU for Compute",
+            "NVIDIA RTX Virtual Workstation"
+        ));
+        assert_eq!(canonical_edition("NVIDIA Virtual PC"), "NVIDIA Virtual PC");
     }
 }
