@@ -310,9 +310,10 @@ const FLAT_MARKERS: [&str; 3] = [
 /// Product Name : ... License Status : ...`, as a paste flattens it) split back into its
 /// lines, the keys indented under the section's header. Any other line is itself.
 fn unflatten(indent: usize, line: &str) -> Vec<(usize, &str)> {
+    // Each part once: the line stays one GPU's (a GPU takes a line of its own).
     let mut cuts: Vec<usize> = FLAT_MARKERS
         .iter()
-        .flat_map(|m| line.match_indices(m).map(|(i, _)| i))
+        .filter_map(|m| line.find(m))
         .filter(|&i| i > 0 && line[..i].ends_with([' ', '\t']))
         .collect();
     // Two of the section's parts at least: a sentence naming one key is no section.
@@ -758,6 +759,10 @@ May 27 00:08:28 host ansible[77]:         License Status : Licensed (Expiry: 202
         // A key is never taken for a program's name: nvidia-smi pads it before its colon.
         let s = parse_text("2024-05-27T00:08:28Z License Status : Unlicensed\n");
         assert_eq!(s.gpus[0].license_status.as_deref(), Some("Unlicensed"));
+        // A line is one GPU's, however many times it repeats a key.
+        let s =
+            parse_text("License Status : Licensed (Expiry: License Status : Licensed (Expiry: ");
+        assert_eq!(s.gpus.len(), 1);
         // A sentence naming one key is no flattened section.
         let s = parse_text("the License Status : Unlicensed line\n");
         assert!(s.gpus.iter().all(|g| g.edition.is_none()));
