@@ -1,6 +1,9 @@
 //! `nvidia-smi -q` (text, whole or an excerpt, indentation kept or lost) and `nvidia-smi -q -x`
 //! (XML) into a per-GPU snapshot. Unknown lines are ignored, so new driver branches that add
-//! lines do not break parsing.
+//! lines do not break parsing. Pasted text is read too: lines behind a log's time and
+//! `host program:`, Ansible's quoted `stdout_lines`, a listing's line numbers, a license
+//! section flattened onto one line. The host's `nvidia-smi vgpu -q` is recognised as the
+//! host's view of its VMs, never as a guest's own.
 
 use chrono::{DateTime, Utc};
 
