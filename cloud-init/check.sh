@@ -89,7 +89,7 @@ for wf in doc.get("write_files", []):
             with open(os.path.join(d, "config.d", os.path.basename(p)), "w") as fh:
                 fh.write(wf["content"])
             r = subprocess.run([binary, "--config", os.path.join(d, "config.toml"),
-                                "prepare-image", "--dry-run"], capture_output=True, text=True)
+                                "config", "check"], capture_output=True, text=True)
             if r.returncode != 0:
                 print(f"FAIL: {path}: {p} is refused by the agent: {r.stderr.strip()}", file=sys.stderr)
                 ok = False

@@ -539,7 +539,7 @@ check_status_wait() {
 	rc=$?
 	echo "$out"
 	echo "exit $rc"
-	grep -q "^From the running service's report" <<<"$out" || {
+	grep -q "From the running service's report" <<<"$out" || {
 		echo "status did not read the running service's report (/run/$NAME/status.json)" >&2
 		rc=1
 	}

@@ -402,7 +402,30 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
     let owner = token_owner_check(&ts, &dir);
     let mut checks = vec![main, mode, strays];
     checks.extend(owner);
+    checks.extend(source_check(settings));
     checks
+}
+
+/// The platform's token source, as the service would take it: a token there that the agent
+/// refuses is never installed, so a bad rotation shows here before the old token runs out.
+fn source_check(settings: &Settings) -> Option<Check> {
+    let checked = crate::install::check_source(settings)?;
+    let shown = settings
+        .paths
+        .token_source
+        .as_deref()
+        .map(crate::text::show_path)
+        .unwrap_or_default();
+    Some(match checked {
+        Ok(summary) => check(
+            "token-source",
+            Status::Ok,
+            format!("{shown}: {summary}"),
+        ),
+        Err(why) => check("token-source", Status::Fail, format!("{shown}: {why}")).fix(
+            "put a valid client configuration token from the DLS into the source (rotate the Kubernetes Secret again); the service installs it as soon as it sees it",
+        ),
+    })
 }
 
 /// What else the token directory holds: strays are a problem until they are moved aside (a

@@ -38,6 +38,22 @@ impl std::fmt::Display for Proxy {
     }
 }
 
+/// What stands for a URL's user and password wherever one is shown.
+const REDACTED_USERINFO: &str = "<credentials>";
+
+/// A proxy address with any `user:password@` of a URL replaced by `<credentials>@`.
+pub fn redact_address(address: &str) -> String {
+    let (scheme, rest) = match address.find("://") {
+        Some(i) => address.split_at(i + 3),
+        None => ("", address),
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}{REDACTED_USERINFO}{}", &rest[at..]),
+        None => address.to_string(),
+    }
+}
+
 /// One `Key=Value` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -211,13 +227,26 @@ impl GriddConf {
         let Some(address) = value("ProxyServerAddress") else {
             return Ok(None);
         };
-        // A URL is written where a host is expected often enough to take it as meant.
+        // A URL is written where a host is expected often enough to take it as meant, with
+        // credentials too (`http://user:password@proxy:3128`, as `http_proxy` is written):
+        // the host is what follows them, and they are never shown.
+        let shown = redact_address(&address);
         let a = address.trim();
         let a = a
             .strip_prefix("http://")
             .or_else(|| a.strip_prefix("https://"))
             .unwrap_or(a);
         let a = a.split('/').next().unwrap_or(a);
+        let (url_user, a) = match a.rsplit_once('@') {
+            Some((userinfo, rest)) => (
+                Some(userinfo.split(':').next().unwrap_or_default().to_string())
+                    .filter(|u| !u.is_empty()),
+                rest,
+            ),
+            None => (None, a),
+        };
+        // From here on, the address is only shown.
+        let address = &shown;
         let (host, port_in_address) = match a.strip_prefix('[') {
             Some(rest) => match rest.split_once(']') {
                 Some((h, p)) => (h, p.strip_prefix(':')),
@@ -250,7 +279,7 @@ impl GriddConf {
         Ok(Some(Proxy {
             host: host.to_string(),
             port,
-            user: value("ProxyUserName"),
+            user: value("ProxyUserName").or(url_user),
         }))
     }
 
@@ -312,6 +341,42 @@ pub fn feature_type_advice(feature_type: u8, gpus: &[SmiGpu]) -> Option<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ProxyServerAddress` written as `http_proxy` often is, with credentials: the host is
+    /// what follows them (never the user), and no error or display shows the password.
+    #[test]
+    fn a_proxy_url_with_credentials_is_read_and_never_shown() {
+        for (conf, host, port) in [
+            (
+                "ProxyServerAddress=http://user:hunter2@proxy.example:3128\n",
+                "proxy.example",
+                3128,
+            ),
+            (
+                "ProxyServerAddress=http://user:hunter2@proxy.example\nProxyServerPort=8080\n",
+                "proxy.example",
+                8080,
+            ),
+            (
+                "ProxyServerAddress=user:hunter2@10.0.0.9:3128/\n",
+                "10.0.0.9",
+                3128,
+            ),
+        ] {
+            let p = GriddConf::parse(conf.as_bytes()).proxy().unwrap().unwrap();
+            assert_eq!((p.host.as_str(), p.port), (host, port), "{conf}");
+            assert_eq!(p.user.as_deref(), Some("user"));
+            assert!(!p.to_string().contains("hunter2"));
+        }
+        let e = GriddConf::parse(b"ProxyServerAddress=http://user:hunter2@proxy.example\n")
+            .proxy()
+            .unwrap_err();
+        assert!(
+            !e.contains("hunter2") && e.contains("<credentials>@proxy.example"),
+            "{e}"
+        );
+        assert_eq!(redact_address("proxy:3128"), "proxy:3128");
+    }
 
     const TEMPLATE: &str = "\
 # /etc/nvidia/gridd.conf.template - Configuration file for NVIDIA Grid Daemon

@@ -41,6 +41,8 @@ pub fn of(reason: Reason) -> Policy {
         // A restart changes nothing here: the token, the DLS's pool, the GPU, the clock or
         // the config must change first. The checks say which.
         R::TokenMissing | R::TokenInvalid | R::TokenExpired => (false, false, &["token"], Specific),
+        // The platform delivers a bad token: its rotation must be fixed where it is made.
+        R::TokenSourceRejected => (false, false, &["token-source"], Specific),
         // gridd's own word: the probe only measures by how much (see `probe_measures`).
         R::ClockSkew => (false, false, &["clock"], Specific),
         R::NoLicenseAvailable | R::TrustedStore | R::LicensingUnsupported => {
@@ -94,6 +96,15 @@ pub fn replaces(old: Reason, new: Reason) -> bool {
     of(new).severity >= of(old).severity
 }
 
+/// How a unit answer says that nvidia-gridd's unit does not exist.
+pub const NOT_INSTALLED: &str = "is not installed";
+
+/// Whether a unit answer says the unit does not exist: then it cannot be restarted
+/// (systemctl answers exit 5), and its fix is the driver that brings it.
+pub fn unit_missing(why: &str) -> bool {
+    why.ends_with(NOT_INSTALLED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,13 +130,4 @@ mod tests {
         assert!(explains_exit(Reason::TokenInvalid) && explains_exit(Reason::LicensingUnsupported));
         assert!(!explains_exit(Reason::DlsUnreachable) && !explains_exit(Reason::Other));
     }
-}
-
-/// How a unit answer says that nvidia-gridd's unit does not exist.
-pub const NOT_INSTALLED: &str = "is not installed";
-
-/// Whether a unit answer says the unit does not exist: then it cannot be restarted
-/// (systemctl answers exit 5), and its fix is the driver that brings it.
-pub fn unit_missing(why: &str) -> bool {
-    why.ends_with(NOT_INSTALLED)
 }

@@ -196,6 +196,9 @@ pub struct Observations {
     /// The service's finding that the lease's expiry has stopped moving: since when it
     /// counts as stalled, and what to say.
     pub renewal_stalled: Option<(DateTime<Utc>, String)>,
+    /// The token source holds a token the agent refused: why. Critical without an installed
+    /// token (it is why there is none), a warning while the installed one holds.
+    pub source_rejected: Option<String>,
 }
 
 /// The time of the log's last line as an instant, assuming UTC where the zone is unknown.
@@ -291,6 +294,7 @@ pub fn advice(
         Reason::FeatureTypeInvalid => "FeatureType in /etc/nvidia/gridd.conf does not fit this GPU: set FeatureType=1 for a vGPU (the driver picks the edition from the profile), e.g. `vgpu-license-agent install --feature-type 1 ...`; 2 or 4 only for passthrough, then restart nvidia-gridd.".into(),
         Reason::DlsUnreachable => format!("{the_dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
         Reason::RenewalStalled => format!("gridd has not renewed the lease from {dls} for longer than its renewal interval allows: the license runs out at its expiry. Run `vgpu-license-agent diagnose` (DNS, TCP, TLS, the clock against the DLS) and look for this client in the DLS's log; restart nvidia-gridd only once the DLS answers: a restart returns the lease."),
+        Reason::TokenSourceRejected => "The platform's token source (paths.token_source: a Kubernetes Secret shared into the guest, say) holds a token the agent refused (expired, undecodable, or no token at all), so it was not installed: put a valid client configuration token from the DLS into the Secret; the installed token, if any, stays until then.".into(),
         Reason::GriddNotRunning => "nvidia-gridd is not running: `systemctl enable --now nvidia-gridd`, then read `journalctl -u nvidia-gridd` if it stops again.".into(),
         Reason::Unspecified => format!("nvidia-gridd failed to get a license from {dls} without saying why: run `vgpu-license-agent diagnose` to check DNS, TCP, TLS and the clock against the DLS."),
         Reason::Other => format!("nvidia-gridd reported an error from the licensing library: run `vgpu-license-agent diagnose`; if {dls} is reachable and the clock is right, look for this client in the DLS's own log."),
@@ -514,9 +518,16 @@ pub fn evaluate(obs: Observations) -> Report {
     let probe_failure = obs
         .probe_failure
         .filter(|_| crate::policy::probe_refines(log_reason));
+    // A refused rotation is why no token is installed; with one installed, a warning (below).
+    let source_rejected = obs.source_rejected.clone();
+    let own_failure = match (obs.own_failure, &source_rejected) {
+        (Some((Reason::TokenMissing, _)), Some(why)) => {
+            Some((Reason::TokenSourceRejected, why.clone()))
+        }
+        (own, _) => own,
+    };
     // Nothing here needs a license: the agent's token and gridd findings do not matter.
-    let own_failure = obs
-        .own_failure
+    let own_failure = own_failure
         .filter(|(r, _)| token_needed || *r != Reason::TokenMissing)
         .or(probe_failure)
         .filter(|_| state != State::NotLicensable);
@@ -594,6 +605,18 @@ pub fn evaluate(obs: Observations) -> Report {
             f.advice = a;
         }
         f
+    });
+    // A bad rotation while the installed token still holds: a warning, so that a fleet sees
+    // it before the old token runs out.
+    let failure = failure.or_else(|| {
+        let why =
+            source_rejected.filter(|_| !matches!(state, State::NoGpu | State::NotLicensable))?;
+        Some(Failure {
+            reason: Reason::TokenSourceRejected,
+            advice: advice(Reason::TokenSourceRejected, None, None, None),
+            message: why,
+            at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+        })
     });
     // A lease held whose renewals have stalled: a warning while it still holds.
     let failure = failure.or_else(|| {

@@ -229,6 +229,24 @@ pub fn scan(
             wrong.push(format!("the device {}", crate::text::escape(&shown)));
             continue;
         }
+        if (ft.is_fifo() || ft.is_socket()) && name == token_file {
+            // At the token's own path: it is what gridd reads as the token, reported as
+            // such, and never opened or moved (a FIFO would block whoever reads it).
+            let kind = if ft.is_fifo() { "a FIFO" } else { "a socket" };
+            out.token = Some(installed(
+                &path,
+                &name,
+                &meta,
+                Vec::new(),
+                Content::Unreadable(format!("not a regular file but {kind}")),
+            ));
+            link_at_token = Some(format!(
+                "the token path {} is not a regular file but {kind}; remove it (rm {}) and run install again",
+                show_path(&path),
+                show_path(&path)
+            ));
+            continue;
+        }
         if ft.is_symlink() && name == token_file {
             // At the token's own path: refused, as every symlink the agent would write
             // through (a link elsewhere in the directory is moved aside as a link).
@@ -308,7 +326,7 @@ pub fn scan(
     if let Some(first) = candidates.next() {
         let r = rank(&first);
         let (chosen, _) = first;
-        if r.0 {
+        if r.0 && out.token.is_none() {
             out.token = Some(chosen);
         } else {
             out.strays.push(as_stray(chosen, StrayKind::NotAToken));

@@ -711,7 +711,9 @@ fn a_fifo_a_device_or_a_huge_status_json_is_passed_over_for_observing_now() {
     assert!(
         observed
             .stdout
-            .starts_with("The service is not running: observed now."),
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("The service is not running: observed now.")),
         "{}",
         observed.stdout
     );
@@ -725,7 +727,10 @@ fn a_fifo_a_device_or_a_huge_status_json_is_passed_over_for_observing_now() {
     let r = root.run(&["status"]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
     assert!(
-        r.stdout.starts_with("From the running service's report"),
+        r.stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("From the running service's report")),
         "{}",
         r.stdout
     );
@@ -762,7 +767,7 @@ fn a_fifo_a_device_or_a_huge_status_json_is_passed_over_for_observing_now() {
             } else {
                 assert!(
                     r.stdout
-                        .starts_with("The service is not running: observed now."),
+                        .lines().nth(1).is_some_and(|l| l.starts_with("The service is not running: observed now.")),
                     "{name}: {}",
                     r.stdout
                 );
@@ -788,7 +793,10 @@ fn status_exits_zero_to_three_whatever_status_json_claims() {
     let r = root.run(&["status"]);
     assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
     assert!(
-        r.stdout.starts_with("From the running service's report"),
+        r.stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("From the running service's report")),
         "{}",
         r.stdout
     );

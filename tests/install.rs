@@ -388,7 +388,7 @@ fn a_read_only_token_directory_changes_nothing() {
     assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
     let line = r.error_line();
     assert!(
-        line.contains("Permission denied")
+        (line.contains("Permission denied") || line.contains("which this user may not"))
             && line.contains("as root")
             && line.contains("nothing was changed"),
         "{line}"
@@ -716,7 +716,7 @@ fn a_failed_restart_is_an_error_and_is_retried_by_the_next_run() {
     let r = root.run(&["install", "--token-file", f.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(
-        r.stdout.contains("an earlier restart failed"),
+        r.stdout.contains("an earlier restart is still owed"),
         "{}",
         r.stdout
     );
@@ -1087,19 +1087,22 @@ fn a_token_under_any_name_is_the_installed_token() {
 /// the same, and `status` does not call it missing.
 #[test]
 fn a_token_without_tok_suffix_is_judged_not_missing() {
-    let root = Root::new();
+    // This guest's own journal stays out of what is observed.
+    let root = Root::with_config("journalctl = \"/bin/true\"\n");
     fs::create_dir_all(root.token_dir()).unwrap();
     let at = root.token_dir().join("bgo-client-token-latest");
     fs::write(&at, valid_token("site")).unwrap();
-    let reason = |root: &Root| {
+    // No driver answers here (the driver is the headline), but a missing token would be
+    // named all the same.
+    let says_missing = |root: &Root| {
         let r = root.run(&["status", "--json"]);
-        let v: serde_json::Value = serde_json::from_str(&r.stdout).expect(&r.stdout);
-        v["failure"]["reason"].clone()
+        serde_json::from_str::<serde_json::Value>(&r.stdout).expect(&r.stdout);
+        r.stdout.contains("token_missing")
     };
-    assert_ne!(reason(&root), "token_missing");
+    assert!(!says_missing(&root));
     // The same directory without it: the token is missing.
     fs::rename(&at, root.path("elsewhere")).unwrap();
-    assert_eq!(reason(&root), "token_missing");
+    assert!(says_missing(&root));
 }
 
 /// The classic misplaced file: a gridd.conf (and an editor's backup) in the token directory.

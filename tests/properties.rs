@@ -795,6 +795,8 @@ const STRING_FLAGS: &[&[&str]] = &[
     &["analyze", "--smi", "x", "--token"],
     &["token", "inspect"],
     &["check-identity", "--root"],
+    // --dry-run first: a fuzzed root must never be cleaned.
+    &["prepare-image", "--dry-run", "--root"],
 ];
 
 /// Every argument of every command that takes a value: (the commands above it, `--long`,

@@ -16,7 +16,8 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
     // What ends the wait: a license, or (for --require-licensed, which gates workloads) a GPU
     // that needs none.
     let done = |state: State| {
-        state == State::Licensed || (args.require_licensed && state == State::NotLicensable)
+        state == State::Licensed
+            || (args.require_licensed && matches!(state, State::NotLicensable | State::NoGpu))
     };
     let (report, source) = loop {
         let (report, source) = current(settings);
@@ -29,9 +30,24 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
             _ => break (report, source),
         }
     };
+    // A report whose observation is older than the service's cadence allows says nothing
+    // about now: a starved or hung service keeps rewriting it.
+    let stale = match source {
+        Source::Service(_) => stale_for(&report, settings),
+        Source::Observed => None,
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        match &stale {
+            Some(age) => println!(
+                "UNKNOWN: the service's report is stale: its observation is {age} s old, more than its cadence allows; the service may be hung or starved (`systemctl status vgpu-license-agent`)"
+            ),
+            None => println!(
+                "{}",
+                crate::text::for_terminal(&human::summary_line(&report))
+            ),
+        }
         match source {
             Source::Service(age) => println!(
                 "From the running service's report ({} s old).",
@@ -59,6 +75,22 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
+    if stale.is_some() {
+        return Ok(ExitCode::from(3));
+    }
     // 0-3 whatever a status.json says: a monitoring system reads anything else as a crash.
     Ok(ExitCode::from(report.exit_code.min(3)))
+}
+
+/// How old the report's observation is (seconds), when that is older than the service's
+/// cadence allows: the licensed poll interval twice over, plus a command's time limit and the
+/// heartbeat.
+fn stale_for(report: &crate::report::Report, settings: &Settings) -> Option<i64> {
+    let at = chrono::DateTime::parse_from_rfc3339(report.observed_at.as_deref()?).ok()?;
+    let age = (chrono::Utc::now() - at.with_timezone(&chrono::Utc)).num_seconds();
+    let svc = &settings.service;
+    let allowed = 2 * svc.poll_licensed.max(svc.poll_unlicensed).as_secs()
+        + settings.commands.timeout.as_secs()
+        + crate::service::core::HEARTBEAT.as_secs();
+    (age > allowed as i64).then_some(age)
 }

@@ -75,7 +75,14 @@ pub(super) fn adopt_bytes(
 /// ([`adopt_dropped_token`]).
 pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::Result<Outcome> {
     if let Some(source) = &settings.paths.token_source {
-        let bytes = read_source(source, &settings.paths.token_file)?;
+        let refused = |e: anyhow::Error| match e.downcast::<TokenRejected>() {
+            Ok(r) => anyhow::Error::new(SourceRejected(format!(
+                "the token source {} was not installed: {r}",
+                show_path(source)
+            ))),
+            Err(e) => e,
+        };
+        let bytes = read_source(source, &settings.paths.token_file).map_err(refused)?;
         let installed = scan_token_dir(settings)
             .ok()
             .and_then(|l| l.token)
@@ -83,11 +90,38 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::R
         if installed.as_deref() != Some(bytes.as_slice()) {
             // A bad token is refused here, before anything changes: the installed one stays.
             // A new token: gridd must be restarted for it, license held or not.
-            return adopt_bytes(settings, &bytes, false, retry_owed, false);
+            return adopt_bytes(settings, &bytes, false, retry_owed, false).map_err(refused);
         }
     }
     adopt_dropped_token(settings, licensed, retry_owed)
 }
+
+/// Whether `paths.token_source` holds a token that would be installed (`Ok` also when none
+/// is set); the refusal's one line otherwise. For `diagnose`: the same checks as the service's.
+pub fn check_source(settings: &Settings) -> Option<Result<String, String>> {
+    let source = settings.paths.token_source.as_ref()?;
+    let checked = read_source(source, &settings.paths.token_file)
+        .map_err(|e| format!("{e:#}"))
+        .and_then(|bytes| {
+            validate(&bytes, Utc::now(), false)
+                .map(|(t, _)| summary(&bytes, &t))
+                .map_err(|e| e.to_string())
+        });
+    Some(checked)
+}
+
+/// The platform's token source holds a token the agent refused (the whole line): nothing was
+/// installed from it, and the installed token, if any, stays.
+#[derive(Debug)]
+pub struct SourceRejected(pub String);
+
+impl std::fmt::Display for SourceRejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SourceRejected {}
 
 /// The token's bytes from `paths.token_source`: the file itself, or in a directory the file
 /// named like the installed token, else the only `*.tok` there. Links are followed (a

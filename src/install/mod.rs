@@ -13,7 +13,7 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-pub use adopt::{NoToken, Superseded, adopt, adopt_dropped_token};
+pub use adopt::{NoToken, SourceRejected, Superseded, adopt, adopt_dropped_token, check_source};
 use apply::apply;
 
 use std::ffi::OsString;

@@ -29,11 +29,12 @@ pub const FAILURE_GRIDD_NOT_RUNNING: &str = "97318e70705840c2a9c6011223070aaf";
 pub const FAILURE_UNSPECIFIED: &str = "f9987d50f90a49f093a9818273e35ce9";
 pub const FAILURE_OTHER: &str = "88cef4ab9cf5485c9ea15e557d20fc62";
 pub const FAILURE_RENEWAL_STALLED: &str = "9a6f696648e74ebd8b1658f29f1299a7";
+pub const FAILURE_TOKEN_SOURCE_REJECTED: &str = "b1e0c6a4d3f94a5c8e27f6a9d0c5b713";
 /// This guest's identity changed since the last boot: a clone, or a restored snapshot.
 pub const CLONE_DETECTED: &str = "61ca0f88976e42a09aca3ba48149cfc2";
 
 /// Every ID above, with its constant's name.
-pub const ALL: [(&str, &str); 17] = [
+pub const ALL: [(&str, &str); 18] = [
     ("STATE_CHANGED", STATE_CHANGED),
     ("LICENSED", LICENSED),
     ("GRIDD_RESTARTED", GRIDD_RESTARTED),
@@ -53,6 +54,10 @@ pub const ALL: [(&str, &str); 17] = [
     ("FAILURE_UNSPECIFIED", FAILURE_UNSPECIFIED),
     ("FAILURE_OTHER", FAILURE_OTHER),
     ("FAILURE_RENEWAL_STALLED", FAILURE_RENEWAL_STALLED),
+    (
+        "FAILURE_TOKEN_SOURCE_REJECTED",
+        FAILURE_TOKEN_SOURCE_REJECTED,
+    ),
     ("CLONE_DETECTED", CLONE_DETECTED),
 ];
 
@@ -72,6 +77,7 @@ pub fn for_reason(reason: Reason) -> &'static str {
         Reason::Unspecified => FAILURE_UNSPECIFIED,
         Reason::Other => FAILURE_OTHER,
         Reason::RenewalStalled => FAILURE_RENEWAL_STALLED,
+        Reason::TokenSourceRejected => FAILURE_TOKEN_SOURCE_REJECTED,
     }
 }
 

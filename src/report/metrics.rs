@@ -1,5 +1,5 @@
 //! The report as Prometheus text (classic exposition format), and the same samples as
-//! OpenMetrics for the scrapers that ask for it (see `report::http`). Names are fixed by the
+//! OpenMetrics for the scrapers that ask for it (see `service::metrics_server`). Names are fixed by the
 //! contract: alert rules and dashboards depend on them.
 
 use std::fmt::Write;
@@ -19,6 +19,8 @@ pub struct Counters {
     pub clock_skew_seconds: Option<f64>,
     /// The guest driver's version, as nvidia-smi printed it last (for the info metric).
     pub driver_version: Option<String>,
+    /// The installed token's `exp`, Unix time.
+    pub token_expiry: Option<i64>,
 }
 
 impl Counters {
@@ -227,6 +229,43 @@ pub fn render(report: &Report, c: &Counters) -> String {
                 o,
                 "vgpu_license_last_shutdown_timestamp_seconds {}",
                 at.timestamp()
+            );
+        }
+    }
+    if let Some(exp) = c.token_expiry {
+        header(
+            &mut o,
+            "vgpu_license_token_expiry_timestamp_seconds",
+            "gauge",
+            "The installed client configuration token's expiry (exp), Unix time.",
+        );
+        let _ = writeln!(o, "vgpu_license_token_expiry_timestamp_seconds {exp}");
+    }
+    let per_gpu: Vec<_> = report
+        .gpus
+        .iter()
+        .filter(|g| g.license_status.is_some())
+        .collect();
+    if !per_gpu.is_empty() {
+        header(
+            &mut o,
+            "vgpu_license_gpu_licensed",
+            "gauge",
+            "Per GPU: 1 when its License Status says licensed, else 0.",
+        );
+        for g in per_gpu {
+            let licensed = matches!(
+                g.license_status
+                    .as_deref()
+                    .map(crate::observe::smi::classify_status),
+                Some(crate::observe::smi::LicenseStatus::Licensed(_))
+            );
+            let _ = writeln!(
+                o,
+                "vgpu_license_gpu_licensed{{bus_id=\"{}\",profile=\"{}\"}} {}",
+                label_value(g.bus_id.as_deref().unwrap_or("")),
+                label_value(g.profile.as_deref().unwrap_or("")),
+                u8::from(licensed)
             );
         }
     }

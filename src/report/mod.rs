@@ -90,13 +90,15 @@ pub enum Reason {
     FeatureTypeInvalid,
     DlsUnreachable,
     GriddNotRunning,
+    /// The platform's token source holds a token the agent refused.
+    TokenSourceRejected,
     RenewalStalled,
     Unspecified,
     Other,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::TokenMissing,
         Reason::TokenInvalid,
         Reason::TokenExpired,
@@ -107,6 +109,7 @@ impl Reason {
         Reason::FeatureTypeInvalid,
         Reason::DlsUnreachable,
         Reason::GriddNotRunning,
+        Reason::TokenSourceRejected,
         Reason::RenewalStalled,
         Reason::Unspecified,
         Reason::Other,
@@ -124,6 +127,7 @@ impl Reason {
             Reason::FeatureTypeInvalid => "feature_type_invalid",
             Reason::DlsUnreachable => "dls_unreachable",
             Reason::GriddNotRunning => "gridd_not_running",
+            Reason::TokenSourceRejected => "token_source_rejected",
             Reason::RenewalStalled => "renewal_stalled",
             Reason::Unspecified => "unspecified",
             Reason::Other => "other",

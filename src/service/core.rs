@@ -94,6 +94,8 @@ pub enum AdoptError {
     /// An install replaced the token while it was being adopted: adopt what is there now.
     Superseded,
     Rejected(String),
+    /// The token source holds a token the agent refused: the whole line.
+    SourceRejected(String),
     Other(String),
 }
 
@@ -197,6 +199,14 @@ pub struct Core {
     next_probe: Duration,
     next_adopt: Duration,
     adopt_again: bool,
+    /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
+    /// heartbeat's rewrites of status.json do not move.
+    observed_at: Option<DateTime<Utc>>,
+    /// The token source holds a token the agent refused: why.
+    source_rejected: Option<String>,
+    /// The token source was read at least once (before, a missing token is not counted:
+    /// the source may bring one).
+    source_read: bool,
     /// The last adoption failed at this time: the directory's changes (many of them the
     /// adoption's own undo) do not start another one before [`ADOPT_AFTER_FAILURE`].
     adopt_failed: Option<Duration>,
@@ -241,6 +251,9 @@ impl Core {
             next_adopt: now.mono + ADOPT_UNWATCHED,
             adopt_again: false,
             adopt_failed: None,
+            source_rejected: None,
+            source_read: false,
+            observed_at: None,
             written: now.mono,
             last_report: None,
             dirty: false,
@@ -299,6 +312,7 @@ impl Core {
             }
             Event::Smi(read) => {
                 self.busy.smi = false;
+                self.observed_at = Some(now.wall);
                 match read {
                     SmiRead::Snapshot(s) => {
                         if crate::state::smi_state(&s) == State::Licensed {
@@ -365,6 +379,18 @@ impl Core {
                     Err(AdoptError::Other(_) | AdoptError::Rejected(_)) => Some(now.mono),
                     _ => None,
                 };
+                // The source's verdict stands until the next adoption says otherwise (a good
+                // rotation, or the source fixed back to the installed token).
+                let rejected = match &result {
+                    Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
+                    Err(AdoptError::Superseded) => self.source_rejected.clone(),
+                    _ => None,
+                };
+                if rejected != self.source_rejected {
+                    self.dirty = true;
+                }
+                self.source_rejected = rejected;
+                self.source_read = true;
                 if result.as_ref().is_ok_and(|o| o.changed()) {
                     self.read_token(&mut fx);
                 }
@@ -683,6 +709,13 @@ impl Core {
             Err(AdoptError::Other(why)) => {
                 error!("token not adopted: {}", crate::text::escape(&why))
             }
+            Err(AdoptError::SourceRejected(why)) => {
+                warn!(
+                    message_id = message_ids::FAILURE_TOKEN_SOURCE_REJECTED,
+                    "{}",
+                    crate::text::escape(&why)
+                )
+            }
         }
     }
 
@@ -739,6 +772,17 @@ impl Core {
         obs.renewal_stalled = self
             .lease
             .and_then(|(exp, since)| stalled(exp, since, now.wall));
+        obs.source_rejected.clone_from(&self.source_rejected);
+        // The observation is as old as nvidia-smi's last answer, however often it is written.
+        if let Some(at) = self.observed_at {
+            obs.at = Some(at);
+        }
+        self.counters.token_expiry = self
+            .token
+            .as_ref()
+            .and_then(|t| t.as_ref().ok())
+            .and_then(|t| t.expires)
+            .map(|e| e.timestamp());
         let mut report = evaluate(obs);
         report.agent_pid = Some(std::process::id());
         report.last_shutdown.clone_from(&self.last_shutdown);
@@ -771,8 +815,14 @@ impl Core {
                 format!("{}|{}", f.message, f.at.as_deref().unwrap_or("")),
             )
         });
+        // With a token source, no token before the source is read is not yet a failure: the
+        // source may bring one.
+        let premature = f_is_missing(&report)
+            && self.settings.paths.token_source.is_some()
+            && !self.source_read;
         if let Some(f) = &report.failure
             && key != self.failure_key
+            && !premature
         {
             self.counters.count_failure(f.reason);
             warn!(
@@ -784,7 +834,9 @@ impl Core {
                 crate::text::escape(&f.advice)
             );
         }
-        self.failure_key = key;
+        if !premature {
+            self.failure_key = key;
+        }
         let previous = self.report.as_ref().map(|r| r.state);
         if previous != Some(report.state) {
             log_state_change(&report, previous);
@@ -937,6 +989,14 @@ pub fn stalled(
     ))
 }
 
+/// Whether the report's failure is a missing token.
+fn f_is_missing(report: &Report) -> bool {
+    report
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.reason == Reason::TokenMissing)
+}
+
 fn secs(now: Now) -> f64 {
     now.mono.as_secs_f64()
 }
@@ -978,14 +1038,36 @@ fn log_state_change(report: &Report, previous: Option<State>) {
 
 /// Two reports differ for the outside when anything but the time of observation differs.
 fn same_report(a: &Report, b: &Report) -> bool {
-    a.state == b.state
-        && a.license == b.license
-        && a.gpus == b.gpus
-        && a.events == b.events
-        && a.failure == b.failure
-        && a.dls == b.dls
-        && a.exit_code == b.exit_code
-        && a.notes == b.notes
+    // Every field but the observation's time and the agent's pid: a field added to the report
+    // stops this compiling until it is placed on one side or the other.
+    let Report {
+        schema,
+        state,
+        observed_at: _,
+        license,
+        gpus,
+        events,
+        failure,
+        dls,
+        licensing_mode,
+        events_omitted,
+        notes,
+        exit_code,
+        agent_pid: _,
+        last_shutdown,
+    } = a;
+    *schema == b.schema
+        && *state == b.state
+        && *license == b.license
+        && *gpus == b.gpus
+        && *events == b.events
+        && *failure == b.failure
+        && *dls == b.dls
+        && *licensing_mode == b.licensing_mode
+        && *events_omitted == b.events_omitted
+        && *notes == b.notes
+        && *exit_code == b.exit_code
+        && *last_shutdown == b.last_shutdown
 }
 
 /// The one line `systemctl status` shows.

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
-use crate::install::{self, NoToken, Superseded, TokenRejected};
+use crate::install::{self, NoToken, SourceRejected, Superseded, TokenRejected};
 use crate::live;
 use crate::observe::journal::LineParser;
 use crate::report::Finding;
@@ -133,6 +133,8 @@ impl Shell {
                                     AdoptError::NoToken
                                 } else if e.downcast_ref::<Superseded>().is_some() {
                                     AdoptError::Superseded
+                                } else if let Some(r) = e.downcast_ref::<SourceRejected>() {
+                                    AdoptError::SourceRejected(r.0.clone())
                                 } else if let Some(r) = e.downcast_ref::<TokenRejected>() {
                                     AdoptError::Rejected(r.to_string())
                                 } else {
@@ -248,15 +250,18 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         let wake = clock.instant(core.next_wake(clock.now()));
         tokio::select! {
             Some(event) = rx.recv() => {
-                if matches!(event, Event::TokenDirChanged) {
-                    // Changes from here on queue a new event.
-                    DIR_CHANGE_QUEUED.store(false, std::sync::atomic::Ordering::Release);
-                    rewatch(&mut watcher, &core.settings().paths.token_dir);
-                }
-                let mut effects = core.handle(event, clock.now());
+                let mut on_event = |event: Event| {
+                    if matches!(event, Event::TokenDirChanged) {
+                        // Changes from here on queue a new event.
+                        DIR_CHANGE_QUEUED.store(false, std::sync::atomic::Ordering::Release);
+                        rewatch(&mut watcher, &core.settings().paths.token_dir);
+                    }
+                    core.handle(event, clock.now())
+                };
+                let mut effects = on_event(event);
                 // A backlog (this boot's journal at start) makes one report, not one each.
                 while let Ok(event) = rx.try_recv() {
-                    effects.extend(core.handle(event, clock.now()));
+                    effects.extend(on_event(event));
                 }
                 shell.carry_out(core.settings(), effects);
             }
