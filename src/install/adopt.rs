@@ -63,7 +63,7 @@ pub(super) fn adopt_bytes(
             retry_owed,
             owe_restart: true,
             summary: summary(bytes, &token),
-            warnings: Vec::new(),
+            warnings: crlf_warning(bytes).into_iter().collect(),
             in_place,
         },
         settings,

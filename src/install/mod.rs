@@ -29,9 +29,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
 use crate::fsutil::{self, LockError};
+use crate::gridd::restart_gridd;
 use crate::gridd_conf::{self, Edit, GriddConf};
 use crate::input::{self, Links, ReadError};
-use crate::live::restart_gridd;
+use crate::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::text::show_path;
 use crate::time::rfc3339;
 use crate::token::{Token, TokenError, Validity};
@@ -44,8 +45,6 @@ pub const TOKEN_DIR_MODE: u32 = 0o755;
 pub const GRIDD_CONF_MODE: u32 = 0o644;
 /// Mode of `<state_dir>/replaced/`: it holds old tokens, which are secrets.
 const REPLACED_MODE: u32 = 0o700;
-const LOCK_FILE: &str = "install.lock";
-const STATE_FILE: &str = "install-state.json";
 const NEW_GRIDD_CONF_HEADER: &str = "# gridd.conf, created by vgpu-license-agent install.\n\
 # FeatureType=1: NVIDIA vGPU (the driver picks the edition from the vGPU profile).\n";
 
@@ -328,6 +327,14 @@ pub fn validate(
     }
 }
 
+/// A token with a CR line end (saved on Windows, pasted through a Windows editor) is
+/// installed byte for byte, as every token is; whether gridd reads it so is not known.
+fn crlf_warning(bytes: &[u8]) -> Option<String> {
+    bytes.contains(&b'\r').then(|| {
+        "the token has a CR (Windows) line end; it is installed byte for byte, but if nvidia-gridd fails to decode it, save it with a Unix line end (`dos2unix FILE`) and install it again".to_string()
+    })
+}
+
 fn summary(bytes: &[u8], token: &Token) -> String {
     let nodes: Vec<String> = token
         .nodes
@@ -415,8 +422,7 @@ struct Previous {
     ino: u64,
 }
 
-/// A gridd.conf larger than this is not one (the driver's template is about 2 KB).
-pub const MAX_GRIDD_CONF_BYTES: usize = 1 << 20;
+pub use crate::gridd_conf::MAX_GRIDD_CONF_BYTES;
 
 /// A file the agent manages, read without following a link and without blocking, at most
 /// `cap` bytes.
@@ -516,6 +522,14 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
                 nothing_changed()
             ));
         }
+        Ok(m) if m.len() > MAX_GRIDD_CONF_BYTES as u64 => {
+            return Err(anyhow!(
+                "{} is {} bytes, larger than any gridd.conf (1 MiB; the driver's template is about 2 KB): it is not one; move it away (gridd works without a gridd.conf) and run install again; {}",
+                crate::text::show_path(conf_path),
+                m.len(),
+                nothing_changed()
+            ));
+        }
         Ok(m) => {
             let bytes = read_no_follow(conf_path, MAX_GRIDD_CONF_BYTES).map_err(|e| {
                 io_err(
@@ -581,21 +595,7 @@ fn lock_wait(settings: &Settings) -> Duration {
     settings.commands.timeout * 2 + Duration::from_secs(30)
 }
 
-/// Whether `name` belongs in the agent's state directory.
-pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
-    use crate::identity::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
-    ([
-        LOCK_FILE,
-        STATE_FILE,
-        IDENTITY_FILE,
-        CLONE_FILE,
-        CLONE_SEEN_FILE,
-    ]
-    .contains(&name)
-        && m.is_file())
-        || (name == "replaced" && m.is_dir())
-        || fsutil::is_temp_name(name)
-}
+pub use crate::layout::{check_state_dir, expected_in_state_dir};
 
 /// The token directory as [`crate::token_dir`] sees it, refused (with nothing changed) when it
 /// is not a token directory.
@@ -632,20 +632,6 @@ pub fn token_dir_entries(settings: &Settings) -> anyhow::Result<Vec<(OsString, P
         .collect();
     out.sort();
     Ok(out)
-}
-
-/// Refuses a state directory that is not the agent's own.
-pub fn check_state_dir(settings: &Settings) -> anyhow::Result<()> {
-    let dir = &settings.paths.state_dir;
-    fsutil::managed_entries(dir, expected_in_state_dir)
-        .map(drop)
-        .map_err(|e| {
-            anyhow!(
-                "the state directory {} (paths.state_dir) {e}; {}",
-                show_path(dir),
-                nothing_changed()
-            )
-        })
 }
 
 fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
@@ -754,8 +740,8 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     };
 
     // The plan.
-    let stamp = Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
-    let replaced_root = paths.state_dir.join("replaced");
+    let stamp = Utc::now().format(STAMP_FORMAT).to_string();
+    let replaced_root = paths.state_dir.join(REPLACED_DIR);
     let planned_dir = replaced_root.join(&stamp);
     let mut changes = Vec::new();
     match cur.dir_mode {
@@ -870,6 +856,8 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         &stamp,
     )?;
 
+    prune_replaced(&replaced_root);
+
     // Restart, remembering that one is owed until it succeeds.
     if reason.is_none() {
         return Ok(outcome);
@@ -896,6 +884,34 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
         Err(e) => outcome.restart = Restart::Failed(e),
     }
     Ok(outcome)
+}
+
+/// How many installs' worth of moved-aside files `replaced/` keeps: the oldest go first.
+pub const REPLACED_KEPT: usize = 20;
+
+/// Removes the oldest `replaced/<stamp>` directories beyond [`REPLACED_KEPT`] (only names of
+/// the stamp's form: anything else there is left alone).
+fn prune_replaced(root: &Path) {
+    let is_stamp = |n: &str| {
+        let base = n.split('-').next().unwrap_or(n);
+        base.len() == 16 && base.as_bytes()[8] == b'T' && base.ends_with('Z')
+    };
+    let Ok(entries) = fsutil::list_dir(root) else {
+        return;
+    };
+    let mut stamps: Vec<PathBuf> = entries
+        .into_iter()
+        .filter(|(n, p)| {
+            is_stamp(&n.to_string_lossy()) && fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+        })
+        .map(|(_, p)| p)
+        .collect();
+    // Stamps sort by time; `<stamp>-2` after `<stamp>`.
+    stamps.sort();
+    let excess = stamps.len().saturating_sub(REPLACED_KEPT);
+    for old in &stamps[..excess] {
+        let _ = fs::remove_dir_all(old);
+    }
 }
 
 fn save_state(state: &mut InstallState, settings: &Settings, outcome: &mut Outcome) {
@@ -936,7 +952,10 @@ pub fn install_at(
             retry_owed: true,
             owe_restart: false,
             summary: summary(&req.token, &token),
-            warnings: warning.into_iter().collect(),
+            warnings: warning
+                .into_iter()
+                .chain(crlf_warning(&req.token))
+                .collect(),
             in_place: false,
         },
         settings,

@@ -303,3 +303,37 @@ fn a_token_dropped_under_its_download_name_is_adopted_in_place() {
         .collect();
     assert_eq!(left, vec![at.file_name().unwrap().to_os_string()]);
 }
+
+/// `replaced/` keeps the last [`REPLACED_KEPT`] installs' files, the oldest removed first;
+/// what is not a stamp directory stays.
+#[test]
+fn replaced_is_bounded_oldest_first() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("replaced");
+    fs::create_dir_all(&root).unwrap();
+    for i in 0..REPLACED_KEPT + 3 {
+        fs::create_dir(root.join(format!("20260101T0000{i:02}Z"))).unwrap();
+    }
+    fs::create_dir(root.join("keep-me")).unwrap();
+    prune_replaced(&root);
+    let mut left: Vec<String> = fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left.len(), REPLACED_KEPT + 1, "{left:?}");
+    assert_eq!(left[0], "20260101T000003Z");
+    assert!(left.contains(&"keep-me".to_string()));
+}
+
+/// A token with a CR line end is installed as it is, with a warning that says what to do.
+#[test]
+fn a_crlf_token_is_installed_with_a_warning() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    let mut t = tok("crlf");
+    t.extend_from_slice(b"\r\n");
+    let o = install(&request(t.clone()), &s).unwrap();
+    assert!(o.warnings.iter().any(|w| w.contains("dos2unix")), "{o:?}");
+    assert_eq!(fs::read(s.paths.token_path()).unwrap(), t);
+}

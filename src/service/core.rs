@@ -949,6 +949,23 @@ impl Core {
             }
         }
         self.remedy.reconfigure(&s.service);
+        // What is set up at start keeps its old value until the restart, as said above: the
+        // watcher still watches the old token directory, so the core does not switch to a
+        // new one it would only see at the periodic look.
+        let mut s = s;
+        s.paths.token_dir.clone_from(&self.settings.paths.token_dir);
+        s.paths
+            .gridd_conf
+            .clone_from(&self.settings.paths.gridd_conf);
+        s.commands
+            .journalctl
+            .clone_from(&self.settings.commands.journalctl);
+        s.service
+            .metrics_socket
+            .clone_from(&self.settings.service.metrics_socket);
+        s.service
+            .metrics_listen
+            .clone_from(&self.settings.service.metrics_listen);
         self.settings = s;
         self.smi_soon(now.mono);
     }
