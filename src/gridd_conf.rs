@@ -4,7 +4,10 @@
 use std::path::Path;
 
 use crate::observe::smi::SmiGpu;
-use crate::state::edition_for_profile;
+use crate::observe::smi::edition_for_profile;
+
+/// A gridd.conf larger than this is not one (the driver's template is about 2 KB).
+pub const MAX_GRIDD_CONF_BYTES: usize = 1 << 20;
 
 /// Legacy license-server keys, unused when a client configuration token is installed.
 pub const LEGACY_KEYS: [&str; 4] = [

@@ -24,12 +24,7 @@ use crate::fsutil;
 use crate::input::{self, Links};
 use crate::text::show_path;
 
-/// The recorded identity, in the state directory.
-pub const IDENTITY_FILE: &str = "identity.json";
-/// A clone found at boot, waiting for the service to report it.
-pub const CLONE_FILE: &str = "clone-detected.json";
-/// The same, once the service has reported it.
-pub const CLONE_SEEN_FILE: &str = "clone-detected.seen.json";
+pub use crate::layout::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
 
 /// What tells this machine from another.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -126,7 +121,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
 
 /// The boot-time check: compares, moves gridd's client state aside on a clone, records.
 pub fn check(settings: &Settings, root: &Path) -> anyhow::Result<Checked> {
-    crate::install::check_state_dir(settings)?;
+    crate::layout::check_state_dir(settings)?;
     let state = &settings.paths.state_dir;
     fsutil::create_dir_mode(state, 0o755)
         .with_context(|| format!("cannot create {}", show_path(state)))?;

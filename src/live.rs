@@ -149,7 +149,7 @@ pub fn read_journal(
 /// held no lease at its end.
 pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::shutdown::LastShutdown> {
     // A clone's first boot: the previous boot in the journal the image kept is the builder's.
-    if crate::prepare::previous_boot_is_the_builders(settings) {
+    if crate::image_prepared::previous_boot_is_the_builders(settings) {
         return None;
     }
     let argv: Vec<String> = journal_args(settings, false)
@@ -279,70 +279,7 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     }
 }
 
-/// Whether nvidia-gridd's unit runs: `Ok(())`, or the one-line reason it does not. `None`
-/// when systemctl cannot answer (no systemd here).
-pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
-    let argv = vec![
-        settings.commands.systemctl.clone(),
-        "is-active".into(),
-        settings.gridd.unit.clone(),
-    ];
-    let out = command::run(&argv, settings.commands.timeout).ok()?;
-    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    match state.as_str() {
-        "active" | "reloading" | "activating" => Some(Ok(())),
-        "inactive" | "failed" | "deactivating" => {
-            Some(Err(format!("{} is {state}", settings.gridd.unit)))
-        }
-        // gridd started by hand, or by a driver container, runs without a unit.
-        "unknown" if gridd_process_runs() => Some(Ok(())),
-        // "unknown" for a unit that does not exist, nothing when systemd is not running.
-        "unknown" => Some(Err(format!(
-            "{} {}",
-            settings.gridd.unit,
-            crate::policy::NOT_INSTALLED
-        ))),
-        _ => None,
-    }
-}
-
-/// Whether nvidia-gridd runs as a process: named `nvidia-gridd` (`/proc/*/comm`) and run from
-/// a program file of that name (`/proc/*/exe`, as its own mount namespace names it: a driver
-/// container's `/usr/bin/nvidia-gridd` too).
-pub fn gridd_process_runs() -> bool {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    rd.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .any(|e| {
-            std::fs::read(e.path().join("comm"))
-                .is_ok_and(|c| c.trim_ascii_end() == b"nvidia-gridd")
-                && std::fs::read_link(e.path().join("exe"))
-                    .is_ok_and(|x| x.file_name().is_some_and(|n| n == "nvidia-gridd"))
-        })
-}
-
-/// Runs the configured restart command with the configured time limit.
-pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
-    let cmd = &settings.commands.restart_gridd;
-    match crate::command::run(cmd, settings.commands.timeout) {
-        Ok(out) if out.status.success() => Ok(()),
-        Ok(out) => Err(format!(
-            "{}{}",
-            out.status,
-            out.last_line()
-                .map(|l| format!(": {l}"))
-                .unwrap_or_default()
-        )),
-        Err(e) => Err(e.to_string()),
-    }
-}
+pub use crate::gridd::{gridd_process_runs, gridd_running, restart_gridd};
 
 /// What was read, as values: the parts of an observation.
 pub struct Parts<'a> {
@@ -424,7 +361,7 @@ pub fn legacy_server(settings: &Settings) -> Option<String> {
 fn read_gridd_conf(settings: &Settings) -> Option<crate::gridd_conf::GriddConf> {
     let bytes = crate::input::read_file(
         &settings.paths.gridd_conf,
-        crate::install::MAX_GRIDD_CONF_BYTES,
+        crate::gridd_conf::MAX_GRIDD_CONF_BYTES,
         crate::input::Links::Refuse,
     )
     .ok()?;

@@ -4,25 +4,12 @@
 //! Read at start from the previous boot's journal; pure here.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use crate::observe::journal::GriddEvent;
 use crate::report::EventKind;
 
-/// What the previous boot's gridd did with its lease at the end.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LastShutdown {
-    /// The time of gridd's last line of that boot.
-    pub at: Option<String>,
-    /// Whether it returned the lease it held (`License returned successfully`).
-    pub lease_returned: bool,
-    /// gridd's own line about it (`License returned ...`, `Failed to return license ...`,
-    /// or its last line when it said nothing about the lease).
-    pub message: String,
-    /// Seconds from gridd's shutdown line to its last line, when both are dated.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_seconds: Option<f64>,
-}
+/// The record's type is the report's vocabulary; named here too for the callers.
+pub use crate::report::LastShutdown;
 
 /// The record for gridd's lines of one boot (oldest first), or `None` when it held no
 /// lease at the end (nothing could leak) or logged nothing.

@@ -14,22 +14,7 @@ use crate::report::{
 use crate::time::rfc3339;
 use crate::token::Token;
 
-/// The edition a vGPU profile needs (`NVIDIA L40S-24Q`, `GRID A100-4C`, MIG-backed
-/// `H100L-1-12C`), from the profile's last letter.
-pub fn edition_for_profile(profile: &str) -> Option<&'static str> {
-    let name = profile.split_whitespace().last()?;
-    if !name.contains('-') {
-        return None;
-    }
-    match name.chars().last()?.to_ascii_uppercase() {
-        'Q' => Some("NVIDIA RTX Virtual Workstation"),
-        'B' => Some("NVIDIA Virtual PC"),
-        'A' => Some("NVIDIA Virtual Applications"),
-        // Driver 595 renamed it; a DLS may list the license under either name.
-        'C' => Some("NVIDIA Virtual Compute Server (NVIDIA vGPU for Compute from driver 595)"),
-        _ => None,
-    }
-}
+pub use crate::observe::smi::edition_for_profile;
 
 /// What gridd's log says, folded event by event with bounded memory.
 #[derive(Debug, Clone)]

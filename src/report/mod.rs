@@ -251,9 +251,24 @@ pub struct Report {
     pub agent_pid: Option<u32>,
     /// Whether gridd returned its lease as the previous boot ended (`status.json` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_shutdown: Option<crate::shutdown::LastShutdown>,
+    pub last_shutdown: Option<LastShutdown>,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// What the previous boot's gridd did with its lease at the end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LastShutdown {
+    /// The time of gridd's last line of that boot.
+    pub at: Option<String>,
+    /// Whether it returned the lease it held (`License returned successfully`).
+    pub lease_returned: bool,
+    /// gridd's own line about it (`License returned ...`, `Failed to return license ...`,
+    /// or its last line when it said nothing about the lease).
+    pub message: String,
+    /// Seconds from gridd's shutdown line to its last line, when both are dated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_seconds: Option<f64>,
 }
