@@ -697,3 +697,53 @@ pub fn move_out(from_dir: &File, from: &Path, to_dir: &File, to: &Path) -> io::R
     )
     .map_err(io::Error::from)
 }
+
+/// Makes directory `name` in the directory open as `parent` (mode `mode`) when it is not
+/// there, and opens it without following a link: `(its descriptor, whether it was made)`.
+pub fn make_dir_in(parent: &File, name: &str, mode: u32) -> io::Result<(File, bool)> {
+    use std::os::fd::AsFd;
+    let made = match nix::sys::stat::mkdirat(
+        parent.as_fd(),
+        name,
+        nix::sys::stat::Mode::from_bits_truncate(mode as nix::libc::mode_t),
+    ) {
+        Ok(()) => true,
+        Err(nix::errno::Errno::EEXIST) => false,
+        Err(e) => return Err(e.into()),
+    };
+    let fd = nix::fcntl::openat(
+        parent.as_fd(),
+        name,
+        nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_DIRECTORY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let dir = File::from(fd);
+    if made {
+        // The umask may have taken bits off.
+        dir.set_permissions(fs::Permissions::from_mode(mode))?;
+    }
+    Ok((dir, made))
+}
+
+/// Makes a new directory `name` (or `name-2`, `name-3`, ... when taken) in the directory open
+/// as `parent`, and opens it without following a link: its descriptor and its name.
+pub fn make_unique_dir_in(parent: &File, name: &str, mode: u32) -> io::Result<(File, String)> {
+    for n in 1..1000 {
+        let candidate = if n == 1 {
+            name.to_string()
+        } else {
+            format!("{name}-{n}")
+        };
+        match make_dir_in(parent, &candidate, mode)? {
+            (dir, true) => return Ok((dir, candidate)),
+            (_, false) => continue,
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        "too many directories of that name",
+    ))
+}

@@ -1148,3 +1148,77 @@ fn control_characters_in_a_token_or_a_url_never_reach_the_terminal() {
         assert!(took < Duration::from_secs(20), "{url:?}");
     }
 }
+
+/// A local user who can write the token directory swaps the token for a symlink to a file of
+/// its own, for a FIFO, and back, in a loop, while installs run (the same token: a chmod;
+/// another: a copy of the previous one kept aside). Root acts only through what it checked:
+/// the file behind the link is never changed, no install blocks, and every install ends.
+#[test]
+fn a_token_swapped_for_a_link_or_a_fifo_during_installs_changes_nothing_outside() {
+    let mut root = Root::new();
+    let a = valid_token("a");
+    root.install_ok(&a, &[]);
+    let victim = root.file("victim", b"not the agent's");
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o600)).unwrap();
+    let swap = root.path("swap");
+    fs::create_dir_all(&swap).unwrap();
+    let token_path = root.token_path();
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicUsize::new(0));
+    let swapper = {
+        let (stop, swaps, swap, token_path, victim, a) = (
+            stop.clone(),
+            swaps.clone(),
+            swap.clone(),
+            token_path.clone(),
+            victim.clone(),
+            a.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let link = swap.join("link");
+                let _ = fs::remove_file(&link);
+                let _ = std::os::unix::fs::symlink(&victim, &link);
+                let _ = fs::rename(&link, &token_path);
+                std::thread::sleep(Duration::from_millis(2));
+                let file = swap.join("file");
+                let _ = fs::write(&file, &a);
+                let _ = fs::set_permissions(&file, fs::Permissions::from_mode(0o600));
+                let _ = fs::rename(&file, &token_path);
+                std::thread::sleep(Duration::from_millis(5));
+                let fifo = swap.join("fifo");
+                let _ = fs::remove_file(&fifo);
+                let _ = nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600));
+                let _ = fs::rename(&fifo, &token_path);
+                std::thread::sleep(Duration::from_millis(2));
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let tokens = [a.clone(), valid_token("b")];
+    let mut installed = 0;
+    for i in 0..40 {
+        let f = root.file(&format!("in/{i}.tok"), &tokens[i % 2]);
+        // Whatever each install concludes, it ends (within() fails a call that hangs).
+        let (r, _) = within(&root, &["install", "--token-file", f.to_str().unwrap()]);
+        installed += usize::from(r.code == Some(0));
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    assert!(swaps.load(Ordering::Relaxed) > 40, "the swapper ran");
+    // Some installs found the token a regular file and acted (a chmod, a copy kept aside).
+    assert!(installed > 0, "no install got through");
+    assert_eq!(fs::read(&victim).unwrap(), b"not the agent's");
+    assert_eq!(mode(&victim), 0o600, "root never chmods through the link");
+    // Nothing the agent put aside is a FIFO it blocked on or a copy of the victim.
+    let replaced = fs::read_dir(root.state_dir().join("replaced"));
+    for d in replaced.into_iter().flatten() {
+        for e in fs::read_dir(d.unwrap().path()).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_file() {
+                assert_ne!(fs::read(&p).unwrap(), b"not the agent's", "{}", p.display());
+            }
+        }
+    }
+}

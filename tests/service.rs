@@ -1255,3 +1255,74 @@ fn scenario_legacy_guest_whose_license_server_is_down() {
     assert_eq!(v["licensing_mode"], "legacy", "{v:#}");
     assert!(m.restarts() <= 3, "{} restarts: a storm", m.restarts());
 }
+
+/// NVIDIA's guide, followed as written: the DLS's download is copied into the token
+/// directory under its own name, beside a gridd.conf put there by mistake (gridd exits on
+/// it). The service moves the gridd.conf aside, adopts the token where it is (its name
+/// kept), restarts gridd once, and the guest is licensed; nothing anywhere says
+/// token_missing, the metrics included. A site's own name without `.tok` is the token too.
+#[test]
+fn scenario_a_token_under_the_download_name_beside_a_misplaced_gridd_conf() {
+    const DOWNLOAD: &str = "client_configuration_token_11-30-2026-10-00-00.tok";
+    let m = Machine::new(setup(|s| s.pickup_new_token = false));
+    write_gridd_conf(&m);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_status("no token reported", T, |v| {
+        reason(v) == Some("token_missing")
+    });
+    let dir = m.token_dir();
+    sim::write_mode(&dir.join("gridd.conf"), b"FeatureType=1\n", 0o644);
+    sim::write_mode(&dir.join(DOWNLOAD), &m.token(), 0o600);
+    a.wait_status("licensed, nothing wrong", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec![DOWNLOAD.to_string()], "{}", a.context());
+    assert_eq!(
+        std::fs::metadata(dir.join(DOWNLOAD))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o744
+    );
+    let replaced = m.path("var/lib/vgpu-license-agent/replaced");
+    let moved: Vec<String> = std::fs::read_dir(&replaced)
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(moved.contains(&"gridd.conf".to_string()), "{moved:?}");
+    let metric = |name: &str| a.metric(name);
+    wait_for(
+        "the metrics licensed, with no token_missing",
+        T,
+        || {
+            (metric("vgpu_license_licensed") == Some(1.0)
+                && metric("vgpu_license_failure{reason=\"token_missing\"}") == Some(0.0)
+                && metric("vgpu_license_token_expiry_timestamp_seconds").is_some())
+            .then_some(())
+        },
+        || a.context(),
+    );
+    let restarts = m.restarts();
+    assert!(restarts >= 1, "gridd restarted for the token");
+
+    // The same token under a site's own name: still the token, no restart needed.
+    std::fs::rename(dir.join(DOWNLOAD), dir.join("bgo-client-token-latest")).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let v = a.status().unwrap();
+    assert_eq!(v["state"], "licensed", "{v:#}");
+    assert!(v["failure"].is_null(), "{v:#}");
+    assert_eq!(m.restarts(), restarts, "the same token costs no restart");
+    assert_eq!(
+        metric("vgpu_license_failure{reason=\"token_missing\"}"),
+        Some(0.0),
+        "{}",
+        a.context()
+    );
+}

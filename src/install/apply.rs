@@ -155,15 +155,18 @@ pub(super) fn apply(
             .collect();
         if !aside.is_empty() {
             let moved = (|| -> io::Result<()> {
-                if fsutil::create_dir_mode(replaced_root, REPLACED_MODE)? {
+                // Every directory is made and opened relative to its parent's descriptor,
+                // without following links, and every move is made relative to them: a
+                // `replaced/` (or token directory) swapped for a symlink after the check is
+                // never written through.
+                let state_fd = fsutil::open_dir_no_follow(&paths.state_dir)?;
+                let (root_fd, created) = fsutil::make_dir_in(&state_fd, "replaced", REPLACED_MODE)?;
+                if created {
                     undo.push(Undo::RemoveDir(replaced_root.to_path_buf()));
                 }
-                let into = fsutil::create_unique_dir(replaced_root, stamp, REPLACED_MODE)?;
+                let (into_fd, name) = fsutil::make_unique_dir_in(&root_fd, stamp, REPLACED_MODE)?;
+                let into = replaced_root.join(name);
                 undo.push(Undo::RemoveDir(into.clone()));
-                // Both directories are opened once, without following links, and every move
-                // is made relative to them: a directory swapped for a symlink after the check
-                // is never written through.
-                let into_fd = fsutil::open_dir_no_follow(&into)?;
                 let dir_fd = fsutil::open_dir_no_follow(dir)?;
                 for c in &aside {
                     match c {

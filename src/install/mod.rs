@@ -524,7 +524,7 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
         }
         Ok(m) if m.len() > MAX_GRIDD_CONF_BYTES as u64 => {
             return Err(anyhow!(
-                "{} is {} bytes, larger than any gridd.conf (1 MiB; the driver's template is about 2 KB): it is not one; move it away (gridd works without a gridd.conf) and run install again; {}",
+                "{} is {} bytes, larger than 1 MiB, which no gridd.conf is (the driver's template is about 2 KB); move it away (gridd works without a gridd.conf) and run install again; {}",
                 crate::text::show_path(conf_path),
                 m.len(),
                 nothing_changed()
