@@ -1,0 +1,392 @@
+//! The shape of `src/`: the modules' `crate::` imports form no cycle, and no pure module (one
+//! that only computes: the state machine, the report, the parsers) imports one that touches
+//! the machine (files, commands, the network). Read from the source files, as a reviewer
+//! would: a module is a file (or a `mod.rs`), and the files under `report/`, `observe/`,
+//! `service/`, `install/`, `probe/` and `cli/` are each their own module. Test code (a
+//! `#[cfg(test)] mod`, inline or in its own file) and comments do not count.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+
+/// Directories whose files are each a module of their own here.
+const GROUPED: [&str; 6] = ["report", "observe", "service", "install", "probe", "cli"];
+
+/// Modules that only compute. `report` and `observe` stand for their submodules too, except
+/// those named in [`IO`].
+const PURE: [&str; 10] = [
+    "state",
+    "report",
+    "policy",
+    "remedy",
+    "token",
+    "gridd_conf",
+    "observe",
+    "time",
+    "text",
+    "shutdown",
+];
+
+/// Modules that read or change the machine; a name stands for its submodules too.
+/// `layout` is here: besides the state directory's names it holds `check_state_dir`, which
+/// lists that directory.
+const IO: [&str; 17] = [
+    "live",
+    "install",
+    "service",
+    "command",
+    "probe",
+    "http",
+    "fsutil",
+    "input",
+    "identity",
+    "prepare",
+    "diagnose",
+    "status",
+    "gridd",
+    "observe/pci",
+    "token_dir",
+    "image_prepared",
+    "layout",
+];
+
+fn within(module: &str, name: &str) -> bool {
+    module == name
+        || module
+            .strip_prefix(name)
+            .is_some_and(|r| r.starts_with('/'))
+}
+
+fn is_io(module: &str) -> bool {
+    IO.iter().any(|n| within(module, n))
+}
+
+fn is_pure(module: &str) -> bool {
+    !is_io(module) && PURE.iter().any(|n| within(module, n))
+}
+
+/// The module a file is (`src/observe/smi.rs`: `observe/smi`, `src/live.rs`: `live`).
+fn key(parts: &[&str]) -> String {
+    match parts {
+        [first, second, ..] if GROUPED.contains(first) => format!("{first}/{second}"),
+        [first, ..] => first.to_string(),
+        [] => String::new(),
+    }
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+fn ident_at(s: &str, at: usize) -> &str {
+    let end = s[at..]
+        .bytes()
+        .position(|b| !is_ident(b))
+        .map_or(s.len(), |n| at + n);
+    &s[at..end]
+}
+
+/// The first two segments of every `crate::` path in `code`, a `{...}` group spread out:
+/// `crate::observe::{smi, pci::read}` gives `(observe, smi)` and `(observe, pci)`.
+fn crate_paths(code: &str) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    let mut from = 0;
+    while let Some(n) = code[from..].find("crate::") {
+        let at = from + n;
+        from = at + "crate::".len();
+        if at > 0 && is_ident(bytes[at - 1]) {
+            continue;
+        }
+        let first = ident_at(code, from);
+        if first.is_empty() {
+            continue;
+        }
+        let rest = &code[from + first.len()..];
+        let Some(rest) = rest.strip_prefix("::") else {
+            out.push((first.to_string(), None));
+            continue;
+        };
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut start = 0;
+            let mut seconds = Vec::new();
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        seconds.push(&group[start..i]);
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        seconds.push(&group[start..i]);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            for s in seconds {
+                let s = s.trim_start();
+                let second = ident_at(s, 0);
+                out.push((
+                    first.to_string(),
+                    (!second.is_empty() && second != "self").then(|| second.to_string()),
+                ));
+            }
+        } else {
+            let second = ident_at(rest, 0);
+            out.push((
+                first.to_string(),
+                (!second.is_empty()).then(|| second.to_string()),
+            ));
+        }
+    }
+    out
+}
+
+/// A file's code without its comment lines and without its test module (the file's last
+/// item), and the names of test modules kept in files of their own (`#[cfg(test)] mod tests;`).
+fn non_test_code(text: &str) -> (String, Vec<String>) {
+    let mut code = String::new();
+    let mut test_files = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let t = line.trim();
+        if t.starts_with("//") {
+            continue;
+        }
+        if t == "#[cfg(test)]" {
+            let next = lines.peek().map(|l| l.trim()).unwrap_or_default();
+            let item = next.strip_prefix("pub ").unwrap_or(next);
+            if let Some(m) = item.strip_prefix("mod ") {
+                if let Some(name) = m.strip_suffix(';') {
+                    test_files.push(name.trim().to_string());
+                    lines.next();
+                    continue;
+                }
+                break;
+            }
+        }
+        code.push_str(line);
+        code.push('\n');
+    }
+    (code, test_files)
+}
+
+/// Every module of `src/` and the modules it imports.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files: Vec<(Vec<String>, String)> = Vec::new();
+    let mut test_only: BTreeSet<Vec<String>> = BTreeSet::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(src).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            let is_mod_rs = parts.last().is_some_and(|p| p == "mod");
+            if is_mod_rs {
+                parts.pop();
+            }
+            if parts == ["lib"] || parts == ["main"] {
+                continue;
+            }
+            let (code, tests) = non_test_code(&fs::read_to_string(&path).unwrap());
+            for t in tests {
+                // `src/a.rs` and `src/a/mod.rs` both keep theirs in `src/a/`.
+                let mut child = parts.clone();
+                child.push(t);
+                test_only.insert(child);
+            }
+            files.push((parts, code));
+        }
+    }
+    files.retain(|(parts, _)| !test_only.contains(parts));
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|(p, _)| key(&p.iter().map(String::as_str).collect::<Vec<_>>()))
+        .collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = modules
+        .iter()
+        .map(|m| (m.clone(), BTreeSet::new()))
+        .collect();
+    for (parts, code) in &files {
+        let from = key(&parts.iter().map(String::as_str).collect::<Vec<_>>());
+        for (first, second) in crate_paths(code) {
+            let to = match second {
+                Some(s) if modules.contains(&format!("{first}/{s}")) => format!("{first}/{s}"),
+                _ => first,
+            };
+            // A submodule naming its parent's items is part of the parent.
+            if to != from && !within(&from, &to) {
+                edges.get_mut(&from).unwrap().insert(to);
+            }
+        }
+    }
+    edges
+}
+
+/// The groups of modules that import each other, round and round (Tarjan's algorithm).
+fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Walk<'a> {
+        edges: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    fn visit<'a>(w: &mut Walk<'a>, v: &'a str) {
+        let i = w.index.len();
+        w.index.insert(v, i);
+        w.low.insert(v, i);
+        w.stack.push(v);
+        let edges = w.edges;
+        for to in edges.get(v).into_iter().flatten() {
+            let to = to.as_str();
+            if !w.index.contains_key(to) {
+                visit(w, to);
+                let l = w.low[v].min(w.low[to]);
+                w.low.insert(v, l);
+            } else if w.stack.contains(&to) {
+                let l = w.low[v].min(w.index[to]);
+                w.low.insert(v, l);
+            }
+        }
+        if w.low[v] == w.index[v] {
+            let mut group = Vec::new();
+            while let Some(m) = w.stack.pop() {
+                group.push(m.to_string());
+                if m == v {
+                    break;
+                }
+            }
+            if group.len() > 1 {
+                group.sort();
+                w.found.push(group);
+            }
+        }
+    }
+    let mut w = Walk {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !w.index.contains_key(v.as_str()) {
+            visit(&mut w, v);
+        }
+    }
+    w.found
+}
+
+/// Every `pure -> I/O` import.
+fn pure_to_io(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    edges
+        .iter()
+        .filter(|(from, _)| is_pure(from))
+        .flat_map(|(from, tos)| {
+            tos.iter()
+                .filter(|to| is_io(to))
+                .map(move |to| format!("{from} -> {to}"))
+        })
+        .collect()
+}
+
+fn src_graph() -> BTreeMap<String, BTreeSet<String>> {
+    graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+}
+
+#[test]
+fn the_modules_import_each_other_in_no_cycle() {
+    let edges = src_graph();
+    let found = cycles(&edges);
+    assert!(
+        found.is_empty(),
+        "modules of src/ that import each other in a cycle: {found:?}; move what both need into a module of its own that neither imports back"
+    );
+}
+
+#[test]
+fn no_pure_module_imports_one_that_touches_the_machine() {
+    let edges = src_graph();
+    // Every module named above is one of src/: a renamed one must be renamed here too, or
+    // the rule would silently stop holding for it.
+    for name in PURE.iter().chain(IO.iter()) {
+        assert!(
+            edges.keys().any(|m| within(m, name)),
+            "{name} is named in tests/layout.rs but is no module of src/"
+        );
+    }
+    let found = pure_to_io(&edges);
+    assert!(
+        found.is_empty(),
+        "pure modules importing I/O ones: {found:?}; pass the value in, or move the pure part out of the I/O module"
+    );
+}
+
+#[test]
+fn the_state_directory_layout_is_a_leaf() {
+    let edges = src_graph();
+    let layout = &edges["layout"];
+    let allowed = BTreeSet::from(["config", "fsutil", "text"].map(String::from));
+    assert!(
+        layout.is_subset(&allowed),
+        "layout imports {layout:?}; it may import only {allowed:?}"
+    );
+    for m in ["install", "identity", "prepare"] {
+        assert!(edges[m].contains("layout"), "{m} does not use layout");
+    }
+}
+
+/// The reading itself: a cycle, a pure-to-I/O import, a `use` group, comments and test
+/// code, on a made-up tree.
+#[test]
+fn the_reading_finds_a_cycle_and_a_pure_module_importing_io() {
+    let d = tempfile::tempdir().unwrap();
+    let src = d.path();
+    fs::create_dir(src.join("observe")).unwrap();
+    fs::create_dir(src.join("install")).unwrap();
+    let write = |p: &str, s: &str| fs::write(src.join(p), s).unwrap();
+    write("lib.rs", "pub mod state;\n");
+    write(
+        "state.rs",
+        "use crate::observe::{smi, pci::read};\n// crate::live in a comment\n",
+    );
+    write("observe/mod.rs", "pub mod smi;\npub mod pci;\n");
+    write("observe/smi.rs", "use crate::time;\n");
+    write("observe/pci.rs", "");
+    write("time.rs", "");
+    write(
+        "live.rs",
+        "use crate::install::Thing;\n#[cfg(test)]\nmod tests {\n    use crate::state;\n}\n",
+    );
+    write(
+        "install/mod.rs",
+        "fn f() { crate::live::g() }\n#[cfg(test)]\nmod tests;\n",
+    );
+    write("install/tests.rs", "use crate::state;\n");
+    let edges = graph(src);
+    assert_eq!(
+        edges["state"],
+        BTreeSet::from(["observe/smi".to_string(), "observe/pci".to_string()])
+    );
+    assert!(edges["live"].contains("install") && !edges["live"].contains("state"));
+    assert!(!edges.contains_key("install/tests"));
+    assert_eq!(
+        cycles(&edges),
+        vec![vec!["install".to_string(), "live".to_string()]]
+    );
+    assert_eq!(pure_to_io(&edges), vec!["state -> observe/pci".to_string()]);
+}
