@@ -169,19 +169,20 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
             report,
         };
     }
+    let token_read = obs.token.is_some();
     let mut checks = vec![driver_check(smi)];
     checks.push(vgpu_check(smi));
     checks.push(if mode == LicensingMode::Unknown {
         check(
             "mode",
             Status::Skip,
-            format!("licensing mode: {}", mode.describe()),
+            format!("licensing mode: {}", mode.describe_for(token_read)),
         )
     } else {
         check(
             "mode",
             Status::Ok,
-            format!("licensing mode: {}", mode.describe()),
+            format!("licensing mode: {}", mode.describe_for(token_read)),
         )
     });
     checks.extend(token_checks(settings, now, mode));

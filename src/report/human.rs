@@ -78,7 +78,7 @@ pub fn render(r: &Report) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "State:    {}", describe(r.state));
     if let Some(mode) = r.licensing_mode {
-        let _ = writeln!(o, "Mode:     {}", mode.describe());
+        let _ = writeln!(o, "Mode:     {}", mode.describe_for(r.dls.is_some()));
     }
     if let Some(l) = &r.license {
         if let Some(ed) = &l.edition {

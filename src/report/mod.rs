@@ -162,6 +162,20 @@ impl LicensingMode {
         }
     }
 
+    /// For a person, where no token was read (the mode then comes from gridd's log): what
+    /// the mode means, without claiming a token named it.
+    pub fn describe_for(self, token_read: bool) -> &'static str {
+        match self {
+            LicensingMode::Dls if !token_read => {
+                "DLS (an on-premises Delegated License Service, as gridd's log names it; no token was read)"
+            }
+            LicensingMode::Cls if !token_read => {
+                "CLS (NVIDIA's Cloud License Service, as gridd's log names it; no token was read)"
+            }
+            m => m.describe(),
+        }
+    }
+
     /// For a person: what the mode means.
     pub fn describe(self) -> &'static str {
         match self {
