@@ -348,16 +348,7 @@ impl std::fmt::Display for ManagedDirError {
             ),
             ManagedDirError::NotDir => f.write_str("is not a directory: move that file away"),
             ManagedDirError::Unexpected(names) => {
-                const SHOWN: usize = 5;
-                let mut list = names
-                    .iter()
-                    .take(SHOWN)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                if names.len() > SHOWN {
-                    list.push_str(&format!(" and {} more", names.len() - SHOWN));
-                }
+                let list = crate::text::few_and_count(names);
                 write!(
                     f,
                     "holds what is not the agent's ({list}): the agent changes nothing in a directory it does not own; give it a directory of its own in the config, or move those away"

@@ -187,17 +187,7 @@ pub fn client_state_entries(dir: &Path, then: &str) -> anyhow::Result<Vec<(OsStr
 }
 
 fn shown(names: &[String]) -> String {
-    const SHOWN: usize = 5;
-    let mut list = names
-        .iter()
-        .take(SHOWN)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if names.len() > SHOWN {
-        list.push_str(&format!(" and {} more", names.len() - SHOWN));
-    }
-    list
+    crate::text::few_and_count(names)
 }
 
 /// Moves the content of gridd's client state directories into

@@ -48,6 +48,22 @@ pub fn show_path(p: &Path) -> String {
     escape(&p.to_string_lossy()).into_owned()
 }
 
+/// A few names (already escaped) joined for a message, and a count of the rest: a directory
+/// of 100,000 strays is named in one short line.
+pub fn few_and_count(names: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut list = names
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        list.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    list
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,9 +37,6 @@ use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
 /// More entries than a token directory ever has: such a directory is some other directory.
 pub const MAX_ENTRIES: usize = 64;
 
-/// Stray names shown in a message; the rest are counted.
-const SHOWN: usize = 5;
-
 /// What a file that was read says.
 #[derive(Debug, Clone)]
 pub enum Content {
@@ -133,16 +130,7 @@ impl Listing {
 /// A few names, escaped, and a count of the rest.
 pub fn names(all: impl Iterator<Item = String>) -> String {
     let all: Vec<String> = all.map(|n| crate::text::escape(&n).into_owned()).collect();
-    let mut list = all
-        .iter()
-        .take(SHOWN)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if all.len() > SHOWN {
-        list.push_str(&format!(" and {} more", all.len() - SHOWN));
-    }
-    list
+    crate::text::few_and_count(&all)
 }
 
 /// Why the directory cannot be looked at at all.
@@ -496,7 +484,7 @@ mod tests {
         assert!(why.contains("more entries"), "{why}");
         assert!(
             l.stray_names()
-                .ends_with(&format!("and {} more", MAX_ENTRIES + 1 - SHOWN))
+                .ends_with(&format!("and {} more", MAX_ENTRIES + 1 - 5))
         );
     }
 
