@@ -962,6 +962,37 @@ fn without_a_driver_the_driver_comes_first() {
     );
     // Nothing observed tells the mode: not an OK.
     assert_eq!(line(&lines, "mode").0, "SKIP", "{out}");
+    // Every fix that is a command can work on this guest: none acts on the gridd unit that
+    // is not there (systemctl would answer "Unit ... not found"), and each names a program
+    // a guest has, or the driver brings once installed.
+    let known = [
+        "vgpu-license-agent",
+        "dmesg",
+        "dkms",
+        "uname",
+        "lspci",
+        "modprobe",
+        "journalctl",
+        "timedatectl",
+        "nvidia-smi",
+        "ls",
+        "chown",
+        "chmod",
+        "sudo",
+    ];
+    for (_, name, msg) in &lines {
+        let Some((_, fix)) = msg.split_once(" -> ") else {
+            continue;
+        };
+        for cmd in fix.split('`').skip(1).step_by(2) {
+            let program = cmd.split_whitespace().next().unwrap_or_default();
+            assert!(
+                !(program == "systemctl" && cmd.contains("nvidia-gridd")),
+                "{name}: a fix acts on the unit that is not installed: {cmd}"
+            );
+            assert!(known.contains(&program), "{name}: `{cmd}` in {fix}");
+        }
+    }
     let (_, report) = g.json();
     assert_eq!(report["state"], "no_driver");
     assert!(
