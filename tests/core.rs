@@ -665,9 +665,12 @@ fn a_new_token_is_news_for_the_probe() {
     let mut t = token();
     t.token_id = Some("another".into());
     sim.world.token = Ok(t);
+    // The new token's DLS answers: the old DLS's verdict is not shown for the new token.
+    sim.world.probe = None;
     sim.handle(Event::TokenDirChanged);
     sim.run(S(2));
     assert_eq!(sim.world.probes.len(), 2, "{:?}", sim.world.probes);
+    assert_ne!(sim.reason(), Some(Reason::DlsUnreachable));
 }
 
 /// How a scenario sets up its world.

@@ -357,8 +357,11 @@ impl Core {
                     self.read_token(&mut fx);
                 }
                 if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
-                    // A new token is news: a vague failure is probed again at once.
+                    // A new token is news: a vague failure is probed again at once, and what
+                    // the last probe found was about the old token's DLS.
                     self.probed = None;
+                    self.probe_failure = None;
+                    self.dirty = true;
                 }
                 self.token = Some(t);
             }
