@@ -107,16 +107,21 @@ pub struct Listing {
     pub temps: Vec<PathBuf>,
     /// Why this is not a token directory, when it is not: every change is refused.
     pub refusal: Option<String>,
+    /// Entries not looked at, in a directory with more than [`MAX_ENTRIES`]: only counted.
+    pub uncounted: usize,
 }
 
 impl Listing {
     /// The strays' names for a message: a few, and how many more.
     pub fn stray_names(&self) -> String {
-        names(
-            self.strays
-                .iter()
-                .map(|s| s.name.to_string_lossy().into_owned()),
-        )
+        let mut all: Vec<String> = self
+            .strays
+            .iter()
+            .map(|s| crate::text::escape(&s.name.to_string_lossy()).into_owned())
+            .collect();
+        // The entries only counted still count in "and N more".
+        all.extend(std::iter::repeat_n(String::new(), self.uncounted));
+        crate::text::few_and_count(&all)
     }
 
     /// Whether a stray is a misplaced gridd.conf (gridd exits on it).
@@ -186,11 +191,30 @@ pub fn scan(
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(ScanError::Io(e)),
     }
-    let entries = crate::fsutil::list_dir(dir).map_err(ScanError::Io)?;
+    // A directory with more entries than a token directory ever has (a sync tool's 20,000
+    // files, `/etc` by mistake) is not read whole: its first entries and the token's own
+    // path are looked at, the rest only counted, so that a look costs the same whatever the
+    // directory holds.
+    let mut entries = Vec::new();
+    for e in fs::read_dir(dir).map_err(ScanError::Io)? {
+        let e = e.map_err(ScanError::Io)?;
+        if entries.len() <= MAX_ENTRIES {
+            entries.push((e.file_name(), e.path()));
+        } else {
+            out.uncounted += 1;
+        }
+    }
+    let crowded = entries.len() > MAX_ENTRIES;
+    if crowded && !entries.iter().any(|(n, _)| n == token_file) {
+        let token_path = dir.join(token_file);
+        if fs::symlink_metadata(&token_path).is_ok() {
+            entries.push((token_file.into(), token_path));
+            out.uncounted = out.uncounted.saturating_sub(1);
+        }
+    }
+    entries.sort();
     let mut wrong: Vec<String> = Vec::new();
     let mut link_at_token: Option<String> = None;
-    // Too many entries: not a token directory, and not worth reading file by file.
-    let crowded = entries.len() > MAX_ENTRIES;
     let conf_here = gridd_conf.parent() == Some(dir);
     let mut candidates: Vec<(Installed, i64)> = Vec::new();
     for (name, path) in entries {

@@ -880,8 +880,9 @@ fn a_burst_of_token_directory_changes_is_coalesced() {
         "{}",
         sim.world.token_reads - reads
     );
+    // One at once, one for the changes seen meanwhile, one after the gap at most.
     assert!(
-        sim.world.adopts.len() - adopts <= 2,
+        sim.world.adopts.len() - adopts <= 3,
         "{:?}",
         sim.world.adopts
     );

@@ -112,7 +112,21 @@ fn scenario_token_source_rotated_under_the_running_service() {
     );
     assert_eq!(installed(&m).as_deref(), Some(b_token.as_slice()));
     assert_eq!(m.restarts(), restarts);
-    agent.wait_state("licensed", T);
+    // Visible where a fleet looks, not only in the journal: a warning while the installed
+    // token holds, in status.json and the metrics.
+    let v = agent.wait_status("the bad rotation in status.json", T, |v| {
+        v["state"] == "licensed" && v["failure"]["reason"] == "token_source_rejected"
+    });
+    assert_eq!(v["exit_code"], 1, "{v:#}");
+    wait_for(
+        "the bad rotation in the metrics",
+        T,
+        || {
+            (agent.metric("vgpu_license_failure{reason=\"token_source_rejected\"}") == Some(1.0))
+                .then_some(())
+        },
+        || agent.context(),
+    );
 
     // Back to a good one, twice in quick succession: the last one wins.
     let c_token = token_for("127.0.0.1", port, "rotation-c");
@@ -120,12 +134,14 @@ fn scenario_token_source_rotated_under_the_running_service() {
     publish(&source, 4, &c_token);
     publish(&source, 5, &d_token);
     wait_for(
-        "the last of two quick rotations installed, licensed",
+        "the last of two quick rotations installed, licensed, the warning gone",
         T,
         || {
             let v = agent.status()?;
-            (installed(&m).as_deref() == Some(d_token.as_slice()) && v["state"] == "licensed")
-                .then_some(())
+            (installed(&m).as_deref() == Some(d_token.as_slice())
+                && v["state"] == "licensed"
+                && v["failure"].is_null())
+            .then_some(())
         },
         || agent.context(),
     );

@@ -76,8 +76,9 @@ pub(super) fn adopt_bytes(
 pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::Result<Outcome> {
     if let Some(source) = &settings.paths.token_source {
         let refused = |e: anyhow::Error| match e.downcast::<TokenRejected>() {
+            Ok(TokenRejected::Source(why)) => anyhow::Error::new(SourceRejected(why)),
             Ok(r) => anyhow::Error::new(SourceRejected(format!(
-                "the token source {} was not installed: {r}",
+                "the token in the token source {} (paths.token_source) was not installed: {r}",
                 show_path(source)
             ))),
             Err(e) => e,

@@ -50,6 +50,8 @@ const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
 /// this (the periodic look and the end of the wait do): an adoption undone on a full state
 /// file system changes the directory itself, and must not wake the agent into a storm.
 const ADOPT_AFTER_FAILURE: Duration = Duration::from_secs(30);
+/// The least time between two looks at the token directory that its changes cause.
+const TOKEN_READ_GAP: Duration = Duration::from_millis(500);
 
 /// The moment: monotonic time since the service started, and the wall clock.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -202,6 +204,8 @@ pub struct Core {
     /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
     /// heartbeat's rewrites of status.json do not move.
     observed_at: Option<DateTime<Utc>>,
+    /// A look at the token directory owed for changes seen during the last one: when.
+    token_read_at: Option<Duration>,
     /// The token source holds a token the agent refused: why.
     source_rejected: Option<String>,
     /// The token source was read at least once (before, a missing token is not counted:
@@ -254,6 +258,7 @@ impl Core {
             source_rejected: None,
             source_read: false,
             observed_at: None,
+            token_read_at: None,
             written: now.mono,
             last_report: None,
             dirty: false,
@@ -354,7 +359,9 @@ impl Core {
             Event::Token(t) => {
                 self.busy.token = false;
                 if std::mem::take(&mut self.busy.token_again) {
-                    self.read_token(&mut fx);
+                    // Changed again meanwhile: looked at again after a short gap, so that a
+                    // burst of changes is a few looks, not one after another for its length.
+                    self.token_read_at = Some(now.mono + TOKEN_READ_GAP);
                 }
                 if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
                     // A new token is news: a vague failure is probed again at once, and what
@@ -368,18 +375,15 @@ impl Core {
             Event::LegacyServer(s) => self.legacy_server = s,
             Event::TokenDirChanged => {
                 self.read_token(&mut fx);
-                match self.adopt_failed {
-                    // Looked at again when the wait is over.
-                    Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
-                        self.next_adopt = self.next_adopt.min(t + ADOPT_AFTER_FAILURE);
-                    }
-                    _ => self.adopt(now, &mut fx),
-                }
+                self.dir_changed(now, &mut fx);
             }
             Event::Adopted(result) => {
                 self.busy.adopt = false;
+                // Only a failure whose undo changed the directory (a full disk, say) waits: a
+                // token refused as it stands (cloud-init still writing it) changes nothing,
+                // and the next change is looked at at once.
                 self.adopt_failed = match &result {
-                    Err(AdoptError::Other(_) | AdoptError::Rejected(_)) => Some(now.mono),
+                    Err(AdoptError::Other(_)) => Some(now.mono),
                     _ => None,
                 };
                 // The source's verdict stands until the next adoption says otherwise (a good
@@ -460,6 +464,13 @@ impl Core {
     /// What is due at `now`: periodic reads, the report, a restart or a probe.
     pub fn tick(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
+        if self.token_read_at.is_some_and(|t| now.mono >= t) {
+            // The directory changed during the last look: look again, and adopt what is there
+            // (the shell sends no new event for changes it knows a read is owed for).
+            self.token_read_at = None;
+            self.read_token(&mut fx);
+            self.dir_changed(now, &mut fx);
+        }
         // In case a change escaped the watcher (or there is none): look at the token again.
         if now.mono >= self.next_adopt {
             self.next_adopt = now.mono
@@ -528,6 +539,12 @@ impl Core {
     /// the next deadline (at most one heartbeat away), so that an idle hour costs next to no
     /// wakeups.
     pub fn next_wake(&self, now: Now) -> Duration {
+        let wake = self.next_wake_but_token(now);
+        self.token_read_at
+            .map_or(wake, |t| wake.min(t.max(now.mono)))
+    }
+
+    fn next_wake_but_token(&self, now: Now) -> Duration {
         if self.dirty && self.readable() {
             return self
                 .last_report
@@ -623,6 +640,17 @@ impl Core {
         }
     }
 
+    /// The token directory changed: adopt what is there, unless the last adoption failed
+    /// moments ago (then when the wait is over).
+    fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        match self.adopt_failed {
+            Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
+                self.next_adopt = self.next_adopt.min(t + ADOPT_AFTER_FAILURE);
+            }
+            _ => self.adopt(now, fx),
+        }
+    }
+
     /// Reads the token directory, once at a time: a burst of changes (a sync tool writing
     /// thousands of files) costs one read in flight and one more after it, not one each.
     fn read_token(&mut self, fx: &mut Vec<Effect>) {
@@ -715,7 +743,7 @@ impl Core {
             Err(AdoptError::SourceRejected(why)) => {
                 warn!(
                     message_id = message_ids::FAILURE_TOKEN_SOURCE_REJECTED,
-                    "{}",
+                    "token not adopted: {}",
                     crate::text::escape(&why)
                 )
             }

@@ -114,6 +114,9 @@ impl Shell {
                     blocking(tx, move || Event::Unit(live::gridd_running(&settings)))
                 }
                 Effect::ReadToken => {
+                    // Changes from here on queue a new event; those before it are seen by
+                    // this read.
+                    DIR_CHANGE_QUEUED.store(false, std::sync::atomic::Ordering::Release);
                     // gridd.conf with it: the watcher reports both as one change.
                     let tx2 = tx.clone();
                     blocking(tx, move || {
@@ -252,8 +255,6 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             Some(event) = rx.recv() => {
                 let mut on_event = |event: Event| {
                     if matches!(event, Event::TokenDirChanged) {
-                        // Changes from here on queue a new event.
-                        DIR_CHANGE_QUEUED.store(false, std::sync::atomic::Ordering::Release);
                         rewatch(&mut watcher, &core.settings().paths.token_dir);
                     }
                     core.handle(event, clock.now())
@@ -476,7 +477,9 @@ fn rewatch(watcher: &mut Option<notify::RecommendedWatcher>, dir: &Path) {
     }
 }
 
-/// A [`Event::TokenDirChanged`] is queued and not yet handled.
+/// A [`Event::TokenDirChanged`] was sent and the token directory has not been read since:
+/// changes meanwhile need no event of their own (the next read sees them). Cleared when a
+/// read starts.
 static DIR_CHANGE_QUEUED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Watches the token directory (or, until it exists, its parent) and gridd.conf.
