@@ -1375,3 +1375,29 @@ fn scenario_a_burst_of_twenty_thousand_files_in_the_token_directory() {
     m.update_sim(|s| s.smi_mode = SmiMode::Normal);
     a.wait_state("licensed", T);
 }
+
+/// The same image on a VM without a vGPU: the PCI bus shows no NVIDIA device. The service
+/// reports `no_gpu` (exit 0, no failure), never restarts gridd, and the metrics raise
+/// nothing a fleet alerts on.
+#[test]
+fn scenario_a_guest_without_a_gpu_is_no_gpu_and_left_alone() {
+    let m = Machine::new(Setup::default());
+    common::no_pci_gpu(m.root());
+    let a = Agent::start(&m);
+    let v = a.wait_state("no_gpu", T);
+    assert_eq!(v["exit_code"], 0, "{v:#}");
+    assert!(v["failure"].is_null(), "{v:#}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(m.restarts(), 0, "{}", a.context());
+    wait_for(
+        "the metrics say no_gpu and no failure",
+        T,
+        || {
+            (a.metric("vgpu_license_state{state=\"no_gpu\"}") == Some(1.0)
+                && a.metric("vgpu_license_failure{reason=\"token_missing\"}") == Some(0.0)
+                && a.metric("vgpu_license_failure{reason=\"gridd_not_running\"}") == Some(0.0))
+            .then_some(())
+        },
+        || a.context(),
+    );
+}
