@@ -484,7 +484,10 @@ UNIT
 }
 install_sim() {
 	sim_files || return 1
+	# The agent, started by the package, read its config before the simulated PCI bus's
+	# drop-in was there: a reload takes it (as an operator's drop-in would be taken).
 	guest systemctl daemon-reload &&
+		guest systemctl try-reload-or-restart "$NAME.service" &&
 		guest systemctl start sim-dls.service &&
 		guest systemctl restart nvidia-gridd.service &&
 		wait_until 30 gridd_said "Unable to fetch the client configuration token file" &&
@@ -1229,7 +1232,7 @@ ci_rotate() {
 # of every cloud-init guest (ci_clone_detected).
 CI_GOLDEN=(user-data-write-files.yaml user-data-runcmd.yaml)
 CI_GOLDEN_CLONE=user-data-write-files.yaml
-CI_PREPARE='truncate -s 0 /etc/machine-id && vgpu-license-agent prepare-image --purge-client-state --cloud-init --journal'
+CI_PREPARE='truncate -s 0 /etc/machine-id && rm -f /var/lib/dbus/machine-id && vgpu-license-agent prepare-image --purge-client-state --cloud-init --journal'
 # Every machine-id the builder booted with (a clone must have none of them).
 CI_BUILDER_MACHINE_IDS=
 

@@ -38,9 +38,13 @@ impl ImagePrepared {
     /// the image was prepared in, or one before it: the builder's, not this guest's.
     pub fn covers(&self, boot_id: Option<&str>, last_entry: Option<DateTime<Utc>>) -> bool {
         let norm = |s: &str| s.trim().replace('-', "").to_ascii_lowercase();
-        if let (Some(mine), Some(theirs)) = (&self.boot_id, boot_id) {
-            return norm(mine) == norm(theirs);
+        if let (Some(mine), Some(theirs)) = (&self.boot_id, boot_id)
+            && norm(mine) == norm(theirs)
+        {
+            return true;
         }
+        // A boot that ended before the image was prepared is the builder's too (the clone's
+        // previous boot in a journal the image kept can be any of the builder's boots).
         let at = DateTime::parse_from_rfc3339(&self.at).map(|t| t.with_timezone(&Utc));
         matches!((at, last_entry), (Ok(at), Some(last)) if last <= at)
     }

@@ -758,6 +758,17 @@ mod tests {
         };
         assert!(m.covers(Some("0a1b2c3d000000000000000000000001"), None));
         assert!(!m.covers(Some("ffff2c3d000000000000000000000001"), None));
+        // Another of the builder's boots, one that ended before the image was prepared.
+        let t = |s: &str| Some(DateTime::parse_from_rfc3339(s).unwrap().to_utc());
+        assert!(m.covers(
+            Some("ffff2c3d000000000000000000000001"),
+            t("2026-12-01T09:00:00Z")
+        ));
+        // The clone's own boot, after it.
+        assert!(!m.covers(
+            Some("ffff2c3d000000000000000000000001"),
+            t("2026-12-01T11:00:00Z")
+        ));
         let img = ImagePrepared {
             at: "2026-12-01T10:00:00Z".into(),
             boot_id: None,
