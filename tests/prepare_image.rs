@@ -570,10 +570,10 @@ fn a_root_reached_through_a_symlink_out_of_the_image_is_refused() {
 
 /// A journalctl whose previous boot (`--boot=-1`) is `boot_id`'s, where gridd held a lease
 /// and said nothing more (killed): a last shutdown that leaked it.
-fn journalctl_with_previous_boot(root: &Root, boot_id: &str) {
+fn journalctl_with_previous_boot(root: &Root, boot_id: &str, at_micros: i64) {
     let entry = |msg: &str| {
         serde_json::json!({
-            "__REALTIME_TIMESTAMP": "1764460800000000", "_BOOT_ID": boot_id,
+            "__REALTIME_TIMESTAMP": at_micros.to_string(), "_BOOT_ID": boot_id,
             "_UID": "0", "_COMM": "nvidia-gridd", "_PID": "812",
             "SYSLOG_IDENTIFIER": "nvidia-gridd", "MESSAGE": msg,
         })
@@ -611,7 +611,11 @@ fn after_prepare_image_a_clones_first_boot_reports_no_last_shutdown_of_the_build
     use vgpu_license_agent::live::previous_boot_shutdown;
     let this_boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let mut root = Root::new();
-    journalctl_with_previous_boot(&root, &this_boot.trim().replace('-', ""));
+    journalctl_with_previous_boot(
+        &root,
+        &this_boot.trim().replace('-', ""),
+        1_764_460_800_000_000,
+    );
     root.install_ok(&valid_token("builder"), &[]);
     let settings = Settings::load(&root.config).unwrap();
     // Not prepared: the previous boot's leaked lease is reported, as on any guest.
@@ -624,8 +628,10 @@ fn after_prepare_image_a_clones_first_boot_reports_no_last_shutdown_of_the_build
     // The clone boots: its previous boot in the kept journal is the one prepare-image ran in.
     assert_eq!(previous_boot_shutdown(&settings), None);
 
-    // A later boot of the clone has a previous boot of its own: reported again.
-    journalctl_with_previous_boot(&root, "f00dfeedf00dfeedf00dfeedf00dfeed");
+    // A later boot of the clone has a previous boot of its own, which ended after the image
+    // was prepared: reported again.
+    let later = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
+    journalctl_with_previous_boot(&root, "f00dfeedf00dfeedf00dfeedf00dfeed", later);
     let settings = Settings::load(&root.config).unwrap();
     assert!(previous_boot_shutdown(&settings).is_some());
 }
