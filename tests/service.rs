@@ -1372,8 +1372,12 @@ fn scenario_a_burst_of_twenty_thousand_files_in_the_token_directory() {
     // Still following nvidia-smi.
     m.update_sim(|s| s.smi_mode = SmiMode::NoDriver);
     a.wait_state("no_driver", T);
+    // And back (gridd itself may have read the 20,000 files by now and lost its license:
+    // what matters is that the report follows nvidia-smi again).
     m.update_sim(|s| s.smi_mode = SmiMode::Normal);
-    a.wait_state("licensed", T);
+    a.wait_status("the report following nvidia-smi again", T, |v| {
+        v["state"] != "no_driver"
+    });
 }
 
 /// The same image on a VM without a vGPU: the PCI bus shows no NVIDIA device. The service
