@@ -485,9 +485,9 @@ UNIT
 install_sim() {
 	sim_files || return 1
 	# The agent, started by the package, read its config before the simulated PCI bus's
-	# drop-in was there: a reload takes it (as an operator's drop-in would be taken).
+	# drop-in was there: restarted, it takes it.
 	guest systemctl daemon-reload &&
-		guest systemctl try-reload-or-restart "$NAME.service" &&
+		guest systemctl restart "$NAME.service" &&
 		guest systemctl start sim-dls.service &&
 		guest systemctl restart nvidia-gridd.service &&
 		wait_until 30 gridd_said "Unable to fetch the client configuration token file" &&
@@ -1212,7 +1212,9 @@ sys.exit(0 if kinds.count("clone_detected") == 1 else 1)' || return 1
 # more by the agent, licensed by the new token's DLS.
 ci_rotate() {
 	ci_new_token && ci_share_token || return 1
-	ci_token_installed && wait_until 60 gridd_started_n 3 && ci_report && ci_restarts 3 2
+	# gridd's restart for the new token waits out the backoff of the restart made for the
+	# first one at boot (restart_backoff_seconds, 60 s, +-20 %), as every restart does.
+	ci_token_installed && wait_until 120 gridd_started_n 3 && ci_report && ci_restarts 3 2
 }
 
 # ---- Golden images: prepare-image as docs/install.md's golden-image section says (called

@@ -109,20 +109,15 @@ impl Remedy {
             && now >= self.not_before
     }
 
-    /// Whether a restart now stays within the hourly budget (the backoff aside): a restart
-    /// for a new token, which an operator expects at once, waits only for the budget.
-    pub fn within_budget(&mut self, cfg: &Service, now: f64) -> bool {
-        self.restarts_last_hour(now) < cfg.restart_budget_per_hour as usize
-    }
-
-    /// When (in the same seconds as `now`) the hourly budget next allows a restart.
-    pub fn next_in_budget(&mut self, cfg: &Service, now: f64) -> f64 {
-        if self.restarts_last_hour(now) >= cfg.restart_budget_per_hour as usize {
+    /// When (in the same seconds as `now`) the budget and the backoff next allow a restart.
+    pub fn next_allowed(&mut self, cfg: &Service, now: f64) -> f64 {
+        let budget = if self.restarts_last_hour(now) >= cfg.restart_budget_per_hour as usize {
             // The oldest restart of the hour leaving it frees one.
             self.restarts.front().map_or(now, |t| t + 3600.0)
         } else {
             now
-        }
+        };
+        budget.max(self.not_before)
     }
 
     /// A reloaded config: the restarts made so far still count against the budget, and the

@@ -88,7 +88,12 @@ fn scenario_token_source_rotated_under_the_running_service() {
         || agent.context(),
     );
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(m.restarts(), before + 1, "one restart for one rotation");
+    assert_eq!(
+        m.restarts(),
+        before + 1,
+        "one restart for one rotation\n{}",
+        agent.context()
+    );
 
     // A rotation to a bad token: reported, the installed token kept, no restart.
     let restarts = m.restarts();

@@ -672,10 +672,9 @@ impl Core {
             self.adopt_again = true;
             return;
         }
-        // A new token's restart spends the hourly budget like every restart (40 rotations in
-        // 20 s are 4 restarts, then a wait), but not the failure backoff: a rotation an
-        // operator makes is acted on at once.
-        let retry_owed = self.remedy.within_budget(&self.settings.service, secs(now));
+        // A new token's restart spends the same budget and backoff as every restart (40
+        // rotations in 20 s are one restart now and the owed one later, not 40).
+        let retry_owed = self.remedy.may_restart(&self.settings.service, secs(now));
         fx.push(Effect::Adopt {
             licensed,
             retry_owed,
@@ -711,9 +710,7 @@ impl Core {
                     }
                     Restart::Deferred => {
                         // Owed: adopted again (and gridd restarted) once the budget allows.
-                        let at = self
-                            .remedy
-                            .next_in_budget(&self.settings.service, secs(now));
+                        let at = self.remedy.next_allowed(&self.settings.service, secs(now));
                         let wait = Duration::from_secs_f64((at - secs(now)).max(1.0));
                         self.next_adopt = self.next_adopt.min(now.mono + wait);
                         info!(
