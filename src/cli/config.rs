@@ -23,7 +23,14 @@ pub fn run(command: &ConfigCommand, main: &Path) -> anyhow::Result<ExitCode> {
     }
     load(main)?;
     match command {
-        ConfigCommand::Check => {
+        ConfigCommand::Check { reload } => {
+            if let Some(pid) = *reload {
+                nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGHUP,
+                )
+                .map_err(|e| anyhow!("config is good, but the service (pid {pid}) could not be told to reload: {e}"))?;
+            }
             let files: Vec<String> = read.iter().map(|p| show_path(p)).collect();
             if files.is_empty() {
                 println!(

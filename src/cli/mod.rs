@@ -74,7 +74,12 @@ pub enum Command {
 pub enum ConfigCommand {
     /// Validate the config and every drop-in as the service does at start and at reload;
     /// exit 1 with the error on any.
-    Check,
+    Check {
+        /// Once the config is good, tell the running service (this PID, `$MAINPID` in the
+        /// unit's `ExecReload=`) to reload it (SIGHUP); a bad config signals nothing.
+        #[arg(long, value_name = "PID")]
+        reload: Option<i32>,
+    },
     /// Print the merged config as TOML, each key with the file it comes from; secrets
     /// redacted.
     Show,
