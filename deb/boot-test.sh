@@ -1562,11 +1562,12 @@ UNIT
 gate_reset() {
 	guest systemctl stop "$NEEDS_LICENSE" vgpu-licensed.target "$WAIT_UNIT" 2>/dev/null
 	guest systemctl reset-failed "$NEEDS_LICENSE" vgpu-licensed.target "$WAIT_UNIT" 2>/dev/null
-	rm -f "$GUEST/run/needs-license.json"
+	guest rm -f /run/needs-license.json
 	true
 }
 gate_active() { [ "$(guest systemctl is-active "$NEEDS_LICENSE")" = active ]; }
-gate_saw_licensed() { grep -q '"state": "licensed"' "$GUEST/run/needs-license.json" 2>/dev/null; }
+# /run is the booted guest's own tmpfs, not the tree's: read it in the guest.
+gate_saw_licensed() { guest cat /run/needs-license.json 2>/dev/null | grep -q '"state": "licensed"'; }
 guest_unlicensed() { guest nvidia-smi -q | grep -q 'License Status *: Unlicensed'; }
 guest_licensed() { guest nvidia-smi -q | grep -q 'License Status *: Licensed'; }
 dls_mode() {
@@ -1613,7 +1614,7 @@ check_target_waits_for_the_license() {
 	}
 	gate_saw_licensed || {
 		echo "$NEEDS_LICENSE started before the guest was licensed:" >&2
-		cat "$GUEST/run/needs-license.json" >&2
+		guest cat /run/needs-license.json >&2
 		rc=1
 	}
 	[ "$(guest systemctl is-active vgpu-licensed.target)" = active ] || rc=1
