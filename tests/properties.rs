@@ -36,6 +36,8 @@ const NUMERIC_FLAGS: &[&[&str]] = &[
     &["install", "--token-url", "https://x/t", "--timeout"],
     &["install", "--token-url", "https://x/t", "--retries"],
     &["install", "--token-file", "x", "--feature-type"],
+    // Signals only a process that is the agent: a fuzzed pid never reaches another one.
+    &["config", "check", "--reload"],
 ];
 
 /// Whatever a config holds, a loaded one gives durations that no later computation

@@ -25,6 +25,13 @@ pub fn run(command: &ConfigCommand, main: &Path) -> anyhow::Result<ExitCode> {
     match command {
         ConfigCommand::Check { reload } => {
             if let Some(pid) = *reload {
+                // Only the agent's own service is ever signalled: a wrong pid is an error.
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if pid <= 1 || !comm.trim_end().starts_with("vgpu-license-ag") {
+                    return Err(anyhow!(
+                        "config is good, but pid {pid} is not the running vgpu-license-agent: nothing was signalled; give --reload the service's pid ($MAINPID in its unit)"
+                    ));
+                }
                 nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGHUP,
