@@ -640,16 +640,7 @@ pub fn move_out(from_dir: &File, from: &Path, to_dir: &File, to: &Path) -> io::R
                 size: Some(st.st_size as u64),
             }));
         }
-        let fd = nix::fcntl::openat(
-            from_dir.as_fd(),
-            src,
-            nix::fcntl::OFlag::O_RDONLY
-                | nix::fcntl::OFlag::O_NOFOLLOW
-                | nix::fcntl::OFlag::O_NONBLOCK
-                | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )?;
-        let file = File::from(fd);
+        let file = open_in(from_dir, src, nix::fcntl::OFlag::O_NONBLOCK)?;
         let m = file.metadata()?;
         if !m.is_file() || m.ino() != st.st_ino {
             return Err(io::Error::other(
@@ -702,16 +693,7 @@ pub fn make_dir_in(parent: &File, name: &str, mode: u32) -> io::Result<(File, bo
         Err(nix::errno::Errno::EEXIST) => false,
         Err(e) => return Err(e.into()),
     };
-    let fd = nix::fcntl::openat(
-        parent.as_fd(),
-        name,
-        nix::fcntl::OFlag::O_RDONLY
-            | nix::fcntl::OFlag::O_DIRECTORY
-            | nix::fcntl::OFlag::O_NOFOLLOW
-            | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )?;
-    let dir = File::from(fd);
+    let dir = open_in(parent, name, nix::fcntl::OFlag::O_DIRECTORY)?;
     if made {
         // The umask may have taken bits off.
         dir.set_permissions(fs::Permissions::from_mode(mode))?;
@@ -737,4 +719,24 @@ pub fn make_unique_dir_in(parent: &File, name: &str, mode: u32) -> io::Result<(F
         io::ErrorKind::AlreadyExists,
         "too many directories of that name",
     ))
+}
+
+/// Opens `name` in the directory open as `dir` for reading, never through a link, with
+/// `extra` flags (`O_DIRECTORY`, `O_NONBLOCK`).
+fn open_in<P: ?Sized + nix::NixPath>(
+    dir: &File,
+    name: &P,
+    extra: nix::fcntl::OFlag,
+) -> io::Result<File> {
+    use std::os::fd::AsFd;
+    let fd = nix::fcntl::openat(
+        dir.as_fd(),
+        name,
+        nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC
+            | extra,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    Ok(File::from(fd))
 }
