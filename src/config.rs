@@ -92,6 +92,11 @@ pub struct Service {
     pub metrics_listen: Option<String>,
     /// Optional URL the report is POSTed to on every state change (HTTPS, verified).
     pub webhook_url: Option<String>,
+    /// The first look at the token directory that no change caused, this long after the
+    /// start (later ones follow the watch's interval). Set only by the key
+    /// `service.first_token_look_seconds`, which the default config and the man page leave
+    /// out: the tests shorten it to see what the watch alone does.
+    pub first_token_look: Duration,
 }
 
 impl Default for Settings {
@@ -141,6 +146,7 @@ impl Default for Settings {
                 metrics_socket: None,
                 metrics_listen: None,
                 webhook_url: None,
+                first_token_look: Duration::from_secs(30),
             },
         }
     }
@@ -296,6 +302,7 @@ struct ServiceFragment {
     metrics_socket: Option<PathBuf>,
     metrics_listen: Option<String>,
     webhook_url: Option<String>,
+    first_token_look_seconds: Option<u64>,
 }
 
 /// A config file larger than this is not one.
@@ -482,6 +489,13 @@ impl Settings {
                 &mut svc.clock_skew_max,
                 1,
                 (1, 86_400),
+            ),
+            (
+                "service.first_token_look_seconds",
+                sv.first_token_look_seconds,
+                &mut svc.first_token_look,
+                1,
+                (1, 3600),
             ),
         ] {
             if let Some(v) = value {

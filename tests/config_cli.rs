@@ -2,13 +2,11 @@
 //! --require-licensed` as vgpu-license-agent-wait-licensed.service runs it, and `run` when
 //! the journal cannot be read: the real binary on a fake root.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 
-use common::Root;
+use crate::common::Root;
 
 /// An executable script in the fake root.
 fn script(root: &Root, name: &str, body: &str) -> String {
@@ -196,7 +194,7 @@ fn run_stops_when_the_journal_cannot_be_read_instead_of_looping() {
     );
     // `timeout` only guards the test run against a service that never stops.
     let out = std::process::Command::new("timeout")
-        .args(["300", common::BIN, "run", "--log-stderr"])
+        .args(["300", crate::common::BIN, "run", "--log-stderr"])
         .env("VGPU_LICENSE_AGENT_CONFIG", &root.config)
         .stdin(Stdio::null())
         .env_remove("NOTIFY_SOCKET")

@@ -4,8 +4,6 @@
 //! what users rely on: the report, whether and when gridd is restarted, whether and when the
 //! DLS is probed, how often the core wakes.
 
-mod common;
-
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -51,7 +49,7 @@ fn gridd(pid: u32, message: &str) -> GriddEvent {
 }
 
 fn token() -> Token {
-    Token::decode(&common::valid_token("core")).unwrap()
+    Token::decode(&crate::common::valid_token("core")).unwrap()
 }
 
 /// What the world answers, and what the core asked of it.

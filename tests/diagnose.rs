@@ -2,8 +2,6 @@
 //! and journalctl are shell scripts written here, a token naming a loopback HTTPS "DLS"
 //! started here, lines and exit codes checked, `--json` validated against the report schema.
 
-mod common;
-
 use std::fs;
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -12,8 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::thread;
 
+use crate::common::Root;
 use chrono::Utc;
-use common::Root;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ServerConfig, ServerConnection};
 use serde_json::Value;
@@ -46,7 +44,7 @@ fn dls(offset: i64) -> u16 {
             thread::spawn(move || {
                 let mut conn = ServerConnection::new(cfg).unwrap();
                 let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-                if common::read_request_head(&mut tls).is_none() {
+                if crate::common::read_request_head(&mut tls).is_none() {
                     return;
                 }
                 let date = (Utc::now() + chrono::Duration::seconds(offset))
@@ -70,7 +68,7 @@ fn free_port() -> u16 {
 
 /// The test token of `common`, naming `host:port` as its one DLS node.
 fn token_for(host: &str, port: u16, nbf: i64, exp: i64) -> Vec<u8> {
-    common::sim::edit_payload(&common::token("diagnose", nbf, exp), |payload| {
+    crate::common::sim::edit_payload(&crate::common::token("diagnose", nbf, exp), |payload| {
         let sic = &mut payload["service_instance_configuration"];
         sic["node_url_list"][0]["url"] = host.into();
         for m in sic["svc_port_set_list"][0]["svc_port_map"]
@@ -612,7 +610,7 @@ fn a_check_that_cannot_run_is_unknown_to_monitoring() {
     let bad = dir.path().join("config.toml");
     fs::write(&bad, "[service]\npoll_licensed_seconds = \"often\"\n").unwrap();
     let code = |args: &[&str]| {
-        let out = std::process::Command::new(common::BIN)
+        let out = std::process::Command::new(crate::common::BIN)
             .args(args)
             .output()
             .unwrap();
@@ -912,7 +910,7 @@ fn proxy_keys_gridd_cannot_use_are_a_failure_with_the_fix() {
 #[test]
 fn a_guest_without_a_gpu_is_no_gpu_and_nothing_fails() {
     let g = Guest::new(None);
-    common::no_pci_gpu(g.root.path("").as_path());
+    crate::common::no_pci_gpu(g.root.path("").as_path());
     let (code, lines, out) = g.human();
     assert_eq!(code, 0, "{out}");
     assert_eq!(lines.len(), 1, "{out}");
@@ -935,7 +933,7 @@ fn without_a_driver_the_driver_comes_first() {
         "nvidia-smi",
         "echo 'Failed to initialize NVML: Unknown Error'; exit 255",
     );
-    common::pci_device(g.root.path("").as_path(), "0000:02:01.0", None);
+    crate::common::pci_device(g.root.path("").as_path(), "0000:02:01.0", None);
     g.root.file("unit-state", b"unknown\n");
     g.root.dropin(
         "60-smi.toml",

@@ -3,8 +3,6 @@
 //! that are not the agent's, secrets in URLs, commands that never answer. Each must end in
 //! bounded time with a one-line error, and change nothing.
 
-mod common;
-
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Root, mode, valid_token};
+use crate::common::{Root, mode, valid_token};
 
 fn mkfifo(p: &Path) {
     nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
@@ -70,7 +68,7 @@ fn root_tree(root: &Root) -> Vec<(String, u32, u64)> {
 }
 
 #[track_caller]
-fn one_line_error(r: &common::Run, code: i32, want: &str) {
+fn one_line_error(r: &crate::common::Run, code: i32, want: &str) {
     assert_eq!(r.code, Some(code), "{}{}", r.stdout, r.stderr);
     assert_eq!(r.stderr.trim_end().lines().count(), 1, "{}", r.stderr);
     assert!(r.stderr.contains(want), "want {want:?}: {}", r.stderr);
@@ -374,7 +372,7 @@ fn an_install_that_fails_half_way_undoes_every_step() {
 
 /// Runs the agent like [`Root::run`], and how long it took; one that runs past two minutes
 /// is killed and fails the test, so that a hang is a failure, not a test that never ends.
-fn within(root: &Root, args: &[&str]) -> (common::Run, Duration) {
+fn within(root: &Root, args: &[&str]) -> (crate::common::Run, Duration) {
     const LIMIT: Duration = Duration::from_secs(120);
     let start = Instant::now();
     let mut child = root
@@ -464,7 +462,7 @@ impl Drop for Trickle {
 fn trickle_answer(mut s: TcpStream, slow_head: bool, stop: &AtomicBool) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    if common::read_request_head(&mut s).is_none() {
+    if crate::common::read_request_head(&mut s).is_none() {
         return;
     }
     let head = b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: 5000\r\n\r\n";
@@ -834,7 +832,7 @@ fn a_fifo_a_device_or_a_huge_gridd_conf_is_refused_at_once() {
             }
             "device" => {
                 if !mkzero(&conf) {
-                    common::skipped("a character device in place of gridd.conf: not root");
+                    crate::common::skipped("a character device in place of gridd.conf: not root");
                     continue;
                 }
                 "not a regular file"
@@ -912,7 +910,7 @@ fn a_token_naming_thousands_of_nodes_makes_a_bounded_few_probes() {
         })
     };
     const NODES: usize = 2000;
-    let tok = common::sim::edit_payload(&valid_token("many"), |p| {
+    let tok = crate::common::sim::edit_payload(&valid_token("many"), |p| {
         let sic = &mut p["service_instance_configuration"];
         sic["svc_port_set_list"][0]["svc_port_map"] = serde_json::json!([
             {"service": "auth", "port": port}, {"service": "lease", "port": port}
@@ -1032,7 +1030,7 @@ fn purging_client_state_never_follows_a_symlink_out() {
 
 /// No raw ESC, BEL or CR on either stream.
 #[track_caller]
-fn no_raw_controls(what: &str, r: &common::Run) {
+fn no_raw_controls(what: &str, r: &crate::common::Run) {
     for (name, out) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
         assert!(
             !out.contains(['\x1b', '\x07', '\r']),
@@ -1045,7 +1043,7 @@ fn no_raw_controls(what: &str, r: &common::Run) {
 /// No raw control character, and no line forged by a newline from outside (text that
 /// follows the newline of `FORGED_NEWLINE` never starts a line).
 #[track_caller]
-fn clean(what: &str, r: &common::Run) {
+fn clean(what: &str, r: &crate::common::Run) {
     no_raw_controls(what, r);
     for (name, out) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
         assert!(
@@ -1066,7 +1064,7 @@ fn control_characters_in_a_token_or_a_url_never_reach_the_terminal() {
     root.install_ok(&valid_token("a"), &[]);
     let evil = FORGED_NEWLINE;
     let evil_token = |exp: i64| {
-        common::sim::edit_payload(&valid_token("x"), |p| {
+        crate::common::sim::edit_payload(&valid_token("x"), |p| {
             p["iss"] = format!("NLS{evil}").into();
             p["jti"] = format!("j{evil}").into();
             p["exp"] = exp.into();

@@ -2,14 +2,12 @@
 //! guest: /etc/machine-id, the DMI product UUID, the NICs), and the service reporting what it
 //! found once, as a `clone_detected` event, against the real journald and the simulator.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use common::Root;
-use common::sim::{Agent, Machine, Setup};
+use crate::common::Root;
+use crate::common::sim::{Agent, Machine, Setup};
 
 fn guest(d: &Path, machine_id: &str, uuid: &str) {
     fs::create_dir_all(d.join("etc")).unwrap();
@@ -114,7 +112,7 @@ fn scenario_the_service_reports_a_clone_once() {
     );
     let config = m.config.to_str().unwrap().to_string();
     let check = || {
-        let out = std::process::Command::new(common::BIN)
+        let out = std::process::Command::new(crate::common::BIN)
             .args(["--config", &config, "check-identity", "--root"])
             .arg(&g)
             .output()

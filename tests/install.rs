@@ -1,7 +1,5 @@
 //! `install` run as the real binary against a fake root (paths from the agent's config).
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::net::TcpListener;
@@ -10,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Mount, Root, mode, skipped, token, valid_token};
+use crate::common::{Mount, Root, mode, skipped, token, valid_token};
 
 const USER_CONF: &[u8] = b"# my settings\r\nEnableUI=TRUE\n\n# FeatureType=2\nFeatureType=0\n";
 
@@ -824,7 +822,7 @@ fn serve(responses: Vec<Vec<u8>>) -> (u16, std::thread::JoinHandle<Vec<String>>)
         for resp in responses {
             let (mut s, _) = listener.accept().unwrap();
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            let head = common::read_request_head(&mut s).unwrap_or_default();
+            let head = crate::common::read_request_head(&mut s).unwrap_or_default();
             requests.push(String::from_utf8_lossy(&head).into_owned());
             let _ = s.write_all(&resp);
         }

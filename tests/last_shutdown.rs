@@ -2,13 +2,11 @@
 //! agent against the simulator, with a journalctl that serves a recorded previous boot (the
 //! test machine's own journal holds one boot only).
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use common::sim::{Agent, Machine, Setup, wait_for};
+use crate::common::sim::{Agent, Machine, Setup, wait_for};
 
 const T: Duration = Duration::from_secs(45);
 

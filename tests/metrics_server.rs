@@ -10,15 +10,13 @@
 //!
 //! Every wait polls with a generous deadline; nothing is timed.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use common::sim::{Agent, Machine, Setup, has_event, wait_for, write_gridd_conf};
+use crate::common::sim::{Agent, Machine, Setup, has_event, wait_for, write_gridd_conf};
 use vgpu_license_agent::config::Settings;
 
 /// Deadline of anything the agent must do.

@@ -3,14 +3,12 @@
 //! with what nvidia-smi printed (or a one-line error), and leaves no descriptor, no thread and
 //! no process behind.
 
-mod common;
-
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::sim::{GpuState, SimConfig, SmiMode, example};
+use crate::common::sim::{GpuState, SimConfig, SmiMode, example};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use vgpu_license_agent::command;
@@ -18,7 +16,8 @@ use vgpu_license_agent::config::Settings;
 use vgpu_license_agent::live::{self, SmiRead};
 use vgpu_license_agent::observe::smi::{LicenseStatus, classify_status};
 
-/// The tests of this binary count the descriptors of the whole process: one at a time.
+/// The tests of this module measure the whole process (CPU seconds, descriptors): one at a
+/// time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// A guest whose nvidia-smi is the simulator's, in `mode`, with a licensed GPU.
@@ -55,7 +54,7 @@ impl Guest {
         .save(&sim)
         .unwrap();
         let smi = r.join("bin/nvidia-smi");
-        common::sim::write_mode(
+        crate::common::sim::write_mode(
             &smi,
             format!(
                 "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
@@ -73,7 +72,7 @@ impl Guest {
             &config,
             format!(
                 "{}[commands]\nnvidia_smi = \"{}\"\ntimeout_seconds = 600\n",
-                common::paths_toml(r),
+                crate::common::paths_toml(r),
                 smi.display()
             ),
         )
@@ -200,8 +199,27 @@ fn endless_output_ends_the_read_at_the_cap_and_the_command() {
     assert!(gone(pid), "the endless nvidia-smi {pid} still runs");
 }
 
+/// The descriptors and threads of a process are counted in a process of their own: the test
+/// binary run again with this test alone, since the suite's other tests open descriptors and
+/// start threads at the same time.
 #[test]
 fn fifty_misbehaving_reads_leave_no_descriptor_or_thread() {
+    const ALONE: &str = "VGPU_TESTS_ALONE";
+    let name = "misbehaving_commands::fifty_misbehaving_reads_leave_no_descriptor_or_thread";
+    if std::env::var_os(ALONE).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ALONE, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "the test alone in a process:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let held = Guest::new(SmiMode::DetachedHolder);
     let endless = Guest::new(SmiMode::Endless);

@@ -1,10 +1,8 @@
 //! `prepare-image` run as the real binary against a fake root.
 
-mod common;
-
 use std::fs;
 
-use common::{Root, valid_token};
+use crate::common::{Root, valid_token};
 
 fn prepared_root() -> Root {
     let mut root = Root::new();
@@ -214,10 +212,10 @@ fn a_lock_that_cannot_be_opened_is_said_so_not_a_running_install() {
                 fs::remove_file(p).unwrap();
             }
         }
-        match common::Mount::tmpfs(&state, "mode=0755") {
+        match crate::common::Mount::tmpfs(&state, "mode=0755") {
             Some(m) if m.remount("ro") => _mount = m,
             _ => {
-                common::skipped("no read-only tmpfs can be mounted here");
+                crate::common::skipped("no read-only tmpfs can be mounted here");
                 return;
             }
         }
@@ -379,8 +377,8 @@ fn image(token: &[u8]) -> tempfile::TempDir {
     d
 }
 
-fn in_image(d: &Path, args: &[&str]) -> common::Run {
-    let out = std::process::Command::new(common::BIN)
+fn in_image(d: &Path, args: &[&str]) -> crate::common::Run {
+    let out = std::process::Command::new(crate::common::BIN)
         .args(args)
         .arg("--root")
         .arg(d)
@@ -389,7 +387,7 @@ fn in_image(d: &Path, args: &[&str]) -> common::Run {
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
-    common::Run {
+    crate::common::Run {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -426,8 +424,8 @@ fn in_a_mounted_image_every_copy_of_the_token_is_named_then_cleaned() {
     let token = valid_token("builder");
     let img = image(&token);
     let d = img.path();
-    let parts = common::secret_parts(&token);
-    let no_secret = |r: &common::Run| {
+    let parts = crate::common::secret_parts(&token);
+    let no_secret = |r: &crate::common::Run| {
         for p in &parts {
             assert!(
                 !r.stdout.contains(p) && !r.stderr.contains(p),

@@ -17,8 +17,6 @@
 //! `WATCHDOG_USEC` point the agent at a socket of the test's, whose watchdog pings prove that
 //! the agent's loop never stalled for as long as systemd would have killed it.
 
-mod common;
-
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs;
@@ -32,10 +30,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::sim::{
+use crate::common::sim::{
     self, Agent, Machine, Setup, SmiMode, has_event, reason, setup, wait_for, write_gridd_conf,
 };
-use common::{Mount, skipped};
+use crate::common::{Mount, skipped};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -578,7 +576,7 @@ fn scenario_nvidia_smi_hanging_on_every_call() {
     assert_eq!(v["state"], "unknown", "{v:#}");
 
     // A monitoring check gets UNKNOWN (3), not a guess.
-    let out = Command::new(common::BIN)
+    let out = Command::new(crate::common::BIN)
         .arg("--config")
         .arg(&m.config)
         .arg("status")
@@ -930,18 +928,23 @@ fn scenario_gridd_crash_looping_stays_within_the_restart_budget() {
 /// as it is there.
 #[test]
 fn scenario_token_directory_briefly_missing() {
+    // The first look that no change causes comes 2 s after the start (30 s by default).
+    let setup = Setup {
+        service_extra: "first_token_look_seconds = 2\n".into(),
+        ..Setup::default()
+    };
     let mut started = Instant::now();
-    let (m, a) = licensed_with(Setup::default(), |m| {
+    let (m, a) = licensed_with(setup, |m| {
         started = Instant::now();
         Agent::start(m)
     });
     let dir = m.token_dir();
     for pause in [Duration::ZERO, Duration::from_secs(3)] {
         if !pause.is_zero() {
-            // Besides its watch, the agent looks at the token directory on a timer: once half
-            // a minute after its start, then every few minutes. Past that first look, only a
+            // Besides its watch, the agent looks at the token directory on a timer: once soon
+            // after its start (2 s here), then every few minutes. Past that first look, only a
             // watch on the new directory can notice the token within the deadline.
-            let first_look = started + Duration::from_secs(35);
+            let first_look = started + Duration::from_secs(4);
             std::thread::sleep(first_look.saturating_duration_since(Instant::now()));
         }
         fs::remove_dir_all(&dir).unwrap();

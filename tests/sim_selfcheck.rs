@@ -5,13 +5,11 @@
 //! leasing paths as each test sets it; and its restart command restarts and counts. The
 //! end-to-end scenarios (tests/service.rs) rely on all this.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::sim::gridd_lines::{self, Source};
-use common::sim::{
+use crate::common::sim::gridd_lines::{self, Source};
+use crate::common::sim::{
     self, FakeDls, Machine, Mode, NetworkFailure, Setup, SimConfig, SmiMode, wait_for,
 };
 use vgpu_license_agent::observe::journal::{self, GriddEvent};
@@ -33,7 +31,7 @@ fn wait_line(m: &Machine, pid: i32, text: &str) -> Vec<String> {
         &format!("gridd {pid} to log {text:?}"),
         T,
         || {
-            let lines = sim::gridd_messages(pid);
+            let lines = m.gridd_messages(pid);
             lines.iter().any(|l| l.contains(text)).then_some(lines)
         },
         || m.gridd_log(),
@@ -195,7 +193,7 @@ fn dls_signed_tokens_verify_and_edited_ones_do_not() {
     );
     assert_eq!(jws::verify(&edited).unwrap_err(), Rejected::Signature);
     // Tokens with a filler signature (the agent's other tests) are not the DLS's.
-    let filler = common::valid_token("x");
+    let filler = crate::common::valid_token("x");
     assert!(Token::decode(&filler).is_ok());
     assert_eq!(jws::verify(&filler).unwrap_err(), Rejected::Signature);
     // Truncated, not a token at all.
@@ -230,18 +228,19 @@ fn dls_signed_tokens_verify_and_edited_ones_do_not() {
 }
 
 /// The agent's parser over the journal's JSON of gridd `pid`.
-fn parsed_events(pid: i32) -> Vec<GriddEvent> {
-    // Since this test's machine started: pids come round again in the boot's journal.
-    let since = sim::machine_since().map(|s| format!("--since={s}"));
+fn parsed_events(m: &Machine, pid: i32) -> Vec<GriddEvent> {
+    // This machine's gridd since the machine started: pids come round again in the boot's
+    // journal, and other tests' machines run at the same time.
     let out = Command::new("journalctl")
         .args([
             "--boot",
             "--output=json",
             "--no-pager",
             "_COMM=nvidia-gridd",
+            &m.gridd_match,
         ])
         .arg(format!("_PID={pid}"))
-        .args(since)
+        .arg(format!("--since={}", m.since))
         .output()
         .unwrap();
     let mut v = Vec::new();
@@ -372,7 +371,7 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
     assert_eq!(m.dls.leases().len(), 1);
 
     // As the agent reads it: journald's fields and the agent's own parser.
-    let entries = sim::journal(&["_COMM=nvidia-gridd", &format!("_PID={pid}")], None);
+    let entries = m.gridd_entries(&["_COMM=nvidia-gridd", &format!("_PID={pid}")]);
     assert!(
         entries
             .iter()
@@ -380,7 +379,7 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
                 && e["_COMM"] == "nvidia-gridd"
                 && e["SYSLOG_PID"] == pid.to_string().as_str())
     );
-    let events = parsed_events(pid);
+    let events = parsed_events(&m, pid);
     let acquired = events
         .iter()
         .find(|e| e.what.kind == EventKind::Acquired)
@@ -438,7 +437,7 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
     let new: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert_ne!(new, pid);
     assert_eq!(m.restarts(), 1);
-    let old = sim::gridd_messages(pid);
+    let old = m.gridd_messages(pid);
     assert_known_lines(&old);
     assert!(
         m.dls
@@ -482,11 +481,11 @@ fn gridd_without_a_readable_token_keeps_trying_and_picks_one_up() {
             .filter(|l| l.starts_with("Unable to fetch"))
             .count()
     };
-    let seen = count(&sim::gridd_messages(pid));
+    let seen = count(&m.gridd_messages(pid));
     wait_for(
         "another Unable to fetch",
         T,
-        || (count(&sim::gridd_messages(pid)) > seen).then_some(()),
+        || (count(&m.gridd_messages(pid)) > seen).then_some(()),
         || m.gridd_log(),
     );
     assert_eq!(m.gridd_pid(), Some(pid), "it keeps running");
@@ -496,7 +495,7 @@ fn gridd_without_a_readable_token_keeps_trying_and_picks_one_up() {
     )
     .unwrap();
     wait_line(&m, pid, "License acquired successfully");
-    let events = parsed_events(pid);
+    let events = parsed_events(&m, pid);
     assert!(
         events
             .iter()
@@ -518,11 +517,11 @@ fn gridd_without_pickup_waits_for_a_restart() {
     wait_for(
         "two more Unable to fetch",
         T,
-        || (count(&sim::gridd_messages(pid)) >= 3).then_some(()),
+        || (count(&m.gridd_messages(pid)) >= 3).then_some(()),
         || m.gridd_log(),
     );
     assert!(
-        !sim::gridd_messages(pid)
+        !m.gridd_messages(pid)
             .iter()
             .any(|l| l.starts_with("Acquiring"))
     );
@@ -568,7 +567,7 @@ fn gridd_exits_on_a_token_it_cannot_decode_or_a_stray_file() {
         assert_eq!(tail[..3], want);
         assert_eq!(tail[3], format!("Shutdown ({pid})"));
         assert!(!lines.iter().any(|l| l.starts_with("Acquiring")));
-        let events = parsed_events(pid);
+        let events = parsed_events(&m, pid);
         assert!(
             events.iter().any(|e| e.what.kind == EventKind::TokenError
                 && e.what.reason == Some(Reason::TokenInvalid))
@@ -589,20 +588,17 @@ fn gridd_exits_on_a_token_it_cannot_decode_or_a_stray_file() {
 }
 
 /// The count of gridd `pid`'s lines equal to `line`.
-fn count_line(pid: i32, line: &str) -> usize {
-    sim::gridd_messages(pid)
-        .iter()
-        .filter(|l| *l == line)
-        .count()
+fn count_line(m: &Machine, pid: i32, line: &str) -> usize {
+    m.gridd_messages(pid).iter().filter(|l| *l == line).count()
 }
 
 /// Waits for gridd `pid` to log `line` once more than it has so far.
 fn wait_another(m: &Machine, pid: i32, line: &str) {
-    let n = count_line(pid, line);
+    let n = count_line(m, pid, line);
     wait_for(
         &format!("another {line:?}"),
         T,
-        || (count_line(pid, line) > n).then_some(()),
+        || (count_line(m, pid, line) > n).then_some(()),
         || m.gridd_log(),
     );
 }
@@ -617,7 +613,7 @@ fn gridd_meets_clock_skew_an_unreachable_dls_and_a_failing_proxy() {
         gridd_lines::ACQUIRE_FAILED.format(&["127.0.0.1", "NVIDIA RTX Virtual Workstation", error])
     };
     wait_line(&m, pid, &failed(gridd_lines::ERROR_WINDBACK));
-    assert!(parsed_events(pid).iter().any(
+    assert!(parsed_events(&m, pid).iter().any(
         |e| e.what.kind == EventKind::AcquireFailed && e.what.reason == Some(Reason::ClockSkew)
     ));
     // A DLS that refuses, then one that speaks no TLS: the full failure line (the form of
@@ -629,7 +625,7 @@ fn gridd_meets_clock_skew_an_unreachable_dls_and_a_failing_proxy() {
     m.dls.set_mode(Mode::BadTls);
     wait_another(&m, pid, &network);
     assert!(
-        parsed_events(pid)
+        parsed_events(&m, pid)
             .iter()
             .any(|e| e.what.kind == EventKind::AcquireFailed
                 && e.what.reason == Some(Reason::DlsUnreachable))
@@ -671,7 +667,7 @@ fn gridd_can_word_a_network_failure_bare() {
     let lines = wait_line(&m, pid, &bare);
     assert!(!lines.iter().any(|l| l.contains("Error:")), "{lines:#?}");
     assert!(
-        parsed_events(pid)
+        parsed_events(&m, pid)
             .iter()
             .any(|e| e.what.kind == EventKind::AcquireFailed
                 && e.what.reason == Some(Reason::Unspecified))
@@ -762,7 +758,7 @@ fn gridd_that_does_not_retry_waits_for_a_restart() {
     wait_line(&m, pid, "Failed to acquire license from 127.0.0.1");
     m.dls.set_mode(Mode::Up);
     let acquiring = |p| {
-        sim::gridd_messages(p)
+        m.gridd_messages(p)
             .iter()
             .filter(|l| l.starts_with("Acquiring"))
             .count()
@@ -792,7 +788,7 @@ fn leases_renew_expire_and_the_grace_period_ends() {
         "License renewed successfully. (Info: 127.0.0.1, NVIDIA RTX Virtual Workstation; Expiry: ",
     );
     assert!(
-        parsed_events(pid)
+        parsed_events(&m, pid)
             .iter()
             .any(|e| e.what.kind == EventKind::Renewed && e.what.expiry.is_some())
     );
@@ -810,7 +806,7 @@ fn leases_renew_expire_and_the_grace_period_ends() {
     );
     assert_eq!(smi_status(&m).0, "Unlicensed (Restricted)");
     assert!(
-        parsed_events(pid)
+        parsed_events(&m, pid)
             .iter()
             .any(|e| e.what.kind == EventKind::UnlicensedNotice)
     );
@@ -822,7 +818,7 @@ fn passthrough_gpu_is_not_licensable() {
     let pid = m.start_gridd();
     wait_line(&m, pid, "Licensing not supported for GPUs in the system");
     assert!(
-        parsed_events(pid)
+        parsed_events(&m, pid)
             .iter()
             .any(|e| e.what.reason == Some(Reason::LicensingUnsupported))
     );
@@ -991,7 +987,7 @@ fn gridd_reaches_the_cls_only_through_the_proxy_gridd_conf_names() {
     assert!(m.dls.requests().is_empty(), "{:?}", m.dls.requests());
     assert_eq!(smi_status(&m).1, LicenseStatus::Unlicensed);
     assert!(
-        parsed_events(pid)
+        parsed_events(&m, pid)
             .iter()
             .any(|e| e.what.kind == EventKind::AcquireFailed
                 && e.what.reason == Some(Reason::DlsUnreachable))
@@ -1049,7 +1045,7 @@ fn legacy_gridd_licenses_from_the_server_gridd_conf_names() {
     wait_another(&m, pid, &failed);
     assert_eq!(smi_status(&m).1, LicenseStatus::Unlicensed);
     assert!(
-        parsed_events(pid)
+        parsed_events(&m, pid)
             .iter()
             .any(|e| e.what.kind == EventKind::AcquireFailed
                 && e.what.legacy
@@ -1082,7 +1078,7 @@ fn legacy_gridd_licenses_from_the_server_gridd_conf_names() {
     let (status, class) = smi_status(&m);
     assert_eq!(status, "Licensed");
     assert_eq!(class, LicenseStatus::Licensed(None));
-    let ev = parsed_events(pid);
+    let ev = parsed_events(&m, pid);
     assert!(ev.iter().any(|e| e.what.kind == EventKind::Acquired
         && e.what.legacy
         && e.what.server.as_deref() == Some(&server.addr.ip().to_string()[..])));

@@ -3,14 +3,12 @@
 //! the simulator. The source is laid out as a Secret volume is: the token file is a link
 //! through `..data`, a link to a timestamped directory that the kubelet swaps atomically.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 use std::time::Duration;
 
-use common::sim::{self, Agent, Machine, Setup, token_for, wait_for};
+use crate::common::sim::{self, Agent, Machine, Setup, token_for, wait_for};
 
 const T: Duration = Duration::from_secs(45);
 const NAME: &str = "client_configuration_token.tok";
@@ -180,7 +178,7 @@ fn scenario_token_source_rotated_under_the_running_service() {
     // No token's content in anything the agent wrote or logged.
     agent.assert_no_secret(&agent.logs());
     for t in [&a_token, &b_token, &c_token, &d_token] {
-        for part in common::secret_parts(t) {
+        for part in crate::common::secret_parts(t) {
             let logged: String = m
                 .agent_journal(agent.pid())
                 .iter()

@@ -226,6 +226,7 @@ impl Core {
     /// A core for `settings`. `heartbeat`: how often status.json is rewritten at least (and
     /// the watchdog pinged); `watching`: whether the token directory is watched.
     pub fn new(settings: Settings, heartbeat: Duration, watching: bool, now: Now) -> Core {
+        let first_token_look = settings.service.first_token_look;
         Core {
             remedy: Remedy::new(&settings.service),
             settings,
@@ -252,7 +253,7 @@ impl Core {
             smi_due_to_event: false,
             next_unit: now.mono,
             next_probe: now.mono,
-            next_adopt: now.mono + ADOPT_UNWATCHED,
+            next_adopt: now.mono + first_token_look,
             adopt_again: false,
             adopt_failed: None,
             source_rejected: None,

@@ -174,7 +174,9 @@ impl Shell {
 
     fn publish(&self, settings: &Settings, p: Publication) {
         if p.write {
-            write_file(&self.failing, &settings.paths.status_file, &p.json, true);
+            // The metrics first: whoever sees a report in status.json finds it in the
+            // metrics already (a monitor that checks one against the other, a test).
+            self.metrics_tx.send_replace(p.metrics.clone());
             if settings
                 .paths
                 .metrics_textfile
@@ -188,10 +190,10 @@ impl Shell {
                     false,
                 );
             }
+            write_file(&self.failing, &settings.paths.status_file, &p.json, true);
             notify(&[sd_notify::NotifyState::Status(&crate::text::escape(
                 &status_line(&p.report),
             ))]);
-            self.metrics_tx.send_replace(p.metrics);
         }
         if p.webhook
             && let Some(url) = settings.service.webhook_url.clone()

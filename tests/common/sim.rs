@@ -5,11 +5,16 @@
 //! The simulator's programs are examples of this crate (`tests/sim/`), built by `cargo test`
 //! (or `cargo build --examples`) into `target/<profile>/examples/`.
 //!
-//! All simulated gridds of all tests log to the one system journal as `nvidia-gridd`, and the
-//! agent follows every `nvidia-gridd` line of the journal: tests that run a simulated gridd
-//! therefore hold [`journal_lock`] (a file lock, so it also holds across test binaries run in
-//! parallel), and the agent's `journalctl` is the real one run through a wrapper that adds
-//! `--since` the machine's start, so that each test's agent sees only its own boot.
+//! All simulated gridds of all tests log to the one system journal as `nvidia-gridd`, as
+//! the real one does in a guest. Each machine's agent runs the real `journalctl` through a
+//! wrapper that keeps the agent's own options and matches and adds two of the machine's own:
+//! `--since` its start, and, in each of the agent's match groups, the command line of its
+//! gridd (which names the machine's sim dir). The machines of every test therefore run at the
+//! same time, each agent seeing its own gridd alone, as in a VM of its own. A scenario about
+//! what else a journal holds (lines forged by another program) sets
+//! [`Setup::whole_journal`]: its agent gets the agent's matches alone, and its machine holds
+//! [`journal_lock`] exclusively (every other machine holds it shared), so that no other
+//! machine's gridd logs meanwhile.
 
 #![allow(dead_code)]
 
@@ -158,20 +163,33 @@ pub fn ensure_journald() {
 }
 
 fn lock_file(path: &str) -> Flock<fs::File> {
+    lock_file_as(path, FlockArg::LockExclusive)
+}
+
+fn lock_file_as(path: &str, how: FlockArg) -> Flock<fs::File> {
     let f = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
         .unwrap_or_else(|e| panic!("{path}: {e}"));
-    Flock::lock(f, FlockArg::LockExclusive)
+    Flock::lock(f, how)
         .map_err(|(_, e)| e)
         .unwrap_or_else(|e| panic!("lock {path}: {e}"))
 }
 
-/// Held by every test that runs a simulated gridd (see the module's doc).
-pub fn journal_lock() -> Flock<fs::File> {
-    lock_file("/tmp/vgpu-license-agent-sim-journal.lock")
+/// Held by every test that runs a simulated gridd (see the module's doc): shared, or
+/// `exclusive` by the one whose agent reads every gridd line of the journal. A file lock, so
+/// that it holds across test binaries run at the same time.
+pub fn journal_lock(exclusive: bool) -> Flock<fs::File> {
+    lock_file_as(
+        "/tmp/vgpu-license-agent-sim-journal.lock",
+        if exclusive {
+            FlockArg::LockExclusive
+        } else {
+            FlockArg::LockShared
+        },
+    )
 }
 
 /// Polls `f` until it gives a value; panics after `timeout` with `what` and `context()`.
@@ -242,28 +260,6 @@ pub fn message(e: &Value) -> String {
         .into_owned(),
         _ => String::new(),
     }
-}
-
-/// `--since` of the newest [`Machine`] of this process (the one that holds the journal lock).
-static MACHINE_SINCE: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-
-/// `--since` of the newest [`Machine`] of this process, if one was made.
-pub fn machine_since() -> Option<String> {
-    MACHINE_SINCE.lock().unwrap().clone()
-}
-
-/// The messages the simulated gridd `pid` logged to the journal, since the newest machine's
-/// start: pids come round again (pid_max may be 32768), and the journal holds every gridd of
-/// the boot, of every test run.
-pub fn gridd_messages(pid: i32) -> Vec<String> {
-    let since = machine_since();
-    journal(
-        &["_COMM=nvidia-gridd", &format!("_PID={pid}")],
-        since.as_deref(),
-    )
-    .iter()
-    .map(message)
-    .collect()
 }
 
 /// Writes `bytes` to `path` with `mode`, creating the directory.
@@ -341,6 +337,9 @@ pub struct Setup {
     /// on the loopback. A CLS guest's token names `api.cls.licensing.nvidia.com:443`, which
     /// the simulated machine reaches only through a [`ConnectProxy`].
     pub token_node: Option<(String, u16)>,
+    /// The agent reads every gridd line of the machine's journal, not only this machine's
+    /// gridd's (see the module's doc): no other machine runs meanwhile.
+    pub whole_journal: bool,
 }
 
 impl Default for Setup {
@@ -354,6 +353,7 @@ impl Default for Setup {
             service_extra: String::new(),
             command_timeout: 3,
             token_node: None,
+            whole_journal: false,
         }
     }
 }
@@ -412,6 +412,11 @@ pub struct Machine {
     pub dls: FakeDls,
     /// `--since` of the agent's journal: this machine's boot.
     pub since: String,
+    /// The journal match that selects this machine's gridd: its command line, which names
+    /// the sim dir.
+    pub gridd_match: String,
+    /// The simulated gridd's program, as this machine's gridd is started by every path.
+    gridd_bin: PathBuf,
     token_node: Option<(String, u16)>,
     lock: Flock<fs::File>,
 }
@@ -419,7 +424,7 @@ pub struct Machine {
 impl Machine {
     pub fn new(setup: Setup) -> Machine {
         ensure_journald();
-        let lock = journal_lock();
+        let lock = journal_lock(setup.whole_journal);
         let dir = tempfile::Builder::new()
             .prefix("vgpu-sim-")
             .tempdir()
@@ -442,7 +447,14 @@ impl Machine {
                 .unwrap()
                 .as_secs_f64()
         );
-        *MACHINE_SINCE.lock().unwrap() = Some(since.clone());
+        // Canonical: the path the simulator's own programs start gridd by (next to
+        // themselves), so that gridd's command line is the same whoever starts it.
+        let gridd_bin = fs::canonicalize(example("sim-nvidia-gridd")).unwrap();
+        let gridd_match = format!(
+            "_CMDLINE={} --sim-dir {}",
+            gridd_bin.display(),
+            sim.display()
+        );
         let bin = r.join("bin");
         write_script(
             &bin.join("nvidia-smi"),
@@ -460,12 +472,29 @@ impl Machine {
                 sim.display()
             ),
         );
-        // The real journalctl; --since hides the other tests' (earlier boots') gridd lines.
-        write_script(
-            &bin.join("journalctl"),
-            &format!("#!/bin/sh\nexec journalctl '--since={since}' \"$@\"\n"),
-        );
-        let _ = example("sim-nvidia-gridd");
+        // The real journalctl; --since hides the earlier tests' (earlier boots') gridd lines,
+        // and this machine's gridd's command line, added to each of the agent's match groups
+        // (before the first match and after each `+`), the other machines' gridds.
+        let journalctl = if setup.whole_journal {
+            format!("#!/bin/sh\nexec journalctl '--since={since}' \"$@\"\n")
+        } else {
+            format!(
+                "#!/bin/sh\n\
+                 m='{gridd_match}'\n\
+                 first=1\n\
+                 for a do\n\
+                 shift\n\
+                 case $a in\n\
+                 -*) set -- \"$@\" \"$a\" ;;\n\
+                 +) set -- \"$@\" + \"$m\" ;;\n\
+                 *) [ $first = 1 ] && set -- \"$@\" \"$m\"; first=0; set -- \"$@\" \"$a\" ;;\n\
+                 esac\n\
+                 done\n\
+                 [ $first = 1 ] && set -- \"$@\" \"$m\"\n\
+                 exec journalctl '--since={since}' \"$@\"\n"
+            )
+        };
+        write_script(&bin.join("journalctl"), &journalctl);
         let config = r.join("agent/config.toml");
         fs::create_dir_all(config.parent().unwrap()).unwrap();
         let m = Machine {
@@ -474,6 +503,8 @@ impl Machine {
             config,
             dls,
             since,
+            gridd_match,
+            gridd_bin,
             token_node: setup.token_node,
             lock,
         };
@@ -570,8 +601,7 @@ impl Machine {
 
     /// Starts the simulated gridd (not counted as a restart); returns its pid.
     pub fn start_gridd(&self) -> i32 {
-        shared::start_gridd_bin(&example("sim-nvidia-gridd"), &self.sim)
-            .expect("the simulated gridd starts")
+        shared::start_gridd_bin(&self.gridd_bin, &self.sim).expect("the simulated gridd starts")
     }
 
     pub fn gridd_pid(&self) -> Option<i32> {
@@ -620,15 +650,24 @@ impl Machine {
         tail(&self.sim.join(shared::GRIDD_LOG), 40)
     }
 
-    /// Every nvidia-gridd message of this machine's boot in the journal.
+    /// Every message of this machine's gridd in the journal.
     pub fn journal_messages(&self) -> Vec<String> {
-        journal(
-            &["_COMM=nvidia-gridd", "+", "SYSLOG_IDENTIFIER=nvidia-gridd"],
-            Some(&self.since),
-        )
-        .iter()
-        .map(message)
-        .collect()
+        self.gridd_entries(&[]).iter().map(message).collect()
+    }
+
+    /// This machine's gridd's journal entries that also match `matches`.
+    pub fn gridd_entries(&self, matches: &[&str]) -> Vec<Value> {
+        let mut all = vec![self.gridd_match.as_str()];
+        all.extend_from_slice(matches);
+        journal(&all, Some(&self.since))
+    }
+
+    /// The messages the simulated gridd `pid` of this machine logged to the journal.
+    pub fn gridd_messages(&self, pid: i32) -> Vec<String> {
+        self.gridd_entries(&[&format!("_PID={pid}")])
+            .iter()
+            .map(message)
+            .collect()
     }
 
     /// The agent's entries in the journal (its own lines, with their MESSAGE_IDs) since this
@@ -641,11 +680,11 @@ impl Machine {
 impl Drop for Machine {
     fn drop(&mut self) {
         // Stop this machine's gridd before the lock goes, and let its last lines reach the
-        // journal, so that the next test's agent does not see them.
+        // journal, so that a machine that reads the whole journal next does not see them.
         if let Some(pid) = shared::stop_gridd(&self.sim, Duration::from_secs(5)) {
             let deadline = Instant::now() + Duration::from_secs(5);
             let shutdown = format!("Shutdown ({pid})");
-            while Instant::now() < deadline && !gridd_messages(pid).contains(&shutdown) {
+            while Instant::now() < deadline && !self.gridd_messages(pid).contains(&shutdown) {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }

@@ -204,11 +204,13 @@ impl Gridd {
     /// The main loop; returns the exit code.
     fn run(&mut self) -> i32 {
         let pid = self.pid.to_string();
-        self.say(INFO, &lines::STARTED, &[&pid]);
+        // The pid file is what sim-systemctl answers by: written before the first line, as
+        // systemd has the unit active before its process logs anything.
         let _ = shared::write_atomic(
             &self.dir.join(shared::PID_FILE),
             format!("{}\n", self.pid).as_bytes(),
         );
+        self.say(INFO, &lines::STARTED, &[&pid]);
         if !self.dir.join(shared::STATE_FILE).exists() {
             self.save(&self.state());
         }
