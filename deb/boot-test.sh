@@ -26,8 +26,21 @@
 # BOOT_TEST_KEEP=1 keeps the guest trees and their console logs. The debootstrapped trees are
 # cached between runs in /var/cache/vgpu-license-agent-tests/debootstrap (BOOT_TEST_CACHE_DIR;
 # empty: no cache), and made again when stale: see "The debootstrap cache" below.
+#
+# The guests are independent: by default they boot in BOOT_TEST_JOBS (4) runs of this script
+# at once, each with a group of them and a simulated DLS port of its own (the guests share
+# the host's network), each run's output shown whole when it ends, and one summary. The
+# guests: each release of BOOT_TEST_SUITES by its name, and the cloud-init guests by their
+# user-data (write-files, runcmd, kubevirt-token-source); BOOT_TEST_ONLY="NAME..." boots
+# those alone, in this run. `bash deb/boot-test.sh --fill-cache` only makes the cached trees
+# (tests/all.sh does so while the packages build).
 set -uo pipefail
 
+FILL_CACHE=0
+if [ "${1:-}" = --fill-cache ]; then
+	FILL_CACHE=1
+	shift
+fi
 NAME=vgpu-license-agent
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -94,7 +107,7 @@ summary() {
 TIMES=()
 
 DEB=${1:-$TARGET_DIR/debian/${NAME}_$(dpkg-parsechangelog -l "$ROOT/deb/changelog" -S Version)_$(dpkg --print-architecture).deb}
-[ -f "$DEB" ] || {
+[ "$FILL_CACHE" = 1 ] || [ -f "$DEB" ] || {
 	echo "FAILED: no package at $DEB (run deb/build.sh)" >&2
 	exit 1
 }
@@ -184,8 +197,8 @@ debootstrap_root() {
 	key=$(printf '%s\n' "$SUITE" minbase "$include" "$MIRROR" "$(dpkg --print-architecture)" \
 		"$(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null)" | sha256sum | cut -c1-16)
 	entry=$CACHE_DIR/$SUITE-$key
-	# One run at a time makes or reads the cache.
-	exec {lock}>"$CACHE_DIR/.lock" && flock "$lock" || return 1
+	# One run at a time makes or reads a release's tree.
+	exec {lock}>"$CACHE_DIR/.lock-$SUITE" && flock "$lock" || return 1
 	date=$(release_date)
 	made=
 	if [ -f "$entry/complete" ]; then
@@ -216,11 +229,13 @@ debootstrap_root() {
 			rm -rf "$entry"
 		fi
 	fi
-	if [ "$rc" = 0 ]; then
+	# DIR empty: the cache filled, nothing copied.
+	if [ "$rc" = 0 ] && [ -n "$dir" ]; then
 		cp -a "$entry/root" "$dir" || rc=1
 	fi
 	exec {lock}>&-
 	[ "$rc" = 0 ] || return 1
+	[ -n "$dir" ] || return 0
 	# As debootstrap does: the build machine's resolver for apt in the chroot (the cached
 	# copy is of the day the tree was made).
 	if [ -f /etc/resolv.conf ]; then
@@ -229,19 +244,30 @@ debootstrap_root() {
 	fi
 }
 
-# prepare_guest: debootstraps the current release into GUEST and installs the package there
-# as an image build would, in a chroot.
-prepare_guest() {
+# The packages of the current release's tree.
+guest_include() {
 	local include=systemd,systemd-sysv,dbus,ca-certificates
 	[ "$SUITE" = "$RPM_SUITE" ] && include+=,rpm
+	echo "$include"
+}
+
+# debootstrap_guest: the current release's tree at GUEST (from the cache when it is fresh),
+# saved for the cloud-init guests when they are made from it and boot in this run.
+debootstrap_guest() {
 	banner "[$SUITE] debootstrap"
-	debootstrap_root "$GUEST" "$include" || {
+	debootstrap_root "$GUEST" "$(guest_include)" || {
 		tail -20 "$WORK/$SUITE-debootstrap.log" >&2
 		skip "[$SUITE] debootstrap failed (no mirror reachable?)"
 		return 1
 	}
 	# The cloud-init guests start from this tree as debootstrap left it.
-	[ "$SUITE" != "$CLOUD_INIT_SUITE" ] || ci_save_base
+	if [ "$SUITE" = "$CLOUD_INIT_SUITE" ] && ci_wanted; then ci_save_base; fi
+}
+
+# prepare_guest: debootstraps the current release into GUEST and installs the package there
+# as an image build would, in a chroot.
+prepare_guest() {
+	debootstrap_guest || return 1
 	echo "$NAME-boot" >"$GUEST/etc/hostname"
 	echo "$SUITE: libc6 $(chroot "$GUEST" dpkg-query -W -f="\${Version}" libc6), systemd $(chroot "$GUEST" dpkg-query -W -f="\${Version}" systemd)"
 
@@ -811,6 +837,19 @@ guest_checks() {
 
 CLOUD_INIT_SUITE=${BOOT_TEST_CLOUD_INIT_SUITE:-bookworm}
 CI_USER_DATA=(user-data-write-files.yaml user-data-runcmd.yaml user-data-kubevirt-token-source.yaml)
+# ci_kind FILE: the cloud-init guest's name, its user-data file's (user-data-KIND.yaml).
+ci_kind() {
+	local kind=${1#user-data-}
+	echo "${kind%.yaml}"
+}
+# wanted NAME: whether the guest NAME boots in this run (see BOOT_TEST_ONLY above).
+wanted() { [ -z "${BOOT_TEST_ONLY+x}" ] || [[ " $BOOT_TEST_ONLY " == *" $1 "* ]]; }
+# ci_wanted: whether a cloud-init guest boots in this run.
+ci_wanted() {
+	local f
+	for f in "${CI_USER_DATA[@]}"; do wanted "$(ci_kind "$f")" && return 0; done
+	return 1
+}
 CI_PLACEHOLDER=REPLACE_WITH_BASE64_OF_YOUR_TOKEN
 CI_BASE=
 CI_SEED=/var/lib/cloud/seed/nocloud
@@ -1506,7 +1545,7 @@ cloud_init_checks() {
 	fi
 	TIMES+=("cloud-init root: $((SECONDS - start)) s")
 	for file in "${CI_USER_DATA[@]}"; do
-		ci_guest "$file"
+		wanted "$(ci_kind "$file")" && ci_guest "$file"
 	done
 	rm -rf "$CI_BASE"
 	SUITE=$suite
@@ -1628,20 +1667,104 @@ license_gate_checks() {
 	check "a unit after vgpu-licensed.target starts only once the simulated gridd is licensed" check_target_waits_for_the_license
 }
 
+# ---- Main
+
+if [ "$FILL_CACHE" = 1 ]; then
+	[ -n "$CACHE_DIR" ] || skip_all "--fill-cache: BOOT_TEST_CACHE_DIR is empty (no cache)"
+	for SUITE in "${SUITES[@]}"; do
+		banner "[$SUITE] the cached tree"
+		debootstrap_root "" "$(guest_include)" || {
+			tail -20 "$WORK/$SUITE-debootstrap.log" >&2
+			skip "[$SUITE] debootstrap failed (no mirror reachable?)"
+		}
+	done
+	echo "cache filled in $SECONDS s"
+	summary
+	exit
+fi
+
+# The guests of this run, longest first (about: their seconds on 2 cores, alone).
+guest_names() {
+	local n f
+	for n in kubevirt-token-source bookworm bullseye runcmd write-files; do
+		for f in "${CI_USER_DATA[@]}"; do
+			if [ "$(ci_kind "$f")" = "$n" ] && [[ " ${SUITES[*]} " == *" $CLOUD_INIT_SUITE "* ]]; then
+				echo "$n"
+			fi
+		done
+		[[ " ${SUITES[*]} " == *" $n "* ]] && echo "$n"
+	done
+	for n in "${SUITES[@]}"; do
+		case $n in bookworm | bullseye) ;; *) echo "$n" ;; esac
+	done
+}
+
+# run_jobs N: the guests in N runs of this script at once (each the next guest, longest
+# first, to the run with the least so far), each with a DLS port of its own; each run's
+# output shown whole as it ends. Exits with the worst status of the runs.
+run_jobs() {
+	local jobs=$1 i n pid rc worst=0 names=() load=() groups=() pids=() est least
+	mapfile -t names < <(guest_names)
+	for ((i = 0; i < jobs; i++)); do
+		load[i]=0
+		groups[i]=
+	done
+	for n in "${names[@]}"; do
+		case $n in kubevirt-token-source) est=100 ;; bookworm) est=70 ;; *) est=55 ;; esac
+		least=0
+		for ((i = 1; i < jobs; i++)); do [ "${load[i]}" -lt "${load[least]}" ] && least=$i; done
+		groups[least]+=" $n"
+		load[least]=$((load[least] + est))
+	done
+	trap 'kill "${pids[@]}" 2>/dev/null; cleanup' EXIT
+	for ((i = 0; i < jobs; i++)); do
+		[ -n "${groups[i]}" ] || continue
+		echo "run $i:${groups[i]} (simulated DLS on port $((SIM_DLS_PORT + i)))"
+		BOOT_TEST_ONLY=${groups[i]# } BOOT_TEST_JOBS=1 SIM_EXAMPLES_PREBUILT=1 SIM_DLS_PORT=$((SIM_DLS_PORT + i)) \
+			bash "${BASH_SOURCE[0]}" "$DEB" >"$WORK/run-$i.log" 2>&1 &
+		pids[i]=$!
+	done
+	while [ ${#pids[@]} -gt 0 ]; do
+		wait -n -p pid "${pids[@]}"
+		rc=$?
+		for i in "${!pids[@]}"; do
+			[ "${pids[i]}" = "$pid" ] || continue
+			banner "run $i:${groups[i]}: exit $rc"
+			cat "$WORK/run-$i.log"
+			unset 'pids[i]'
+		done
+		case $rc in
+		0) ;;
+		77) [ "$worst" = 1 ] || worst=77 ;;
+		*) worst=1 ;;
+		esac
+	done
+	echo
+	echo "boot test: $SECONDS s in all, $jobs runs at once"
+	exit "$worst"
+}
+
 build_sim
-case " ${SUITES[*]} " in
-*" $CLOUD_INIT_SUITE "*) ;;
-*)
+if ci_wanted && [[ " ${SUITES[*]} " != *" $CLOUD_INIT_SUITE "* ]]; then
 	SUITE=$CLOUD_INIT_SUITE
 	skip "the cloud-init guests: they are made from $CLOUD_INIT_SUITE's tree, which BOOT_TEST_SUITES (${SUITES[*]}) leaves out"
-	;;
-esac
+fi
+if [ -z "${BOOT_TEST_ONLY+x}" ] && [ "${BOOT_TEST_JOBS:-4}" -gt 1 ] && [ -z "$SIM_MISSING" ] &&
+	[ ${#FAILED[@]} -eq 0 ] && [ ${#SKIPPED[@]} -eq 0 ]; then
+	run_jobs "${BOOT_TEST_JOBS:-4}"
+fi
 for SUITE in "${SUITES[@]}"; do
 	START=$SECONDS
 	GUEST=$WORK/$SUITE
-	prepare_guest && boot_guest && guest_checks
-	stop_guest
-	TIMES+=("$SUITE: $((SECONDS - START)) s")
+	if wanted "$SUITE"; then
+		prepare_guest && boot_guest && guest_checks
+		stop_guest
+		TIMES+=("$SUITE: $((SECONDS - START)) s")
+	elif [ "$SUITE" = "$CLOUD_INIT_SUITE" ] && ci_wanted; then
+		# Only the tree, for the cloud-init guests.
+		debootstrap_guest
+		stop_guest
+	fi
 	[ "$SUITE" != "$CLOUD_INIT_SUITE" ] || cloud_init_checks
 done
 echo

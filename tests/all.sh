@@ -10,6 +10,11 @@
 # scenarios), the cloud-init user-data check, the Debian and RPM package checks and the boot
 # test in real systemd guests. Every part runs even when an earlier one failed.
 #
+# The parts run in two lanes at once, since most of each waits (on a simulated machine, a
+# guest's boot, the archive) rather than computes: the tests (cargo test, the doc tests,
+# cloud-init), and the packages (the Debian and RPM checks, then the boot test, whose
+# debootstrapped trees are made meanwhile). Each part's output is shown whole when it ends.
+#
 # A part exits 0 when it passed, 77 when something in it could not run on this machine (no
 # root, no mount, no mirror: it says SKIPPED and why, loudly), anything else when it failed.
 # The summary counts parts: "N passed, N skipped, N failed"; a part that skipped anything is
@@ -30,15 +35,10 @@ failed=()
 skipped=()
 timings=()
 part() { printf '\n######## %s ########\n' "$*"; }
-# run_part NAME COMMAND...: runs COMMAND as the part NAME and counts it by its exit status.
-run_part() {
-  local name=$1
-  shift
-  part "$name"
-  local start=$SECONDS rc
-  "$@"
-  rc=$?
-  timings+=("$(printf '%5d s  %s' $((SECONDS - start)) "$name")")
+# count_part NAME RC SECONDS: counts the part NAME by its exit status.
+count_part() {
+  local name=$1 rc=$2
+  timings+=("$(printf '%5d s  %s' "$3" "$name")")
   case $rc in
     0) passed+=("$name") ;;
     77)
@@ -51,6 +51,37 @@ run_part() {
     *) failed+=("$name") ;;
   esac
 }
+# run_part NAME COMMAND...: runs COMMAND as the part NAME and counts it by its exit status.
+run_part() {
+  local name=$1
+  shift
+  part "$name"
+  local start=$SECONDS rc
+  "$@"
+  rc=$?
+  count_part "$name" "$rc" $((SECONDS - start))
+}
+
+# In a lane (a background shell): lane_part NAME COMMAND... runs COMMAND with its output in
+# a file, then shows that output whole (one part at a time on the terminal) and records the
+# result in $RESULTS for the summary.
+RESULTS=$(mktemp)
+OUTPUT_LOCK=$(mktemp)
+lane_part() {
+  local name=$1 out start=$SECONDS rc
+  shift
+  out=$(mktemp)
+  echo "started: $name"
+  "$@" >"$out" 2>&1 </dev/null
+  rc=$?
+  {
+    flock 9
+    part "$name (exit $rc, $((SECONDS - start)) s)"
+    cat "$out"
+    printf '%s\t%s\t%s\n' "$rc" $((SECONDS - start)) "$name" >>"$RESULTS"
+  } 9>>"$OUTPUT_LOCK"
+  rm -f "$out"
+}
 
 # Tests that cannot run a part of themselves here append a line to this file (and, with
 # VGPU_TESTS_NO_SKIP=1, fail instead): their output is hidden when they pass.
@@ -62,8 +93,10 @@ POLICY_RC_D=/usr/sbin/policy-rc.d
 POLICY_RC_D_OURS=0
 JOURNALD_PID=
 JOURNALD_DIRS_OURS=()
+LANES=()
 cleanup() {
-  rm -f "$VGPU_TESTS_SKIP_LOG"
+  [ ${#LANES[@]} -eq 0 ] || kill "${LANES[@]}" 2>/dev/null
+  rm -f "$VGPU_TESTS_SKIP_LOG" "$RESULTS" "$OUTPUT_LOCK"
   if [ "$POLICY_RC_D_OURS" = 1 ]; then
     rm -f "$POLICY_RC_D"
     POLICY_RC_D_OURS=0
@@ -224,13 +257,42 @@ if ! journald_answers; then
   fi
 fi
 
-run_part "cargo test" cargo_tests
-# Doc tests are not covered by --all-targets.
-run_part "cargo test --doc" cargo test --doc
-run_part "cloud-init user-data" bash cloud-init/check.sh
-run_part "Debian package" bash deb/check.sh
-run_part "RPM package" bash rpm/check.sh
-run_part "boot test in systemd-nspawn guests (bookworm, bullseye)" bash deb/boot-test.sh
+# The boot test, once the debootstrap cache is filled (its output first).
+boot_test() {
+  local rc=0
+  wait "$BOOT_CACHE_PID" || rc=$?
+  cat "$RESULTS.cache"
+  rm -f "$RESULTS.cache"
+  case $rc in
+    0) ;;
+    77) echo "the debootstrap cache could not be filled here (see above)" ;;
+    *) echo "!!!!!!!! filling the debootstrap cache failed (exit $rc): the boot test makes its trees itself !!!!!!!!" ;;
+  esac
+  bash deb/boot-test.sh
+}
+
+part "the parts, in two lanes at once"
+(
+  lane_part "cargo test" cargo_tests
+  # Doc tests are not covered by --all-targets.
+  lane_part "cargo test --doc" cargo test --doc
+  lane_part "cloud-init user-data" bash cloud-init/check.sh
+) &
+LANES+=($!)
+(
+  # The boot test's trees, made (or found fresh in the cache) while the packages build.
+  bash deb/boot-test.sh --fill-cache >"$RESULTS.cache" 2>&1 &
+  BOOT_CACHE_PID=$!
+  lane_part "Debian package" bash deb/check.sh
+  lane_part "RPM package" bash rpm/check.sh
+  lane_part "boot test in systemd-nspawn guests (bookworm, bullseye, cloud-init)" boot_test
+) &
+LANES+=($!)
+wait "${LANES[@]}"
+LANES=()
+while IFS=$'\t' read -r rc secs name; do
+  count_part "$name" "$rc" "$secs"
+done <"$RESULTS"
 
 stop_journald
 
