@@ -442,7 +442,7 @@ check_catalog() {
 # `journalctl -x` from the catalog.
 # SIM_EXAMPLES: where the simulator's programs are (set SIM_EXAMPLES_PREBUILT=1 to use them
 # as they are, without cargo).
-SIM_EXAMPLES=${SIM_EXAMPLES:-$TARGET_DIR/$PORTABLE_TARGET/debug/examples}
+SIM_EXAMPLES=${SIM_EXAMPLES:-$TARGET_DIR/$PORTABLE_TARGET/debug}
 SIM_PROGRAMS=(sim-nvidia-gridd sim-nvidia-smi sim-dls)
 SIM_DIR_GUEST=/var/lib/vgpu-sim
 SIM_DLS_PORT=${SIM_DLS_PORT:-38443}
@@ -618,8 +618,8 @@ build_sim() {
 			skip "agent checks in the guests: $SIM_MISSING"
 			return
 		fi
-		(cd "$ROOT" && env "$(portable_rustflags)" cargo zigbuild --target "$PORTABLE_ZIG_TARGET" \
-			"${SIM_PROGRAMS[@]/#/--example=}") || {
+		(cd "$ROOT" && env "$(portable_rustflags)" cargo zigbuild -p vgpu-sim --target "$PORTABLE_ZIG_TARGET" \
+			"${SIM_PROGRAMS[@]/#/--bin=}") || {
 			SIM_MISSING="cargo zigbuild of the simulator failed"
 			fail "agent checks in the guests: $SIM_MISSING"
 			return

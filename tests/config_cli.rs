@@ -3,7 +3,6 @@
 //! the journal cannot be read: the real binary on a fake root.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 
 use crate::common::Root;
@@ -11,7 +10,7 @@ use crate::common::Root;
 /// An executable script in the fake root.
 fn script(root: &Root, name: &str, body: &str) -> String {
     let p = root.file(name, format!("#!/bin/sh\n{body}\n").as_bytes());
-    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&p);
     p.to_str().unwrap().to_string()
 }
 

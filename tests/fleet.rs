@@ -442,7 +442,7 @@ impl Guest {
         let dls = FakeDls::start();
         // The path the restart command starts gridd by (its own directory, canonical), so that
         // gridd's command line is the same whoever starts it.
-        let gridd_bin = fs::canonicalize(sim::example("sim-nvidia-gridd")).unwrap();
+        let gridd_bin = fs::canonicalize(sim::program("sim-nvidia-gridd")).unwrap();
         let since = format!(
             "@{:.6}",
             std::time::SystemTime::now()
@@ -461,7 +461,7 @@ impl Guest {
                 name,
                 format!(
                     "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
-                    sim::example(prog).display(),
+                    sim::program(prog).display(),
                     sim.display()
                 ),
             );
@@ -502,7 +502,7 @@ impl Guest {
                 paths = crate::common::paths_toml(&r),
                 r = r.display(),
                 sim = sim.display(),
-                restart = sim::example("sim-restart-gridd").display(),
+                restart = sim::program("sim-restart-gridd").display(),
             ),
         )
         .unwrap();

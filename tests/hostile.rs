@@ -292,7 +292,7 @@ fn urls_never_show_their_credentials() {
 fn a_hung_nvidia_smi_is_unknown_naming_the_time_limit() {
     let root = Root::new();
     let smi = root.file("hung-nvidia-smi", b"#!/bin/sh\nsleep 300\n");
-    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&smi);
     root.dropin(
         "smi.toml",
         &format!(

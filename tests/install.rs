@@ -619,7 +619,7 @@ fn feature_type_that_does_not_fit_the_vgpu_profile_gets_a_warning() {
         "fake-nvidia-smi",
         b"#!/bin/sh\ncat <<'EOF'\n==============NVSMI LOG==============\nAttached GPUs : 1\nGPU 00000000:02:01.0\n    Product Name                          : NVIDIA L40S-24Q\n    GPU Virtualization Mode\n        Virtualization Mode               : VGPU\nEOF\n",
     );
-    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&smi);
     root.dropin(
         "20-smi.toml",
         &format!("[commands]\nnvidia_smi = \"{}\"\n", smi.display()),
@@ -1018,7 +1018,7 @@ fn a_guest_its_cloud_platform_licenses_is_not_given_a_token_unless_forced() {
         "cloud-nvidia-smi",
         b"#!/bin/sh\ncat <<'E'\n==============NVSMI LOG==============\n\nDriver Version                            : 550.90.07\n\nGPU 00000000:00:1E.0\n    Product Name                          : NVIDIA L4-3Q\n    vGPU Software Licensed Product\n        Product Name                      : NVIDIA RTX Virtual Workstation\n        License Status                    : Licensed (Expiry: N/A)\nE\n",
     );
-    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&smi);
     root.dropin(
         "smi.toml",
         &format!("[commands]\nnvidia_smi = \"{}\"\n", smi.display()),

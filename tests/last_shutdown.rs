@@ -3,7 +3,6 @@
 //! test machine's own journal holds one boot only).
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use crate::common::sim::{Agent, Machine, Setup, wait_for};
@@ -61,7 +60,7 @@ fn run(returned: bool) {
         ),
     )
     .unwrap();
-    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&wrapper);
     m.drop_token(0o744);
     m.start_gridd();
     let a = Agent::start(&m);

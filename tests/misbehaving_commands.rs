@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::common::sim::{GpuState, SimConfig, SmiMode, example};
+use crate::common::sim::{GpuState, SimConfig, SmiMode, program};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use vgpu_license_agent::command;
@@ -58,7 +58,7 @@ impl Guest {
             &smi,
             format!(
                 "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
-                example("sim-nvidia-smi").display(),
+                program("sim-nvidia-smi").display(),
                 sim.display()
             )
             .as_bytes(),

@@ -124,8 +124,7 @@ fn fake_systemctl(root: &Root, active: &[&str], stop_fails: bool) -> std::path::
         ),
     )
     .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&script);
     script
 }
 
@@ -595,8 +594,7 @@ fn journalctl_with_previous_boot(root: &Root, boot_id: &str, at_micros: i64) {
         ),
     )
     .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&script);
     let config = fs::read_to_string(&root.config).unwrap();
     if !config.contains("journalctl =") {
         root.write_config(&format!("{config}journalctl = \"{}\"\n", script.display()));

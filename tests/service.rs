@@ -8,7 +8,7 @@
 //!
 //!     cargo test --test service scenario_
 //!
-//! (the simulator's programs are built on first use, with `cargo build --examples`).
+//! (the simulator's programs are built on first use, with `cargo build -p vgpu-sim`).
 //! They run one at a time (a file lock; see `tests/common/sim.rs`), as root where journald
 //! must be started. Every check polls `status.json` (whole, valid JSON, valid against the
 //! report's schema on every read) with a deadline; the few fixed waits are windows in which
@@ -33,7 +33,7 @@ const T: Duration = Duration::from_secs(30);
 
 /// Runs the restart command as the agent would (counted).
 fn restart_gridd_by_hand(m: &Machine) -> i32 {
-    let out = Command::new(sim::example("sim-restart-gridd"))
+    let out = Command::new(sim::program("sim-restart-gridd"))
         .arg("--sim-dir")
         .arg(&m.sim)
         .output()
@@ -707,7 +707,7 @@ fn scenario_a_forged_gridd_line_changes_nothing() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let renamed = dir.path().join("nvidia-gridd");
     std::fs::copy(logger, &renamed).unwrap();
-    std::fs::set_permissions(&renamed, std::fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&renamed);
     // As gridd sends them (a syslog datagram, gridd's pid in the header), and through the
     // native protocol claiming journald's fields (journald drops a client's `_` fields).
     let syslog = [

@@ -59,7 +59,7 @@ fn notes(v: &Value) -> Vec<String> {
 
 /// Runs the restart command as the agent would (counted); returns the new gridd's pid.
 fn restart_gridd_by_hand(m: &Machine) -> i32 {
-    let out = Command::new(sim::example("sim-restart-gridd"))
+    let out = Command::new(sim::program("sim-restart-gridd"))
         .arg("--sim-dir")
         .arg(&m.sim)
         .output()
@@ -760,7 +760,7 @@ fn scenario_sigterm_at_random_moments_never_leaves_status_json_half_written() {
             stop.clone(),
             restarted.clone(),
             m.sim.clone(),
-            sim::example("sim-restart-gridd"),
+            sim::program("sim-restart-gridd"),
         );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {

@@ -428,7 +428,7 @@ fn gridd_acquires_logs_to_the_journal_and_smi_shows_the_license() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "active");
-    let out = Command::new(sim::example("sim-restart-gridd"))
+    let out = Command::new(sim::program("sim-restart-gridd"))
         .arg("--sim-dir")
         .arg(&m.sim)
         .output()
@@ -529,7 +529,7 @@ fn gridd_without_pickup_waits_for_a_restart() {
 
 /// Runs a gridd as a child of the test, to see its exit code.
 fn run_gridd_to_exit(m: &Machine) -> (i32, i32) {
-    let mut child = Command::new(sim::example("sim-nvidia-gridd"))
+    let mut child = Command::new(sim::program("sim-nvidia-gridd"))
         .arg("--sim-dir")
         .arg(&m.sim)
         .stdin(Stdio::null())
@@ -765,7 +765,7 @@ fn gridd_that_does_not_retry_waits_for_a_restart() {
     };
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(acquiring(pid), 1, "no retry without a restart");
-    let out = Command::new(sim::example("sim-restart-gridd"))
+    let out = Command::new(sim::program("sim-restart-gridd"))
         .arg(&m.sim)
         .output()
         .unwrap();

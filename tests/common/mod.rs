@@ -15,6 +15,32 @@ use base64::Engine;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
 
+/// Makes the file at `path` a program with `mode`: copied by a `cp` of its own to a new file
+/// that replaces it. A file this process wrote cannot be run safely at once: every test runs
+/// in this one process, and a child that another test's thread forks meanwhile holds the
+/// writing descriptor until it executes, which makes running the file fail ("Text file
+/// busy"). The copy was only ever open in `cp`.
+pub fn set_program_mode(path: &Path, mode: u32) {
+    let copy = path.with_file_name(format!(
+        ".{}.program",
+        path.file_name().unwrap().to_string_lossy()
+    ));
+    let st = Command::new("cp")
+        .arg("--")
+        .arg(path)
+        .arg(&copy)
+        .status()
+        .expect("cp runs");
+    assert!(st.success(), "cp {} {}", path.display(), copy.display());
+    fs::set_permissions(&copy, fs::Permissions::from_mode(mode)).unwrap();
+    fs::rename(&copy, path).unwrap();
+}
+
+/// [`set_program_mode`] 0755.
+pub fn make_executable(path: &Path) {
+    set_program_mode(path, 0o755);
+}
+
 /// A client configuration token with the structure of a real one; `exp` and `nbf` as given,
 /// `jti` to make tokens differ.
 pub fn token(jti: &str, nbf: i64, exp: i64) -> Vec<u8> {
@@ -103,7 +129,7 @@ impl Root {
             ),
         )
         .unwrap();
-        fs::set_permissions(&restart, fs::Permissions::from_mode(0o755)).unwrap();
+        make_executable(&restart);
         let root = Root {
             config,
             dir,
@@ -178,6 +204,22 @@ impl Root {
 
     pub fn run(&self, args: &[&str]) -> Run {
         self.finish(self.cmd(args).output().unwrap())
+    }
+
+    /// [`Root::run`] in a PID namespace of its own, with its own /proc (`unshare`, in a user
+    /// namespace where the tests do not run as root): the agent sees its own processes
+    /// alone, not an nvidia-gridd that runs elsewhere on this machine (a boot test's guest).
+    pub fn run_own_pids(&self, args: &[&str]) -> Run {
+        let mut c = Command::new("unshare");
+        if !nix::unistd::geteuid().is_root() {
+            c.args(["--user", "--map-root-user"]);
+        }
+        c.args(["--pid", "--fork", "--mount-proc", BIN])
+            .args(args)
+            .env("VGPU_LICENSE_AGENT_CONFIG", &self.config)
+            .env_remove("VGPU_LICENSE_AGENT_FAULT")
+            .stdin(Stdio::null());
+        self.finish(c.output().expect("unshare (util-linux) runs"))
     }
 
     pub fn run_stdin(&self, args: &[&str], input: &[u8]) -> Run {

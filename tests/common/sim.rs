@@ -2,8 +2,8 @@
 //! nvidia-smi, nvidia-gridd and a fake DLS) and the real agent (`vgpu-license-agent run`)
 //! running against it, with the real journald and journalctl.
 //!
-//! The simulator's programs are examples of this crate (`tests/sim/`), built by `cargo test`
-//! (or `cargo build --examples`) into `target/<profile>/examples/`.
+//! The simulator's programs are the package `vgpu-sim` (`tests/sim/`), built on first use
+//! (`cargo build -p vgpu-sim`) into `target/<profile>/`, beside the agent.
 //!
 //! All simulated gridds of all tests log to the one system journal as `nvidia-gridd`, as
 //! the real one does in a guest. Each machine's agent runs the real `journalctl` through a
@@ -50,28 +50,27 @@ pub use shared::{GpuState, NetworkFailure, SimConfig, SmiMode};
 
 use super::BIN;
 
-/// Where `cargo test` put the simulator's programs.
-pub fn examples_dir() -> PathBuf {
+/// Where the simulator's programs are built: beside the agent that `cargo test` built.
+pub fn programs_dir() -> PathBuf {
     Path::new(BIN)
         .parent()
         .expect("the binary's directory")
-        .join("examples")
+        .to_path_buf()
 }
 
-/// Builds the simulator's programs, once per test process: `cargo test --all-targets` builds
-/// examples only as test harnesses, and leaves the programs of an earlier build stale.
-fn build_examples() -> Result<(), String> {
+/// Builds the simulator's programs, once per test process (`cargo test` does not build
+/// another package's programs, and would leave those of an earlier build stale).
+fn build_programs() -> Result<(), String> {
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
             let mut cmd = Command::new(&cargo);
-            cmd.args(["build", "--examples", "--quiet"])
+            cmd.args(["build", "-p", "vgpu-sim", "--quiet"])
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .stdin(Stdio::null());
-            let profile = examples_dir()
-                .parent()
-                .and_then(|p| p.file_name())
+            let profile = programs_dir()
+                .file_name()
                 .map(|n| n.to_string_lossy().into_owned());
             if profile.as_deref() == Some("release") {
                 cmd.arg("--release");
@@ -79,7 +78,7 @@ fn build_examples() -> Result<(), String> {
             match cmd.output() {
                 Ok(o) if o.status.success() => Ok(()),
                 Ok(o) => Err(format!(
-                    "cargo build --examples failed: {}",
+                    "cargo build -p vgpu-sim failed: {}",
                     String::from_utf8_lossy(&o.stderr)
                 )),
                 Err(e) => Err(format!("cannot run {}: {e}", cargo.to_string_lossy())),
@@ -90,12 +89,12 @@ fn build_examples() -> Result<(), String> {
 
 /// One of the simulator's programs (built on first use); panics with how to build it when it
 /// cannot be had.
-pub fn example(name: &str) -> PathBuf {
-    let built = build_examples();
-    let p = examples_dir().join(name);
+pub fn program(name: &str) -> PathBuf {
+    let built = build_programs();
+    let p = programs_dir().join(name);
     assert!(
         p.is_file(),
-        "{} is missing ({}): build the simulator with `cargo build --examples`",
+        "{} is missing ({}): build the simulator with `cargo build -p vgpu-sim`",
         p.display(),
         built.err().unwrap_or_default()
     );
@@ -266,7 +265,11 @@ pub fn message(e: &Value) -> String {
 pub fn write_mode(path: &Path, bytes: &[u8], mode: u32) {
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(path, bytes).unwrap();
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    if mode & 0o111 != 0 {
+        super::set_program_mode(path, mode);
+    } else {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+    }
 }
 
 fn write_script(path: &Path, text: &str) {
@@ -449,7 +452,7 @@ impl Machine {
         );
         // Canonical: the path the simulator's own programs start gridd by (next to
         // themselves), so that gridd's command line is the same whoever starts it.
-        let gridd_bin = fs::canonicalize(example("sim-nvidia-gridd")).unwrap();
+        let gridd_bin = fs::canonicalize(program("sim-nvidia-gridd")).unwrap();
         let gridd_match = format!(
             "_CMDLINE={} --sim-dir {}",
             gridd_bin.display(),
@@ -460,7 +463,7 @@ impl Machine {
             &bin.join("nvidia-smi"),
             &format!(
                 "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
-                example("sim-nvidia-smi").display(),
+                program("sim-nvidia-smi").display(),
                 sim.display()
             ),
         );
@@ -468,7 +471,7 @@ impl Machine {
             &bin.join("systemctl"),
             &format!(
                 "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
-                example("sim-systemctl").display(),
+                program("sim-systemctl").display(),
                 sim.display()
             ),
         );
@@ -527,7 +530,7 @@ impl Machine {
              {extra}",
             paths = super::paths_toml(&r),
             r = r.display(),
-            restart = example("sim-restart-gridd").display(),
+            restart = program("sim-restart-gridd").display(),
             extra = setup.service_extra,
             timeout = setup.command_timeout,
         ));
