@@ -22,9 +22,6 @@ use crate::report::{LicensingMode, Reason, Report, State};
 use crate::state;
 use crate::time::rfc3339;
 
-/// Events kept in the report, as `analyze`'s default.
-const MAX_EVENTS: usize = 200;
-
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -144,7 +141,7 @@ pub fn render(checks: &[Check]) -> String {
 
 /// Runs every check now.
 pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
-    let mut obs = live::observe(settings, now, MAX_EVENTS);
+    let mut obs = live::observe(settings, now, state::MAX_EVENTS);
     let mode = state::licensing_mode(
         obs.token.as_ref(),
         obs.log.as_ref().map(|(f, _)| f),

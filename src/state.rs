@@ -16,6 +16,10 @@ use crate::token::Token;
 
 pub use crate::observe::smi::edition_for_profile;
 
+/// Events a report keeps (the latest ones): the service's, `status`'s and `diagnose`'s
+/// reports, and `analyze`'s unless `--max-events` says otherwise.
+pub const MAX_EVENTS: usize = 200;
+
 /// What gridd's log says, folded event by event with bounded memory.
 #[derive(Debug, Clone)]
 pub struct LogFold {

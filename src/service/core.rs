@@ -22,11 +22,9 @@ use crate::policy;
 use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
 use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
-use crate::state::{LogFold, evaluate};
+use crate::state::{LogFold, MAX_EVENTS, evaluate};
 use crate::token::Token;
 
-/// Events kept in the live report.
-pub const MAX_EVENTS: usize = 200;
 /// status.json is rewritten at least this often: its age tells `status` the service lives.
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
 /// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
