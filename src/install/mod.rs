@@ -35,7 +35,7 @@ use crate::input::{self, Links, ReadError};
 use crate::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::text::show_path;
 use crate::time::rfc3339;
-use crate::token::{Token, TokenError, Validity};
+use crate::token::{Token, TokenError, Untimely};
 
 /// Mode of the installed token (NVIDIA's guidance: gridd need not own it).
 pub const TOKEN_MODE: u32 = 0o744;
@@ -273,9 +273,9 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenRejected {
     Invalid(TokenError),
-    Expired(DateTime<Utc>),
-    NotYetValid {
-        not_before: DateTime<Utc>,
+    /// Not valid at `now`, the moment install judged it at.
+    Untimely {
+        why: Untimely,
         now: DateTime<Utc>,
     },
     /// `paths.token_source` gives no token (gone, empty, unreadable): the whole message.
@@ -286,12 +286,18 @@ impl std::fmt::Display for TokenRejected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TokenRejected::Invalid(e) => write!(f, "{e}"),
-            TokenRejected::Expired(exp) => write!(
+            TokenRejected::Untimely {
+                why: Untimely::Expired(exp),
+                ..
+            } => write!(
                 f,
                 "the token expired at {}; generate a new client configuration token on the DLS (install --force installs it anyway)",
                 rfc3339(*exp)
             ),
-            TokenRejected::NotYetValid { not_before, now } => write!(
+            TokenRejected::Untimely {
+                why: Untimely::NotYetValid(not_before),
+                now,
+            } => write!(
                 f,
                 "the token is not valid before {} and this guest's clock says {}; fix the clock (chrony/NTP, timezone) or wait (install --force installs it anyway)",
                 rfc3339(*not_before),
@@ -313,12 +319,8 @@ pub fn validate(
 ) -> Result<(Token, Option<String>), TokenRejected> {
     let token = Token::decode(bytes).map_err(TokenRejected::Invalid)?;
     let rejected = match token.validity(now) {
-        Validity::Valid => return Ok((token, None)),
-        Validity::Expired(exp) => TokenRejected::Expired(exp),
-        Validity::NotYetValid(nbf) => TokenRejected::NotYetValid {
-            not_before: nbf,
-            now,
-        },
+        Ok(()) => return Ok((token, None)),
+        Err(why) => TokenRejected::Untimely { why, now },
     };
     if force {
         Ok((token, Some(format!("--force: {rejected}"))))

@@ -181,7 +181,10 @@ fn adopt_refuses_a_bad_or_missing_token_and_changes_nothing() {
     let e = adopt_dropped_token(&s, false, true).unwrap_err();
     assert!(matches!(
         e.downcast_ref::<TokenRejected>(),
-        Some(TokenRejected::Expired(_))
+        Some(TokenRejected::Untimely {
+            why: Untimely::Expired(_),
+            ..
+        })
     ));
     assert_eq!(restarts(d.path()), 0);
 }
@@ -206,7 +209,10 @@ fn validity_is_checked_against_the_given_time() {
     let before = DateTime::from_timestamp(1_600_000_000, 0).unwrap();
     assert!(matches!(
         validate(&t, before, false),
-        Err(TokenRejected::NotYetValid { .. })
+        Err(TokenRejected::Untimely {
+            why: Untimely::NotYetValid(_),
+            ..
+        })
     ));
     let (_, warning) = validate(&t, before, true).unwrap();
     assert!(warning.unwrap().contains("not valid before"));
