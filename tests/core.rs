@@ -91,7 +91,7 @@ impl World {
             probes: Vec::new(),
             ticks: 0,
             pid: 100,
-            adopt: || Err(AdoptError::NoToken),
+            adopt: || Err(AdoptError::NoToken(std::path::PathBuf::new())),
             adopts: Vec::new(),
             token_reads: 0,
         }

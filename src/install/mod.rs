@@ -13,7 +13,7 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-pub use adopt::{NoToken, SourceRejected, Superseded, adopt, adopt_dropped_token, check_source};
+pub use adopt::{AdoptError, adopt, adopt_dropped_token, check_source};
 use apply::apply;
 
 use std::ffi::OsString;
@@ -666,7 +666,21 @@ fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
     })
 }
 
-fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
+/// Why the shared core installed nothing.
+#[derive(Debug)]
+enum CoreError {
+    /// `in_place`: another install replaced the token between the read and the lock.
+    Superseded,
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for CoreError {
+    fn from(e: anyhow::Error) -> Self {
+        CoreError::Failed(e)
+    }
+}
+
+fn run_core(core: Core<'_>, settings: &Settings) -> Result<Outcome, CoreError> {
     let Core {
         bytes,
         feature_type,
@@ -694,7 +708,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     if in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(bytes) {
         // Another install replaced (or removed) the token between the read and the lock:
         // writing the bytes read before would put the old token back over the new one.
-        return Err(Superseded.into());
+        return Err(CoreError::Superseded);
     }
 
     // gridd.conf: FeatureType, and nothing else.
@@ -962,6 +976,11 @@ pub fn install_at(
         },
         settings,
     )
+    .map_err(|e| match e {
+        CoreError::Failed(e) => e,
+        // Not in place: an install writes its own bytes over whatever is there.
+        CoreError::Superseded => anyhow!("the token was replaced during the install"),
+    })
 }
 
 pub fn check_feature_type(ft: u8) -> anyhow::Result<()> {

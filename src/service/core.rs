@@ -87,17 +87,7 @@ pub enum Event {
     CloneDetected(Box<crate::identity::CloneDetected>),
 }
 
-/// Why a dropped token was not adopted.
-#[derive(Debug)]
-pub enum AdoptError {
-    NoToken,
-    /// An install replaced the token while it was being adopted: adopt what is there now.
-    Superseded,
-    Rejected(String),
-    /// The token source holds a token the agent refused: the whole line.
-    SourceRejected(String),
-    Other(String),
-}
+pub use crate::install::AdoptError;
 
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
@@ -729,14 +719,17 @@ impl Core {
                     _ => {}
                 }
             }
-            Err(AdoptError::NoToken) => {}
+            Err(AdoptError::NoToken(_)) => {}
             Err(AdoptError::Superseded) => {
                 info!("the token was replaced while being adopted: adopting the new one");
                 self.adopt_again = true;
             }
             // cloud-init may still be writing it: the next change or tick tries again.
             Err(AdoptError::Rejected(why)) => {
-                warn!("token not adopted: {}", crate::text::escape(&why))
+                warn!(
+                    "token not adopted: {}",
+                    crate::text::escape(&why.to_string())
+                )
             }
             Err(AdoptError::Other(why)) => {
                 error!("token not adopted: {}", crate::text::escape(&why))
