@@ -304,12 +304,8 @@ pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Ob
         probe_failure: parts.probe,
         ..Observations::default()
     };
-    // gridd's own last words may say why it is not running (see `policy::explains_exit`).
-    let exit_explained = parts
-        .fold
-        .as_ref()
-        .and_then(|f| f.failure_reason())
-        .is_some_and(crate::policy::explains_exit);
+    // gridd's own last words may say why it is not running (see `policy::own_failure`).
+    let log_reason = parts.fold.as_ref().and_then(|f| f.failure_reason());
     if let Some(fold) = parts.fold {
         // Live, the log ends now: a lease past its expiry is not held.
         let stats = crate::observe::journal::ScanStats {
@@ -318,16 +314,18 @@ pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Ob
         };
         obs.log = Some((fold, stats));
     }
-    match token_at(parts.token, now) {
-        Ok(t) => obs.token = Some(t),
-        Err(p) => obs.own_failure = Some((p.reason(), p.to_string())),
-    }
-    if obs.own_failure.is_none()
-        && !exit_explained
-        && let Some(Err(why)) = parts.unit
-    {
-        obs.own_failure = Some((Reason::GriddNotRunning, why.clone()));
-    }
+    let token_failure = match token_at(parts.token, now) {
+        Ok(t) => {
+            obs.token = Some(t);
+            None
+        }
+        Err(p) => Some((p.reason(), p.to_string())),
+    };
+    let unit_down = match parts.unit {
+        Some(Err(why)) => Some((Reason::GriddNotRunning, why.clone())),
+        _ => None,
+    };
+    obs.own_failure = crate::policy::own_failure(token_failure, unit_down, log_reason);
     obs
 }
 

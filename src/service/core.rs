@@ -752,15 +752,13 @@ impl Core {
             .map(|t| live::token_at(t, now.wall))
             .and_then(Result::err)
             .map(|p| p.reason());
-        let explained = self
-            .fold
-            .failure_reason()
-            .is_some_and(policy::explains_exit);
         let unit = match &self.unit {
-            Some(Err(_)) if !explained => Some(Reason::GriddNotRunning),
+            Some(Err(_)) => Some(Reason::GriddNotRunning),
             _ => None,
         };
-        token.or(unit).or_else(|| self.fold.failure_reason())
+        let log = self.fold.failure_reason();
+        let own = policy::own_failure(token, unit, log);
+        policy::most_telling(own, None, log.map(|r| (r, r)))
     }
 
     /// Makes the report and says where it goes.
