@@ -129,7 +129,7 @@ pub struct Publication {
 #[derive(Debug, Default)]
 struct InFlight {
     smi: bool,
-    unit: bool,
+    unit: UnitQuestion,
     adopt: bool,
     restart: bool,
     probe: bool,
@@ -137,15 +137,68 @@ struct InFlight {
     token: bool,
     /// It changed again while it was being read: read it once more when the answer comes.
     token_again: bool,
-    /// gridd started or stopped while systemd was being asked: the answer on its way may
-    /// predate that, so ask once more when it comes.
-    unit_again: bool,
-    /// gridd started, or the agent's own restart of it ended, while systemd was being asked:
-    /// a "not running" answer to that question may predate the start (or be the agent's own
-    /// doing, between its stop and its start), so it is asked again rather than believed.
-    unit_crossed: bool,
-    /// A "not running" answer was set aside: ask again once the agent's own work is over.
-    unit_after_own: bool,
+}
+
+/// Asking systemd whether gridd's unit runs, one question at a time, each with its number.
+/// One rule says which answers count: "not running" is believed only if its question was
+/// asked after gridd's last start and after the end of the agent's own last restart of it,
+/// and no restart or adoption of the agent's own runs as it comes. Otherwise it may predate
+/// the start, or be the agent's own doing between its stop and its start: it is set aside
+/// and the question asked again once that work is over.
+#[derive(Debug, Default)]
+struct UnitQuestion {
+    /// The newest question's number (0: none asked yet).
+    asked: u64,
+    /// The newest question is on its way.
+    in_flight: bool,
+    /// The number of the first question asked after gridd's last start or the end of the
+    /// agent's own last restart: answers to older ones may predate it.
+    fresh_from: u64,
+    /// A question wanted while one was on its way: asked when that one is answered.
+    wanted: u64,
+    /// A question wanted once the agent's own work is over.
+    wanted_after_own: u64,
+}
+
+impl UnitQuestion {
+    /// A question is wanted: whether to send one now (none on its way); else it is asked
+    /// once the one on its way is answered.
+    fn ask(&mut self) -> bool {
+        if self.in_flight {
+            self.wanted = self.asked + 1;
+            false
+        } else {
+            self.asked += 1;
+            self.in_flight = true;
+            true
+        }
+    }
+
+    /// gridd started, or the agent's own restart of it ended: from now on.
+    fn gridd_moved(&mut self) {
+        self.fresh_from = self.asked + 1;
+    }
+
+    /// Ask again once the agent's own work is over.
+    fn after_own_work(&mut self) {
+        self.wanted_after_own = self.asked + 1;
+    }
+
+    /// Whether a question is owed now, with the agent's own work running or not.
+    fn owed(&self, own_work: bool) -> bool {
+        !own_work && self.wanted_after_own > self.asked
+    }
+
+    /// The answer to the question on its way: whether it is believed, and whether to ask
+    /// again now.
+    fn answered(&mut self, not_running: bool, own_work: bool) -> (bool, bool) {
+        self.in_flight = false;
+        let believed = !not_running || (!own_work && self.asked >= self.fresh_from);
+        if !believed {
+            self.after_own_work();
+        }
+        (believed, self.wanted > self.asked || self.owed(own_work))
+    }
 }
 
 impl InFlight {
@@ -295,8 +348,8 @@ impl Core {
                 self.smi_soon(now.mono + Duration::from_millis(300));
                 // A start or stop changes the unit's state; and a line from gridd while
                 // systemd was last heard saying it is not running means that answer is old.
-                if kind == EventKind::Started && self.busy.unit {
-                    self.busy.unit_crossed = true;
+                if kind == EventKind::Started {
+                    self.busy.unit.gridd_moved();
                 }
                 if matches!(kind, EventKind::Started | EventKind::Shutdown)
                     || matches!(self.unit, Some(Err(_)))
@@ -330,18 +383,15 @@ impl Core {
                 self.next_smi = now.mono + self.smi_interval(now);
             }
             Event::Unit(u) => {
-                self.busy.unit = false;
-                let own_doing = self.busy.own_work() || std::mem::take(&mut self.busy.unit_crossed);
-                if matches!(u, Some(Err(_))) && own_doing {
-                    // Set aside, not believed: asked again once the agent's own restart is
-                    // over (at once if it is over already).
-                    self.busy.unit_after_own = true;
-                } else {
+                let own_work = self.busy.own_work();
+                let not_running = matches!(u, Some(Err(_)));
+                let (believed, again) = self.busy.unit.answered(not_running, own_work);
+                // One set aside is asked again once the agent's own restart is over (at once
+                // if it is over already).
+                if believed {
                     self.unit = u;
                 }
-                if std::mem::take(&mut self.busy.unit_again)
-                    || (self.busy.unit_after_own && !self.busy.own_work())
-                {
+                if again {
                     self.check_unit(&mut fx);
                 }
             }
@@ -402,7 +452,7 @@ impl Core {
             Event::Restarted(result) => {
                 self.busy.restart = false;
                 // Whether gridd runs now is asked once the agent's own work is over.
-                self.busy.unit_after_own = true;
+                self.busy.unit.after_own_work();
                 self.own_work_ended(true, &mut fx);
                 match result {
                     Ok(()) => {
@@ -587,11 +637,7 @@ impl Core {
     }
 
     fn check_unit(&mut self, fx: &mut Vec<Effect>) {
-        if std::mem::replace(&mut self.busy.unit, true) {
-            self.busy.unit_again = true;
-        } else {
-            self.busy.unit_crossed = false;
-            self.busy.unit_after_own = false;
+        if self.busy.unit.ask() {
             fx.push(Effect::CheckUnit);
         }
     }
@@ -599,10 +645,10 @@ impl Core {
     /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
     /// the attempt made): a "not running" answer set aside while it ran is checked again.
     fn own_work_ended(&mut self, restarted: bool, fx: &mut Vec<Effect>) {
-        if restarted && self.busy.unit {
-            self.busy.unit_crossed = true;
+        if restarted {
+            self.busy.unit.gridd_moved();
         }
-        if self.busy.unit_after_own && !self.busy.own_work() {
+        if self.busy.unit.owed(self.busy.own_work()) {
             self.check_unit(fx);
         }
     }
@@ -695,7 +741,7 @@ impl Core {
                         );
                         self.smi_soon(now.mono + Duration::from_secs(1));
                         // Asked once the adoption is over.
-                        self.busy.unit_after_own = true;
+                        self.busy.unit.after_own_work();
                     }
                     Restart::Deferred => {
                         // Owed: adopted again (and gridd restarted) once the budget allows.
@@ -1125,4 +1171,57 @@ pub fn status_line(r: &Report) -> String {
         line.push_str(&format!("; {}: {}", f.reason.as_str(), f.message));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UnitQuestion;
+
+    #[test]
+    fn one_unit_question_at_a_time_and_one_more_if_wanted_meanwhile() {
+        let mut q = UnitQuestion::default();
+        assert!(q.ask());
+        assert!(!q.ask(), "one is on its way");
+        assert_eq!(q.answered(false, false), (true, true), "the wanted one now");
+        assert!(q.ask());
+        assert_eq!(q.answered(true, false), (true, false));
+    }
+
+    #[test]
+    fn not_running_from_before_gridd_started_is_asked_again_not_believed() {
+        let mut q = UnitQuestion::default();
+        assert!(q.ask());
+        q.gridd_moved();
+        assert_eq!(q.answered(true, false), (false, true));
+        assert!(q.ask());
+        assert_eq!(
+            q.answered(true, false),
+            (true, false),
+            "asked after the start"
+        );
+        // A start while none is on its way: the next question is after it.
+        q.gridd_moved();
+        assert!(q.ask());
+        assert_eq!(q.answered(true, false), (true, false));
+        // "Running" is believed whenever it was asked.
+        assert!(q.ask());
+        q.gridd_moved();
+        assert_eq!(q.answered(false, false), (true, false));
+    }
+
+    #[test]
+    fn not_running_during_the_agents_own_work_waits_for_its_end() {
+        let mut q = UnitQuestion::default();
+        assert!(q.ask());
+        assert_eq!(q.answered(true, true), (false, false), "not while it runs");
+        assert!(q.owed(false) && !q.owed(true));
+        assert!(q.ask());
+        assert!(!q.owed(false), "asked since");
+        assert_eq!(q.answered(true, false), (true, false));
+        // Owed at the end of a restart with a question on its way: asked on its answer.
+        assert!(q.ask());
+        q.after_own_work();
+        q.gridd_moved();
+        assert_eq!(q.answered(false, false), (true, true));
+    }
 }
