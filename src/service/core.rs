@@ -208,6 +208,85 @@ impl InFlight {
     }
 }
 
+/// When each periodic or owed piece of work is next due (monotonic times).
+#[derive(Debug)]
+struct Schedule {
+    /// nvidia-smi's next reading.
+    smi: Duration,
+    /// `smi` was brought forward by an event (not the periodic reading).
+    smi_for_event: bool,
+    /// systemd is asked about gridd's unit next (while no license is held).
+    unit: Duration,
+    /// The same vague failure may be probed again.
+    probe: Duration,
+    /// The token directory is looked at again, in case a change escaped the watcher.
+    adopt: Duration,
+    /// A look at the token directory owed for changes seen during the last one: when.
+    token_read: Option<Duration>,
+}
+
+impl Schedule {
+    /// nvidia-smi read by `at` at the latest, because something happened: brought forward,
+    /// never put back.
+    fn smi_soon(&mut self, at: Duration) {
+        if at < self.smi {
+            self.smi = at;
+            self.smi_for_event = true;
+        }
+    }
+}
+
+/// The reports made, and what status.json and the metrics last got.
+#[derive(Debug)]
+struct Published {
+    /// The latest report.
+    report: Option<Report>,
+    /// The metrics last written.
+    metrics: String,
+    /// When status.json was last written.
+    written: Duration,
+    /// When the latest report was made.
+    made: Option<Duration>,
+    /// Something happened since the latest report.
+    dirty: bool,
+    /// systemd was told the service is ready (after the first report).
+    ready: bool,
+}
+
+impl Published {
+    /// status.json is rewritten at least every `heartbeat`: its age tells that the service lives.
+    fn heartbeat_due(&self, now: Duration, heartbeat: Duration) -> bool {
+        now >= self.written + heartbeat
+    }
+
+    /// A report is made at most every [`MIN_REPORT_GAP`].
+    fn gap_over(&self, now: Duration) -> bool {
+        self.made.is_none_or(|t| now >= t + MIN_REPORT_GAP)
+    }
+
+    /// A report made at `now`: whether status.json and the metrics are written (the report
+    /// changed, its metrics did, or the heartbeat is due); else only the copy in memory moves.
+    fn made_at(
+        &mut self,
+        now: Duration,
+        heartbeat: Duration,
+        report: &Report,
+        metrics: &str,
+    ) -> bool {
+        let changed = self
+            .report
+            .as_ref()
+            .is_none_or(|old| !same_report(old, report));
+        let write = changed || self.heartbeat_due(now, heartbeat) || self.metrics != metrics;
+        if write {
+            self.written = now;
+            self.metrics = metrics.to_string();
+        }
+        self.report = Some(report.clone());
+        write
+    }
+}
+
 /// The service's state and judgement.
 pub struct Core {
     settings: Settings,
@@ -230,23 +309,14 @@ pub struct Core {
     probed: Option<Finding>,
     counters: Counters,
     remedy: Remedy,
-    report: Option<Report>,
-    metrics: String,
     failure_key: Option<Finding>,
     own_since: Option<(Finding, DateTime<Utc>)>,
     busy: InFlight,
-    next_smi: Duration,
-    /// `next_smi` was brought forward by an event (not the periodic reading).
-    smi_due_to_event: bool,
-    next_unit: Duration,
-    next_probe: Duration,
-    next_adopt: Duration,
+    schedule: Schedule,
     adopt_again: bool,
     /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
     /// heartbeat's rewrites of status.json do not move.
     observed_at: Option<DateTime<Utc>>,
-    /// A look at the token directory owed for changes seen during the last one: when.
-    token_read_at: Option<Duration>,
     /// The token source holds a token the agent refused: why.
     source_rejected: Option<String>,
     /// The token source was read at least once (before, a missing token is not counted:
@@ -255,12 +325,7 @@ pub struct Core {
     /// The last adoption failed at this time: the directory's changes (many of them the
     /// adoption's own undo) do not start another one before [`ADOPT_AFTER_FAILURE`].
     adopt_failed: Option<Duration>,
-    /// When status.json was last written.
-    written: Duration,
-    last_report: Option<Duration>,
-    /// Something happened since the last report.
-    dirty: bool,
-    ready: bool,
+    published: Published,
 }
 
 impl Core {
@@ -285,26 +350,30 @@ impl Core {
             clone: None,
             probed: None,
             counters: Counters::default(),
-            report: None,
-            metrics: String::new(),
             failure_key: None,
             own_since: None,
             busy: InFlight::default(),
-            next_smi: now.mono,
-            smi_due_to_event: false,
-            next_unit: now.mono,
-            next_probe: now.mono,
-            next_adopt: now.mono + first_token_look,
+            schedule: Schedule {
+                smi: now.mono,
+                smi_for_event: false,
+                unit: now.mono,
+                probe: now.mono,
+                adopt: now.mono + first_token_look,
+                token_read: None,
+            },
             adopt_again: false,
             adopt_failed: None,
             source_rejected: None,
             source_read: false,
+            published: Published {
+                report: None,
+                metrics: String::new(),
+                written: now.mono,
+                made: None,
+                dirty: false,
+                ready: false,
+            },
             observed_at: None,
-            token_read_at: None,
-            written: now.mono,
-            last_report: None,
-            dirty: false,
-            ready: false,
         }
     }
 
@@ -323,7 +392,7 @@ impl Core {
     }
 
     pub fn report(&self) -> Option<&Report> {
-        self.report.as_ref()
+        self.published.report.as_ref()
     }
 
     pub fn counters(&self) -> &Counters {
@@ -334,7 +403,7 @@ impl Core {
     /// the shell calls after each batch of events.
     pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
-        self.dirty = true;
+        self.published.dirty = true;
         match event {
             Event::JournalRestarted => self.fold = LogFold::new(MAX_EVENTS),
             Event::Gridd(e) => {
@@ -345,7 +414,8 @@ impl Core {
                 }
                 self.fold.push(*e);
                 // Read nvidia-smi right after gridd says something (coalesced).
-                self.smi_soon(now.mono + Duration::from_millis(300));
+                self.schedule
+                    .smi_soon(now.mono + Duration::from_millis(300));
                 // A start or stop changes the unit's state; and a line from gridd while
                 // systemd was last heard saying it is not running means that answer is old.
                 if kind == EventKind::Started {
@@ -380,7 +450,7 @@ impl Core {
                         self.smi_error = Some(read);
                     }
                 }
-                self.next_smi = now.mono + self.smi_interval(now);
+                self.schedule.smi = now.mono + self.smi_interval(now);
             }
             Event::Unit(u) => {
                 let own_work = self.busy.own_work();
@@ -400,14 +470,14 @@ impl Core {
                 if std::mem::take(&mut self.busy.token_again) {
                     // Changed again meanwhile: looked at again after a short gap, so that a
                     // burst of changes is a few looks, not one after another for its length.
-                    self.token_read_at = Some(now.mono + TOKEN_READ_GAP);
+                    self.schedule.token_read = Some(now.mono + TOKEN_READ_GAP);
                 }
                 if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
                     // A new token is news: a vague failure is probed again at once, and what
                     // the last probe found was about the old token's DLS.
                     self.probed = None;
                     self.probe_failure = None;
-                    self.dirty = true;
+                    self.published.dirty = true;
                 }
                 self.token = Some(t);
             }
@@ -433,7 +503,7 @@ impl Core {
                     _ => None,
                 };
                 if rejected != self.source_rejected {
-                    self.dirty = true;
+                    self.published.dirty = true;
                 }
                 self.source_rejected = rejected;
                 self.source_read = true;
@@ -469,7 +539,7 @@ impl Core {
                 }
                 // A restarted gridd's failure is news: probe it at once.
                 self.probed = None;
-                self.smi_soon(now.mono + Duration::from_secs(1));
+                self.schedule.smi_soon(now.mono + Duration::from_secs(1));
             }
             Event::Probed { verdict, skew } => {
                 self.busy.probe = false;
@@ -503,16 +573,16 @@ impl Core {
     /// What is due at `now`: periodic reads, the report, a restart or a probe.
     pub fn tick(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
-        if self.token_read_at.is_some_and(|t| now.mono >= t) {
+        if self.schedule.token_read.is_some_and(|t| now.mono >= t) {
             // The directory changed during the last look: look again, and adopt what is there
             // (the shell sends no new event for changes it knows a read is owed for).
-            self.token_read_at = None;
+            self.schedule.token_read = None;
             self.read_token(&mut fx);
             self.dir_changed(now, &mut fx);
         }
         // In case a change escaped the watcher (or there is none): look at the token again.
-        if now.mono >= self.next_adopt {
-            self.next_adopt = now.mono
+        if now.mono >= self.schedule.adopt {
+            self.schedule.adopt = now.mono
                 + if self.watching {
                     ADOPT_WATCHED
                 } else {
@@ -522,34 +592,33 @@ impl Core {
             self.adopt(now, &mut fx);
         }
         let licensed = self
+            .published
             .report
             .as_ref()
             .is_some_and(|r| r.state == State::Licensed);
         // The report is remade while something may change with time alone (grace, backoff,
         // expiry), and at least as often as the heartbeat.
-        if !licensed || now.mono >= self.written + self.heartbeat {
-            self.dirty = true;
+        if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
+            self.published.dirty = true;
         }
-        if now.mono >= self.next_smi {
+        if now.mono >= self.schedule.smi {
             self.read_smi(now, &mut fx);
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
         // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
-        if now.mono >= self.next_unit
-            && self.report.as_ref().is_some_and(|r| {
+        if now.mono >= self.schedule.unit
+            && self.published.report.as_ref().is_some_and(|r| {
                 !matches!(
                     r.state,
                     State::Licensed | State::NotLicensable | State::NoGpu | State::NoDriver
                 )
             })
         {
-            self.next_unit = now.mono + UNIT_CHECK;
+            self.schedule.unit = now.mono + UNIT_CHECK;
             self.check_unit(&mut fx);
         }
         let readable = self.readable();
-        let gap_over = self
-            .last_report
-            .is_none_or(|t| now.mono >= t + MIN_REPORT_GAP);
+        let gap_over = self.published.gap_over(now.mono);
         // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
         // looked at the token leaves the report to their answers: one report, not a
         // heartbeat's and then (held back by the gap, a second wakeup) the answers'.
@@ -559,12 +628,12 @@ impl Core {
                 Effect::ReadSmi | Effect::ReadToken | Effect::Adopt { .. }
             )
         });
-        if self.dirty && readable && gap_over && !(asked && self.quiet()) {
-            self.dirty = false;
-            self.last_report = Some(now.mono);
+        if self.published.dirty && readable && gap_over && !(asked && self.quiet()) {
+            self.published.dirty = false;
+            self.published.made = Some(now.mono);
             self.publish(now, &mut fx);
-            if !self.ready {
-                self.ready = true;
+            if !self.published.ready {
+                self.published.ready = true;
                 fx.push(Effect::Ready);
                 self.adopt(now, &mut fx);
             }
@@ -579,14 +648,16 @@ impl Core {
     /// wakeups.
     pub fn next_wake(&self, now: Now) -> Duration {
         let wake = self.next_wake_but_token(now);
-        self.token_read_at
+        self.schedule
+            .token_read
             .map_or(wake, |t| wake.min(t.max(now.mono)))
     }
 
     fn next_wake_but_token(&self, now: Now) -> Duration {
-        if self.dirty && self.readable() {
+        if self.published.dirty && self.readable() {
             return self
-                .last_report
+                .published
+                .made
                 .map_or(now.mono, |t| t + MIN_REPORT_GAP)
                 .max(now.mono);
         }
@@ -595,17 +666,18 @@ impl Core {
         }
         // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
         // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
-        let mut at = self.written + self.heartbeat;
+        let mut at = self.published.written + self.heartbeat;
         // A reading something asked for (a gridd line, a restart) keeps its own time.
-        if self.smi_due_to_event || self.settings.service.poll_licensed < self.heartbeat {
-            at = at.min(self.next_smi);
+        if self.schedule.smi_for_event || self.settings.service.poll_licensed < self.heartbeat {
+            at = at.min(self.schedule.smi);
         }
         at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
     }
 
     /// A license held and no failure: nothing changes with time alone.
     fn quiet(&self) -> bool {
-        self.report
+        self.published
+            .report
             .as_ref()
             .is_some_and(|r| r.state == State::Licensed && r.failure.is_none())
     }
@@ -615,21 +687,13 @@ impl Core {
         (self.smi.is_some() || self.smi_error.is_some()) && self.token.is_some()
     }
 
-    /// nvidia-smi read by `at` at the latest, because something happened.
-    fn smi_soon(&mut self, at: Duration) {
-        if at < self.next_smi {
-            self.next_smi = at;
-            self.smi_due_to_event = true;
-        }
-    }
-
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
         if std::mem::replace(&mut self.busy.smi, true) {
             return;
         }
         // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
-        self.next_smi = now.mono + Duration::from_secs(3600);
-        self.smi_due_to_event = false;
+        self.schedule.smi = now.mono + Duration::from_secs(3600);
+        self.schedule.smi_for_event = false;
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
@@ -657,7 +721,7 @@ impl Core {
     /// minute in the last hour of a lease.
     fn smi_interval(&self, now: Now) -> Duration {
         let svc = &self.settings.service;
-        match &self.report {
+        match &self.published.report {
             Some(r) if r.state == State::Licensed => {
                 let near_expiry = r
                     .license
@@ -680,7 +744,7 @@ impl Core {
     fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
         match self.adopt_failed {
             Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
-                self.next_adopt = self.next_adopt.min(t + ADOPT_AFTER_FAILURE);
+                self.schedule.adopt = self.schedule.adopt.min(t + ADOPT_AFTER_FAILURE);
             }
             _ => self.adopt(now, fx),
         }
@@ -701,7 +765,9 @@ impl Core {
     fn adopt(&mut self, now: Now, fx: &mut Vec<Effect>) {
         // Whether gridd already holds a license decides whether a token in place needs a
         // restart: wait for the first report (it adopts at once).
-        let Some(report) = &self.report else { return };
+        let Some(report) = &self.published.report else {
+            return;
+        };
         let licensed = report.state == State::Licensed;
         if std::mem::replace(&mut self.busy.adopt, true) {
             self.adopt_again = true;
@@ -739,7 +805,7 @@ impl Core {
                             message_id = message_ids::GRIDD_RESTARTED,
                             "restarted nvidia-gridd for the token"
                         );
-                        self.smi_soon(now.mono + Duration::from_secs(1));
+                        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
                         // Asked once the adoption is over.
                         self.busy.unit.after_own_work();
                     }
@@ -747,7 +813,7 @@ impl Core {
                         // Owed: adopted again (and gridd restarted) once the budget allows.
                         let at = self.remedy.next_allowed(&self.settings.service, secs(now));
                         let wait = Duration::from_secs_f64((at - secs(now)).max(1.0));
-                        self.next_adopt = self.next_adopt.min(now.mono + wait);
+                        self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
                         info!(
                             "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
                             wait.as_secs_f64()
@@ -906,26 +972,18 @@ impl Core {
         if !premature {
             self.failure_key = key;
         }
-        let previous = self.report.as_ref().map(|r| r.state);
+        let previous = self.published.report.as_ref().map(|r| r.state);
         if previous != Some(report.state) {
             log_state_change(&report, previous);
         }
-        let changed = self
-            .report
-            .as_ref()
-            .is_none_or(|old| !same_report(old, &report));
         let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
         json.push(b'\n');
         self.counters.driver_version = self.smi.as_ref().and_then(|s| s.driver_version.clone());
         let metrics_text = metrics::render(&report, &self.counters);
-        let stale = now.mono >= self.written + self.heartbeat;
-        let write = changed || stale || self.metrics != metrics_text;
-        if write {
-            self.written = now.mono;
-            self.metrics.clone_from(&metrics_text);
-        }
+        let write = self
+            .published
+            .made_at(now.mono, self.heartbeat, &report, &metrics_text);
         let webhook = previous.is_some() && previous != Some(report.state);
-        self.report = Some(report.clone());
         fx.push(Effect::Publish(Box::new(Publication {
             report,
             json,
@@ -938,7 +996,9 @@ impl Core {
     /// Remedy: restart gridd when that can help, probe the DLS when a failure says nothing
     /// specific (or to measure a clock skew gridd named).
     fn remedy_step(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let Some(report) = &self.report else { return };
+        let Some(report) = &self.published.report else {
+            return;
+        };
         let state = report.state;
         let reason = report.failure.as_ref().map(|f| f.reason);
         if state == State::Licensed {
@@ -960,10 +1020,10 @@ impl Core {
                 self.fold.failure_message().unwrap_or_default().to_string(),
             );
             let news = self.probed.as_ref() != Some(&key);
-            if worth_it && !self.busy.probe && (news || now.mono >= self.next_probe) {
+            if worth_it && !self.busy.probe && (news || now.mono >= self.schedule.probe) {
                 self.busy.probe = true;
                 self.probed = Some(key);
-                self.next_probe = now.mono + self.settings.service.poll_unlicensed.max(repeat);
+                self.schedule.probe = now.mono + self.settings.service.poll_unlicensed.max(repeat);
                 let nodes = report.dls.clone().unwrap_or_default();
                 fx.push(Effect::Probe(nodes));
             }
@@ -1036,7 +1096,7 @@ impl Core {
             .metrics_listen
             .clone_from(&self.settings.service.metrics_listen);
         self.settings = s;
-        self.smi_soon(now.mono);
+        self.schedule.smi_soon(now.mono);
     }
 }
 
@@ -1175,7 +1235,61 @@ pub fn status_line(r: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::UnitQuestion;
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn an_event_brings_nvidia_smis_reading_forward_never_back() {
+        let mut due = Schedule {
+            smi: secs(60),
+            smi_for_event: false,
+            unit: secs(0),
+            probe: secs(0),
+            adopt: secs(0),
+            token_read: None,
+        };
+        due.smi_soon(secs(90));
+        assert_eq!((due.smi, due.smi_for_event), (secs(60), false));
+        due.smi_soon(secs(5));
+        assert_eq!((due.smi, due.smi_for_event), (secs(5), true));
+    }
+
+    #[test]
+    fn status_json_is_written_on_news_or_the_heartbeat_and_reports_keep_their_gap() {
+        let heartbeat = secs(30);
+        let mut p = Published {
+            report: None,
+            metrics: String::new(),
+            written: secs(0),
+            made: None,
+            dirty: false,
+            ready: false,
+        };
+        let r = evaluate(crate::state::Observations::default());
+        assert!(p.made_at(secs(1), heartbeat, &r, "m"), "the first");
+        assert!(!p.made_at(secs(2), heartbeat, &r, "m"), "nothing new");
+        assert!(p.made_at(secs(3), heartbeat, &r, "m2"), "new metrics");
+        let mut other = r.clone();
+        other.state = if r.state == State::Licensed {
+            State::Unlicensed
+        } else {
+            State::Licensed
+        };
+        assert!(p.made_at(secs(4), heartbeat, &other, "m2"), "a new state");
+        assert!(!p.made_at(secs(33), heartbeat, &other, "m2"));
+        assert!(
+            p.made_at(secs(34), heartbeat, &other, "m2"),
+            "the heartbeat"
+        );
+        assert_eq!(p.report.as_ref().map(|r| r.state), Some(other.state));
+        assert!(p.gap_over(secs(0)), "none made yet");
+        p.made = Some(secs(10));
+        assert!(!p.gap_over(secs(10) + MIN_REPORT_GAP / 2));
+        assert!(p.gap_over(secs(10) + MIN_REPORT_GAP));
+    }
 
     #[test]
     fn one_unit_question_at_a_time_and_one_more_if_wanted_meanwhile() {
