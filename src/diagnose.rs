@@ -21,9 +21,7 @@ use crate::report::human::both_times;
 use crate::report::{LicensingMode, Reason, Report, State};
 use crate::state;
 use crate::time::rfc3339;
-
-/// Events kept in the report, as `analyze`'s default.
-const MAX_EVENTS: usize = 200;
+use crate::token::Untimely;
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -144,7 +142,7 @@ pub fn render(checks: &[Check]) -> String {
 
 /// Runs every check now.
 pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
-    let mut obs = live::observe(settings, now, MAX_EVENTS);
+    let mut obs = live::observe(settings, now, state::MAX_EVENTS);
     let mode = state::licensing_mode(
         obs.token.as_ref(),
         obs.log.as_ref().map(|(f, _)| f),
@@ -368,14 +366,16 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
         }
         Err(p) => {
             let fix = match p {
-                TokenProblem::Missing | TokenProblem::Invalid(_) | TokenProblem::Expired(_) => {
+                TokenProblem::Missing
+                | TokenProblem::Invalid(_)
+                | TokenProblem::Untimely(Untimely::Expired(_)) => {
                     INSTALL_FIX.to_string()
                 }
                 TokenProblem::Unreadable(_) => format!(
                     "check the file's permissions (`ls -l {}`); `vgpu-license-agent install` sets them",
                     crate::text::show_path(&settings.paths.token_dir)
                 ),
-                TokenProblem::NotYetValid(_) => "check this guest's clock (`timedatectl`); a DLS whose clock is ahead issues tokens that are not valid yet".into(),
+                TokenProblem::Untimely(Untimely::NotYetValid(_)) => "check this guest's clock (`timedatectl`); a DLS whose clock is ahead issues tokens that are not valid yet".into(),
             };
             let msg = match p {
                 TokenProblem::Missing => format!("no token at {path}"),

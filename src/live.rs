@@ -12,7 +12,7 @@ use crate::observe::journal::{self, ScanStats};
 use crate::observe::smi::{self, SmiSnapshot};
 use crate::report::{Finding, Reason};
 use crate::state::{LogFold, Observations};
-use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
+use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Untimely};
 
 /// What running `nvidia-smi -q` gave.
 #[derive(Debug, Clone)]
@@ -199,8 +199,7 @@ pub enum TokenProblem {
     Missing,
     Unreadable(String),
     Invalid(TokenError),
-    Expired(DateTime<Utc>),
-    NotYetValid(DateTime<Utc>),
+    Untimely(Untimely),
 }
 
 impl TokenProblem {
@@ -208,7 +207,7 @@ impl TokenProblem {
         match self {
             TokenProblem::Missing => Reason::TokenMissing,
             TokenProblem::Unreadable(_) | TokenProblem::Invalid(_) => Reason::TokenInvalid,
-            TokenProblem::Expired(_) | TokenProblem::NotYetValid(_) => Reason::TokenExpired,
+            TokenProblem::Untimely(_) => Reason::TokenExpired,
         }
     }
 }
@@ -219,12 +218,12 @@ impl std::fmt::Display for TokenProblem {
             TokenProblem::Missing => f.write_str("no client configuration token is installed"),
             TokenProblem::Unreadable(e) => write!(f, "the token cannot be read: {e}"),
             TokenProblem::Invalid(e) => write!(f, "the installed token is unusable: {e}"),
-            TokenProblem::Expired(t) => write!(
+            TokenProblem::Untimely(Untimely::Expired(t)) => write!(
                 f,
                 "the installed token expired at {}",
                 crate::time::rfc3339(*t)
             ),
-            TokenProblem::NotYetValid(t) => write!(
+            TokenProblem::Untimely(Untimely::NotYetValid(t)) => write!(
                 f,
                 "the installed token is not valid before {} (is this guest's clock right?)",
                 crate::time::rfc3339(*t)
@@ -305,12 +304,8 @@ pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Ob
         probe_failure: parts.probe,
         ..Observations::default()
     };
-    // gridd's own last words may say why it is not running (see `policy::explains_exit`).
-    let exit_explained = parts
-        .fold
-        .as_ref()
-        .and_then(|f| f.failure_reason())
-        .is_some_and(crate::policy::explains_exit);
+    // gridd's own last words may say why it is not running (see `policy::own_failure`).
+    let log_reason = parts.fold.as_ref().and_then(|f| f.failure_reason());
     if let Some(fold) = parts.fold {
         // Live, the log ends now: a lease past its expiry is not held.
         let stats = crate::observe::journal::ScanStats {
@@ -319,16 +314,18 @@ pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Ob
         };
         obs.log = Some((fold, stats));
     }
-    match token_at(parts.token, now) {
-        Ok(t) => obs.token = Some(t),
-        Err(p) => obs.own_failure = Some((p.reason(), p.to_string())),
-    }
-    if obs.own_failure.is_none()
-        && !exit_explained
-        && let Some(Err(why)) = parts.unit
-    {
-        obs.own_failure = Some((Reason::GriddNotRunning, why.clone()));
-    }
+    let token_failure = match token_at(parts.token, now) {
+        Ok(t) => {
+            obs.token = Some(t);
+            None
+        }
+        Err(p) => Some((p.reason(), p.to_string())),
+    };
+    let unit_down = match parts.unit {
+        Some(Err(why)) => Some((Reason::GriddNotRunning, why.clone())),
+        _ => None,
+    };
+    obs.own_failure = crate::policy::own_failure(token_failure, unit_down, log_reason);
     obs
 }
 
@@ -338,11 +335,10 @@ pub fn token_at(
     now: DateTime<Utc>,
 ) -> Result<Token, TokenProblem> {
     match token {
-        Ok(t) => match t.validity(now) {
-            Validity::Valid => Ok(t.clone()),
-            Validity::Expired(at) => Err(TokenProblem::Expired(at)),
-            Validity::NotYetValid(at) => Err(TokenProblem::NotYetValid(at)),
-        },
+        Ok(t) => t
+            .validity(now)
+            .map(|()| t.clone())
+            .map_err(TokenProblem::Untimely),
         Err(p) => Err(p.clone()),
     }
 }

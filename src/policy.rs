@@ -96,6 +96,23 @@ pub fn replaces(old: Reason, new: Reason) -> bool {
     of(new).severity >= of(old).severity
 }
 
+/// The agent's own failure, of the two it finds itself: the installed token's problem, else
+/// gridd's unit not running, unless gridd's last failure (`log`) explains why it exited
+/// ([`explains_exit`]). Each caller carries what it knows of a failure as `T`.
+pub fn own_failure<T>(token: Option<T>, unit_down: Option<T>, log: Option<Reason>) -> Option<T> {
+    token.or_else(|| unit_down.filter(|_| !log.is_some_and(explains_exit)))
+}
+
+/// Which failure is the most telling, the one a report gives: the agent's own
+/// ([`own_failure`]), else the DLS probe's finding where gridd's failure says nothing
+/// specific ([`probe_refines`]; `None` before a probe), else gridd's failure from its log,
+/// with its reason. `status`, `diagnose`, `analyze` and the service all choose here.
+pub fn most_telling<T>(own: Option<T>, probe: Option<T>, log: Option<(Reason, T)>) -> Option<T> {
+    let log_reason = log.as_ref().map(|(r, _)| *r);
+    own.or_else(|| probe.filter(|_| probe_refines(log_reason)))
+        .or_else(|| log.map(|(_, f)| f))
+}
+
 /// How a unit answer says that nvidia-gridd's unit does not exist.
 pub const NOT_INSTALLED: &str = "is not installed";
 
@@ -129,5 +146,40 @@ mod tests {
         assert!(!restart_helps(Some(Reason::ClockSkew)));
         assert!(explains_exit(Reason::TokenInvalid) && explains_exit(Reason::LicensingUnsupported));
         assert!(!explains_exit(Reason::DlsUnreachable) && !explains_exit(Reason::Other));
+    }
+
+    #[test]
+    fn the_most_telling_failure_is_the_token_then_the_unit_then_the_probe_then_gridds() {
+        use Reason as R;
+        let choose = |token, unit, probe, log: Option<R>| {
+            most_telling(own_failure(token, unit, log), probe, log.map(|r| (r, r)))
+        };
+        let down = Some(R::GriddNotRunning);
+        let probe = Some(R::ClockSkew);
+        // The token outranks everything, even gridd's own specific word.
+        for log in [None, Some(R::Other), Some(R::LicensingUnsupported)] {
+            assert_eq!(
+                choose(Some(R::TokenExpired), down, probe, log),
+                Some(R::TokenExpired)
+            );
+        }
+        // A stopped gridd, unless its last words say why it stopped.
+        assert_eq!(choose(None, down, probe, Some(R::Other)), down);
+        assert_eq!(choose(None, down, probe, Some(R::DlsUnreachable)), down);
+        assert_eq!(
+            choose(None, down, probe, Some(R::TokenInvalid)),
+            Some(R::TokenInvalid)
+        );
+        // The probe where gridd is vague or silent; gridd where it names the cause.
+        assert_eq!(choose(None, None, probe, None), probe);
+        assert_eq!(choose(None, None, probe, Some(R::Other)), probe);
+        assert_eq!(choose(None, None, probe, Some(R::DlsUnreachable)), probe);
+        assert_eq!(
+            choose(None, None, probe, Some(R::NoLicenseAvailable)),
+            Some(R::NoLicenseAvailable)
+        );
+        // Before a probe, gridd's word, vague or not.
+        assert_eq!(choose(None, None, None, Some(R::Other)), Some(R::Other));
+        assert_eq!(choose(None, None, None, None), None);
     }
 }

@@ -16,6 +16,10 @@ use crate::token::Token;
 
 pub use crate::observe::smi::edition_for_profile;
 
+/// Events a report keeps (the latest ones): the service's, `status`'s and `diagnose`'s
+/// reports, and `analyze`'s unless `--max-events` says otherwise.
+pub const MAX_EVENTS: usize = 200;
+
 /// What gridd's log says, folded event by event with bounded memory.
 #[derive(Debug, Clone)]
 pub struct LogFold {
@@ -184,6 +188,13 @@ pub struct Observations {
     /// The token source holds a token the agent refused: why. Critical without an installed
     /// token (it is why there is none), a warning while the installed one holds.
     pub source_rejected: Option<String>,
+}
+
+/// Where the report's failure comes from: the agent's own finding (or its probe's), or gridd's
+/// failure as its log gives it.
+enum Chosen {
+    Own(Finding),
+    Log(GriddEvent),
 }
 
 /// The time of the log's last line as an instant, assuming UTC where the zone is unknown.
@@ -496,13 +507,6 @@ pub fn evaluate(obs: Observations) -> Report {
         .as_ref()
         .and_then(|t| t.nodes.first())
         .map(|n| n.host.clone());
-    // The probe's finding counts where gridd's own failure says nothing specific.
-    let log_reason = log_failure
-        .as_ref()
-        .map(|f| f.what.reason.unwrap_or(Reason::Other));
-    let probe_failure = obs
-        .probe_failure
-        .filter(|_| crate::policy::probe_refines(log_reason));
     // A refused rotation is why no token is installed; with one installed, a warning (below).
     let source_rejected = obs.source_rejected.clone();
     let own_failure = match (obs.own_failure, &source_rejected) {
@@ -512,12 +516,15 @@ pub fn evaluate(obs: Observations) -> Report {
         (own, _) => own,
     };
     // Nothing here needs a license: the agent's token and gridd findings do not matter.
-    let own_failure = own_failure
-        .filter(|(r, _)| token_needed || *r != Reason::TokenMissing)
-        .or(probe_failure)
-        .filter(|_| state != State::NotLicensable);
-    let failure = match own_failure {
-        Some((reason, message)) => Some(Failure {
+    let own_failure = own_failure.filter(|(r, _)| token_needed || *r != Reason::TokenMissing);
+    let licensable = |_: &Finding| state != State::NotLicensable;
+    let chosen = crate::policy::most_telling(
+        own_failure.filter(licensable).map(Chosen::Own),
+        obs.probe_failure.filter(licensable).map(Chosen::Own),
+        log_failure.map(|f| (f.what.reason.unwrap_or(Reason::Other), Chosen::Log(f))),
+    );
+    let failure = match chosen {
+        Some(Chosen::Own((reason, message))) => Some(Failure {
             reason,
             advice: if reason == Reason::GriddNotRunning && crate::policy::unit_missing(&message) {
                 GRIDD_MISSING_ADVICE.into()
@@ -527,7 +534,7 @@ pub fn evaluate(obs: Observations) -> Report {
             message,
             at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
         }),
-        None => log_failure.map(|f| {
+        Some(Chosen::Log(f)) => Some({
             let reason = f.what.reason.unwrap_or(Reason::Other);
             // The year the event list found for it (from a later dated line).
             let stamp = log_events
@@ -552,6 +559,7 @@ pub fn evaluate(obs: Observations) -> Report {
                 message: f.message,
             }
         }),
+        None => None,
     };
     // What blocks what: no device, then the driver, then gridd, the token and the DLS. Without
     // a device there is nothing to fix; without a driver the driver is the fix, and what else

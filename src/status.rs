@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use crate::config::Settings;
 use crate::live;
 use crate::report::Report;
-use crate::state::evaluate;
+use crate::state::{MAX_EVENTS, evaluate};
 
 /// Where a report came from.
 pub enum Source {
@@ -50,7 +50,7 @@ pub fn current(settings: &Settings) -> (Report, Source) {
     match from_service(settings) {
         Some((r, age)) => (r, Source::Service(age)),
         None => (
-            evaluate(live::observe(settings, chrono::Utc::now(), 200)),
+            evaluate(live::observe(settings, chrono::Utc::now(), MAX_EVENTS)),
             Source::Observed,
         ),
     }

@@ -44,12 +44,23 @@ pub struct Token {
     pub nodes: Vec<DlsNode>,
 }
 
-/// Whether a token is valid at a given moment.
+/// Why a token that decodes cannot be used at a given moment: the moment is outside its
+/// time window. What each caller says of it (install refuses, status reports a failure,
+/// `token inspect` exits 1) is built on this one judgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Validity {
-    Valid,
+pub enum Untimely {
     Expired(DateTime<Utc>),
     NotYetValid(DateTime<Utc>),
+}
+
+impl Untimely {
+    /// The name `token inspect --json` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Untimely::Expired(_) => "expired",
+            Untimely::NotYetValid(_) => "not_yet_valid",
+        }
+    }
 }
 
 /// Why some bytes are not a usable client configuration token. `Display` is one line that
@@ -268,12 +279,12 @@ impl Token {
         })
     }
 
-    /// Whether the token is valid at `now`.
-    pub fn validity(&self, now: DateTime<Utc>) -> Validity {
+    /// Whether the token is valid at `now`; an expiry wins over a start still ahead.
+    pub fn validity(&self, now: DateTime<Utc>) -> Result<(), Untimely> {
         match (self.not_before, self.expires) {
-            (_, Some(exp)) if exp <= now => Validity::Expired(exp),
-            (Some(nbf), _) if nbf > now => Validity::NotYetValid(nbf),
-            _ => Validity::Valid,
+            (_, Some(exp)) if exp <= now => Err(Untimely::Expired(exp)),
+            (Some(nbf), _) if nbf > now => Err(Untimely::NotYetValid(nbf)),
+            _ => Ok(()),
         }
     }
 }
@@ -331,11 +342,11 @@ pub(crate) mod tests {
             Some("10000000-0000-0000-0000-000000000001")
         );
         let now = DateTime::from_timestamp(1800000000, 0).unwrap();
-        assert_eq!(t.validity(now), Validity::Valid);
+        assert_eq!(t.validity(now), Ok(()));
         let later = DateTime::from_timestamp(2078691200, 0).unwrap();
-        assert!(matches!(t.validity(later), Validity::Expired(_)));
+        assert!(matches!(t.validity(later), Err(Untimely::Expired(_))));
         let earlier = DateTime::from_timestamp(1600000000, 0).unwrap();
-        assert!(matches!(t.validity(earlier), Validity::NotYetValid(_)));
+        assert!(matches!(t.validity(earlier), Err(Untimely::NotYetValid(_))));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use chrono::{DateTime, Utc};
 
 use crate::input::{self, Links, ReadError};
 use crate::text::show_path;
-use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
+use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
 /// More entries than a token directory ever has: such a directory is some other directory.
 pub const MAX_ENTRIES: usize = 64;
@@ -320,7 +320,7 @@ pub fn scan(
     // The rule (see the module's doc).
     let rank = |(i, mtime): &(Installed, i64)| {
         let decodes = matches!(i.content, Content::Token(_));
-        let valid = matches!(&i.content, Content::Token(t) if t.validity(now) == Validity::Valid);
+        let valid = matches!(&i.content, Content::Token(t) if t.validity(now).is_ok());
         // A file that does not decode is the token only under a token's name: the standard
         // one, or `*.tok`; a README is a stray, never "the token".
         let token_named = i.name == token_file || i.name.to_string_lossy().ends_with(".tok");

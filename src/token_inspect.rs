@@ -10,7 +10,7 @@ use crate::input::{self, ReadError};
 use crate::report::human::both_times;
 use crate::text::escape;
 use crate::time::rfc3339;
-use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Validity};
+use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Untimely};
 
 #[derive(Serialize)]
 pub struct Inspection<'a> {
@@ -37,7 +37,7 @@ pub fn read_limited(path: &Path) -> anyhow::Result<Vec<u8>> {
 }
 
 /// The human rendering.
-pub fn render(file: &str, t: &Token, validity: Validity) -> String {
+pub fn render(file: &str, t: &Token, validity: Result<(), Untimely>) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "Token:      {file}");
     let _ = writeln!(
@@ -70,13 +70,13 @@ pub fn render(file: &str, t: &Token, validity: Validity) -> String {
         }
     }
     let _ = match validity {
-        Validity::Valid => writeln!(o, "Validity:   valid now"),
-        Validity::Expired(t) => writeln!(
+        Ok(()) => writeln!(o, "Validity:   valid now"),
+        Err(Untimely::Expired(t)) => writeln!(
             o,
             "Validity:   EXPIRED since {}: generate a new token on the DLS",
             rfc3339(t)
         ),
-        Validity::NotYetValid(t) => writeln!(
+        Err(Untimely::NotYetValid(t)) => writeln!(
             o,
             "Validity:   NOT YET VALID until {}: check this guest's clock",
             rfc3339(t)

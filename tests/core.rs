@@ -18,7 +18,7 @@ use vgpu_license_agent::report::{Reason, State};
 use vgpu_license_agent::service::core::{
     AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
 };
-use vgpu_license_agent::token::Token;
+use vgpu_license_agent::token::{Token, Untimely};
 
 const LICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n";
 const UNLICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Unlicensed (Unrestricted)\n";
@@ -91,7 +91,7 @@ impl World {
             probes: Vec::new(),
             ticks: 0,
             pid: 100,
-            adopt: || Err(AdoptError::NoToken),
+            adopt: || Err(AdoptError::NoToken(std::path::PathBuf::new())),
             adopts: Vec::new(),
             token_reads: 0,
         }
@@ -687,7 +687,7 @@ fn every_reason_follows_the_policy_table() {
         (Reason::TokenInvalid, Box::new(|_| {}), Some(TOKEN_BAD)),
         (
             Reason::TokenExpired,
-            Box::new(|w| w.token = Err(TokenProblem::Expired(t0()))),
+            Box::new(|w| w.token = Err(TokenProblem::Untimely(Untimely::Expired(t0())))),
             None,
         ),
         (Reason::ClockSkew, Box::new(|_| {}), Some(WINDBACK)),

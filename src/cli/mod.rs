@@ -125,7 +125,7 @@ pub struct AnalyzeArgs {
     #[arg(long, conflicts_with = "json")]
     pub metrics: bool,
     /// Keep at most this many of the latest events in the report (1 to 100000).
-    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
+    #[arg(long, value_name = "N", default_value_t = crate::state::MAX_EVENTS, value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
     pub max_events: usize,
 }
 
@@ -265,5 +265,16 @@ mod tests {
             "install writes /etc (paths.token_dir), which this user may not: run as root (sudo)";
         assert_eq!(with_root_hint(said.into(), true, false), said);
         assert!(!denied(&anyhow::anyhow!("no such file")));
+    }
+
+    #[test]
+    fn analyze_keeps_as_many_events_as_the_live_report_unless_told() {
+        let events = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Analyze(a)) => a.max_events,
+            other => panic!("{other:?}"),
+        };
+        let base = ["vgpu-license-agent", "analyze"];
+        assert_eq!(events(&base), crate::state::MAX_EVENTS);
+        assert_eq!(events(&[&base[..], &["--max-events", "7"]].concat()), 7);
     }
 }

@@ -9,7 +9,7 @@ use chrono::Utc;
 use crate::cli::TokenInspectArgs;
 use crate::config::Settings;
 use crate::text::show_path;
-use crate::token::{Token, Validity};
+use crate::token::{Token, Untimely};
 use crate::token_inspect::{Inspection, read_limited, render};
 
 /// The `token inspect` command: exit 0 for a valid token, 1 for an expired or not yet valid
@@ -27,11 +27,7 @@ pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitC
         let out = Inspection {
             file,
             token: &token,
-            validity: match validity {
-                Validity::Valid => "valid",
-                Validity::Expired(_) => "expired",
-                Validity::NotYetValid(_) => "not_yet_valid",
-            },
+            validity: validity.err().map_or("valid", Untimely::name),
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -41,7 +37,7 @@ pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitC
         );
     }
     Ok(match validity {
-        Validity::Valid => ExitCode::SUCCESS,
-        _ => ExitCode::from(1),
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(1),
     })
 }

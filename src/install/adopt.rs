@@ -9,8 +9,8 @@ use super::*;
 /// token directory aside, sets FeatureType from the config, and restarts nvidia-gridd when
 /// any of that changed or the agent has not restarted gridd since this token appeared.
 ///
-/// Errors: no token at the path ([`NoToken`]), a bad or expired token ([`TokenRejected`]),
-/// or an I/O error; in each case nothing was changed.
+/// Errors: no token at the path, a bad or expired token, a token replaced meanwhile, or an
+/// I/O error ([`AdoptError`]); in each case nothing was changed.
 ///
 /// `licensed`: gridd holds a license now; then a token it already found on its own (no file
 /// changed) does not cost it its lease through a restart.
@@ -18,20 +18,22 @@ pub fn adopt_dropped_token(
     settings: &Settings,
     licensed: bool,
     retry_owed: bool,
-) -> anyhow::Result<Outcome> {
+) -> Result<Outcome, AdoptError> {
     // The token is whatever file gridd would read as one, under any name.
     let listing = scan_token_dir(settings)?;
     let Some(found) = listing.token else {
-        return Err(NoToken(settings.paths.token_dir.clone()).into());
+        return Err(AdoptError::NoToken(settings.paths.token_dir.clone()));
     };
     match found.content {
         crate::token_dir::Content::Token(_) => {}
-        crate::token_dir::Content::Invalid(e) => return Err(TokenRejected::Invalid(e).into()),
+        crate::token_dir::Content::Invalid(e) => {
+            return Err(AdoptError::Rejected(TokenRejected::Invalid(e)));
+        }
         crate::token_dir::Content::Unreadable(why) => {
-            return Err(anyhow!(
+            return Err(AdoptError::Other(format!(
                 "cannot read the token {}: {why}",
                 show_path(&found.path)
-            ));
+            )));
         }
     }
     adopt_bytes(settings, &found.bytes, licensed, retry_owed, true)
@@ -45,9 +47,9 @@ pub(super) fn adopt_bytes(
     licensed: bool,
     retry_owed: bool,
     in_place: bool,
-) -> anyhow::Result<Outcome> {
-    let (token, _) = validate(bytes, Utc::now(), false)?;
-    run_core(
+) -> Result<Outcome, AdoptError> {
+    let (token, _) = validate(bytes, Utc::now(), false).map_err(AdoptError::Rejected)?;
+    Ok(run_core(
         Core {
             bytes,
             feature_type: if settings.gridd.feature_type_configured {
@@ -67,21 +69,20 @@ pub(super) fn adopt_bytes(
             in_place,
         },
         settings,
-    )
+    )?)
 }
 
 /// The service's adoption: from `paths.token_source` when one is set and holds a token other
 /// than the installed one, else a token dropped into the token directory
 /// ([`adopt_dropped_token`]).
-pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::Result<Outcome> {
+pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> Result<Outcome, AdoptError> {
     if let Some(source) = &settings.paths.token_source {
-        let refused = |e: anyhow::Error| match e.downcast::<TokenRejected>() {
-            Ok(TokenRejected::Source(why)) => anyhow::Error::new(SourceRejected(why)),
-            Ok(r) => anyhow::Error::new(SourceRejected(format!(
+        let refused = |r: TokenRejected| match r {
+            TokenRejected::Source(why) => AdoptError::SourceRejected(why),
+            r => AdoptError::SourceRejected(format!(
                 "the token in the token source {} (paths.token_source) was not installed: {r}",
                 show_path(source)
-            ))),
-            Err(e) => e,
+            )),
         };
         let bytes = read_source(source, &settings.paths.token_file).map_err(refused)?;
         let installed = scan_token_dir(settings)
@@ -91,7 +92,10 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::R
         if installed.as_deref() != Some(bytes.as_slice()) {
             // A bad token is refused here, before anything changes: the installed one stays.
             // A new token: gridd must be restarted for it, license held or not.
-            return adopt_bytes(settings, &bytes, false, retry_owed, false).map_err(refused);
+            return adopt_bytes(settings, &bytes, false, retry_owed, false).map_err(|e| match e {
+                AdoptError::Rejected(r) => refused(r),
+                e => e,
+            });
         }
     }
     adopt_dropped_token(settings, licensed, retry_owed)
@@ -102,7 +106,7 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> anyhow::R
 pub fn check_source(settings: &Settings) -> Option<Result<String, String>> {
     let source = settings.paths.token_source.as_ref()?;
     let checked = read_source(source, &settings.paths.token_file)
-        .map_err(|e| format!("{e:#}"))
+        .map_err(|e| e.to_string())
         .and_then(|bytes| {
             validate(&bytes, Utc::now(), false)
                 .map(|(t, _)| summary(&bytes, &t))
@@ -111,23 +115,10 @@ pub fn check_source(settings: &Settings) -> Option<Result<String, String>> {
     Some(checked)
 }
 
-/// The platform's token source holds a token the agent refused (the whole line): nothing was
-/// installed from it, and the installed token, if any, stays.
-#[derive(Debug)]
-pub struct SourceRejected(pub String);
-
-impl std::fmt::Display for SourceRejected {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for SourceRejected {}
-
 /// The token's bytes from `paths.token_source`: the file itself, or in a directory the file
 /// named like the installed token, else the only `*.tok` there. Links are followed (a
 /// Kubernetes Secret volume is made of them); what they lead to must be a regular file.
-fn read_source(source: &Path, token_file: &str) -> anyhow::Result<Vec<u8>> {
+fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected> {
     let shown = show_path(source);
     let gone = |e: &dyn std::fmt::Display| {
         TokenRejected::Source(format!(
@@ -151,53 +142,74 @@ fn read_source(source: &Path, token_file: &str) -> anyhow::Result<Vec<u8>> {
                     .collect();
                 match toks.as_slice() {
                     [one] => one.clone(),
-                    [] => return Err(gone(&"it holds no *.tok file").into()),
+                    [] => return Err(gone(&"it holds no *.tok file")),
                     _ => {
                         return Err(gone(&format!(
                             "it holds {} *.tok files and none named {token_file}",
                             toks.len()
-                        ))
-                        .into());
+                        )));
                     }
                 }
             }
         }
         Ok(_) => source.to_path_buf(),
-        Err(e) => return Err(gone(&e).into()),
+        Err(e) => return Err(gone(&e)),
     };
     input::read_file(&file, crate::token::MAX_TOKEN_BYTES, Links::Follow).map_err(|e| match e {
         ReadError::TooLarge(_) => {
-            TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1)).into()
+            TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1))
         }
-        e => gone(&e).into(),
+        e => gone(&e),
     })
 }
 
-/// The token at the path changed while it was being adopted (an `install` ran meanwhile):
-/// nothing was changed, and what is there now is adopted next, as it stands.
+/// Why a token was not adopted; in each case nothing was changed.
 #[derive(Debug)]
-pub struct Superseded;
+pub enum AdoptError {
+    /// There is no token in the token directory.
+    NoToken(PathBuf),
+    /// The token at the path changed while it was being adopted (an `install` ran
+    /// meanwhile): what is there now is adopted next, as it stands.
+    Superseded,
+    /// The token in the token directory does not decode or is not valid now.
+    Rejected(TokenRejected),
+    /// The platform's token source holds a token the agent refused (the whole line): nothing
+    /// was installed from it, and the installed token, if any, stays.
+    SourceRejected(String),
+    /// Anything else (the directory, the lock, a write): the error and its causes, one line.
+    Other(String),
+}
 
-impl std::fmt::Display for Superseded {
+impl std::fmt::Display for AdoptError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the token was replaced while it was being adopted; nothing was changed")
+        match self {
+            AdoptError::NoToken(dir) => write!(
+                f,
+                "no client configuration token in {}; install one with vgpu-license-agent install",
+                crate::text::show_path(dir)
+            ),
+            AdoptError::Superseded => f.write_str(
+                "the token was replaced while it was being adopted; nothing was changed",
+            ),
+            AdoptError::Rejected(r) => write!(f, "{r}"),
+            AdoptError::SourceRejected(why) | AdoptError::Other(why) => f.write_str(why),
+        }
     }
 }
 
-impl std::error::Error for Superseded {}
+impl std::error::Error for AdoptError {}
 
-/// There is no token in the token directory.
-#[derive(Debug)]
-pub struct NoToken(pub PathBuf);
-
-impl std::fmt::Display for NoToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "no client configuration token in {}; install one with vgpu-license-agent install",
-            crate::text::show_path(&self.0)
-        )
+impl From<anyhow::Error> for AdoptError {
+    fn from(e: anyhow::Error) -> Self {
+        AdoptError::Other(format!("{e:#}"))
     }
 }
 
-impl std::error::Error for NoToken {}
+impl From<CoreError> for AdoptError {
+    fn from(e: CoreError) -> Self {
+        match e {
+            CoreError::Superseded => AdoptError::Superseded,
+            CoreError::Failed(e) => e.into(),
+        }
+    }
+}

@@ -13,7 +13,7 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-pub use adopt::{NoToken, SourceRejected, Superseded, adopt, adopt_dropped_token, check_source};
+pub use adopt::{AdoptError, adopt, adopt_dropped_token, check_source};
 use apply::apply;
 
 use std::ffi::OsString;
@@ -35,7 +35,7 @@ use crate::input::{self, Links, ReadError};
 use crate::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::text::show_path;
 use crate::time::rfc3339;
-use crate::token::{Token, TokenError, Validity};
+use crate::token::{Token, TokenError, Untimely};
 
 /// Mode of the installed token (NVIDIA's guidance: gridd need not own it).
 pub const TOKEN_MODE: u32 = 0o744;
@@ -273,9 +273,9 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenRejected {
     Invalid(TokenError),
-    Expired(DateTime<Utc>),
-    NotYetValid {
-        not_before: DateTime<Utc>,
+    /// Not valid at `now`, the moment install judged it at.
+    Untimely {
+        why: Untimely,
         now: DateTime<Utc>,
     },
     /// `paths.token_source` gives no token (gone, empty, unreadable): the whole message.
@@ -286,12 +286,18 @@ impl std::fmt::Display for TokenRejected {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TokenRejected::Invalid(e) => write!(f, "{e}"),
-            TokenRejected::Expired(exp) => write!(
+            TokenRejected::Untimely {
+                why: Untimely::Expired(exp),
+                ..
+            } => write!(
                 f,
                 "the token expired at {}; generate a new client configuration token on the DLS (install --force installs it anyway)",
                 rfc3339(*exp)
             ),
-            TokenRejected::NotYetValid { not_before, now } => write!(
+            TokenRejected::Untimely {
+                why: Untimely::NotYetValid(not_before),
+                now,
+            } => write!(
                 f,
                 "the token is not valid before {} and this guest's clock says {}; fix the clock (chrony/NTP, timezone) or wait (install --force installs it anyway)",
                 rfc3339(*not_before),
@@ -313,12 +319,8 @@ pub fn validate(
 ) -> Result<(Token, Option<String>), TokenRejected> {
     let token = Token::decode(bytes).map_err(TokenRejected::Invalid)?;
     let rejected = match token.validity(now) {
-        Validity::Valid => return Ok((token, None)),
-        Validity::Expired(exp) => TokenRejected::Expired(exp),
-        Validity::NotYetValid(nbf) => TokenRejected::NotYetValid {
-            not_before: nbf,
-            now,
-        },
+        Ok(()) => return Ok((token, None)),
+        Err(why) => TokenRejected::Untimely { why, now },
     };
     if force {
         Ok((token, Some(format!("--force: {rejected}"))))
@@ -664,7 +666,21 @@ fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
     })
 }
 
-fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
+/// Why the shared core installed nothing.
+#[derive(Debug)]
+enum CoreError {
+    /// `in_place`: another install replaced the token between the read and the lock.
+    Superseded,
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for CoreError {
+    fn from(e: anyhow::Error) -> Self {
+        CoreError::Failed(e)
+    }
+}
+
+fn run_core(core: Core<'_>, settings: &Settings) -> Result<Outcome, CoreError> {
     let Core {
         bytes,
         feature_type,
@@ -692,7 +708,7 @@ fn run_core(core: Core<'_>, settings: &Settings) -> anyhow::Result<Outcome> {
     if in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(bytes) {
         // Another install replaced (or removed) the token between the read and the lock:
         // writing the bytes read before would put the old token back over the new one.
-        return Err(Superseded.into());
+        return Err(CoreError::Superseded);
     }
 
     // gridd.conf: FeatureType, and nothing else.
@@ -960,6 +976,11 @@ pub fn install_at(
         },
         settings,
     )
+    .map_err(|e| match e {
+        CoreError::Failed(e) => e,
+        // Not in place: an install writes its own bytes over whatever is there.
+        CoreError::Superseded => anyhow!("the token was replaced during the install"),
+    })
 }
 
 pub fn check_feature_type(ft: u8) -> anyhow::Result<()> {

@@ -22,11 +22,9 @@ use crate::policy;
 use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
 use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
-use crate::state::{LogFold, evaluate};
+use crate::state::{LogFold, MAX_EVENTS, evaluate};
 use crate::token::Token;
 
-/// Events kept in the live report.
-pub const MAX_EVENTS: usize = 200;
 /// status.json is rewritten at least this often: its age tells `status` the service lives.
 pub const HEARTBEAT: Duration = Duration::from_secs(30);
 /// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
@@ -89,17 +87,7 @@ pub enum Event {
     CloneDetected(Box<crate::identity::CloneDetected>),
 }
 
-/// Why a dropped token was not adopted.
-#[derive(Debug)]
-pub enum AdoptError {
-    NoToken,
-    /// An install replaced the token while it was being adopted: adopt what is there now.
-    Superseded,
-    Rejected(String),
-    /// The token source holds a token the agent refused: the whole line.
-    SourceRejected(String),
-    Other(String),
-}
+pub use crate::install::AdoptError;
 
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,7 +129,7 @@ pub struct Publication {
 #[derive(Debug, Default)]
 struct InFlight {
     smi: bool,
-    unit: bool,
+    unit: UnitQuestion,
     adopt: bool,
     restart: bool,
     probe: bool,
@@ -149,21 +137,153 @@ struct InFlight {
     token: bool,
     /// It changed again while it was being read: read it once more when the answer comes.
     token_again: bool,
-    /// gridd started or stopped while systemd was being asked: the answer on its way may
-    /// predate that, so ask once more when it comes.
-    unit_again: bool,
-    /// gridd started, or the agent's own restart of it ended, while systemd was being asked:
-    /// a "not running" answer to that question may predate the start (or be the agent's own
-    /// doing, between its stop and its start), so it is asked again rather than believed.
-    unit_crossed: bool,
-    /// A "not running" answer was set aside: ask again once the agent's own work is over.
-    unit_after_own: bool,
+}
+
+/// Asking systemd whether gridd's unit runs, one question at a time, each with its number.
+/// One rule says which answers count: "not running" is believed only if its question was
+/// asked after gridd's last start and after the end of the agent's own last restart of it,
+/// and no restart or adoption of the agent's own runs as it comes. Otherwise it may predate
+/// the start, or be the agent's own doing between its stop and its start: it is set aside
+/// and the question asked again once that work is over.
+#[derive(Debug, Default)]
+struct UnitQuestion {
+    /// The newest question's number (0: none asked yet).
+    asked: u64,
+    /// The newest question is on its way.
+    in_flight: bool,
+    /// The number of the first question asked after gridd's last start or the end of the
+    /// agent's own last restart: answers to older ones may predate it.
+    fresh_from: u64,
+    /// A question wanted while one was on its way: asked when that one is answered.
+    wanted: u64,
+    /// A question wanted once the agent's own work is over.
+    wanted_after_own: u64,
+}
+
+impl UnitQuestion {
+    /// A question is wanted: whether to send one now (none on its way); else it is asked
+    /// once the one on its way is answered.
+    fn ask(&mut self) -> bool {
+        if self.in_flight {
+            self.wanted = self.asked + 1;
+            false
+        } else {
+            self.asked += 1;
+            self.in_flight = true;
+            true
+        }
+    }
+
+    /// gridd started, or the agent's own restart of it ended: from now on.
+    fn gridd_moved(&mut self) {
+        self.fresh_from = self.asked + 1;
+    }
+
+    /// Ask again once the agent's own work is over.
+    fn after_own_work(&mut self) {
+        self.wanted_after_own = self.asked + 1;
+    }
+
+    /// Whether a question is owed now, with the agent's own work running or not.
+    fn owed(&self, own_work: bool) -> bool {
+        !own_work && self.wanted_after_own > self.asked
+    }
+
+    /// The answer to the question on its way: whether it is believed, and whether to ask
+    /// again now.
+    fn answered(&mut self, not_running: bool, own_work: bool) -> (bool, bool) {
+        self.in_flight = false;
+        let believed = !not_running || (!own_work && self.asked >= self.fresh_from);
+        if !believed {
+            self.after_own_work();
+        }
+        (believed, self.wanted > self.asked || self.owed(own_work))
+    }
 }
 
 impl InFlight {
     /// The agent is restarting gridd, or adopting a token (which may restart it).
     fn own_work(&self) -> bool {
         self.restart || self.adopt
+    }
+}
+
+/// When each periodic or owed piece of work is next due (monotonic times).
+#[derive(Debug)]
+struct Schedule {
+    /// nvidia-smi's next reading.
+    smi: Duration,
+    /// `smi` was brought forward by an event (not the periodic reading).
+    smi_for_event: bool,
+    /// systemd is asked about gridd's unit next (while no license is held).
+    unit: Duration,
+    /// The same vague failure may be probed again.
+    probe: Duration,
+    /// The token directory is looked at again, in case a change escaped the watcher.
+    adopt: Duration,
+    /// A look at the token directory owed for changes seen during the last one: when.
+    token_read: Option<Duration>,
+}
+
+impl Schedule {
+    /// nvidia-smi read by `at` at the latest, because something happened: brought forward,
+    /// never put back.
+    fn smi_soon(&mut self, at: Duration) {
+        if at < self.smi {
+            self.smi = at;
+            self.smi_for_event = true;
+        }
+    }
+}
+
+/// The reports made, and what status.json and the metrics last got.
+#[derive(Debug)]
+struct Published {
+    /// The latest report.
+    report: Option<Report>,
+    /// The metrics last written.
+    metrics: String,
+    /// When status.json was last written.
+    written: Duration,
+    /// When the latest report was made.
+    made: Option<Duration>,
+    /// Something happened since the latest report.
+    dirty: bool,
+    /// systemd was told the service is ready (after the first report).
+    ready: bool,
+}
+
+impl Published {
+    /// status.json is rewritten at least every `heartbeat`: its age tells that the service lives.
+    fn heartbeat_due(&self, now: Duration, heartbeat: Duration) -> bool {
+        now >= self.written + heartbeat
+    }
+
+    /// A report is made at most every [`MIN_REPORT_GAP`].
+    fn gap_over(&self, now: Duration) -> bool {
+        self.made.is_none_or(|t| now >= t + MIN_REPORT_GAP)
+    }
+
+    /// A report made at `now`: whether status.json and the metrics are written (the report
+    /// changed, its metrics did, or the heartbeat is due); else only the copy in memory moves.
+    fn made_at(
+        &mut self,
+        now: Duration,
+        heartbeat: Duration,
+        report: &Report,
+        metrics: &str,
+    ) -> bool {
+        let changed = self
+            .report
+            .as_ref()
+            .is_none_or(|old| !same_report(old, report));
+        let write = changed || self.heartbeat_due(now, heartbeat) || self.metrics != metrics;
+        if write {
+            self.written = now;
+            self.metrics = metrics.to_string();
+        }
+        self.report = Some(report.clone());
+        write
     }
 }
 
@@ -189,23 +309,14 @@ pub struct Core {
     probed: Option<Finding>,
     counters: Counters,
     remedy: Remedy,
-    report: Option<Report>,
-    metrics: String,
     failure_key: Option<Finding>,
     own_since: Option<(Finding, DateTime<Utc>)>,
     busy: InFlight,
-    next_smi: Duration,
-    /// `next_smi` was brought forward by an event (not the periodic reading).
-    smi_due_to_event: bool,
-    next_unit: Duration,
-    next_probe: Duration,
-    next_adopt: Duration,
+    schedule: Schedule,
     adopt_again: bool,
     /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
     /// heartbeat's rewrites of status.json do not move.
     observed_at: Option<DateTime<Utc>>,
-    /// A look at the token directory owed for changes seen during the last one: when.
-    token_read_at: Option<Duration>,
     /// The token source holds a token the agent refused: why.
     source_rejected: Option<String>,
     /// The token source was read at least once (before, a missing token is not counted:
@@ -214,12 +325,7 @@ pub struct Core {
     /// The last adoption failed at this time: the directory's changes (many of them the
     /// adoption's own undo) do not start another one before [`ADOPT_AFTER_FAILURE`].
     adopt_failed: Option<Duration>,
-    /// When status.json was last written.
-    written: Duration,
-    last_report: Option<Duration>,
-    /// Something happened since the last report.
-    dirty: bool,
-    ready: bool,
+    published: Published,
 }
 
 impl Core {
@@ -244,26 +350,30 @@ impl Core {
             clone: None,
             probed: None,
             counters: Counters::default(),
-            report: None,
-            metrics: String::new(),
             failure_key: None,
             own_since: None,
             busy: InFlight::default(),
-            next_smi: now.mono,
-            smi_due_to_event: false,
-            next_unit: now.mono,
-            next_probe: now.mono,
-            next_adopt: now.mono + first_token_look,
+            schedule: Schedule {
+                smi: now.mono,
+                smi_for_event: false,
+                unit: now.mono,
+                probe: now.mono,
+                adopt: now.mono + first_token_look,
+                token_read: None,
+            },
             adopt_again: false,
             adopt_failed: None,
             source_rejected: None,
             source_read: false,
+            published: Published {
+                report: None,
+                metrics: String::new(),
+                written: now.mono,
+                made: None,
+                dirty: false,
+                ready: false,
+            },
             observed_at: None,
-            token_read_at: None,
-            written: now.mono,
-            last_report: None,
-            dirty: false,
-            ready: false,
         }
     }
 
@@ -282,7 +392,7 @@ impl Core {
     }
 
     pub fn report(&self) -> Option<&Report> {
-        self.report.as_ref()
+        self.published.report.as_ref()
     }
 
     pub fn counters(&self) -> &Counters {
@@ -293,7 +403,7 @@ impl Core {
     /// the shell calls after each batch of events.
     pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
-        self.dirty = true;
+        self.published.dirty = true;
         match event {
             Event::JournalRestarted => self.fold = LogFold::new(MAX_EVENTS),
             Event::Gridd(e) => {
@@ -304,11 +414,12 @@ impl Core {
                 }
                 self.fold.push(*e);
                 // Read nvidia-smi right after gridd says something (coalesced).
-                self.smi_soon(now.mono + Duration::from_millis(300));
+                self.schedule
+                    .smi_soon(now.mono + Duration::from_millis(300));
                 // A start or stop changes the unit's state; and a line from gridd while
                 // systemd was last heard saying it is not running means that answer is old.
-                if kind == EventKind::Started && self.busy.unit {
-                    self.busy.unit_crossed = true;
+                if kind == EventKind::Started {
+                    self.busy.unit.gridd_moved();
                 }
                 if matches!(kind, EventKind::Started | EventKind::Shutdown)
                     || matches!(self.unit, Some(Err(_)))
@@ -339,21 +450,18 @@ impl Core {
                         self.smi_error = Some(read);
                     }
                 }
-                self.next_smi = now.mono + self.smi_interval(now);
+                self.schedule.smi = now.mono + self.smi_interval(now);
             }
             Event::Unit(u) => {
-                self.busy.unit = false;
-                let own_doing = self.busy.own_work() || std::mem::take(&mut self.busy.unit_crossed);
-                if matches!(u, Some(Err(_))) && own_doing {
-                    // Set aside, not believed: asked again once the agent's own restart is
-                    // over (at once if it is over already).
-                    self.busy.unit_after_own = true;
-                } else {
+                let own_work = self.busy.own_work();
+                let not_running = matches!(u, Some(Err(_)));
+                let (believed, again) = self.busy.unit.answered(not_running, own_work);
+                // One set aside is asked again once the agent's own restart is over (at once
+                // if it is over already).
+                if believed {
                     self.unit = u;
                 }
-                if std::mem::take(&mut self.busy.unit_again)
-                    || (self.busy.unit_after_own && !self.busy.own_work())
-                {
+                if again {
                     self.check_unit(&mut fx);
                 }
             }
@@ -362,14 +470,14 @@ impl Core {
                 if std::mem::take(&mut self.busy.token_again) {
                     // Changed again meanwhile: looked at again after a short gap, so that a
                     // burst of changes is a few looks, not one after another for its length.
-                    self.token_read_at = Some(now.mono + TOKEN_READ_GAP);
+                    self.schedule.token_read = Some(now.mono + TOKEN_READ_GAP);
                 }
                 if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
                     // A new token is news: a vague failure is probed again at once, and what
                     // the last probe found was about the old token's DLS.
                     self.probed = None;
                     self.probe_failure = None;
-                    self.dirty = true;
+                    self.published.dirty = true;
                 }
                 self.token = Some(t);
             }
@@ -395,7 +503,7 @@ impl Core {
                     _ => None,
                 };
                 if rejected != self.source_rejected {
-                    self.dirty = true;
+                    self.published.dirty = true;
                 }
                 self.source_rejected = rejected;
                 self.source_read = true;
@@ -414,7 +522,7 @@ impl Core {
             Event::Restarted(result) => {
                 self.busy.restart = false;
                 // Whether gridd runs now is asked once the agent's own work is over.
-                self.busy.unit_after_own = true;
+                self.busy.unit.after_own_work();
                 self.own_work_ended(true, &mut fx);
                 match result {
                     Ok(()) => {
@@ -431,7 +539,7 @@ impl Core {
                 }
                 // A restarted gridd's failure is news: probe it at once.
                 self.probed = None;
-                self.smi_soon(now.mono + Duration::from_secs(1));
+                self.schedule.smi_soon(now.mono + Duration::from_secs(1));
             }
             Event::Probed { verdict, skew } => {
                 self.busy.probe = false;
@@ -465,16 +573,16 @@ impl Core {
     /// What is due at `now`: periodic reads, the report, a restart or a probe.
     pub fn tick(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
-        if self.token_read_at.is_some_and(|t| now.mono >= t) {
+        if self.schedule.token_read.is_some_and(|t| now.mono >= t) {
             // The directory changed during the last look: look again, and adopt what is there
             // (the shell sends no new event for changes it knows a read is owed for).
-            self.token_read_at = None;
+            self.schedule.token_read = None;
             self.read_token(&mut fx);
             self.dir_changed(now, &mut fx);
         }
         // In case a change escaped the watcher (or there is none): look at the token again.
-        if now.mono >= self.next_adopt {
-            self.next_adopt = now.mono
+        if now.mono >= self.schedule.adopt {
+            self.schedule.adopt = now.mono
                 + if self.watching {
                     ADOPT_WATCHED
                 } else {
@@ -484,34 +592,33 @@ impl Core {
             self.adopt(now, &mut fx);
         }
         let licensed = self
+            .published
             .report
             .as_ref()
             .is_some_and(|r| r.state == State::Licensed);
         // The report is remade while something may change with time alone (grace, backoff,
         // expiry), and at least as often as the heartbeat.
-        if !licensed || now.mono >= self.written + self.heartbeat {
-            self.dirty = true;
+        if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
+            self.published.dirty = true;
         }
-        if now.mono >= self.next_smi {
+        if now.mono >= self.schedule.smi {
             self.read_smi(now, &mut fx);
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
         // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
-        if now.mono >= self.next_unit
-            && self.report.as_ref().is_some_and(|r| {
+        if now.mono >= self.schedule.unit
+            && self.published.report.as_ref().is_some_and(|r| {
                 !matches!(
                     r.state,
                     State::Licensed | State::NotLicensable | State::NoGpu | State::NoDriver
                 )
             })
         {
-            self.next_unit = now.mono + UNIT_CHECK;
+            self.schedule.unit = now.mono + UNIT_CHECK;
             self.check_unit(&mut fx);
         }
         let readable = self.readable();
-        let gap_over = self
-            .last_report
-            .is_none_or(|t| now.mono >= t + MIN_REPORT_GAP);
+        let gap_over = self.published.gap_over(now.mono);
         // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
         // looked at the token leaves the report to their answers: one report, not a
         // heartbeat's and then (held back by the gap, a second wakeup) the answers'.
@@ -521,12 +628,12 @@ impl Core {
                 Effect::ReadSmi | Effect::ReadToken | Effect::Adopt { .. }
             )
         });
-        if self.dirty && readable && gap_over && !(asked && self.quiet()) {
-            self.dirty = false;
-            self.last_report = Some(now.mono);
+        if self.published.dirty && readable && gap_over && !(asked && self.quiet()) {
+            self.published.dirty = false;
+            self.published.made = Some(now.mono);
             self.publish(now, &mut fx);
-            if !self.ready {
-                self.ready = true;
+            if !self.published.ready {
+                self.published.ready = true;
                 fx.push(Effect::Ready);
                 self.adopt(now, &mut fx);
             }
@@ -541,14 +648,16 @@ impl Core {
     /// wakeups.
     pub fn next_wake(&self, now: Now) -> Duration {
         let wake = self.next_wake_but_token(now);
-        self.token_read_at
+        self.schedule
+            .token_read
             .map_or(wake, |t| wake.min(t.max(now.mono)))
     }
 
     fn next_wake_but_token(&self, now: Now) -> Duration {
-        if self.dirty && self.readable() {
+        if self.published.dirty && self.readable() {
             return self
-                .last_report
+                .published
+                .made
                 .map_or(now.mono, |t| t + MIN_REPORT_GAP)
                 .max(now.mono);
         }
@@ -557,17 +666,18 @@ impl Core {
         }
         // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
         // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
-        let mut at = self.written + self.heartbeat;
+        let mut at = self.published.written + self.heartbeat;
         // A reading something asked for (a gridd line, a restart) keeps its own time.
-        if self.smi_due_to_event || self.settings.service.poll_licensed < self.heartbeat {
-            at = at.min(self.next_smi);
+        if self.schedule.smi_for_event || self.settings.service.poll_licensed < self.heartbeat {
+            at = at.min(self.schedule.smi);
         }
         at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
     }
 
     /// A license held and no failure: nothing changes with time alone.
     fn quiet(&self) -> bool {
-        self.report
+        self.published
+            .report
             .as_ref()
             .is_some_and(|r| r.state == State::Licensed && r.failure.is_none())
     }
@@ -577,21 +687,13 @@ impl Core {
         (self.smi.is_some() || self.smi_error.is_some()) && self.token.is_some()
     }
 
-    /// nvidia-smi read by `at` at the latest, because something happened.
-    fn smi_soon(&mut self, at: Duration) {
-        if at < self.next_smi {
-            self.next_smi = at;
-            self.smi_due_to_event = true;
-        }
-    }
-
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
         if std::mem::replace(&mut self.busy.smi, true) {
             return;
         }
         // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
-        self.next_smi = now.mono + Duration::from_secs(3600);
-        self.smi_due_to_event = false;
+        self.schedule.smi = now.mono + Duration::from_secs(3600);
+        self.schedule.smi_for_event = false;
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
@@ -599,11 +701,7 @@ impl Core {
     }
 
     fn check_unit(&mut self, fx: &mut Vec<Effect>) {
-        if std::mem::replace(&mut self.busy.unit, true) {
-            self.busy.unit_again = true;
-        } else {
-            self.busy.unit_crossed = false;
-            self.busy.unit_after_own = false;
+        if self.busy.unit.ask() {
             fx.push(Effect::CheckUnit);
         }
     }
@@ -611,10 +709,10 @@ impl Core {
     /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
     /// the attempt made): a "not running" answer set aside while it ran is checked again.
     fn own_work_ended(&mut self, restarted: bool, fx: &mut Vec<Effect>) {
-        if restarted && self.busy.unit {
-            self.busy.unit_crossed = true;
+        if restarted {
+            self.busy.unit.gridd_moved();
         }
-        if self.busy.unit_after_own && !self.busy.own_work() {
+        if self.busy.unit.owed(self.busy.own_work()) {
             self.check_unit(fx);
         }
     }
@@ -623,7 +721,7 @@ impl Core {
     /// minute in the last hour of a lease.
     fn smi_interval(&self, now: Now) -> Duration {
         let svc = &self.settings.service;
-        match &self.report {
+        match &self.published.report {
             Some(r) if r.state == State::Licensed => {
                 let near_expiry = r
                     .license
@@ -646,7 +744,7 @@ impl Core {
     fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
         match self.adopt_failed {
             Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
-                self.next_adopt = self.next_adopt.min(t + ADOPT_AFTER_FAILURE);
+                self.schedule.adopt = self.schedule.adopt.min(t + ADOPT_AFTER_FAILURE);
             }
             _ => self.adopt(now, fx),
         }
@@ -667,7 +765,9 @@ impl Core {
     fn adopt(&mut self, now: Now, fx: &mut Vec<Effect>) {
         // Whether gridd already holds a license decides whether a token in place needs a
         // restart: wait for the first report (it adopts at once).
-        let Some(report) = &self.report else { return };
+        let Some(report) = &self.published.report else {
+            return;
+        };
         let licensed = report.state == State::Licensed;
         if std::mem::replace(&mut self.busy.adopt, true) {
             self.adopt_again = true;
@@ -705,15 +805,15 @@ impl Core {
                             message_id = message_ids::GRIDD_RESTARTED,
                             "restarted nvidia-gridd for the token"
                         );
-                        self.smi_soon(now.mono + Duration::from_secs(1));
+                        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
                         // Asked once the adoption is over.
-                        self.busy.unit_after_own = true;
+                        self.busy.unit.after_own_work();
                     }
                     Restart::Deferred => {
                         // Owed: adopted again (and gridd restarted) once the budget allows.
                         let at = self.remedy.next_allowed(&self.settings.service, secs(now));
                         let wait = Duration::from_secs_f64((at - secs(now)).max(1.0));
-                        self.next_adopt = self.next_adopt.min(now.mono + wait);
+                        self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
                         info!(
                             "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
                             wait.as_secs_f64()
@@ -731,14 +831,17 @@ impl Core {
                     _ => {}
                 }
             }
-            Err(AdoptError::NoToken) => {}
+            Err(AdoptError::NoToken(_)) => {}
             Err(AdoptError::Superseded) => {
                 info!("the token was replaced while being adopted: adopting the new one");
                 self.adopt_again = true;
             }
             // cloud-init may still be writing it: the next change or tick tries again.
             Err(AdoptError::Rejected(why)) => {
-                warn!("token not adopted: {}", crate::text::escape(&why))
+                warn!(
+                    "token not adopted: {}",
+                    crate::text::escape(&why.to_string())
+                )
             }
             Err(AdoptError::Other(why)) => {
                 error!("token not adopted: {}", crate::text::escape(&why))
@@ -761,15 +864,13 @@ impl Core {
             .map(|t| live::token_at(t, now.wall))
             .and_then(Result::err)
             .map(|p| p.reason());
-        let explained = self
-            .fold
-            .failure_reason()
-            .is_some_and(policy::explains_exit);
         let unit = match &self.unit {
-            Some(Err(_)) if !explained => Some(Reason::GriddNotRunning),
+            Some(Err(_)) => Some(Reason::GriddNotRunning),
             _ => None,
         };
-        token.or(unit).or_else(|| self.fold.failure_reason())
+        let log = self.fold.failure_reason();
+        let own = policy::own_failure(token, unit, log);
+        policy::most_telling(own, None, log.map(|r| (r, r)))
     }
 
     /// Makes the report and says where it goes.
@@ -871,26 +972,18 @@ impl Core {
         if !premature {
             self.failure_key = key;
         }
-        let previous = self.report.as_ref().map(|r| r.state);
+        let previous = self.published.report.as_ref().map(|r| r.state);
         if previous != Some(report.state) {
             log_state_change(&report, previous);
         }
-        let changed = self
-            .report
-            .as_ref()
-            .is_none_or(|old| !same_report(old, &report));
         let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
         json.push(b'\n');
         self.counters.driver_version = self.smi.as_ref().and_then(|s| s.driver_version.clone());
         let metrics_text = metrics::render(&report, &self.counters);
-        let stale = now.mono >= self.written + self.heartbeat;
-        let write = changed || stale || self.metrics != metrics_text;
-        if write {
-            self.written = now.mono;
-            self.metrics.clone_from(&metrics_text);
-        }
+        let write = self
+            .published
+            .made_at(now.mono, self.heartbeat, &report, &metrics_text);
         let webhook = previous.is_some() && previous != Some(report.state);
-        self.report = Some(report.clone());
         fx.push(Effect::Publish(Box::new(Publication {
             report,
             json,
@@ -903,7 +996,9 @@ impl Core {
     /// Remedy: restart gridd when that can help, probe the DLS when a failure says nothing
     /// specific (or to measure a clock skew gridd named).
     fn remedy_step(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let Some(report) = &self.report else { return };
+        let Some(report) = &self.published.report else {
+            return;
+        };
         let state = report.state;
         let reason = report.failure.as_ref().map(|f| f.reason);
         if state == State::Licensed {
@@ -925,10 +1020,10 @@ impl Core {
                 self.fold.failure_message().unwrap_or_default().to_string(),
             );
             let news = self.probed.as_ref() != Some(&key);
-            if worth_it && !self.busy.probe && (news || now.mono >= self.next_probe) {
+            if worth_it && !self.busy.probe && (news || now.mono >= self.schedule.probe) {
                 self.busy.probe = true;
                 self.probed = Some(key);
-                self.next_probe = now.mono + self.settings.service.poll_unlicensed.max(repeat);
+                self.schedule.probe = now.mono + self.settings.service.poll_unlicensed.max(repeat);
                 let nodes = report.dls.clone().unwrap_or_default();
                 fx.push(Effect::Probe(nodes));
             }
@@ -1001,7 +1096,7 @@ impl Core {
             .metrics_listen
             .clone_from(&self.settings.service.metrics_listen);
         self.settings = s;
-        self.smi_soon(now.mono);
+        self.schedule.smi_soon(now.mono);
     }
 }
 
@@ -1136,4 +1231,111 @@ pub fn status_line(r: &Report) -> String {
         line.push_str(&format!("; {}: {}", f.reason.as_str(), f.message));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn an_event_brings_nvidia_smis_reading_forward_never_back() {
+        let mut due = Schedule {
+            smi: secs(60),
+            smi_for_event: false,
+            unit: secs(0),
+            probe: secs(0),
+            adopt: secs(0),
+            token_read: None,
+        };
+        due.smi_soon(secs(90));
+        assert_eq!((due.smi, due.smi_for_event), (secs(60), false));
+        due.smi_soon(secs(5));
+        assert_eq!((due.smi, due.smi_for_event), (secs(5), true));
+    }
+
+    #[test]
+    fn status_json_is_written_on_news_or_the_heartbeat_and_reports_keep_their_gap() {
+        let heartbeat = secs(30);
+        let mut p = Published {
+            report: None,
+            metrics: String::new(),
+            written: secs(0),
+            made: None,
+            dirty: false,
+            ready: false,
+        };
+        let r = evaluate(crate::state::Observations::default());
+        assert!(p.made_at(secs(1), heartbeat, &r, "m"), "the first");
+        assert!(!p.made_at(secs(2), heartbeat, &r, "m"), "nothing new");
+        assert!(p.made_at(secs(3), heartbeat, &r, "m2"), "new metrics");
+        let mut other = r.clone();
+        other.state = if r.state == State::Licensed {
+            State::Unlicensed
+        } else {
+            State::Licensed
+        };
+        assert!(p.made_at(secs(4), heartbeat, &other, "m2"), "a new state");
+        assert!(!p.made_at(secs(33), heartbeat, &other, "m2"));
+        assert!(
+            p.made_at(secs(34), heartbeat, &other, "m2"),
+            "the heartbeat"
+        );
+        assert_eq!(p.report.as_ref().map(|r| r.state), Some(other.state));
+        assert!(p.gap_over(secs(0)), "none made yet");
+        p.made = Some(secs(10));
+        assert!(!p.gap_over(secs(10) + MIN_REPORT_GAP / 2));
+        assert!(p.gap_over(secs(10) + MIN_REPORT_GAP));
+    }
+
+    #[test]
+    fn one_unit_question_at_a_time_and_one_more_if_wanted_meanwhile() {
+        let mut q = UnitQuestion::default();
+        assert!(q.ask());
+        assert!(!q.ask(), "one is on its way");
+        assert_eq!(q.answered(false, false), (true, true), "the wanted one now");
+        assert!(q.ask());
+        assert_eq!(q.answered(true, false), (true, false));
+    }
+
+    #[test]
+    fn not_running_from_before_gridd_started_is_asked_again_not_believed() {
+        let mut q = UnitQuestion::default();
+        assert!(q.ask());
+        q.gridd_moved();
+        assert_eq!(q.answered(true, false), (false, true));
+        assert!(q.ask());
+        assert_eq!(
+            q.answered(true, false),
+            (true, false),
+            "asked after the start"
+        );
+        // A start while none is on its way: the next question is after it.
+        q.gridd_moved();
+        assert!(q.ask());
+        assert_eq!(q.answered(true, false), (true, false));
+        // "Running" is believed whenever it was asked.
+        assert!(q.ask());
+        q.gridd_moved();
+        assert_eq!(q.answered(false, false), (true, false));
+    }
+
+    #[test]
+    fn not_running_during_the_agents_own_work_waits_for_its_end() {
+        let mut q = UnitQuestion::default();
+        assert!(q.ask());
+        assert_eq!(q.answered(true, true), (false, false), "not while it runs");
+        assert!(q.owed(false) && !q.owed(true));
+        assert!(q.ask());
+        assert!(!q.owed(false), "asked since");
+        assert_eq!(q.answered(true, false), (true, false));
+        // Owed at the end of a restart with a question on its way: asked on its answer.
+        assert!(q.ask());
+        q.after_own_work();
+        q.gridd_moved();
+        assert_eq!(q.answered(false, false), (true, true));
+    }
 }

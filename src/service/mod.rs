@@ -23,13 +23,13 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
-use crate::install::{self, NoToken, SourceRejected, Superseded, TokenRejected};
+use crate::install;
 use crate::live;
 use crate::observe::journal::LineParser;
 use crate::report::Finding;
 
 pub use self::core::status_line;
-use self::core::{AdoptError, Core, Effect, Event, HEARTBEAT, Now, Publication};
+use self::core::{Core, Effect, Event, HEARTBEAT, Now, Publication};
 
 /// Runs the service until SIGTERM or SIGINT; logs to standard error with `log_stderr`.
 pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::Result<ExitCode> {
@@ -128,23 +128,7 @@ impl Shell {
                     licensed,
                     retry_owed,
                 } => blocking(tx, move || {
-                    Event::Adopted(
-                        install::adopt(&settings, licensed, retry_owed)
-                            .map(Box::new)
-                            .map_err(|e| {
-                                if e.downcast_ref::<NoToken>().is_some() {
-                                    AdoptError::NoToken
-                                } else if e.downcast_ref::<Superseded>().is_some() {
-                                    AdoptError::Superseded
-                                } else if let Some(r) = e.downcast_ref::<SourceRejected>() {
-                                    AdoptError::SourceRejected(r.0.clone())
-                                } else if let Some(r) = e.downcast_ref::<TokenRejected>() {
-                                    AdoptError::Rejected(r.to_string())
-                                } else {
-                                    AdoptError::Other(format!("{e:#}"))
-                                }
-                            }),
-                    )
+                    Event::Adopted(install::adopt(&settings, licensed, retry_owed).map(Box::new))
                 }),
                 Effect::RestartGridd { .. } => blocking(tx, move || {
                     Event::Restarted(crate::live::restart_gridd(&settings))
