@@ -4,16 +4,31 @@
 use crate::command;
 use crate::config::Settings;
 
+/// How long a `deactivating` unit is asked again before it counts as not running.
+const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether nvidia-gridd's unit runs: `Ok(())`, or the one-line reason it does not. `None`
 /// when systemctl cannot answer (no systemd here).
+///
+/// A unit that is `deactivating` is asked again for a few seconds: in a restart (an
+/// operator's `systemctl restart`) it passes on to `activating`, and only a stop ends in
+/// `inactive`. Taken for "not running" at once, a restart by hand would be followed by the
+/// agent's own.
 pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
     let argv = vec![
         settings.commands.systemctl.clone(),
         "is-active".into(),
         settings.gridd.unit.clone(),
     ];
-    let out = command::run(&argv, settings.commands.timeout).ok()?;
-    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let deadline = std::time::Instant::now() + DEACTIVATING_WAIT;
+    let state = loop {
+        let out = command::run(&argv, settings.commands.timeout).ok()?;
+        let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if state != "deactivating" || std::time::Instant::now() >= deadline {
+            break state;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    };
     match state.as_str() {
         "active" | "reloading" | "activating" => Some(Ok(())),
         "inactive" | "failed" | "deactivating" => {

@@ -29,6 +29,21 @@ pub const CONFIG_FILE: &str = "sim.json";
 pub const STATE_FILE: &str = "state.json";
 pub const PID_FILE: &str = "gridd.pid";
 pub const RESTARTS_FILE: &str = "restarts";
+/// While a restart runs: the phase systemd's unit is in ("deactivating", then "activating").
+pub const RESTARTING_FILE: &str = "gridd.restarting";
+
+/// The unit's ActiveState as systemd gives it: a restart passes through `deactivating`
+/// (the old process stopping) and `activating` (the new one starting); otherwise the unit
+/// is `active` while gridd runs.
+pub fn unit_state(dir: &Path) -> &'static str {
+    let phase = fs::read_to_string(dir.join(RESTARTING_FILE)).unwrap_or_default();
+    match (phase.trim(), running_gridd(dir)) {
+        ("deactivating", _) => "deactivating",
+        (_, Some(_)) => "active",
+        ("activating", None) => "activating",
+        _ => "inactive",
+    }
+}
 pub const GRIDD_LOG: &str = "gridd.log";
 pub const GRIDD_OUT: &str = "gridd.out";
 pub const GRIDD_BIN: &str = "sim-nvidia-gridd";
@@ -490,9 +505,14 @@ pub fn count_restart(dir: &Path, old: Option<i32>) -> io::Result<()> {
     )
 }
 
-/// Restarts the simulated gridd as `systemctl restart` would: stop, start, counted.
+/// Restarts the simulated gridd as `systemctl restart` would: stop, start, counted, the unit
+/// `deactivating`, then `activating` meanwhile (see [`unit_state`]).
 pub fn restart_gridd(dir: &Path) -> io::Result<i32> {
+    let phase = dir.join(RESTARTING_FILE);
+    write_atomic(&phase, b"deactivating\n")?;
     let old = stop_gridd(dir, Duration::from_secs(5));
-    count_restart(dir, old)?;
-    start_gridd(dir)
+    write_atomic(&phase, b"activating\n")?;
+    let started = count_restart(dir, old).and_then(|()| start_gridd(dir));
+    let _ = fs::remove_file(&phase);
+    started
 }

@@ -1,7 +1,8 @@
 //! A `systemctl` for the simulated machine, where no systemd runs: answers what the agent
 //! asks about `nvidia-gridd.service` from the simulated gridd's pid file.
 //!
-//!     sim-systemctl is-active UNIT      active / inactive (exit 3)
+//!     sim-systemctl is-active UNIT      active / inactive / deactivating, activating during a
+//!                                       restart (exit 3 unless active)
 //!     sim-systemctl show -P MainPID UNIT
 //!     sim-systemctl show -p ActiveState,MainPID UNIT
 //!     sim-systemctl restart|start|stop UNIT
@@ -25,10 +26,13 @@ fn main() {
     let verb = args.first().map(String::as_str).unwrap_or("");
     match verb {
         "is-active" => {
-            if running.is_some() {
-                println!("active");
+            let state = if is_gridd(&unit) {
+                shared::unit_state(&dir)
             } else {
-                println!("inactive");
+                "inactive"
+            };
+            println!("{state}");
+            if state != "active" {
                 std::process::exit(3);
             }
         }
@@ -42,8 +46,8 @@ fn main() {
             for p in props {
                 let v = match p.as_str() {
                     "MainPID" => running.unwrap_or(0).to_string(),
-                    "ActiveState" => if running.is_some() {
-                        "active"
+                    "ActiveState" => if is_gridd(&unit) {
+                        shared::unit_state(&dir)
                     } else {
                         "inactive"
                     }
