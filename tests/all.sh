@@ -21,8 +21,15 @@
 # not counted as passed. The exit status is non-zero if any part failed, or, with
 # VGPU_TESTS_NO_SKIP=1 in the environment (.ci/run sets it), if anything was skipped: the
 # parts and the tests read it too, and fail where they would have skipped.
+#
+#   bash tests/all.sh --install-only
+#
+# only installs the packages (as below) and exits: .ci/run does so while the style gates
+# compile.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+INSTALL_ONLY=0
+[ "${1:-}" = --install-only ] && INSTALL_ONLY=1
 export PATH="$HOME/.cargo/bin:$PATH"
 
 APT_PACKAGES=(cloud-init lintian prometheus shellcheck dpkg-dev man-db binutils
@@ -210,6 +217,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "!!!!!!!! not root: cannot install ${missing[*]}; the parts that need them will fail or skip !!!!!!!!" >&2
   fi
+fi
+if [ "$INSTALL_ONLY" = 1 ]; then
+  [ ${#failed[@]} -eq 0 ] || {
+    echo "FAILED: ${failed[*]}"
+    exit 1
+  }
+  echo "the packages the tests need are installed"
+  exit 0
 fi
 
 # ---- journald: the end-to-end tests read the real journal
