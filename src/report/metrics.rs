@@ -79,18 +79,11 @@ pub fn guest_labels(report: &Report, c: &Counters) -> Vec<(&'static str, String)
         .as_ref()
         .and_then(|l| l.edition.as_deref())
         .or_else(|| report.gpus.iter().find_map(|g| g.edition.as_deref()));
-    // The token names the service instance: NVIDIA's Cloud License Service or a DLS.
-    let licensing = report.dls.as_ref().filter(|n| !n.is_empty()).map(|nodes| {
-        if nodes.iter().any(|n| {
-            n.host
-                .to_ascii_lowercase()
-                .ends_with(".cls.licensing.nvidia.com")
-        }) {
-            "cls"
-        } else {
-            "dls"
-        }
-    });
+    // How the guest is licensed, as the report says (the one rule: state::licensing_mode).
+    let licensing = report
+        .licensing_mode
+        .filter(|m| *m != crate::report::LicensingMode::Unknown)
+        .map(crate::report::LicensingMode::as_str);
     let mut labels = vec![("agent_version", env!("CARGO_PKG_VERSION").to_string())];
     let known = [
         ("driver_version", c.driver_version.clone()),
@@ -273,7 +266,7 @@ pub fn render(report: &Report, c: &Counters) -> String {
         &mut o,
         GUEST_INFO,
         "gauge",
-        "Always 1; its labels say what only the guest knows: vGPU profile, driver version, edition, licensing (dls or cls).",
+        "Always 1; its labels say what only the guest knows: vGPU profile, driver version, edition, licensing (dls, cls, cloud_provider or legacy).",
     );
     let labels: Vec<String> = guest_labels(report, c)
         .iter()
@@ -492,6 +485,8 @@ mod tests {
             host: "api.cls.licensing.nvidia.com".into(),
             port: 443,
         }]);
+        // As state::evaluate says it for a token that names the CLS.
+        r.licensing_mode = Some(crate::report::LicensingMode::Cls);
         let c = Counters {
             driver_version: Some("5\"5\\0\n".into()),
             ..Counters::default()
@@ -511,6 +506,7 @@ mod tests {
             "{line}"
         );
         r.dls = None;
+        r.licensing_mode = Some(crate::report::LicensingMode::Unknown);
         let text = render(&r, &Counters::default());
         let line = text.lines().find(|l| l.starts_with(GUEST_INFO)).unwrap();
         assert_eq!(
