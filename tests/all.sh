@@ -117,8 +117,11 @@ cargo_tests() {
   : >"$VGPU_TESTS_SKIP_LOG"
   local out rc=0
   out=$(mktemp)
+  # The build yields the cores to the other lane's release build (nice): the packages and
+  # the boot test after them are the longer lane. The tests then run at the usual priority.
+  nice -n 10 cargo test --all-targets --no-run 2>&1 | tee "$out" || rc=1
   # Every test binary runs even when an earlier one failed: one red run shows every failure.
-  cargo test --all-targets --no-fail-fast 2>&1 | tee "$out" || rc=1
+  cargo test --all-targets --no-fail-fast 2>&1 | tee -a "$out" || rc=1
   # An #[ignore]d test is a skipped one: it counts as such.
   if grep -qE '; [1-9][0-9]* ignored;' "$out"; then
     echo "!!!!!!!! ignored tests (#[ignore]): !!!!!!!!"

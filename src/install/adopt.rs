@@ -50,7 +50,7 @@ pub(super) fn adopt_bytes(
 ) -> Result<Outcome, AdoptError> {
     let (token, _) = validate(bytes, Utc::now(), false).map_err(AdoptError::Rejected)?;
     Ok(run_core(
-        Core {
+        InstallRequest {
             bytes,
             feature_type: if settings.gridd.feature_type_configured {
                 FeatureType::Set(settings.gridd.feature_type)

@@ -560,9 +560,10 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
     })
 }
 
-/// The core shared by `install` and the service's adopt: plan, then (unless a dry run) apply
-/// and restart.
-struct Core<'a> {
+/// What `install` and the service's adoption ask of their shared core ([`run_core`]): plan,
+/// then (unless a dry run) apply and restart. (The service's own core is
+/// `service::core::Core`.)
+struct InstallRequest<'a> {
     bytes: &'a [u8],
     feature_type: FeatureType,
     dry_run: bool,
@@ -680,8 +681,8 @@ impl From<anyhow::Error> for CoreError {
     }
 }
 
-fn run_core(core: Core<'_>, settings: &Settings) -> Result<Outcome, CoreError> {
-    let Core {
+fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, CoreError> {
+    let InstallRequest {
         bytes,
         feature_type,
         dry_run,
@@ -959,7 +960,7 @@ pub fn install_at(
     check_feature_type(req.feature_type)?;
     let (token, warning) = validate(&req.token, now, req.force)?;
     run_core(
-        Core {
+        InstallRequest {
             bytes: &req.token,
             feature_type: FeatureType::Set(req.feature_type),
             dry_run: req.dry_run,
