@@ -1693,25 +1693,17 @@ if [ "$FILL_CACHE" = 1 ]; then
 	exit
 fi
 
-# The guests of this run, longest first (about: their seconds on 2 cores, alone).
+# The guests of this run: the releases, then the cloud-init guests where their release is one.
 guest_names() {
-	local n f
-	for n in kubevirt-token-source bookworm bullseye runcmd write-files; do
-		for f in "${CI_USER_DATA[@]}"; do
-			if [ "$(ci_kind "$f")" = "$n" ] && [[ " ${SUITES[*]} " == *" $CLOUD_INIT_SUITE "* ]]; then
-				echo "$n"
-			fi
-		done
-		[[ " ${SUITES[*]} " == *" $n "* ]] && echo "$n"
-	done
-	for n in "${SUITES[@]}"; do
-		case $n in bookworm | bullseye) ;; *) echo "$n" ;; esac
-	done
+	local f
+	printf '%s\n' "${SUITES[@]}"
+	[[ " ${SUITES[*]} " == *" $CLOUD_INIT_SUITE "* ]] || return 0
+	for f in "${CI_USER_DATA[@]}"; do ci_kind "$f"; done
 }
 
-# run_jobs N: the guests in N runs of this script at once (each the next guest, longest
-# first, to the run with the least so far), each with a DLS port of its own; each run's
-# output shown whole as it ends. Exits with the worst status of the runs.
+# run_jobs N: the guests in N runs of this script at once (each guest to the run with the
+# least so far, by its rough length), each with a DLS port of its own; each run's output
+# shown whole as it ends. Exits with the worst status of the runs.
 run_jobs() {
 	local jobs=$1 i n pid rc worst=0 names=() load=() groups=() pids=() est least
 	mapfile -t names < <(guest_names)

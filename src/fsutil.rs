@@ -589,18 +589,12 @@ pub fn chmod_checked(path: &Path, mode: u32, ino: Option<u64>) -> io::Result<()>
 /// Writes a new file `name` in the directory open as `dir` (created exclusively, never
 /// through a link), synced.
 pub fn write_new_in(dir: &File, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
-    use std::os::fd::AsFd;
-    let fd = nix::fcntl::openat(
-        dir.as_fd(),
+    let mut f = openat_nofollow(
+        dir,
         name,
-        nix::fcntl::OFlag::O_CREAT
-            | nix::fcntl::OFlag::O_EXCL
-            | nix::fcntl::OFlag::O_WRONLY
-            | nix::fcntl::OFlag::O_NOFOLLOW
-            | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_WRONLY,
         nix::sys::stat::Mode::from_bits_truncate(mode as nix::libc::mode_t),
     )?;
-    let mut f = File::from(fd);
     f.write_all(bytes)?;
     f.sync_all()
 }
@@ -728,15 +722,28 @@ fn open_in<P: ?Sized + nix::NixPath>(
     name: &P,
     extra: nix::fcntl::OFlag,
 ) -> io::Result<File> {
+    openat_nofollow(
+        dir,
+        name,
+        nix::fcntl::OFlag::O_RDONLY | extra,
+        nix::sys::stat::Mode::empty(),
+    )
+}
+
+/// `openat` of `name` in the directory open as `dir` with `flags`, never through a link
+/// (`O_NOFOLLOW`), the descriptor not inherited (`O_CLOEXEC`).
+fn openat_nofollow<P: ?Sized + nix::NixPath>(
+    dir: &File,
+    name: &P,
+    flags: nix::fcntl::OFlag,
+    mode: nix::sys::stat::Mode,
+) -> io::Result<File> {
     use std::os::fd::AsFd;
     let fd = nix::fcntl::openat(
         dir.as_fd(),
         name,
-        nix::fcntl::OFlag::O_RDONLY
-            | nix::fcntl::OFlag::O_NOFOLLOW
-            | nix::fcntl::OFlag::O_CLOEXEC
-            | extra,
-        nix::sys::stat::Mode::empty(),
+        flags | nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_CLOEXEC,
+        mode,
     )?;
     Ok(File::from(fd))
 }

@@ -440,16 +440,8 @@ impl Guest {
         sim::write_mode(&cfg.gridd_conf, b"FeatureType=1\n", 0o644);
         fs::create_dir_all(&cfg.token_dir).unwrap();
         let dls = FakeDls::start();
-        // The path the restart command starts gridd by (its own directory, canonical), so that
-        // gridd's command line is the same whoever starts it.
-        let gridd_bin = fs::canonicalize(sim::program("sim-nvidia-gridd")).unwrap();
-        let since = format!(
-            "@{:.6}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs_f64()
-        );
+        let (gridd_bin, gridd_match) = sim::gridd_identity(&sim);
+        let since = sim::since_now();
         let script = |name: &str, text: String| {
             sim::write_mode(&r.join("bin").join(name), text.as_bytes(), 0o755);
         };
@@ -466,18 +458,12 @@ impl Guest {
                 ),
             );
         }
-        // Each VM has a journal of its own; here the three gridds share the machine's. The
-        // real journalctl, with the agent's options, selects this guest's gridd alone by its
-        // command line (it names this guest's sim dir) in place of the agent's matches (any
-        // nvidia-gridd of root's); the agent still checks each entry's sender itself.
+        // Each VM has a journal of its own; here the three gridds share the machine's: the
+        // real journalctl, with the agent's options and matches, selects this guest's gridd
+        // alone by its command line (it names this guest's sim dir).
         script(
             "journalctl",
-            format!(
-                "#!/bin/sh\nfor a do shift; case $a in -*) set -- \"$@\" \"$a\";; esac; done\n\
-                 exec journalctl '--since={since}' \"$@\" _UID=0 '_CMDLINE={} --sim-dir {}'\n",
-                gridd_bin.display(),
-                sim.display()
-            ),
+            sim::journalctl_wrapper(&since, Some(&gridd_match)),
         );
         let config = r.join("agent/config.toml");
         fs::create_dir_all(config.parent().unwrap()).unwrap();

@@ -195,11 +195,15 @@ impl Root {
 
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
-        c.args(args)
-            .env("VGPU_LICENSE_AGENT_CONFIG", &self.config)
-            .env_remove("VGPU_LICENSE_AGENT_FAULT")
-            .stdin(Stdio::null());
+        self.agent_env(c.args(args));
         c
+    }
+
+    /// The agent's environment for this root: its config, no fault injected, no input.
+    fn agent_env<'c>(&self, c: &'c mut Command) -> &'c mut Command {
+        c.env("VGPU_LICENSE_AGENT_CONFIG", &self.config)
+            .env_remove("VGPU_LICENSE_AGENT_FAULT")
+            .stdin(Stdio::null())
     }
 
     pub fn run(&self, args: &[&str]) -> Run {
@@ -214,11 +218,7 @@ impl Root {
         if !nix::unistd::geteuid().is_root() {
             c.args(["--user", "--map-root-user"]);
         }
-        c.args(["--pid", "--fork", "--mount-proc", BIN])
-            .args(args)
-            .env("VGPU_LICENSE_AGENT_CONFIG", &self.config)
-            .env_remove("VGPU_LICENSE_AGENT_FAULT")
-            .stdin(Stdio::null());
+        self.agent_env(c.args(["--pid", "--fork", "--mount-proc", BIN]).args(args));
         self.finish(c.output().expect("unshare (util-linux) runs"))
     }
 

@@ -406,6 +406,51 @@ impl LegacyServer {
     }
 }
 
+/// `--since` of a simulated machine that starts now.
+pub fn since_now() -> String {
+    format!(
+        "@{:.6}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    )
+}
+
+/// The simulated gridd of the sim dir `sim`: its program, canonical (the path the
+/// simulator's own programs start it by, next to themselves, so that its command line is the
+/// same whoever starts it), and the journal match that selects its lines (that command line).
+pub fn gridd_identity(sim: &Path) -> (PathBuf, String) {
+    let bin = fs::canonicalize(program("sim-nvidia-gridd")).unwrap();
+    let m = format!("_CMDLINE={} --sim-dir {}", bin.display(), sim.display());
+    (bin, m)
+}
+
+/// A machine's `journalctl`: the real one with the caller's options and matches, `--since`
+/// the machine's start (earlier tests' gridd lines are not its own) and, given a gridd's
+/// match, that match in each of the caller's match groups (before the first match and after
+/// each `+`), which hides the other machines' gridds.
+pub fn journalctl_wrapper(since: &str, gridd_match: Option<&str>) -> String {
+    let Some(m) = gridd_match else {
+        return format!("#!/bin/sh\nexec journalctl '--since={since}' \"$@\"\n");
+    };
+    format!(
+        "#!/bin/sh\n\
+         m='{m}'\n\
+         first=1\n\
+         for a do\n\
+         shift\n\
+         case $a in\n\
+         -*) set -- \"$@\" \"$a\" ;;\n\
+         +) set -- \"$@\" + \"$m\" ;;\n\
+         *) [ $first = 1 ] && set -- \"$@\" \"$m\"; first=0; set -- \"$@\" \"$a\" ;;\n\
+         esac\n\
+         done\n\
+         [ $first = 1 ] && set -- \"$@\" \"$m\"\n\
+         exec journalctl '--since={since}' \"$@\"\n"
+    )
+}
+
 /// A simulated machine in a temporary root. Holds the journal lock for its life.
 pub struct Machine {
     pub dir: tempfile::TempDir,
@@ -443,21 +488,8 @@ impl Machine {
         fs::set_permissions(&cfg.token_dir, fs::Permissions::from_mode(0o755)).unwrap();
         fs::create_dir_all(r.join("var/lib/prometheus/node-exporter")).unwrap();
         let dls = FakeDls::start();
-        let since = format!(
-            "@{:.6}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs_f64()
-        );
-        // Canonical: the path the simulator's own programs start gridd by (next to
-        // themselves), so that gridd's command line is the same whoever starts it.
-        let gridd_bin = fs::canonicalize(program("sim-nvidia-gridd")).unwrap();
-        let gridd_match = format!(
-            "_CMDLINE={} --sim-dir {}",
-            gridd_bin.display(),
-            sim.display()
-        );
+        let since = since_now();
+        let (gridd_bin, gridd_match) = gridd_identity(&sim);
         let bin = r.join("bin");
         write_script(
             &bin.join("nvidia-smi"),
@@ -475,28 +507,8 @@ impl Machine {
                 sim.display()
             ),
         );
-        // The real journalctl; --since hides the earlier tests' (earlier boots') gridd lines,
-        // and this machine's gridd's command line, added to each of the agent's match groups
-        // (before the first match and after each `+`), the other machines' gridds.
-        let journalctl = if setup.whole_journal {
-            format!("#!/bin/sh\nexec journalctl '--since={since}' \"$@\"\n")
-        } else {
-            format!(
-                "#!/bin/sh\n\
-                 m='{gridd_match}'\n\
-                 first=1\n\
-                 for a do\n\
-                 shift\n\
-                 case $a in\n\
-                 -*) set -- \"$@\" \"$a\" ;;\n\
-                 +) set -- \"$@\" + \"$m\" ;;\n\
-                 *) [ $first = 1 ] && set -- \"$@\" \"$m\"; first=0; set -- \"$@\" \"$a\" ;;\n\
-                 esac\n\
-                 done\n\
-                 [ $first = 1 ] && set -- \"$@\" \"$m\"\n\
-                 exec journalctl '--since={since}' \"$@\"\n"
-            )
-        };
+        let journalctl =
+            journalctl_wrapper(&since, (!setup.whole_journal).then_some(&*gridd_match));
         write_script(&bin.join("journalctl"), &journalctl);
         let config = r.join("agent/config.toml");
         fs::create_dir_all(config.parent().unwrap()).unwrap();
