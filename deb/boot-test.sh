@@ -37,8 +37,11 @@
 set -uo pipefail
 
 FILL_CACHE=0
+# What the summary speaks of.
+WHAT="boot test"
 if [ "${1:-}" = --fill-cache ]; then
 	FILL_CACHE=1
+	WHAT="boot test --fill-cache"
 	shift
 fi
 NAME=vgpu-license-agent
@@ -99,10 +102,10 @@ summary() {
 		return 1
 	fi
 	[ ${#SKIPPED[@]} -eq 0 ] || {
-		echo "boot test: parts skipped (see above): not a full pass"
+		echo "$WHAT: parts skipped (see above): not a full pass"
 		return 77
 	}
-	echo "boot test passed"
+	echo "$WHAT passed"
 }
 TIMES=()
 
