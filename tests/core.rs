@@ -913,6 +913,26 @@ fn a_failed_adoption_does_not_storm() {
     assert_eq!(sim.world.adopts.len(), first + 1, "{:?}", sim.world.adopts);
 }
 
+/// A token directory refused as it stands (a FIFO at the token path) changes nothing: the
+/// operator's fix, the next change, is adopted at once, without the wait of a failure whose
+/// undo changed the directory.
+#[test]
+fn a_refused_directory_is_looked_at_again_on_its_next_change() {
+    let mut sim = licensed_for_a_minute();
+    sim.world.adopt = || {
+        Err(AdoptError::Refused(
+            "the token path x is not a regular file but a FIFO; remove it".into(),
+        ))
+    };
+    sim.handle(Event::TokenDirChanged);
+    let first = sim.world.adopts.len();
+    assert!(first >= 1);
+    sim.run(S(2));
+    sim.handle(Event::TokenDirChanged);
+    sim.run(S(1));
+    assert_eq!(sim.world.adopts.len(), first + 1, "{:?}", sim.world.adopts);
+}
+
 /// A gridd unit that does not exist (a build of the driver without it) is reported with the
 /// fix that fits, and never restarted: systemctl would answer "unit not found" each time.
 #[test]

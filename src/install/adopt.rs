@@ -20,7 +20,13 @@ pub fn adopt_dropped_token(
     retry_owed: bool,
 ) -> Result<Outcome, AdoptError> {
     // The token is whatever file gridd would read as one, under any name.
-    let listing = scan_token_dir(settings)?;
+    let listing = super::read_token_dir(settings)?;
+    if let Some(why) = &listing.refusal {
+        return Err(AdoptError::Refused(format!(
+            "{why}; {}",
+            super::nothing_changed()
+        )));
+    }
     let Some(found) = listing.token else {
         return Err(AdoptError::NoToken(settings.paths.token_dir.clone()));
     };
@@ -30,7 +36,7 @@ pub fn adopt_dropped_token(
             return Err(AdoptError::Rejected(TokenRejected::Invalid(e)));
         }
         crate::token_dir::Content::Unreadable(why) => {
-            return Err(AdoptError::Other(format!(
+            return Err(AdoptError::Refused(format!(
                 "cannot read the token {}: {why}",
                 show_path(&found.path)
             )));
@@ -176,6 +182,9 @@ pub enum AdoptError {
     /// The platform's token source holds a token the agent refused (the whole line): nothing
     /// was installed from it, and the installed token, if any, stays.
     SourceRejected(String),
+    /// The token directory or the token in it is refused as it stands (a FIFO at the token
+    /// path, a subdirectory, an unreadable token): nothing was changed, one line.
+    Refused(String),
     /// Anything else (the directory, the lock, a write): the error and its causes, one line.
     Other(String),
 }
@@ -192,7 +201,9 @@ impl std::fmt::Display for AdoptError {
                 "the token was replaced while it was being adopted; nothing was changed",
             ),
             AdoptError::Rejected(r) => write!(f, "{r}"),
-            AdoptError::SourceRejected(why) | AdoptError::Other(why) => f.write_str(why),
+            AdoptError::SourceRejected(why) | AdoptError::Refused(why) | AdoptError::Other(why) => {
+                f.write_str(why)
+            }
         }
     }
 }

@@ -603,6 +603,16 @@ pub use crate::layout::{check_state_dir, expected_in_state_dir};
 /// The token directory as [`crate::token_dir`] sees it, refused (with nothing changed) when it
 /// is not a token directory.
 pub fn scan_token_dir(settings: &Settings) -> anyhow::Result<crate::token_dir::Listing> {
+    let listing = read_token_dir(settings)?;
+    if let Some(why) = &listing.refusal {
+        return Err(anyhow!("{why}; {}", nothing_changed()));
+    }
+    Ok(listing)
+}
+
+/// The token directory as it stands, with its refusal (if any) in the listing: an error only
+/// where it cannot be read.
+pub(super) fn read_token_dir(settings: &Settings) -> anyhow::Result<crate::token_dir::Listing> {
     let p = &settings.paths;
     let listing = crate::token_dir::scan(&p.token_dir, &p.token_file, &p.gridd_conf, Utc::now())
         .map_err(|e| {
@@ -612,9 +622,6 @@ pub fn scan_token_dir(settings: &Settings) -> anyhow::Result<crate::token_dir::L
                 nothing_changed()
             )
         })?;
-    if let Some(why) = &listing.refusal {
-        return Err(anyhow!("{why}; {}", nothing_changed()));
-    }
     Ok(listing)
 }
 

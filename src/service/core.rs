@@ -489,8 +489,9 @@ impl Core {
             Event::Adopted(result) => {
                 self.busy.adopt = false;
                 // Only a failure whose undo changed the directory (a full disk, say) waits: a
-                // token refused as it stands (cloud-init still writing it) changes nothing,
-                // and the next change is looked at at once.
+                // token or a directory refused as it stands (cloud-init still writing it, a
+                // FIFO at the token path) changes nothing, and the next change is looked at
+                // at once.
                 self.adopt_failed = match &result {
                     Err(AdoptError::Other(_)) => Some(now.mono),
                     _ => None,
@@ -843,7 +844,7 @@ impl Core {
                     crate::text::escape(&why.to_string())
                 )
             }
-            Err(AdoptError::Other(why)) => {
+            Err(AdoptError::Refused(why) | AdoptError::Other(why)) => {
                 error!("token not adopted: {}", crate::text::escape(&why))
             }
             Err(AdoptError::SourceRejected(why)) => {
