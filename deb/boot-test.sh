@@ -1622,6 +1622,13 @@ gate_active() { [ "$(guest systemctl is-active "$NEEDS_LICENSE")" = active ]; }
 gate_saw_licensed() { guest cat /run/needs-license.json 2>/dev/null | grep -q '"state": "licensed"'; }
 guest_unlicensed() { guest nvidia-smi -q | grep -q 'License Status *: Unlicensed'; }
 guest_licensed() { guest nvidia-smi -q | grep -q 'License Status *: Licensed'; }
+# The agent's report says a state other than licensed (unlicensed, or restricted once the
+# grace is over).
+agent_unlicensed() {
+	local out
+	out=$(guest /usr/bin/$NAME status --json 2>/dev/null)
+	grep -q '"state": "' <<<"$out" && ! grep -q '"state": "licensed"' <<<"$out"
+}
 dls_mode() {
 	echo "{\"mode\": \"$1\", \"skew_seconds\": 0}" >"$GUEST$SIM_DIR_GUEST/dls.json"
 	sleep 1 # sim-dls reads its control file every 200 ms
@@ -1646,13 +1653,20 @@ check_target_waits_for_the_license() {
 		echo "the guest did not become unlicensed with the DLS down" >&2
 		return 1
 	}
+	# The wait reads the agent's report: it has to have seen the license go first.
+	wait_until 60 agent_unlicensed || {
+		echo "the agent's report still said licensed 60 s after nvidia-smi said unlicensed" >&2
+		agent_journal_tail
+		return 1
+	}
 	gate_reset
 	gate_unit
 	guest systemctl daemon-reload || return 1
 	guest systemctl start --no-block "$NEEDS_LICENSE" || return 1
 	sleep 5
 	if gate_active; then
-		echo "$NEEDS_LICENSE started while the guest was not licensed" >&2
+		echo "$NEEDS_LICENSE started while the guest was not licensed; the agent's report then:" >&2
+		guest cat /run/needs-license.json >&2
 		rc=1
 	fi
 	[ "$(guest systemctl show -P ActiveState "$WAIT_UNIT")" = activating ] || {

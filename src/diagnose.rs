@@ -130,8 +130,9 @@ pub fn render(checks: &[Check]) -> String {
     let count = |s: Status| checks.iter().filter(|c| c.status == s).count();
     let _ = writeln!(
         o,
-        "{} checks: {} ok, {} warning, {} failed, {} skipped",
+        "{} {}: {} ok, {} warning, {} failed, {} skipped",
         checks.len(),
+        if checks.len() == 1 { "check" } else { "checks" },
         count(Status::Ok),
         count(Status::Warn),
         count(Status::Fail),

@@ -964,3 +964,43 @@ fn a_guest_without_a_gpu_is_left_alone() {
     assert!(r.failure.is_none(), "{:?}", r.failure);
     assert!(sim.world.restarts.is_empty() && sim.world.probes.is_empty());
 }
+
+/// gridd restarts while nvidia-smi is being read: the reading under way shows the license
+/// from before the restart, so nvidia-smi is read again soon after it, not at the licensed
+/// poll's pace minutes later. (Otherwise the report stays licensed, and a unit ordered after
+/// vgpu-licensed.target starts, while gridd holds no license.)
+#[test]
+fn gridd_restarting_while_nvidia_smi_is_read_is_read_again() {
+    let mut sim = licensed_for_a_minute();
+    let now = sim.now();
+    let mut fx = sim.core.handle(
+        Event::Gridd(Box::new(gridd(
+            100,
+            "Acquiring license. (Info: dls-a.example; NVIDIA RTX Virtual Workstation)",
+        ))),
+        now,
+    );
+    sim.mono += Duration::from_millis(400);
+    fx.extend(sim.core.tick(sim.now()));
+    assert!(fx.contains(&Effect::ReadSmi), "{fx:?}");
+    // The reading is under way (its answer held back) when gridd restarts.
+    fx.retain(|e| *e != Effect::ReadSmi);
+    sim.carry_out(fx);
+    sim.world.smi = UNLICENSED.into();
+    for line in ["Shutdown (100)", "Started (101)"] {
+        sim.world.pid = 101;
+        let fx = sim
+            .core
+            .handle(Event::Gridd(Box::new(gridd(101, line))), sim.now());
+        sim.carry_out(fx);
+    }
+    sim.mono += Duration::from_millis(100);
+    // The answer of the reading begun before the restart.
+    let old = smi::parse(LICENSED.as_bytes()).unwrap();
+    let fx = sim
+        .core
+        .handle(Event::Smi(SmiRead::Snapshot(old)), sim.now());
+    sim.carry_out(fx);
+    sim.run(S(2));
+    assert_ne!(sim.state(), State::Licensed);
+}

@@ -147,7 +147,7 @@ impl Guest {
         let lines = r
             .stdout
             .lines()
-            .filter(|l| !l.contains(" checks: "))
+            .filter(|l| !l.contains(" checks: ") && !l.contains(" check: "))
             .map(|l| {
                 let mut it = l.splitn(3, ' ').filter(|s| !s.is_empty());
                 let status = it.next().unwrap().to_string();
@@ -921,6 +921,10 @@ fn a_guest_without_a_gpu_is_no_gpu_and_nothing_fails() {
     let (status, msg) = line(&lines, "gpu");
     assert_eq!(status, "OK");
     assert!(msg.contains("nothing to license"), "{msg}");
+    assert!(
+        out.ends_with("\n1 check: 1 ok, 0 warning, 0 failed, 0 skipped\n"),
+        "{out}"
+    );
     let (code, v) = g.json();
     assert_eq!(code, 0);
     assert_eq!(v["state"], "no_gpu", "{v}");

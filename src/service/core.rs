@@ -450,7 +450,14 @@ impl Core {
                         self.smi_error = Some(read);
                     }
                 }
-                self.schedule.smi = now.mono + self.smi_interval(now);
+                // Something gridd said while this reading ran (a restart) keeps the reading
+                // it asked for: this one may show the license from before it.
+                let next = now.mono + self.smi_interval(now);
+                self.schedule.smi = if self.schedule.smi_for_event {
+                    self.schedule.smi.min(next)
+                } else {
+                    next
+                };
             }
             Event::Unit(u) => {
                 let own_work = self.busy.own_work();

@@ -112,7 +112,8 @@ fn journald_answers() -> bool {
 }
 
 /// Makes sure journald runs: where nothing answers on its socket (a container, CI), starts
-/// `/lib/systemd/systemd-journald` (once, detached; it stays) and waits for its sockets.
+/// `/lib/systemd/systemd-journald` (once, detached) and waits for its sockets. The journald
+/// it starts is stopped when this test process ends, however it ends (see [`stop_at_exit`]).
 pub fn ensure_journald() {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     let r = DONE.get_or_init(|| {
@@ -131,8 +132,16 @@ pub fn ensure_journald() {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .ok_or("systemd-journald is not installed (apt-get install systemd)")?;
+        // What journald makes that was not there before goes with it.
+        let made: Vec<&str> = ["/run/systemd/journal", "/run/log/journal"]
+            .into_iter()
+            .filter(|d| !Path::new(d).exists())
+            .collect();
         let mut cmd = Command::new(bin);
-        cmd.stdin(Stdio::null())
+        cmd.env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         use std::os::unix::process::CommandExt;
@@ -143,8 +152,10 @@ pub fn ensure_journald() {
                 Ok(())
             });
         }
-        cmd.spawn()
+        let journald = cmd
+            .spawn()
             .map_err(|e| format!("cannot start {bin}: {e} (run the tests as root)"))?;
+        stop_at_exit(journald.id(), &made)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if journald_answers() {
@@ -159,6 +170,45 @@ pub fn ensure_journald() {
     if let Err(e) = r {
         panic!("journald: {e}");
     }
+}
+
+/// Stops the journald `pid` when this process ends, and removes the directories it `made`: a
+/// watcher in a session of its own (a ^C to the test run does not reach it) reads a pipe whose
+/// one writer is this process, so that its end of file comes when this process ends, even
+/// killed. (No test knows it is the last; the test binary has no hook at its end.)
+fn stop_at_exit(pid: u32, made: &[&str]) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("pipe for journald's watcher: {e}"))?;
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(
+            r#"cat >/dev/null
+pid=$1; shift
+kill -TERM "$pid" 2>/dev/null
+i=0
+while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+kill -KILL "$pid" 2>/dev/null
+rm -rf "$@""#,
+        )
+        .arg("journald-watcher")
+        .arg(pid.to_string())
+        .args(made)
+        .stdin(Stdio::from(read))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| format!("cannot start journald's watcher: {e}"))?;
+    // Held until this process ends; close-on-exec, so no program a test runs holds it.
+    std::mem::forget(write);
+    Ok(())
 }
 
 fn lock_file(path: &str) -> Flock<fs::File> {
