@@ -581,6 +581,18 @@ check_status_wait() {
 	[ $rc = 0 ]
 }
 
+# The agent follows gridd's journal of this boot: its report lists gridd's lines. (In a
+# container journald stamps the container's boot ID, which the agent's sandbox does not see
+# in /proc: `journalctl --boot` there matched nothing, and the agent saw only nvidia-smi.)
+check_follows_the_journal() {
+	local out
+	out=$(guest /usr/bin/$NAME status --json)
+	grep -q '"kind": "acquired"' <<<"$out" && return 0
+	echo "the agent's report lists no acquisition of gridd's:" >&2
+	echo "$out" >&2
+	return 1
+}
+
 check_systemctl_status() {
 	local out
 	out=$(guest systemctl status --no-pager --lines=0 "$NAME.service")
@@ -653,6 +665,7 @@ agent_checks() {
 	check "the agent is active" check_agent_active
 	check "a token dropped with mode 0600 is fixed to 0744, gridd.conf's FeatureType=0 set to 1, nvidia-gridd.service restarted" check_token_dropped
 	check "vgpu-license-agent status --wait 60 exits 0 once licensed, from the service's report" check_status_wait
+	check "the agent follows gridd's journal of this boot (its report lists gridd's acquisition)" check_follows_the_journal
 	check "systemctl status shows the agent's state line" check_systemctl_status
 	check "journalctl -x explains an injected failure (clock skew) from the catalog" check_explained_failure
 	license_gate_checks
@@ -1622,6 +1635,9 @@ gate_active() { [ "$(guest systemctl is-active "$NEEDS_LICENSE")" = active ]; }
 gate_saw_licensed() { guest cat /run/needs-license.json 2>/dev/null | grep -q '"state": "licensed"'; }
 guest_unlicensed() { guest nvidia-smi -q | grep -q 'License Status *: Unlicensed'; }
 guest_licensed() { guest nvidia-smi -q | grep -q 'License Status *: Licensed'; }
+agent_licensed() {
+	guest /usr/bin/$NAME status --json 2>/dev/null | grep -q '"state": "licensed"'
+}
 # The agent's report says a state other than licensed (unlicensed, or restricted once the
 # grace is over).
 agent_unlicensed() {
@@ -1646,7 +1662,13 @@ check_target_holds_no_boot() {
 # Unlicensed (the DLS refuses): the unit waits; once the DLS is up and gridd licensed, it
 # starts, and saw the guest licensed when it did.
 check_target_waits_for_the_license() {
-	local rc=0
+	local rc=0 t
+	# From a license held, as a guest loses one (the check before leaves gridd retrying).
+	wait_until 60 agent_licensed || {
+		echo "the guest did not get licensed again once the DLS was up" >&2
+		agent_journal_tail
+		return 1
+	}
 	dls_mode down
 	guest systemctl restart nvidia-gridd.service || return 1
 	wait_until 60 guest_unlicensed || {
@@ -1654,11 +1676,13 @@ check_target_waits_for_the_license() {
 		return 1
 	}
 	# The wait reads the agent's report: it has to have seen the license go first.
+	t=$SECONDS
 	wait_until 60 agent_unlicensed || {
 		echo "the agent's report still said licensed 60 s after nvidia-smi said unlicensed" >&2
 		agent_journal_tail
 		return 1
 	}
+	echo "the agent's report said the license was gone $((SECONDS - t)) s after nvidia-smi did"
 	gate_reset
 	gate_unit
 	guest systemctl daemon-reload || return 1

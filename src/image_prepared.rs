@@ -58,13 +58,12 @@ pub fn previous_boot_is_the_builders(settings: &Settings) -> bool {
         return false;
     };
     let argv: Vec<String> = [
-        settings.commands.journalctl.as_str(),
-        "--boot=-1",
-        "--lines=1",
-        "--output=json",
-        "--no-pager",
+        settings.commands.journalctl.clone(),
+        crate::journal_boot::boot_arg(settings, -1),
+        "--lines=1".into(),
+        "--output=json".into(),
+        "--no-pager".into(),
     ]
-    .map(String::from)
     .to_vec();
     let Ok(out) = crate::command::run(&argv, settings.commands.timeout) else {
         return false;

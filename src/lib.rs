@@ -17,6 +17,7 @@ pub mod identity;
 pub mod image_prepared;
 pub mod input;
 pub mod install;
+pub mod journal_boot;
 pub mod layout;
 pub mod live;
 pub mod observe;

@@ -350,6 +350,24 @@ fn read_fields(fields: Fields, m: &str, rest: &str, c: &mut Classified) -> Optio
 
 /// Classifies one gridd message. `None` for text that says nothing known (it is still an
 /// `other` event when the line was logged by nvidia-gridd).
+///
+/// A failure in the form gridd logs (the error text is the FlexNet client's), and a text that
+/// is no gridd wording:
+///
+/// ```
+/// use vgpu_license_agent::observe::catalogue::classify;
+/// use vgpu_license_agent::report::{EventKind, Reason};
+///
+/// let c = classify(
+///     "Failed to acquire license from 10.0.0.5 (Info: NVIDIA RTX Virtual Workstation - \
+///      Error: Clock windback has been detected)",
+/// )
+/// .unwrap();
+/// assert_eq!(c.kind, EventKind::AcquireFailed);
+/// assert_eq!(c.server.as_deref(), Some("10.0.0.5"));
+/// assert_eq!(c.reason, Some(Reason::ClockSkew));
+/// assert!(classify("a line no gridd wording matches").is_none());
+/// ```
 pub fn classify(msg: &str) -> Option<Classified> {
     let m = msg.trim();
     for wording in WORDINGS {

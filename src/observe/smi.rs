@@ -170,6 +170,28 @@ const DRIVER_ERRORS: [&str; 6] = [
 ];
 
 /// Parses nvidia-smi output, text or XML, from bytes (invalid UTF-8 is replaced).
+///
+/// An excerpt of `nvidia-smi -q` in a licensed vGPU guest:
+///
+/// ```
+/// use vgpu_license_agent::observe::smi::{self, LicenseStatus};
+///
+/// let out = "GPU 00000000:02:01.0
+///     Product Name                          : NVIDIA L40S-24Q
+///     vGPU Software Licensed Product
+///         Product Name                      : NVIDIA RTX Virtual Workstation
+///         License Status                    : Licensed (Expiry: 2026-12-3 6:55:24 GMT)
+/// ";
+/// let s = smi::parse(out.as_bytes()).unwrap();
+/// let gpu = &s.gpus[0];
+/// assert_eq!(gpu.profile.as_deref(), Some("NVIDIA L40S-24Q"));
+/// let LicenseStatus::Licensed(Some(expiry)) =
+///     smi::classify_status(gpu.license_status.as_deref().unwrap())
+/// else {
+///     panic!("not licensed");
+/// };
+/// assert_eq!(expiry.to_rfc3339(), "2026-12-03T06:55:24+00:00");
+/// ```
 pub fn parse(input: &[u8]) -> Result<SmiSnapshot, String> {
     let text = String::from_utf8_lossy(input);
     let trimmed = text.trim_start();

@@ -287,44 +287,84 @@ impl Published {
     }
 }
 
-/// The service's state and judgement.
-pub struct Core {
-    settings: Settings,
-    heartbeat: Duration,
-    watching: bool,
+/// What the world last said: gridd's lines, nvidia-smi, systemd, the token, what the agent
+/// found at start.
+#[derive(Debug)]
+struct Seen {
     fold: LogFold,
     smi: Option<SmiSnapshot>,
     /// The last reading, when it failed or timed out.
     smi_error: Option<SmiRead>,
+    /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
+    /// heartbeat's rewrites of status.json do not move.
+    observed_at: Option<DateTime<Utc>>,
     unit: Option<Result<(), String>>,
     token: Option<Result<Token, TokenProblem>>,
     legacy_server: Option<String>,
-    probe_failure: Option<Finding>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
     last_shutdown: Option<crate::shutdown::LastShutdown>,
     clone: Option<crate::identity::CloneDetected>,
+}
+
+impl Seen {
+    fn new() -> Seen {
+        Seen {
+            fold: LogFold::new(MAX_EVENTS),
+            smi: None,
+            smi_error: None,
+            observed_at: None,
+            unit: None,
+            token: None,
+            legacy_server: None,
+            lease: None,
+            last_shutdown: None,
+            clone: None,
+        }
+    }
+}
+
+/// The agent's own probe of the DLS, for the failures gridd states vaguely.
+#[derive(Debug, Default)]
+struct Probing {
     /// The vague failure the last probe was started for: the same one is probed again only
     /// after [`PROBE_REPEAT`]; a new one at once.
-    probed: Option<Finding>,
-    counters: Counters,
-    remedy: Remedy,
-    failure_key: Option<Finding>,
-    own_since: Option<(Finding, DateTime<Utc>)>,
-    busy: InFlight,
-    schedule: Schedule,
-    adopt_again: bool,
-    /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
-    /// heartbeat's rewrites of status.json do not move.
-    observed_at: Option<DateTime<Utc>>,
+    last: Option<Finding>,
+    /// What the probe found, until a license or a new token makes it old news.
+    failure: Option<Finding>,
+}
+
+/// Adopting the token that the token directory (or the token source) holds.
+#[derive(Debug, Default)]
+struct Adoption {
+    /// The directory changed during an adoption: another one follows it.
+    again: bool,
+    /// The last adoption failed at this time: the directory's changes (many of them the
+    /// adoption's own undo) do not start another one before [`ADOPT_AFTER_FAILURE`].
+    failed: Option<Duration>,
     /// The token source holds a token the agent refused: why.
     source_rejected: Option<String>,
     /// The token source was read at least once (before, a missing token is not counted:
     /// the source may bring one).
     source_read: bool,
-    /// The last adoption failed at this time: the directory's changes (many of them the
-    /// adoption's own undo) do not start another one before [`ADOPT_AFTER_FAILURE`].
-    adopt_failed: Option<Duration>,
+}
+
+/// The service's state and judgement.
+pub struct Core {
+    settings: Settings,
+    heartbeat: Duration,
+    watching: bool,
+    seen: Seen,
+    probing: Probing,
+    adoption: Adoption,
+    counters: Counters,
+    remedy: Remedy,
+    /// The failure last logged (and counted), so that each is logged once.
+    failure_key: Option<Finding>,
+    /// The agent's own finding, and since when it holds.
+    own_since: Option<(Finding, DateTime<Utc>)>,
+    busy: InFlight,
+    schedule: Schedule,
     published: Published,
 }
 
@@ -338,17 +378,9 @@ impl Core {
             settings,
             heartbeat,
             watching,
-            fold: LogFold::new(MAX_EVENTS),
-            smi: None,
-            smi_error: None,
-            unit: None,
-            token: None,
-            legacy_server: None,
-            probe_failure: None,
-            lease: None,
-            last_shutdown: None,
-            clone: None,
-            probed: None,
+            seen: Seen::new(),
+            probing: Probing::default(),
+            adoption: Adoption::default(),
             counters: Counters::default(),
             failure_key: None,
             own_since: None,
@@ -361,10 +393,6 @@ impl Core {
                 adopt: now.mono + first_token_look,
                 token_read: None,
             },
-            adopt_again: false,
-            adopt_failed: None,
-            source_rejected: None,
-            source_read: false,
             published: Published {
                 report: None,
                 metrics: String::new(),
@@ -373,7 +401,6 @@ impl Core {
                 dirty: false,
                 ready: false,
             },
-            observed_at: None,
         }
     }
 
@@ -405,14 +432,14 @@ impl Core {
         let mut fx = Vec::new();
         self.published.dirty = true;
         match event {
-            Event::JournalRestarted => self.fold = LogFold::new(MAX_EVENTS),
+            Event::JournalRestarted => self.seen.fold = LogFold::new(MAX_EVENTS),
             Event::Gridd(e) => {
                 let kind = e.what.kind;
                 if matches!(kind, EventKind::Acquired | EventKind::Renewed) {
                     // What the probe found was about the failure this license ended.
-                    self.probe_failure = None;
+                    self.probing.failure = None;
                 }
-                self.fold.push(*e);
+                self.seen.fold.push(*e);
                 // Read nvidia-smi right after gridd says something (coalesced).
                 self.schedule
                     .smi_soon(now.mono + Duration::from_millis(300));
@@ -422,32 +449,32 @@ impl Core {
                     self.busy.unit.gridd_moved();
                 }
                 if matches!(kind, EventKind::Started | EventKind::Shutdown)
-                    || matches!(self.unit, Some(Err(_)))
+                    || matches!(self.seen.unit, Some(Err(_)))
                 {
                     self.check_unit(&mut fx);
                 }
             }
             Event::Smi(read) => {
                 self.busy.smi = false;
-                self.observed_at = Some(now.wall);
+                self.seen.observed_at = Some(now.wall);
                 match read {
                     SmiRead::Snapshot(s) => {
                         if crate::state::smi_state(&s) == State::Licensed {
-                            self.probe_failure = None;
+                            self.probing.failure = None;
                         }
-                        self.lease = match (lease_expiry(&s), self.lease) {
+                        self.seen.lease = match (lease_expiry(&s), self.seen.lease) {
                             (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
                             (Some(exp), _) => Some((exp, now.wall)),
                             (None, _) => None,
                         };
-                        self.smi = Some(s);
-                        self.smi_error = None;
+                        self.seen.smi = Some(s);
+                        self.seen.smi_error = None;
                     }
                     SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
-                        if self.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
+                        if self.seen.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
                             warn!("nvidia-smi: {}", crate::text::escape(why));
                         }
-                        self.smi_error = Some(read);
+                        self.seen.smi_error = Some(read);
                     }
                 }
                 // Something gridd said while this reading ran (a restart) keeps the reading
@@ -466,7 +493,7 @@ impl Core {
                 // One set aside is asked again once the agent's own restart is over (at once
                 // if it is over already).
                 if believed {
-                    self.unit = u;
+                    self.seen.unit = u;
                 }
                 if again {
                     self.check_unit(&mut fx);
@@ -479,16 +506,21 @@ impl Core {
                     // burst of changes is a few looks, not one after another for its length.
                     self.schedule.token_read = Some(now.mono + TOKEN_READ_GAP);
                 }
-                if self.token.as_ref().is_some_and(|old| !same_token(old, &t)) {
+                if self
+                    .seen
+                    .token
+                    .as_ref()
+                    .is_some_and(|old| !same_token(old, &t))
+                {
                     // A new token is news: a vague failure is probed again at once, and what
                     // the last probe found was about the old token's DLS.
-                    self.probed = None;
-                    self.probe_failure = None;
+                    self.probing.last = None;
+                    self.probing.failure = None;
                     self.published.dirty = true;
                 }
-                self.token = Some(t);
+                self.seen.token = Some(t);
             }
-            Event::LegacyServer(s) => self.legacy_server = s,
+            Event::LegacyServer(s) => self.seen.legacy_server = s,
             Event::TokenDirChanged => {
                 self.read_token(&mut fx);
                 self.dir_changed(now, &mut fx);
@@ -499,7 +531,7 @@ impl Core {
                 // token or a directory refused as it stands (cloud-init still writing it, a
                 // FIFO at the token path) changes nothing, and the next change is looked at
                 // at once.
-                self.adopt_failed = match &result {
+                self.adoption.failed = match &result {
                     Err(AdoptError::Other(_)) => Some(now.mono),
                     _ => None,
                 };
@@ -507,14 +539,14 @@ impl Core {
                 // rotation, or the source fixed back to the installed token).
                 let rejected = match &result {
                     Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
-                    Err(AdoptError::Superseded) => self.source_rejected.clone(),
+                    Err(AdoptError::Superseded) => self.adoption.source_rejected.clone(),
                     _ => None,
                 };
-                if rejected != self.source_rejected {
+                if rejected != self.adoption.source_rejected {
                     self.published.dirty = true;
                 }
-                self.source_rejected = rejected;
-                self.source_read = true;
+                self.adoption.source_rejected = rejected;
+                self.adoption.source_read = true;
                 if result.as_ref().is_ok_and(|o| o.changed()) {
                     self.read_token(&mut fx);
                 }
@@ -523,7 +555,7 @@ impl Core {
                     .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
                 self.adopted(result, now);
                 self.own_work_ended(restarted, &mut fx);
-                if std::mem::take(&mut self.adopt_again) {
+                if std::mem::take(&mut self.adoption.again) {
                     self.adopt(now, &mut fx);
                 }
             }
@@ -546,7 +578,7 @@ impl Core {
                     ),
                 }
                 // A restarted gridd's failure is news: probe it at once.
-                self.probed = None;
+                self.probing.last = None;
                 self.schedule.smi_soon(now.mono + Duration::from_secs(1));
             }
             Event::Probed { verdict, skew } => {
@@ -554,7 +586,7 @@ impl Core {
                 if skew.is_some() {
                     self.counters.clock_skew_seconds = skew;
                 }
-                self.probe_failure = verdict;
+                self.probing.failure = verdict;
             }
             Event::Reloaded(s) => self.reload(*s, now),
             Event::LastShutdown(record) => {
@@ -564,7 +596,7 @@ impl Core {
                         crate::text::escape(&r.message)
                     );
                 }
-                self.last_shutdown = record;
+                self.seen.last_shutdown = record;
             }
             Event::CloneDetected(c) => {
                 warn!(
@@ -572,7 +604,7 @@ impl Core {
                     "{}",
                     crate::text::escape(&c.message())
                 );
-                self.clone = Some(*c);
+                self.seen.clone = Some(*c);
             }
         }
         fx
@@ -692,7 +724,7 @@ impl Core {
 
     /// The first report waits for the first nvidia-smi answer (or failure) and the token.
     fn readable(&self) -> bool {
-        (self.smi.is_some() || self.smi_error.is_some()) && self.token.is_some()
+        (self.seen.smi.is_some() || self.seen.smi_error.is_some()) && self.seen.token.is_some()
     }
 
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
@@ -750,7 +782,7 @@ impl Core {
     /// The token directory changed: adopt what is there, unless the last adoption failed
     /// moments ago (then when the wait is over).
     fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        match self.adopt_failed {
+        match self.adoption.failed {
             Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
                 self.schedule.adopt = self.schedule.adopt.min(t + ADOPT_AFTER_FAILURE);
             }
@@ -778,7 +810,7 @@ impl Core {
         };
         let licensed = report.state == State::Licensed;
         if std::mem::replace(&mut self.busy.adopt, true) {
-            self.adopt_again = true;
+            self.adoption.again = true;
             return;
         }
         // A new token's restart spends the same budget and backoff as every restart (40
@@ -799,7 +831,7 @@ impl Core {
                         info!("{}", crate::text::escape(&line));
                     }
                     // A new token, or one now in place: a vague failure is news again.
-                    self.probed = None;
+                    self.probing.last = None;
                 }
                 for w in &outcome.warnings {
                     warn!("token: {}", crate::text::escape(w));
@@ -842,7 +874,7 @@ impl Core {
             Err(AdoptError::NoToken(_)) => {}
             Err(AdoptError::Superseded) => {
                 info!("the token was replaced while being adopted: adopting the new one");
-                self.adopt_again = true;
+                self.adoption.again = true;
             }
             // cloud-init may still be writing it: the next change or tick tries again.
             Err(AdoptError::Rejected(why)) => {
@@ -867,23 +899,24 @@ impl Core {
     /// The failure before any probe: the agent's own (token, unit), else gridd's.
     fn base_reason(&self, now: Now) -> Option<Reason> {
         let token = self
+            .seen
             .token
             .as_ref()
             .map(|t| live::token_at(t, now.wall))
             .and_then(Result::err)
             .map(|p| p.reason());
-        let unit = match &self.unit {
+        let unit = match &self.seen.unit {
             Some(Err(_)) => Some(Reason::GriddNotRunning),
             _ => None,
         };
-        let log = self.fold.failure_reason();
+        let log = self.seen.fold.failure_reason();
         let own = policy::own_failure(token, unit, log);
         policy::most_telling(own, None, log.map(|r| (r, r)))
     }
 
     /// Makes the report and says where it goes.
     fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let smi = match (&self.smi, &self.smi_error) {
+        let smi = match (&self.seen.smi, &self.seen.smi_error) {
             (_, Some(failed)) => failed.clone().into_snapshot(),
             (Some(s), None) => s.clone(),
             (None, None) => SmiSnapshot::default(),
@@ -894,33 +927,36 @@ impl Core {
             now.wall,
             Parts {
                 smi,
-                fold: Some(self.fold.clone()),
-                token: self.token.as_ref().unwrap_or(&missing),
-                unit: self.unit.as_ref(),
-                probe: self.probe_failure.clone(),
+                fold: Some(self.seen.fold.clone()),
+                token: self.seen.token.as_ref().unwrap_or(&missing),
+                unit: self.seen.unit.as_ref(),
+                probe: self.probing.failure.clone(),
             },
         );
         // The agent's own findings hold since they were first seen, not since this moment.
         let own = obs
             .own_failure
             .clone()
-            .or_else(|| self.probe_failure.clone());
+            .or_else(|| self.probing.failure.clone());
         match (&own, &self.own_since) {
             (Some(o), Some((k, _))) if o == k => {}
             (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
             (None, _) => self.own_since = None,
         }
         let mut obs = obs;
-        obs.legacy_server.clone_from(&self.legacy_server);
+        obs.legacy_server.clone_from(&self.seen.legacy_server);
         obs.renewal_stalled = self
+            .seen
             .lease
             .and_then(|(exp, since)| stalled(exp, since, now.wall));
-        obs.source_rejected.clone_from(&self.source_rejected);
+        obs.source_rejected
+            .clone_from(&self.adoption.source_rejected);
         // The observation is as old as nvidia-smi's last answer, however often it is written.
-        if let Some(at) = self.observed_at {
+        if let Some(at) = self.seen.observed_at {
             obs.at = Some(at);
         }
         self.counters.token_expiry = self
+            .seen
             .token
             .as_ref()
             .and_then(|t| t.as_ref().ok())
@@ -928,8 +964,8 @@ impl Core {
             .map(|e| e.timestamp());
         let mut report = evaluate(obs);
         report.agent_pid = Some(std::process::id());
-        report.last_shutdown.clone_from(&self.last_shutdown);
-        if let Some(c) = &self.clone {
+        report.last_shutdown.clone_from(&self.seen.last_shutdown);
+        if let Some(c) = &self.seen.clone {
             // The agent's own event, before gridd's lines of this boot (it ran before gridd).
             report.events.insert(
                 0,
@@ -962,7 +998,7 @@ impl Core {
         // source may bring one.
         let premature = f_is_missing(&report)
             && self.settings.paths.token_source.is_some()
-            && !self.source_read;
+            && !self.adoption.source_read;
         if let Some(f) = &report.failure
             && key != self.failure_key
             && !premature
@@ -986,7 +1022,11 @@ impl Core {
         }
         let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
         json.push(b'\n');
-        self.counters.driver_version = self.smi.as_ref().and_then(|s| s.driver_version.clone());
+        self.counters.driver_version = self
+            .seen
+            .smi
+            .as_ref()
+            .and_then(|s| s.driver_version.clone());
         let metrics_text = metrics::render(&report, &self.counters);
         let write = self
             .published
@@ -1010,8 +1050,8 @@ impl Core {
         let state = report.state;
         let reason = report.failure.as_ref().map(|f| f.reason);
         if state == State::Licensed {
-            self.probe_failure = None;
-            self.probed = None;
+            self.probing.failure = None;
+            self.probing.last = None;
         } else {
             // A failure gridd (or the agent) left vague: the agent finds the cause itself. A
             // new one at once; the same one again after the rate limit (what was found may
@@ -1025,12 +1065,16 @@ impl Core {
             };
             let key = (
                 base.unwrap_or(Reason::Unspecified),
-                self.fold.failure_message().unwrap_or_default().to_string(),
+                self.seen
+                    .fold
+                    .failure_message()
+                    .unwrap_or_default()
+                    .to_string(),
             );
-            let news = self.probed.as_ref() != Some(&key);
+            let news = self.probing.last.as_ref() != Some(&key);
             if worth_it && !self.busy.probe && (news || now.mono >= self.schedule.probe) {
                 self.busy.probe = true;
-                self.probed = Some(key);
+                self.probing.last = Some(key);
                 self.schedule.probe = now.mono + self.settings.service.poll_unlicensed.max(repeat);
                 let nodes = report.dls.clone().unwrap_or_default();
                 fx.push(Effect::Probe(nodes));
@@ -1039,7 +1083,7 @@ impl Core {
         let t = secs(now);
         // A unit that does not exist cannot be restarted (systemctl answers exit 5): it comes
         // with the GRID guest driver, which is the fix.
-        let unit_missing = matches!(&self.unit, Some(Err(why)) if policy::unit_missing(why));
+        let unit_missing = matches!(&self.seen.unit, Some(Err(why)) if policy::unit_missing(why));
         if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
             && !unit_missing
             && !self.busy.restart
