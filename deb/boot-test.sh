@@ -1254,12 +1254,17 @@ sys.exit(0 if last and last.get("lease_returned") is True else 1)'
 # ci_clone_detected: a boot whose machine-id changed (a cloned disk) is reported once as
 # clone_detected, and gridd's client state of the old identity was moved aside, kept.
 ci_clone_detected() {
-	guest vgpu-license-agent status --json | "$PYTHON" -c '
+	local out rc
+	out=$(guest vgpu-license-agent status --json)
+	rc=$?
+	# The exit code says the license state (this check is about the event).
+	echo "status --json: exit $rc"
+	"$PYTHON" -c '
 import json, sys
 r = json.load(sys.stdin)
 kinds = [e.get("kind") for e in r.get("events", [])]
 print("events:", kinds)
-sys.exit(0 if kinds.count("clone_detected") == 1 else 1)' || return 1
+sys.exit(0 if kinds.count("clone_detected") == 1 else 1)' <<<"$out" || return 1
 	guest journalctl -b -u vgpu-license-agent-identity.service --no-pager -o cat | tail -n 5
 }
 
