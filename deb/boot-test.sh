@@ -586,7 +586,8 @@ check_status_wait() {
 # in /proc: `journalctl --boot` there matched nothing, and the agent saw only nvidia-smi.)
 check_follows_the_journal() {
 	local out
-	out=$(guest /usr/bin/$NAME status --json)
+	# The service's own report (status would observe on the spot, unsandboxed, without it).
+	out=$(guest cat "/run/$NAME/status.json")
 	grep -q '"kind": "acquired"' <<<"$out" && return 0
 	echo "the agent's report lists no acquisition of gridd's:" >&2
 	echo "$out" >&2
@@ -1640,8 +1641,11 @@ gate_active() { [ "$(guest systemctl is-active "$NEEDS_LICENSE")" = active ]; }
 gate_saw_licensed() { guest cat /run/needs-license.json 2>/dev/null | grep -q '"state": "licensed"'; }
 guest_unlicensed() { guest nvidia-smi -q | grep -q 'License Status *: Unlicensed'; }
 guest_licensed() { guest nvidia-smi -q | grep -q 'License Status *: Licensed'; }
+# (The report read whole first: status's exit code says more than the state, a warning too.)
 agent_licensed() {
-	guest /usr/bin/$NAME status --json 2>/dev/null | grep -q '"state": "licensed"'
+	local out
+	out=$(guest /usr/bin/$NAME status --json 2>/dev/null)
+	grep -q '"state": "licensed"' <<<"$out"
 }
 # The agent's report says a state other than licensed (unlicensed, or restricted once the
 # grace is over).

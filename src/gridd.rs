@@ -12,8 +12,10 @@ const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 ///
 /// A unit that is `deactivating` is asked again for a few seconds: in a restart (an
 /// operator's `systemctl restart`) it passes on to `activating`, and only a stop ends in
-/// `inactive`. Taken for "not running" at once, a restart by hand would be followed by the
-/// agent's own.
+/// `inactive`. An `inactive` or `failed` unit that systemd holds a start job for (a restart
+/// between its stop and its start, a `systemctl --no-block restart` queued at boot behind the
+/// units it is ordered after) is coming back, not stopped. Taken for "not running", a restart
+/// by hand would be followed by the agent's own.
 pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
     let argv = vec![
         settings.commands.systemctl.clone(),
@@ -31,6 +33,7 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
     };
     match state.as_str() {
         "active" | "reloading" | "activating" => Some(Ok(())),
+        "inactive" | "failed" if start_queued(settings) => Some(Ok(())),
         "inactive" | "failed" | "deactivating" => {
             Some(Err(format!("{} is {state}", settings.gridd.unit)))
         }
@@ -44,6 +47,30 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
         ))),
         _ => None,
     }
+}
+
+/// Whether systemd holds a job that starts gridd's unit (`systemctl list-jobs`: `ID UNIT TYPE
+/// STATE`; a restart's job is a start job once its stop is done).
+fn start_queued(settings: &Settings) -> bool {
+    let unit = &settings.gridd.unit;
+    let argv = vec![
+        settings.commands.systemctl.clone(),
+        "list-jobs".into(),
+        "--no-legend".into(),
+        unit.clone(),
+    ];
+    let Ok(out) = command::run(&argv, settings.commands.timeout) else {
+        return false;
+    };
+    String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() >= 3
+            && (f[1] == unit || f[1].strip_suffix(".service") == Some(unit.as_str()))
+            && matches!(
+                f[2],
+                "start" | "restart" | "try-restart" | "reload-or-start"
+            )
+    })
 }
 
 /// Whether nvidia-gridd runs as a process: named `nvidia-gridd` (`/proc/*/comm`) and run from

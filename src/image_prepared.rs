@@ -59,7 +59,7 @@ pub fn previous_boot_is_the_builders(settings: &Settings) -> bool {
     };
     let argv: Vec<String> = [
         settings.commands.journalctl.clone(),
-        crate::journal_boot::boot_arg(settings, -1),
+        "--boot=-1".into(),
         "--lines=1".into(),
         "--output=json".into(),
         "--no-pager".into(),

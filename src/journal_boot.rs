@@ -3,6 +3,10 @@
 
 use std::fs;
 use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tracing::warn;
 
 use crate::command;
 use crate::config::Settings;
@@ -10,38 +14,62 @@ use crate::config::Settings;
 /// Where systemd (pid 1) says it runs in a container, and which one.
 const CONTAINER_FILE: &str = "/run/systemd/container";
 
-/// `journalctl`'s boot selection for this boot (`offset` 0) or one before it (-1).
+/// The most the lookup may take: it runs before the service is ready.
+const LOOKUP_LIMIT: Duration = Duration::from_secs(5);
+
+/// `journalctl`'s selection of this boot's entries.
 ///
 /// `--boot` means the kernel's boot ID. In a container (systemd-nspawn, LXC) journald stamps
 /// the container's own boot ID instead, which the container manager lays over
 /// `/proc/sys/kernel/random/boot_id`; the agent's sandbox (ProtectProc=,
 /// ProtectKernelTunables=) mounts /proc anew and sees the kernel's, so `--boot` would match
-/// none of this boot's entries, and the agent would follow nothing. There this boot is
-/// the boot of the journal's newest entry (journald and the agent itself log in it).
-pub fn boot_arg(settings: &Settings, offset: i32) -> String {
+/// none of this boot's entries, and the agent would follow nothing. There this boot is the
+/// boot of this service's own start in the journal (systemd logs "Starting ..." with the
+/// unit's invocation ID before it runs the agent), or else of the journal's newest entry.
+/// Looked up once per process; in a VM, no lookup at all.
+///
+/// (The previous boot needs none of this: `--boot=-1`, an offset without an ID, counts from
+/// the journal's end.)
+pub fn this_boot_arg(settings: &Settings) -> String {
     if !Path::new(CONTAINER_FILE).exists() {
-        return boot_relative_to(None, offset);
+        return "--boot".into();
     }
-    let kernel = fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().replace('-', ""))
-        .unwrap_or_default();
-    let journal = newest_entry_boot(settings).filter(|id| *id != kernel);
-    boot_relative_to(journal.as_deref(), offset)
+    static LOOKED_UP: OnceLock<Option<String>> = OnceLock::new();
+    let id = LOOKED_UP.get_or_init(|| {
+        let kernel = fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().replace('-', ""))
+            .unwrap_or_default();
+        let invocation = std::env::var("INVOCATION_ID").ok().filter(|i| is_id(i));
+        let found = invocation
+            .and_then(|i| {
+                journal_boot(
+                    settings,
+                    &[
+                        format!("INVOCATION_ID={i}"),
+                        "+".into(),
+                        format!("_SYSTEMD_INVOCATION_ID={i}"),
+                    ],
+                )
+            })
+            .or_else(|| journal_boot(settings, &[]));
+        if found.is_none() {
+            warn!(
+                "in a container, and journalctl named no boot of this journal: gridd's lines are looked for under the kernel's boot ID, which journald may not use here"
+            );
+        }
+        found.filter(|id| *id != kernel)
+    });
+    id.as_deref()
+        .map_or_else(|| "--boot".into(), |id| format!("--boot={id}"))
 }
 
-/// `--boot` for the kernel's boot (`id` `None`) or for the boot `id`, `offset` boots back.
-fn boot_relative_to(id: Option<&str>, offset: i32) -> String {
-    match (id, offset) {
-        (None, 0) => "--boot".into(),
-        (None, n) => format!("--boot={n}"),
-        (Some(id), 0) => format!("--boot={id}"),
-        (Some(id), n) => format!("--boot={id}{n:+}"),
-    }
+fn is_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// The `_BOOT_ID` of the journal's newest entry.
-fn newest_entry_boot(settings: &Settings) -> Option<String> {
-    let argv: Vec<String> = [
+/// The `_BOOT_ID` of the newest entry that `matches` select (any entry without matches).
+fn journal_boot(settings: &Settings, matches: &[String]) -> Option<String> {
+    let mut argv: Vec<String> = [
         settings.commands.journalctl.as_str(),
         "--lines=1",
         "--output=json",
@@ -51,28 +79,20 @@ fn newest_entry_boot(settings: &Settings) -> Option<String> {
     ]
     .map(String::from)
     .to_vec();
-    let out = command::run(&argv, settings.commands.timeout).ok()?;
+    argv.extend_from_slice(matches);
+    let out = command::run(&argv, settings.commands.timeout.min(LOOKUP_LIMIT)).ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let entry: serde_json::Value = text
         .lines()
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())?;
     let id = entry["_BOOT_ID"].as_str()?;
-    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+    is_id(id).then(|| id.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_boot_is_selected_by_the_journals_id_where_the_kernels_is_not_its() {
-        assert_eq!(boot_relative_to(None, 0), "--boot");
-        assert_eq!(boot_relative_to(None, -1), "--boot=-1");
-        let id = "303e9b0d25e14bfa9a445e30b6fd10ac";
-        assert_eq!(boot_relative_to(Some(id), 0), format!("--boot={id}"));
-        assert_eq!(boot_relative_to(Some(id), -1), format!("--boot={id}-1"));
-    }
 
     #[test]
     fn the_newest_entrys_boot_is_read_from_journalctl() {
@@ -93,16 +113,26 @@ mod tests {
         };
         let mut settings = Settings::default();
         settings.commands.journalctl = script.display().to_string();
-        // What journalctl prints for `--lines=1 --output=json --output-fields=_BOOT_ID`.
-        put(r#"echo '{"__CURSOR":"s=1","_BOOT_ID":"303e9b0d25e14bfa9a445e30b6fd10ac"}'"#);
+        // What journalctl prints for `--lines=1 --output=json --output-fields=_BOOT_ID`; the
+        // matches come last.
+        put(
+            r#"[ "$6" = "INVOCATION_ID=0123456789abcdef0123456789abcdef" ] || exit 1
+echo '{"__CURSOR":"s=1","_BOOT_ID":"303e9b0d25e14bfa9a445e30b6fd10ac"}'"#,
+        );
+        let invocation = [
+            "INVOCATION_ID=0123456789abcdef0123456789abcdef".to_string(),
+            "+".into(),
+            "_SYSTEMD_INVOCATION_ID=0123456789abcdef0123456789abcdef".into(),
+        ];
         assert_eq!(
-            newest_entry_boot(&settings).as_deref(),
+            journal_boot(&settings, &invocation).as_deref(),
             Some("303e9b0d25e14bfa9a445e30b6fd10ac")
         );
+        assert_eq!(journal_boot(&settings, &[]), None);
         // Anything but a boot ID is none.
         put(r#"echo '{"_BOOT_ID":"../x"}'"#);
-        assert_eq!(newest_entry_boot(&settings), None);
+        assert_eq!(journal_boot(&settings, &[]), None);
         put("exit 1");
-        assert_eq!(newest_entry_boot(&settings), None);
+        assert_eq!(journal_boot(&settings, &[]), None);
     }
 }

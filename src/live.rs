@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::command;
 use crate::config::Settings;
-use crate::journal_boot::boot_arg;
+use crate::journal_boot::this_boot_arg;
 use crate::observe::journal::{self, ScanStats};
 use crate::observe::smi::{self, SmiSnapshot};
 use crate::report::{Finding, Reason};
@@ -93,7 +93,7 @@ fn read_smi_only(settings: &Settings) -> SmiRead {
 
 /// The `journalctl` arguments that select nvidia-gridd's entries of this boot.
 pub fn journal_args(settings: &Settings, follow: bool) -> Vec<String> {
-    journal_args_of(settings, follow, &boot_arg(settings, 0))
+    journal_args_of(settings, follow, &this_boot_arg(settings))
 }
 
 fn journal_args_of(settings: &Settings, follow: bool, boot: &str) -> Vec<String> {
@@ -157,7 +157,7 @@ pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::shutdown::La
     if crate::image_prepared::previous_boot_is_the_builders(settings) {
         return None;
     }
-    let argv = journal_args_of(settings, false, &boot_arg(settings, -1));
+    let argv = journal_args_of(settings, false, "--boot=-1");
     let out = command::run(&argv, settings.commands.timeout).ok()?;
     // gridd logs a few lines an hour; the last ones of the boot are what matters.
     const KEEP: usize = 1000;

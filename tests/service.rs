@@ -1415,3 +1415,22 @@ fn scenario_a_guest_without_a_gpu_is_no_gpu_and_left_alone() {
         || a.context(),
     );
 }
+
+/// An operator's `systemctl restart nvidia-gridd` passes through `inactive` with the restart's
+/// start job queued (`systemctl list-jobs` lists it): gridd is coming back, and the agent, which
+/// asks systemd as soon as gridd says it shuts down, does not restart it a second time.
+#[test]
+fn scenario_a_restart_by_hand_is_not_followed_by_the_agents_own() {
+    let (m, a) = licensed(Setup::default());
+    let own = || a.metric("vgpu_license_gridd_restarts_total").unwrap_or(0.0);
+    let before = own();
+    for _ in 0..3 {
+        let new = restart_gridd_by_hand(&m);
+        a.wait_status("the new gridd licensed", T, |v| {
+            has_event(v, &format!("Started ({new})")) && v["state"] == "licensed"
+        });
+    }
+    // The answer to the agent's last question about the unit comes within a few seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(own(), before, "{}", a.context());
+}

@@ -101,10 +101,19 @@ struct Shell {
     metrics_tx: watch::Sender<String>,
     /// Files whose last write failed (logged once until they are written again).
     failing: RefCell<HashSet<PathBuf>>,
+    /// The token directory's watch (none where it cannot be watched).
+    watcher: RefCell<Option<notify::RecommendedWatcher>>,
 }
 
 impl Shell {
     fn carry_out(&self, settings: &Settings, effects: Vec<Effect>) {
+        // Before the token is read, the token directory is watched again if it was made anew
+        // since: a watch ends with its directory, and the change that made the new one may
+        // have been folded into an event the shell had already taken (while the directory was
+        // still missing), so that only this read sees it.
+        if effects.contains(&Effect::ReadToken) {
+            rewatch(&mut self.watcher.borrow_mut(), &settings.paths.token_dir);
+        }
         for effect in effects {
             let settings = settings.clone();
             let tx = self.tx.clone();
@@ -213,7 +222,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         tx.clone(),
         stop_rx.clone(),
     ));
-    let mut watcher = watch_paths(&settings, tx.clone());
+    let watcher = watch_paths(&settings, tx.clone());
     let servers = serve_metrics(&settings, metrics_rx).await;
     // Under systemd's watchdog, the ping rides on the heartbeat's wakeup (twice per period);
     // without one there is no watchdog timer at all.
@@ -229,6 +238,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         tx,
         metrics_tx,
         failing: RefCell::default(),
+        watcher: RefCell::new(watcher),
     };
     let effects = core.start(clock.now());
     shell.carry_out(core.settings(), effects);
@@ -239,16 +249,10 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         let wake = clock.instant(core.next_wake(clock.now()));
         tokio::select! {
             Some(event) = rx.recv() => {
-                let mut on_event = |event: Event| {
-                    if matches!(event, Event::TokenDirChanged) {
-                        rewatch(&mut watcher, &core.settings().paths.token_dir);
-                    }
-                    core.handle(event, clock.now())
-                };
-                let mut effects = on_event(event);
+                let mut effects = core.handle(event, clock.now());
                 // A backlog (this boot's journal at start) makes one report, not one each.
                 while let Ok(event) = rx.try_recv() {
-                    effects.extend(on_event(event));
+                    effects.extend(core.handle(event, clock.now()));
                 }
                 shell.carry_out(core.settings(), effects);
             }

@@ -117,6 +117,9 @@ fn journald_answers() -> bool {
 pub fn ensure_journald() {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     let r = DONE.get_or_init(|| {
+        // Every test process that uses a journald holds this shared until it ends; the
+        // watcher of a journald a test started waits for all of them (see [`stop_at_exit`]).
+        std::mem::forget(lock_file_as(JOURNALD_USERS, FlockArg::LockShared));
         if journald_answers() {
             return Ok(());
         }
@@ -152,10 +155,14 @@ pub fn ensure_journald() {
                 Ok(())
             });
         }
-        let journald = cmd
+        let mut journald = cmd
             .spawn()
             .map_err(|e| format!("cannot start {bin}: {e} (run the tests as root)"))?;
-        stop_at_exit(journald.id(), &made)?;
+        if let Err(e) = stop_at_exit(journald.id(), &made) {
+            let _ = journald.kill();
+            let _ = journald.wait();
+            return Err(e);
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if journald_answers() {
@@ -172,10 +179,16 @@ pub fn ensure_journald() {
     }
 }
 
+/// Held shared by every test process that uses a journald (close-on-exec, so not by what
+/// the tests run).
+const JOURNALD_USERS: &str = "/tmp/vgpu-license-agent-journald.users";
+
 /// Stops the journald `pid` when this process ends, and removes the directories it `made`: a
 /// watcher in a session of its own (a ^C to the test run does not reach it) reads a pipe whose
 /// one writer is this process, so that its end of file comes when this process ends, even
-/// killed. (No test knows it is the last; the test binary has no hook at its end.)
+/// killed. It then waits until no other test process uses that journald ([`JOURNALD_USERS`])
+/// and signals only a process that is still that journald. (No test knows it is the last;
+/// the test binary has no hook at its end.)
 fn stop_at_exit(pid: u32, made: &[&str]) -> Result<(), String> {
     use std::os::unix::process::CommandExt;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -184,14 +197,20 @@ fn stop_at_exit(pid: u32, made: &[&str]) -> Result<(), String> {
     cmd.arg("-c")
         .arg(
             r#"cat >/dev/null
-pid=$1; shift
-kill -TERM "$pid" 2>/dev/null
+users=$1 pid=$2; shift 2
+exec 9>"$users" && flock 9
+alive() {
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = systemd-journal ] &&
+    ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
+}
+alive && kill -TERM "$pid"
 i=0
-while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-kill -KILL "$pid" 2>/dev/null
+while alive && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+alive && kill -KILL "$pid"
 rm -rf "$@""#,
         )
         .arg("journald-watcher")
+        .arg(JOURNALD_USERS)
         .arg(pid.to_string())
         .args(made)
         .stdin(Stdio::from(read))

@@ -29,12 +29,14 @@ pub const CONFIG_FILE: &str = "sim.json";
 pub const STATE_FILE: &str = "state.json";
 pub const PID_FILE: &str = "gridd.pid";
 pub const RESTARTS_FILE: &str = "restarts";
-/// While a restart runs: the phase systemd's unit is in ("deactivating", then "activating").
+/// While a restart runs: the phase systemd's unit is in ("deactivating", "queued", then
+/// "activating").
 pub const RESTARTING_FILE: &str = "gridd.restarting";
 
 /// The unit's ActiveState as systemd gives it: a restart passes through `deactivating`
-/// (the old process stopping) and `activating` (the new one starting); otherwise the unit
-/// is `active` while gridd runs.
+/// (the old process stopping), `inactive` with the restart's start job queued (`queued`; see
+/// [`start_job`]) and `activating` (the new one starting); otherwise the unit is `active`
+/// while gridd runs.
 pub fn unit_state(dir: &Path) -> &'static str {
     let phase = fs::read_to_string(dir.join(RESTARTING_FILE)).unwrap_or_default();
     match (phase.trim(), running_gridd(dir)) {
@@ -42,6 +44,17 @@ pub fn unit_state(dir: &Path) -> &'static str {
         (_, Some(_)) => "active",
         ("activating", None) => "activating",
         _ => "inactive",
+    }
+}
+
+/// The job systemd holds for the unit during a restart, as `systemctl list-jobs` names it:
+/// the restart's own (`restart`) until its stop is done, a `start` job after.
+pub fn start_job(dir: &Path) -> Option<&'static str> {
+    let phase = fs::read_to_string(dir.join(RESTARTING_FILE)).unwrap_or_default();
+    match phase.trim() {
+        "deactivating" => Some("restart"),
+        "queued" | "activating" => Some("start"),
+        _ => None,
     }
 }
 pub const GRIDD_LOG: &str = "gridd.log";
@@ -506,11 +519,15 @@ pub fn count_restart(dir: &Path, old: Option<i32>) -> io::Result<()> {
 }
 
 /// Restarts the simulated gridd as `systemctl restart` would: stop, start, counted, the unit
-/// `deactivating`, then `activating` meanwhile (see [`unit_state`]).
+/// `deactivating`, `inactive` with the start job queued, then `activating` meanwhile (see
+/// [`unit_state`]). The queued start waits a moment, as one does behind the units it is
+/// ordered after.
 pub fn restart_gridd(dir: &Path) -> io::Result<i32> {
     let phase = dir.join(RESTARTING_FILE);
     write_atomic(&phase, b"deactivating\n")?;
     let old = stop_gridd(dir, Duration::from_secs(5));
+    write_atomic(&phase, b"queued\n")?;
+    std::thread::sleep(Duration::from_millis(300));
     write_atomic(&phase, b"activating\n")?;
     let started = count_restart(dir, old).and_then(|()| start_gridd(dir));
     let _ = fs::remove_file(&phase);

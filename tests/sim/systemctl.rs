@@ -3,6 +3,7 @@
 //!
 //!     sim-systemctl is-active UNIT      active / inactive / deactivating, activating during a
 //!                                       restart (exit 3 unless active)
+//!     sim-systemctl list-jobs [--no-legend] UNIT   the restart's job while one runs
 //!     sim-systemctl show -P MainPID UNIT
 //!     sim-systemctl show -p ActiveState,MainPID UNIT
 //!     sim-systemctl restart|start|stop UNIT
@@ -15,7 +16,12 @@ mod shared;
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let dir = shared::sim_dir(&mut args);
-    args.retain(|a| !matches!(a.as_str(), "--no-pager" | "--quiet" | "-q" | "--system"));
+    args.retain(|a| {
+        !matches!(
+            a.as_str(),
+            "--no-pager" | "--quiet" | "-q" | "--system" | "--no-legend"
+        )
+    });
     let is_gridd = |u: &str| u == "nvidia-gridd.service" || u == "nvidia-gridd";
     let unit = args.last().cloned().unwrap_or_default();
     let running = if is_gridd(&unit) {
@@ -34,6 +40,13 @@ fn main() {
             println!("{state}");
             if state != "active" {
                 std::process::exit(3);
+            }
+        }
+        "list-jobs" => {
+            if is_gridd(&unit)
+                && let Some(job) = shared::start_job(&dir)
+            {
+                println!("1 nvidia-gridd.service {job} running");
             }
         }
         "show" => {
