@@ -147,14 +147,7 @@ pub fn ensure_journald() {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        use std::os::unix::process::CommandExt;
-        // SAFETY: setsid only, between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                Ok(())
-            });
-        }
+        in_own_session(&mut cmd);
         let mut journald = cmd
             .spawn()
             .map_err(|e| format!("cannot start {bin}: {e} (run the tests as root)"))?;
@@ -179,6 +172,19 @@ pub fn ensure_journald() {
     }
 }
 
+/// Runs `cmd` in a session of its own: a ^C to the test run, or its terminal closing, does not
+/// reach it.
+fn in_own_session(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
 /// Held shared by every test process that uses a journald (close-on-exec, so not by what
 /// the tests run).
 const JOURNALD_USERS: &str = "/tmp/vgpu-license-agent-journald.users";
@@ -190,7 +196,6 @@ const JOURNALD_USERS: &str = "/tmp/vgpu-license-agent-journald.users";
 /// and signals only a process that is still that journald. (No test knows it is the last;
 /// the test binary has no hook at its end.)
 fn stop_at_exit(pid: u32, made: &[&str]) -> Result<(), String> {
-    use std::os::unix::process::CommandExt;
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| format!("pipe for journald's watcher: {e}"))?;
     let mut cmd = Command::new("/bin/sh");
@@ -216,13 +221,7 @@ rm -rf "$@""#,
         .stdin(Stdio::from(read))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: setsid only, between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
-        });
-    }
+    in_own_session(&mut cmd);
     cmd.spawn()
         .map_err(|e| format!("cannot start journald's watcher: {e}"))?;
     // Held until this process ends; close-on-exec, so no program a test runs holds it.
@@ -439,20 +438,39 @@ pub const CLS_TARGET: &str = "api.cls.licensing.nvidia.com:443";
 pub struct LegacyServer {
     pub addr: std::net::SocketAddr,
     listener: Option<std::net::TcpListener>,
+    n: u8,
+}
+
+/// The addresses of the legacy servers alive in this process, down ones too: a server taken
+/// down must not have its address taken by another test's, which would answer its gridd.
+static LEGACY_TAKEN: std::sync::Mutex<std::collections::BTreeSet<u8>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+impl Drop for LegacyServer {
+    fn drop(&mut self) {
+        LEGACY_TAKEN
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.n);
+    }
 }
 
 impl LegacyServer {
     /// Up, on 127.0.70.N:7070 for the first N free.
     pub fn start() -> LegacyServer {
-        let (addr, l) = (70..90)
+        let mut taken = LEGACY_TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+        let (n, addr, l) = (70..90u8)
+            .filter(|n| !taken.contains(n))
             .find_map(|n| {
                 let addr: std::net::SocketAddr = format!("127.0.70.{n}:7070").parse().ok()?;
-                std::net::TcpListener::bind(addr).ok().map(|l| (addr, l))
+                std::net::TcpListener::bind(addr).ok().map(|l| (n, addr, l))
             })
             .expect("a free 127.0.70.N:7070");
+        taken.insert(n);
         LegacyServer {
             addr,
             listener: Some(l),
+            n,
         }
     }
 
