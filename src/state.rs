@@ -185,6 +185,11 @@ pub struct Observations {
     /// The service's finding that the lease's expiry has stopped moving: since when it
     /// counts as stalled, and what to say.
     pub renewal_stalled: Option<(DateTime<Utc>, String)>,
+    /// The service's memory: when it saw the lease nvidia-smi shows now come (a new
+    /// acquisition, or a renewal that moved the expiry). A failure gridd logged before it is
+    /// over, though gridd's line saying so may not have arrived yet (nvidia-smi shows a new
+    /// lease at once; gridd's lines reach the journal's readers a moment later).
+    pub lease_since: Option<DateTime<Utc>>,
     /// The token source holds a token the agent refused: why. Critical without an installed
     /// token (it is why there is none), a warning while the installed one holds.
     pub source_rejected: Option<String>,
@@ -460,6 +465,13 @@ pub fn evaluate(obs: Observations) -> Report {
     };
     let log_failure =
         log_failure.filter(|f| token_needed || f.what.reason != Some(Reason::TokenMissing));
+    let log_failure = log_failure.filter(|f| {
+        let before_the_lease = obs
+            .lease_since
+            .zip(f.stamp.and_then(|s| s.utc()))
+            .is_some_and(|(since, at)| at < since);
+        !before_the_lease
+    });
     if let Some(why) = obs.smi.as_ref().and_then(|s| s.unanswered.as_ref()) {
         notes.push(format!("nvidia-smi did not answer: {why}"));
     }
@@ -806,6 +818,38 @@ mod tests {
         let f = r.failure.expect("a failure");
         assert_eq!(f.at.as_deref(), r.events[0].at.as_deref());
         assert!(f.at.is_some_and(|a| a.starts_with("2022-12-20T17:00:00")));
+    }
+
+    /// nvidia-smi shows the lease of a gridd whose lines have not arrived yet: the token
+    /// failure the gridd before it logged is over (the lease came after it), and the guest
+    /// is licensed without a warning. One logged after the lease was first seen stands.
+    #[test]
+    fn a_failure_logged_before_the_lease_shown_is_over() {
+        let smi = crate::observe::smi::parse(
+            b"GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n",
+        )
+        .unwrap();
+        let log = "2026-12-02T08:06:46+00:00 h nvidia-gridd[133]: Unable to fetch the client configuration token file\n";
+        let at = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc);
+        let report = |since: &str| {
+            evaluate(Observations {
+                smi: Some(smi.clone()),
+                log: Some(fold_of(log)),
+                lease_since: Some(at(since)),
+                ..Default::default()
+            })
+        };
+        let r = report("2026-12-02T08:06:47Z");
+        assert_eq!(
+            (r.state, r.exit_code),
+            (State::Licensed, 0),
+            "{:?}",
+            r.failure
+        );
+        assert!(r.failure.is_none());
+        let r = report("2026-12-02T08:06:45Z");
+        assert_eq!((r.state, r.exit_code), (State::Licensed, 1));
+        assert_eq!(r.failure.map(|f| f.reason), Some(Reason::TokenMissing));
     }
 
     fn fold_of(text: &str) -> (LogFold, ScanStats) {

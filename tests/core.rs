@@ -1004,3 +1004,30 @@ fn gridd_restarting_while_nvidia_smi_is_read_is_read_again() {
     sim.run(S(2));
     assert_ne!(sim.state(), State::Licensed);
 }
+
+/// nvidia-smi shows a new lease before gridd's lines saying so arrive (gridd restarted for a
+/// token just installed): the token failure the gridd before it logged is over, and the
+/// report is licensed without a warning (a `status --wait` then exits 0).
+#[test]
+fn a_new_lease_ends_the_failure_logged_before_it() {
+    let mut sim = Sim::new(settings(), World::new(UNLICENSED));
+    // Stamped as journald stamps it (the agent reads `journalctl -o json`).
+    let line = format!(
+        "{} guest nvidia-gridd[100]: Unable to fetch the client configuration token file\n",
+        sim.now().wall.to_rfc3339()
+    );
+    let mut events = Vec::new();
+    journal::scan(line.as_bytes(), |e| events.push(e)).unwrap();
+    sim.handle(Event::Gridd(Box::new(events.remove(0))));
+    sim.run(S(5));
+    assert_eq!(sim.reason(), Some(Reason::TokenMissing));
+    sim.world.smi = LICENSED.into();
+    sim.run(S(120));
+    let r = sim.core.report().unwrap();
+    assert_eq!(
+        (r.state, r.exit_code),
+        (State::Licensed, 0),
+        "{:?}",
+        r.failure
+    );
+}

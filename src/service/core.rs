@@ -303,6 +303,8 @@ struct Seen {
     legacy_server: Option<String>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// When the agent saw that lease come, or its expiry move (not the first reading's).
+    new_lease_since: Option<DateTime<Utc>>,
     last_shutdown: Option<crate::shutdown::LastShutdown>,
     clone: Option<crate::identity::CloneDetected>,
 }
@@ -318,6 +320,7 @@ impl Seen {
             token: None,
             legacy_server: None,
             lease: None,
+            new_lease_since: None,
             last_shutdown: None,
             clone: None,
         }
@@ -462,11 +465,23 @@ impl Core {
                         if crate::state::smi_state(&s) == State::Licensed {
                             self.probing.failure = None;
                         }
-                        self.seen.lease = match (lease_expiry(&s), self.seen.lease) {
+                        let lease = match (lease_expiry(&s), self.seen.lease) {
                             (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
                             (Some(exp), _) => Some((exp, now.wall)),
                             (None, _) => None,
                         };
+                        // A lease that came (or moved) since an earlier reading: what gridd
+                        // logged before it is over. The first reading's lease is as old as
+                        // it is: gridd's lines since then still count.
+                        let first = self.seen.smi.is_none() && self.seen.smi_error.is_none();
+                        self.seen.new_lease_since = match lease {
+                            Some((exp, since)) if self.seen.lease.map(|l| l.0) != Some(exp) => {
+                                (!first).then_some(since)
+                            }
+                            Some(_) => self.seen.new_lease_since,
+                            None => None,
+                        };
+                        self.seen.lease = lease;
                         self.seen.smi = Some(s);
                         self.seen.smi_error = None;
                     }
@@ -945,6 +960,7 @@ impl Core {
         }
         let mut obs = obs;
         obs.legacy_server.clone_from(&self.seen.legacy_server);
+        obs.lease_since = self.seen.new_lease_since;
         obs.renewal_stalled = self
             .seen
             .lease
