@@ -584,13 +584,17 @@ check_status_wait() {
 # The agent follows gridd's journal of this boot: its report lists gridd's lines. (In a
 # container journald stamps the container's boot ID, which the agent's sandbox does not see
 # in /proc: `journalctl --boot` there matched nothing, and the agent saw only nvidia-smi.)
-check_follows_the_journal() {
+# The service's own report (status would observe on the spot, unsandboxed, without it).
+report_lists_acquired() {
 	local out
-	# The service's own report (status would observe on the spot, unsandboxed, without it).
 	out=$(guest cat "/run/$NAME/status.json")
-	grep -q '"kind": "acquired"' <<<"$out" && return 0
+	grep -q '"kind": "acquired"' <<<"$out"
+}
+check_follows_the_journal() {
+	# gridd's line comes a moment after nvidia-smi shows the license.
+	wait_until 30 report_lists_acquired && return 0
 	echo "the agent's report lists no acquisition of gridd's:" >&2
-	echo "$out" >&2
+	guest cat "/run/$NAME/status.json" >&2
 	return 1
 }
 
