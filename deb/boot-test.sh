@@ -1644,7 +1644,6 @@ gate_active() { [ "$(guest systemctl is-active "$NEEDS_LICENSE")" = active ]; }
 # /run is the booted guest's own tmpfs, not the tree's: read it in the guest.
 gate_saw_licensed() { guest cat /run/needs-license.json 2>/dev/null | grep -q '"state": "licensed"'; }
 guest_unlicensed() { guest nvidia-smi -q | grep -q 'License Status *: Unlicensed'; }
-guest_licensed() { guest nvidia-smi -q | grep -q 'License Status *: Licensed'; }
 # (The report read whole first: status's exit code says more than the state, a warning too.)
 agent_licensed() {
 	local out

@@ -58,12 +58,13 @@ pub fn previous_boot_is_the_builders(settings: &Settings) -> bool {
         return false;
     };
     let argv: Vec<String> = [
-        settings.commands.journalctl.clone(),
-        "--boot=-1".into(),
-        "--lines=1".into(),
-        "--output=json".into(),
-        "--no-pager".into(),
+        settings.commands.journalctl.as_str(),
+        "--boot=-1",
+        "--lines=1",
+        "--output=json",
+        "--no-pager",
     ]
+    .map(String::from)
     .to_vec();
     let Ok(out) = crate::command::run(&argv, settings.commands.timeout) else {
         return false;

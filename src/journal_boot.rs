@@ -1,7 +1,6 @@
 //! Which boot of the journal is this one, for `journalctl`'s `--boot`: the kernel's, except in
 //! a container, where journald stamps the container's own boot ID.
 
-use std::fs;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -25,7 +24,8 @@ const LOOKUP_LIMIT: Duration = Duration::from_secs(5);
 /// ProtectKernelTunables=) mounts /proc anew and sees the kernel's, so `--boot` would match
 /// none of this boot's entries, and the agent would follow nothing. There this boot is the
 /// boot of this service's own start in the journal (systemd logs "Starting ..." with the
-/// unit's invocation ID before it runs the agent), or else of the journal's newest entry.
+/// unit's invocation ID before it runs the agent), or else of the journal's newest entry,
+/// named by its ID.
 /// Looked up once per process; in a VM, no lookup at all.
 ///
 /// (The previous boot needs none of this: `--boot=-1`, an offset without an ID, counts from
@@ -36,9 +36,6 @@ pub fn this_boot_arg(settings: &Settings) -> String {
     }
     static LOOKED_UP: OnceLock<Option<String>> = OnceLock::new();
     let id = LOOKED_UP.get_or_init(|| {
-        let kernel = fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .map(|s| s.trim().replace('-', ""))
-            .unwrap_or_default();
         let invocation = std::env::var("INVOCATION_ID").ok().filter(|i| is_id(i));
         let found = invocation
             .and_then(|i| {
@@ -57,7 +54,7 @@ pub fn this_boot_arg(settings: &Settings) -> String {
                 "in a container, and journalctl named no boot of this journal: gridd's lines are looked for under the kernel's boot ID, which journald may not use here"
             );
         }
-        found.filter(|id| *id != kernel)
+        found
     });
     id.as_deref()
         .map_or_else(|| "--boot".into(), |id| format!("--boot={id}"))
@@ -93,6 +90,7 @@ fn journal_boot(settings: &Settings, matches: &[String]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn the_newest_entrys_boot_is_read_from_journalctl() {

@@ -303,8 +303,9 @@ struct Seen {
     legacy_server: Option<String>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
-    /// When the agent saw that lease come, or its expiry move (not the first reading's).
-    new_lease_since: Option<DateTime<Utc>>,
+    /// That lease was there at the agent's first reading: as old as it is, not one the agent
+    /// saw come (gridd's failures since it came still count).
+    lease_at_start: bool,
     last_shutdown: Option<crate::shutdown::LastShutdown>,
     clone: Option<crate::identity::CloneDetected>,
 }
@@ -320,7 +321,7 @@ impl Seen {
             token: None,
             legacy_server: None,
             lease: None,
-            new_lease_since: None,
+            lease_at_start: false,
             last_shutdown: None,
             clone: None,
         }
@@ -470,17 +471,10 @@ impl Core {
                             (Some(exp), _) => Some((exp, now.wall)),
                             (None, _) => None,
                         };
-                        // A lease that came (or moved) since an earlier reading: what gridd
-                        // logged before it is over. The first reading's lease is as old as
-                        // it is: gridd's lines since then still count.
-                        let first = self.seen.smi.is_none() && self.seen.smi_error.is_none();
-                        self.seen.new_lease_since = match lease {
-                            Some((exp, since)) if self.seen.lease.map(|l| l.0) != Some(exp) => {
-                                (!first).then_some(since)
-                            }
-                            Some(_) => self.seen.new_lease_since,
-                            None => None,
-                        };
+                        if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
+                            self.seen.lease_at_start =
+                                self.seen.smi.is_none() && self.seen.smi_error.is_none();
+                        }
                         self.seen.lease = lease;
                         self.seen.smi = Some(s);
                         self.seen.smi_error = None;
@@ -960,7 +954,12 @@ impl Core {
         }
         let mut obs = obs;
         obs.legacy_server.clone_from(&self.seen.legacy_server);
-        obs.lease_since = self.seen.new_lease_since;
+        // A lease the agent saw come (or move): what gridd logged before it is over.
+        obs.lease_since = self
+            .seen
+            .lease
+            .filter(|_| !self.seen.lease_at_start)
+            .map(|(_, since)| since);
         obs.renewal_stalled = self
             .seen
             .lease
