@@ -29,6 +29,9 @@ fn main() -> ExitCode {
         cli.command,
         Command::Status(_) | Command::Analyze(_) | Command::Diagnose(_)
     );
+    if check || matches!(cli.command, Command::Token(_) | Command::Config(_)) {
+        quiet_on_closed_pipe();
+    }
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -47,6 +50,15 @@ fn main() -> ExitCode {
             ExitCode::from(if check { UNKNOWN } else { 1 })
         }
     }
+}
+
+/// A command that only reads and prints ends quietly when its reader goes away
+/// (`status | head -1`), as `cat` and `grep` do, instead of a panic on the failed write. Not
+/// for `run` and `install`, whose work must not stop half way for a closed pipe.
+fn quiet_on_closed_pipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: the default action installed before any thread is started.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {

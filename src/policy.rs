@@ -43,6 +43,10 @@ pub fn of(reason: Reason) -> Policy {
         R::TokenMissing | R::TokenInvalid | R::TokenExpired => (false, false, &["token"], Specific),
         // The platform delivers a bad token: its rotation must be fixed where it is made.
         R::TokenSourceRejected => (false, false, &["token-source"], Specific),
+        // The installed token holds; the refused file is named, with why.
+        R::TokenRejected => (false, false, &["token-dir"], Specific),
+        // The driver must answer first: a restart of gridd cannot load it.
+        R::DriverUnavailable => (false, false, &["driver"], Specific),
         // gridd's own word: the probe only measures by how much (see `probe_measures`).
         R::ClockSkew => (false, false, &["clock"], Specific),
         R::NoLicenseAvailable | R::TrustedStore | R::LicensingUnsupported => {

@@ -109,15 +109,39 @@ impl Remedy {
             && now >= self.not_before
     }
 
-    /// When (in the same seconds as `now`) the budget and the backoff next allow a restart.
-    pub fn next_allowed(&mut self, cfg: &Service, now: f64) -> f64 {
-        let budget = if self.restarts_last_hour(now) >= cfg.restart_budget_per_hour as usize {
-            // The oldest restart of the hour leaving it frees one.
+    /// Whether a restart for a new token may be made now. The budget always counts; the
+    /// backoff only while a license is held, where a restart returns it and rotations in a
+    /// burst are churn. A new token while no license is held is the fix arriving: it goes in
+    /// at once, whatever restarts failed before it.
+    pub fn may_restart_for_token(&mut self, cfg: &Service, now: f64, licensed: bool) -> bool {
+        if licensed {
+            return self.may_restart(cfg, now);
+        }
+        self.restarts_last_hour(now) < cfg.restart_budget_per_hour as usize
+    }
+
+    /// When a restart for a new token is next allowed ([`Remedy::may_restart_for_token`]).
+    pub fn next_allowed_for_token(&mut self, cfg: &Service, now: f64, licensed: bool) -> f64 {
+        if licensed {
+            self.next_allowed(cfg, now)
+        } else {
+            self.budget_frees(cfg, now)
+        }
+    }
+
+    /// When the budget next allows a restart (now, where it does).
+    fn budget_frees(&mut self, cfg: &Service, now: f64) -> f64 {
+        if self.restarts_last_hour(now) >= cfg.restart_budget_per_hour as usize {
             self.restarts.front().map_or(now, |t| t + 3600.0)
         } else {
             now
-        };
-        budget.max(self.not_before)
+        }
+    }
+
+    /// When (in the same seconds as `now`) the budget and the backoff next allow a restart.
+    pub fn next_allowed(&mut self, cfg: &Service, now: f64) -> f64 {
+        // The oldest restart of the hour leaving it frees one.
+        self.budget_frees(cfg, now).max(self.not_before)
     }
 
     /// A reloaded config: the restarts made so far still count against the budget, and the
@@ -172,6 +196,26 @@ mod tests {
                 assert!(matches!(d, Decision::Hold(_)), "{r:?}: {d:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_new_token_without_a_license_waits_for_the_budget_not_the_backoff() {
+        let c = cfg();
+        let mut m = Remedy::new(&c);
+        m.restarted(&c, 0.0, 0.5);
+        assert!(!m.may_restart_for_token(&c, 1.0, true), "licensed: backoff");
+        assert_eq!(m.next_allowed_for_token(&c, 1.0, true), 60.0);
+        assert!(
+            m.may_restart_for_token(&c, 1.0, false),
+            "unlicensed: at once"
+        );
+        m.restarted(&c, 1.0, 0.5);
+        m.restarted(&c, 2.0, 0.5);
+        assert!(
+            !m.may_restart_for_token(&c, 3.0, false),
+            "the budget still counts"
+        );
+        assert_eq!(m.next_allowed_for_token(&c, 3.0, false), 3600.0);
     }
 
     #[test]

@@ -193,6 +193,11 @@ pub struct Observations {
     /// The token source holds a token the agent refused: why. Critical without an installed
     /// token (it is why there is none), a warning while the installed one holds.
     pub source_rejected: Option<String>,
+    /// A file dropped beside the installed token was refused and moved aside, recently: which
+    /// and why. A warning while nothing worse is found.
+    pub token_rejected: Option<String>,
+    /// What the service has to say about the token for a while (a rotation it made): notes.
+    pub token_notes: Vec<String>,
 }
 
 /// Where the report's failure comes from: the agent's own finding (or its probe's), or gridd's
@@ -294,6 +299,8 @@ pub fn advice(
         Reason::LicensingUnsupported => "This GPU is not a licensable vGPU (passthrough or bare metal under the GRID guest driver): nothing to license here; use the data-center driver, or give the VM a vGPU profile.".into(),
         Reason::FeatureTypeInvalid => "FeatureType in /etc/nvidia/gridd.conf does not fit this GPU: set FeatureType=1 for a vGPU (the driver picks the edition from the profile), e.g. `vgpu-license-agent install --feature-type 1 ...`; 2 or 4 only for passthrough, then restart nvidia-gridd.".into(),
         Reason::DlsUnreachable => format!("{the_dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
+        Reason::DriverUnavailable => "No NVIDIA driver answers: install the NVIDIA vGPU (GRID) guest driver that matches the host's vGPU manager, or load it (`vgpu-license-agent diagnose` says which).".into(),
+        Reason::TokenRejected => "The installed token still holds. A file meant as a new token was refused and moved to the agent's replaced/ directory (the message says which and why): download the token from the DLS again and copy it unchanged into the token directory; to choose a valid token that lost, run the install command the message gives.".into(),
         Reason::RenewalStalled => format!("gridd has not renewed the lease from {dls} for longer than its renewal interval allows: the license runs out at its expiry. Run `vgpu-license-agent diagnose` (DNS, TCP, TLS, the clock against the DLS) and look for this client in the DLS's log; restart nvidia-gridd only once the DLS answers: a restart returns the lease."),
         Reason::TokenSourceRejected => "The platform's token source (paths.token_source: a Kubernetes Secret shared into the guest, say) holds a token the agent refused (expired, undecodable, or no token at all), so it was not installed: put a valid client configuration token from the DLS into the Secret; the installed token, if any, stays until then.".into(),
         Reason::GriddNotRunning => "nvidia-gridd is not running: `systemctl enable --now nvidia-gridd`, then read `journalctl -u nvidia-gridd` if it stops again.".into(),
@@ -595,7 +602,7 @@ pub fn evaluate(obs: Observations) -> Report {
                 ));
             }
             Some(Failure {
-                reason: Reason::Other,
+                reason: Reason::DriverUnavailable,
                 advice: driver_advice(&why),
                 message: why,
                 at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
@@ -623,6 +630,21 @@ pub fn evaluate(obs: Observations) -> Report {
             at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
         })
     });
+    // A file meant as a new token, refused while the installed token holds: a warning, so
+    // that the operator who copied it does not believe the rotation went through.
+    let failure = failure.or_else(|| {
+        let why = obs
+            .token_rejected
+            .clone()
+            .filter(|_| !matches!(state, State::NoGpu | State::NotLicensable))?;
+        Some(Failure {
+            reason: Reason::TokenRejected,
+            advice: advice(Reason::TokenRejected, None, None, None),
+            message: why,
+            at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+        })
+    });
+    notes.extend(obs.token_notes.iter().cloned());
     // A lease held whose renewals have stalled: a warning while it still holds.
     let failure = failure.or_else(|| {
         let (since, message) = obs.renewal_stalled.filter(|_| state == State::Licensed)?;

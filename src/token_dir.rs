@@ -8,8 +8,14 @@
 //! its name. With several, the rule is:
 //!
 //! 1. one that is valid now beats one that is expired or not yet valid;
-//! 2. then the one named `paths.token_file`;
-//! 3. then the newest (modification time), then the name, so the choice is stable.
+//! 2. then the one that appeared last in the directory (its inode's change time, which a
+//!    copy, a move into the directory and a write all set, and `cp -p` or `mv` of an old
+//!    download do too): a token copied beside the installed one, as NVIDIA's guide rotates,
+//!    is the operator's intent and wins, even while the old one is still valid by its dates;
+//! 3. then the later `iat` (issued at), then the one named `paths.token_file`, then the name,
+//!    so the choice is stable.
+//!
+//! docs/install.md says the same for operators.
 //!
 //! Every other entry is a stray: an old token, a misplaced gridd.conf, an editor's backup, a
 //! README. gridd may read a stray and exit on it, so `install` and the service move strays into
@@ -89,6 +95,36 @@ pub struct Stray {
     /// Size in bytes (of the link itself for a link).
     pub size: u64,
     pub dev: u64,
+    /// For a file named or shaped like a token: why it is not the token, in the words the
+    /// agent uses for a token alone in the directory ("expired at ...", what does not decode,
+    /// or that a newer valid token appeared after it). `None` for any other stray.
+    pub verdict: Option<String>,
+    /// It is a token valid now whose bytes differ from the installed token's: gridd may be
+    /// licensed with it, so moving it changes what gridd reads.
+    pub other_token: bool,
+    /// The SHA-256 of its bytes (hex), when it decodes as a token.
+    pub sha256: Option<String>,
+}
+
+impl Stray {
+    /// A stray with nothing read from it.
+    pub fn plain(
+        path: PathBuf,
+        name: OsString,
+        kind: StrayKind,
+        meta: Option<&fs::Metadata>,
+    ) -> Stray {
+        Stray {
+            size: meta.map_or(0, |m| m.len()),
+            dev: meta.map_or(0, |m| m.dev()),
+            path,
+            name,
+            kind,
+            verdict: None,
+            other_token: false,
+            sha256: None,
+        }
+    }
 }
 
 /// The token directory as it is now.
@@ -109,6 +145,10 @@ pub struct Listing {
     pub refusal: Option<String>,
     /// Entries not looked at, in a directory with more than [`MAX_ENTRIES`]: only counted.
     pub uncounted: usize,
+    /// The latest change of a regular file looked at that is no whole token (its inode's
+    /// change time, nanoseconds since the epoch): such a file changed a moment ago may still
+    /// be being written. A file that decodes as a token is whole (a cut one does not decode).
+    pub last_change: Option<i128>,
 }
 
 impl Listing {
@@ -122,6 +162,23 @@ impl Listing {
         // The entries only counted still count in "and N more".
         all.extend(std::iter::repeat_n(String::new(), self.uncounted));
         crate::text::few_and_count(&all)
+    }
+
+    /// How long until every file looked at has been still for `settle`, at `now`; `None`
+    /// when they have. A writer (`cp`, scp, `cat >`) creates a file, then writes it, maybe
+    /// in several writes: what is seen in between is no verdict on it. A change time in the
+    /// future (a clock set back) counts as settled.
+    pub fn settling(
+        &self,
+        now: DateTime<Utc>,
+        settle: std::time::Duration,
+    ) -> Option<std::time::Duration> {
+        let now = i128::from(now.timestamp_nanos_opt()?);
+        let age = now - self.last_change?;
+        let settle = settle.as_nanos() as i128;
+        (0..settle)
+            .contains(&age)
+            .then(|| std::time::Duration::from_nanos((settle - age) as u64))
     }
 
     /// Whether a stray is a misplaced gridd.conf (gridd exits on it).
@@ -216,7 +273,7 @@ pub fn scan(
     let mut wrong: Vec<String> = Vec::new();
     let mut link_at_token: Option<String> = None;
     let conf_here = gridd_conf.parent() == Some(dir);
-    let mut candidates: Vec<(Installed, i64)> = Vec::new();
+    let mut candidates: Vec<(Installed, i128)> = Vec::new();
     for (name, path) in entries {
         let shown = name.to_string_lossy().into_owned();
         let meta = match fs::symlink_metadata(&path) {
@@ -272,13 +329,7 @@ pub fn scan(
             ));
             continue;
         }
-        let stray = |kind| Stray {
-            path: path.clone(),
-            name: name.clone(),
-            kind,
-            size: meta.len(),
-            dev: meta.dev(),
-        };
+        let stray = |kind| Stray::plain(path.clone(), name.clone(), kind, Some(&meta));
         if ft.is_symlink() {
             out.strays.push(stray(StrayKind::Link));
             continue;
@@ -300,9 +351,12 @@ pub fn scan(
                 Ok(bytes) => {
                     let c = match Token::decode(&bytes) {
                         Ok(t) => Content::Token(t),
-                        Err(e) => Content::Invalid(e),
+                        Err(e) => {
+                            out.last_change = out.last_change.max(Some(appeared(&meta)));
+                            Content::Invalid(e)
+                        }
                     };
-                    candidates.push((installed(&path, &name, &meta, bytes, c), meta.mtime()));
+                    candidates.push((installed(&path, &name, &meta, bytes, c), appeared(&meta)));
                     continue;
                 }
                 Err(ReadError::TooLarge(_)) => {
@@ -312,46 +366,13 @@ pub fn scan(
                 Err(e) => Content::Unreadable(e.to_string()),
             }
         };
+        out.last_change = out.last_change.max(Some(appeared(&meta)));
         candidates.push((
             installed(&path, &name, &meta, Vec::new(), content),
-            meta.mtime(),
+            appeared(&meta),
         ));
     }
-    // The rule (see the module's doc).
-    let rank = |(i, mtime): &(Installed, i64)| {
-        let decodes = matches!(i.content, Content::Token(_));
-        let valid = matches!(&i.content, Content::Token(t) if t.validity(now).is_ok());
-        // A file that does not decode is the token only under a token's name: the standard
-        // one, or `*.tok`; a README is a stray, never "the token".
-        let token_named = i.name == token_file || i.name.to_string_lossy().ends_with(".tok");
-        (
-            decodes || token_named,
-            valid,
-            decodes,
-            i.name == token_file,
-            *mtime,
-            std::cmp::Reverse(i.name.clone()),
-        )
-    };
-    candidates.sort_by_key(|c| std::cmp::Reverse(rank(c)));
-    let mut candidates = candidates.into_iter();
-    if let Some(first) = candidates.next() {
-        let r = rank(&first);
-        let (chosen, _) = first;
-        if r.0 && out.token.is_none() {
-            out.token = Some(chosen);
-        } else {
-            out.strays.push(as_stray(chosen, StrayKind::NotAToken));
-        }
-    }
-    for (other, _) in candidates {
-        let kind = match other.content {
-            Content::Token(_) => StrayKind::OldToken,
-            _ => StrayKind::NotAToken,
-        };
-        out.strays.push(as_stray(other, kind));
-    }
-    out.strays.sort_by(|a, b| a.name.cmp(&b.name));
+    choose(&mut out, candidates, token_file, now);
     let dir_shown = show_path(dir);
     if crowded {
         wrong.insert(
@@ -368,6 +389,109 @@ pub fn scan(
         out.refusal = Some(why);
     }
     Ok(out)
+}
+
+/// When an entry appeared in the directory, as far as the file system tells: its inode's last
+/// change (a copy, a move into the directory, a write, a chmod), in nanoseconds.
+fn appeared(meta: &fs::Metadata) -> i128 {
+    i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec())
+}
+
+/// Whether a file's name says it is meant as a token: the standard name, or `*.tok`.
+fn token_named(name: &OsString, token_file: &str) -> bool {
+    name == token_file || name.to_string_lossy().ends_with(".tok")
+}
+
+/// The rule (see the module's doc): which candidate is the token; the others are strays,
+/// each with its verdict.
+fn choose(
+    out: &mut Listing,
+    mut candidates: Vec<(Installed, i128)>,
+    token_file: &str,
+    now: DateTime<Utc>,
+) {
+    let rank = |(i, appeared): &(Installed, i128)| {
+        let token = match &i.content {
+            Content::Token(t) => Some(t),
+            _ => None,
+        };
+        let valid = token.is_some_and(|t| t.validity(now).is_ok());
+        // A file that does not decode is the token only under a token's name: the standard
+        // one, or `*.tok`; a README is a stray, never "the token".
+        (
+            token.is_some() || token_named(&i.name, token_file),
+            valid,
+            token.is_some(),
+            *appeared,
+            token.and_then(|t| t.issued_at),
+            i.name == token_file,
+            std::cmp::Reverse(i.name.clone()),
+        )
+    };
+    candidates.sort_by_cached_key(|c| std::cmp::Reverse(rank(c)));
+    let mut candidates = candidates.into_iter();
+    if let Some(first) = candidates.next() {
+        let r = rank(&first);
+        let (chosen, _) = first;
+        if r.0 && out.token.is_none() {
+            out.token = Some(chosen);
+        } else {
+            let verdict = verdict(&chosen, None, token_file, now);
+            out.strays
+                .push(as_stray(chosen, StrayKind::NotAToken, verdict, None, now));
+        }
+    }
+    let chosen = out.token.as_ref();
+    for (other, _) in candidates {
+        let kind = match other.content {
+            Content::Token(_) => StrayKind::OldToken,
+            _ => StrayKind::NotAToken,
+        };
+        let verdict = verdict(&other, chosen, token_file, now);
+        out.strays.push(as_stray(other, kind, verdict, chosen, now));
+    }
+    out.strays.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// Why a file that lost to `chosen` is not the token, for one named or shaped like a token.
+fn verdict(
+    lost: &Installed,
+    chosen: Option<&Installed>,
+    token_file: &str,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    match &lost.content {
+        Content::Token(t) => Some(match t.validity(now) {
+            Err(crate::token::Untimely::Expired(at)) => {
+                format!("the token expired at {}", crate::time::rfc3339(at))
+            }
+            Err(crate::token::Untimely::NotYetValid(at)) => format!(
+                "the token is not valid before {} (is this guest's clock right?)",
+                crate::time::rfc3339(at)
+            ),
+            Ok(()) => match chosen {
+                Some(c) => format!(
+                    "a valid token, but {} appeared after it and is the token now (the newest valid token wins)",
+                    crate::text::escape(&c.name.to_string_lossy())
+                ),
+                None => "a valid token, but not the one chosen".into(),
+            },
+        }),
+        Content::Invalid(e) if token_named(&lost.name, token_file) => Some(e.to_string()),
+        Content::Unreadable(why) if token_named(&lost.name, token_file) => {
+            Some(format!("it cannot be read: {why}"))
+        }
+        _ => None,
+    }
+}
+
+/// The SHA-256 of a token's bytes, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn installed(
@@ -388,14 +512,22 @@ fn installed(
     }
 }
 
-fn as_stray(i: Installed, kind: StrayKind) -> Stray {
+fn as_stray(
+    i: Installed,
+    kind: StrayKind,
+    verdict: Option<String>,
+    chosen: Option<&Installed>,
+    now: DateTime<Utc>,
+) -> Stray {
     let meta = fs::symlink_metadata(&i.path).ok();
+    let sha256 = matches!(i.content, Content::Token(_)).then(|| sha256_hex(&i.bytes));
+    let valid = matches!(&i.content, Content::Token(t) if t.validity(now).is_ok());
+    let other_token = valid && chosen.is_none_or(|c| c.bytes != i.bytes);
     Stray {
-        size: meta.as_ref().map_or(0, |m| m.len()),
-        dev: meta.as_ref().map_or(0, |m| m.dev()),
-        path: i.path,
-        name: i.name,
-        kind,
+        verdict,
+        other_token,
+        sha256,
+        ..Stray::plain(i.path, i.name, kind, meta.as_ref())
     }
 }
 
@@ -444,17 +576,18 @@ mod tests {
     }
 
     #[test]
-    fn the_rule_picks_valid_then_standard_name_then_newest() {
+    fn the_rule_picks_valid_then_the_last_to_appear() {
         let d = tempfile::tempdir().unwrap();
         fs::write(d.path().join("old.tok"), token(-1)).unwrap();
         fs::write(d.path().join("client_configuration_token.tok"), token(30)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
         fs::write(d.path().join("newer.tok"), token(30)).unwrap();
         let l = scan_dir(d.path());
-        assert_eq!(l.token.unwrap().name, "client_configuration_token.tok");
+        assert_eq!(l.token.unwrap().name, "newer.tok");
         assert_eq!(l.strays.len(), 2);
         assert!(l.strays.iter().all(|s| s.kind == StrayKind::OldToken));
 
-        // Without the standard name: the valid one, then the newest.
+        // Without it: the valid one, whatever appeared later.
         fs::remove_file(d.path().join("client_configuration_token.tok")).unwrap();
         let f = fs::File::options()
             .write(true)
@@ -463,6 +596,63 @@ mod tests {
         f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(60))
             .unwrap();
         assert_eq!(scan_dir(d.path()).token.unwrap().name, "newer.tok");
+    }
+
+    #[test]
+    fn a_valid_token_that_appears_after_the_installed_one_wins() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("client_configuration_token.tok"), token(30)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let new = "client_configuration_token_12-01-2026-09-30-00.tok";
+        fs::write(d.path().join(new), token(60)).unwrap();
+        let l = scan_dir(d.path());
+        assert_eq!(l.token.unwrap().name, new);
+        let old = &l.strays[0];
+        assert_eq!(old.kind, StrayKind::OldToken);
+        assert!(old.other_token);
+        assert!(old.verdict.as_ref().unwrap().contains(new), "{old:?}");
+
+        // An expired one that appears later loses, and says why.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(d.path().join("late.tok"), token(-1)).unwrap();
+        let l = scan_dir(d.path());
+        assert_eq!(l.token.unwrap().name, new);
+        let late = l.strays.iter().find(|s| s.name == "late.tok").unwrap();
+        assert!(
+            late.verdict
+                .as_ref()
+                .unwrap()
+                .starts_with("the token expired at")
+        );
+        assert!(!late.other_token);
+
+        // A broken `.tok` beside it: the words of a token alone in the directory.
+        fs::write(d.path().join("cut.tok"), &token(60)[..40]).unwrap();
+        let l = scan_dir(d.path());
+        let cut = l.strays.iter().find(|s| s.name == "cut.tok").unwrap();
+        let words = Token::decode(&token(60).as_bytes()[..40])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(cut.verdict.as_deref(), Some(words.as_str()));
+    }
+
+    #[test]
+    fn a_file_changed_a_moment_ago_is_still_settling() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("new.tok"), "").unwrap();
+        let l = scan_dir(d.path());
+        let settle = std::time::Duration::from_secs(1);
+        let wait = l.settling(Utc::now(), settle).expect("settling");
+        assert!(wait <= settle);
+        assert_eq!(
+            l.settling(Utc::now() + chrono::Duration::seconds(2), settle),
+            None
+        );
+        // A change time in the future (a clock set back) does not hold the verdict forever.
+        assert_eq!(
+            l.settling(Utc::now() - chrono::Duration::seconds(60), settle),
+            None
+        );
     }
 
     #[test]

@@ -460,19 +460,12 @@ fn warnings_for_mode_strays_and_legacy_keys_exit_1() {
         2_078_691_200,
     )));
     let r = &g.root;
-    fs::set_permissions(r.token_path(), fs::Permissions::from_mode(0o600)).unwrap();
     // An old token beside the token: which one gridd uses is not known.
     let old = token_for("localhost", port, 1_600_000_000, 2_078_000_000);
     r.file("etc/nvidia/ClientConfigToken/old.tok", &old);
-    // Older than the token: the newest valid one is the token.
-    let f = fs::File::options()
-        .write(true)
-        .open(r.path("etc/nvidia/ClientConfigToken/old.tok"))
-        .unwrap();
-    f.set_modified(
-        std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000),
-    )
-    .unwrap();
+    // The token changed after it (its mode, here): the one that appeared last is the token.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs::set_permissions(r.token_path(), fs::Permissions::from_mode(0o600)).unwrap();
     r.file(
         "etc/nvidia/gridd.conf",
         b"FeatureType=1\nServerAddress=10.0.0.5\n",

@@ -1409,6 +1409,8 @@ const REASONS: &[&str] = &[
     "gridd_not_running",
     "token_source_rejected",
     "renewal_stalled",
+    "driver_unavailable",
+    "token_rejected",
     "unspecified",
     "other",
 ];

@@ -29,7 +29,7 @@ use serde_json::Value;
 use vgpu_license_agent::report::message_ids;
 
 /// Deadline of a change the agent must make or report.
-const T: Duration = Duration::from_secs(30);
+pub(crate) const T: Duration = Duration::from_secs(30);
 
 /// Runs the restart command as the agent would (counted).
 fn restart_gridd_by_hand(m: &Machine) -> i32 {
@@ -43,7 +43,7 @@ fn restart_gridd_by_hand(m: &Machine) -> i32 {
 }
 
 /// What the agent logged (its journal entries and its standard error), as text.
-fn agent_says(m: &Machine, a: &Agent) -> String {
+pub(crate) fn agent_says(m: &Machine, a: &Agent) -> String {
     let mut s: String = m
         .agent_journal(a.pid())
         .iter()
@@ -57,7 +57,7 @@ fn agent_says(m: &Machine, a: &Agent) -> String {
 /// once the agent has settled: licensed, it has seen the gridd that runs, and every restart it
 /// made (it may restart gridd once at its start, for a token it has not restarted it for) is
 /// done and counted.
-fn licensed(s: Setup) -> (Machine, Agent) {
+pub(crate) fn licensed(s: Setup) -> (Machine, Agent) {
     let m = Machine::new(s);
     write_gridd_conf(&m);
     m.drop_token(0o744);
@@ -67,7 +67,7 @@ fn licensed(s: Setup) -> (Machine, Agent) {
     (m, a)
 }
 
-fn settle(m: &Machine, a: &Agent) {
+pub(crate) fn settle(m: &Machine, a: &Agent) {
     wait_for(
         "the agent to settle on a licensed gridd",
         T,

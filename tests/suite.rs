@@ -22,6 +22,7 @@ mod misbehaving_commands;
 mod packaging;
 mod prepare_image;
 mod properties;
+mod rotation;
 mod samples;
 mod service;
 // The service's sans-I/O core in simulated time (`core` would shadow the core crate).

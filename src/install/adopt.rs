@@ -21,6 +21,16 @@ pub fn adopt_dropped_token(
 ) -> Result<Outcome, AdoptError> {
     // The token is whatever file gridd would read as one, under any name.
     let listing = super::read_token_dir(settings)?;
+    adopt_listing(settings, listing, licensed, retry_owed)
+}
+
+/// [`adopt_dropped_token`] of the directory as `listing` shows it.
+fn adopt_listing(
+    settings: &Settings,
+    listing: crate::token_dir::Listing,
+    licensed: bool,
+    retry_owed: bool,
+) -> Result<Outcome, AdoptError> {
     if let Some(why) = &listing.refusal {
         return Err(AdoptError::Refused(format!(
             "{why}; {}",
@@ -68,7 +78,6 @@ pub(super) fn adopt_bytes(
             // of gridd: while they say wait, the restart is owed.
             restart: retry_owed,
             licensed,
-            retry_owed,
             owe_restart: true,
             summary: summary(bytes, &token),
             warnings: crlf_warning(bytes).into_iter().collect(),
@@ -104,7 +113,14 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> Result<Ou
             });
         }
     }
-    adopt_dropped_token(settings, licensed, retry_owed)
+    // The token is whatever file gridd would read as one, under any name. A file written a
+    // moment ago may be half written (`cp` creates, then writes): it is looked at again once
+    // it is still, never judged (or moved aside) mid-write.
+    let listing = super::read_token_dir(settings)?;
+    if let Some(wait) = listing.settling(Utc::now(), SETTLE) {
+        return Err(AdoptError::Settling(wait));
+    }
+    adopt_listing(settings, listing, licensed, retry_owed)
 }
 
 /// Whether `paths.token_source` holds a token that would be installed (`Ok` also when none
@@ -169,9 +185,16 @@ fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected
     })
 }
 
+/// How long a file in the token directory must have been still before the service judges
+/// it: longer than a copy's writes are apart.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Why a token was not adopted; in each case nothing was changed.
 #[derive(Debug)]
 pub enum AdoptError {
+    /// A file in the token directory changed a moment ago and may still be being written:
+    /// looked at again after this long.
+    Settling(std::time::Duration),
     /// There is no token in the token directory.
     NoToken(PathBuf),
     /// The token at the path changed while it was being adopted (an `install` ran
@@ -192,6 +215,11 @@ pub enum AdoptError {
 impl std::fmt::Display for AdoptError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            AdoptError::Settling(wait) => write!(
+                f,
+                "a file in the token directory is still being written; looked at again in {:.1} s",
+                wait.as_secs_f64()
+            ),
             AdoptError::NoToken(dir) => write!(
                 f,
                 "no client configuration token in {}; install one with vgpu-license-agent install",

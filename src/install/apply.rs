@@ -170,7 +170,7 @@ pub(super) fn apply(
                 let dir_fd = fsutil::open_dir_no_follow(dir)?;
                 for c in &aside {
                     match c {
-                        Change::MoveStray { from, .. } => {
+                        Change::MoveStray { from, why, .. } => {
                             let to = into.join(from.file_name().unwrap_or_default());
                             if fsutil::fault("stray-move-fails")
                                 && done.iter().any(|d| matches!(d, Change::MoveStray { .. }))
@@ -182,6 +182,7 @@ pub(super) fn apply(
                             done.push(Change::MoveStray {
                                 from: from.clone(),
                                 to,
+                                why: why.clone(),
                             });
                         }
                         Change::SavePrevious { from, .. } => {

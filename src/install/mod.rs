@@ -36,6 +36,7 @@ use crate::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::text::show_path;
 use crate::time::rfc3339;
 use crate::token::{Token, TokenError, Untimely};
+use crate::token_dir::sha256_hex;
 
 /// Mode of the installed token (NVIDIA's guidance: gridd need not own it).
 pub const TOKEN_MODE: u32 = 0o744;
@@ -81,6 +82,7 @@ pub enum Change {
     MoveStray {
         from: PathBuf,
         to: PathBuf,
+        why: Aside,
     },
     /// The token being replaced, kept aside.
     SavePrevious {
@@ -105,16 +107,45 @@ pub enum Change {
     },
 }
 
+/// Why a file is moved out of the token directory.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Aside {
+    /// It is no token and not named as one (a README, a misplaced gridd.conf, a link).
+    Stray,
+    /// The token in place until now: a newer valid token replaces it (a rotation).
+    Previous,
+    /// A file named or shaped like a token that is refused: why, in the words used for a
+    /// token alone in the directory. `valid`: a valid token that lost to a newer one.
+    Refused { why: String, valid: bool },
+}
+
 impl Change {
-    /// Whether gridd has to be restarted to see this change.
-    pub fn needs_restart(&self) -> bool {
-        matches!(
-            self,
-            Change::MoveStray { .. }
-                | Change::WriteToken { .. }
-                | Change::ChmodToken { .. }
-                | Change::WriteGriddConf { .. }
-        )
+    /// Why gridd has to be restarted to see this change, when it has: what it reads changed
+    /// (the token, its mode, gridd.conf, or a valid token it may be licensed with is moved
+    /// away). A stray moved aside changes nothing gridd holds.
+    pub fn restart_reason(&self) -> Option<String> {
+        Some(match self {
+            Change::WriteToken { .. } => "the token changed".into(),
+            Change::MoveStray {
+                why: Aside::Previous,
+                from,
+                ..
+            } => format!(
+                "a newer token replaces {}",
+                crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy())
+            ),
+            Change::MoveStray {
+                why: Aside::Refused { valid: true, .. },
+                from,
+                ..
+            } => format!(
+                "a valid token gridd may have read ({}) was moved aside",
+                crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy())
+            ),
+            Change::ChmodToken { .. } => "the token's mode changed".into(),
+            Change::WriteGriddConf { .. } => "gridd.conf changed".into(),
+            _ => return None,
+        })
     }
 
     /// One line, in the past tense (`done`) or as a plan.
@@ -142,12 +173,26 @@ impl Change {
                 v("removed", "remove"),
                 crate::text::show_path(path)
             ),
-            Change::MoveStray { from, to } => format!(
-                "{} {} to {} (only the token may be in the token directory)",
-                v("moved", "move"),
-                crate::text::show_path(from),
-                crate::text::show_path(to)
-            ),
+            Change::MoveStray { from, to, why } => {
+                let (from, to) = (crate::text::show_path(from), crate::text::show_path(to));
+                match why {
+                    Aside::Stray => format!(
+                        "{} {from} to {to} (only the token may be in the token directory)",
+                        v("moved", "move")
+                    ),
+                    Aside::Previous => format!(
+                        "{} the previous token {from} to {to}: a newer token replaces it (to go back: vgpu-license-agent install --token-file {to})",
+                        v("moved", "move")
+                    ),
+                    Aside::Refused { why, valid: true } => format!(
+                        "{} {from} to {to}: {why}; to choose it instead: vgpu-license-agent install --token-file {to}",
+                        v("moved", "move")
+                    ),
+                    Aside::Refused { why, valid: false } => {
+                        format!("{} {from} to {to}: {why}", v("moved", "move"))
+                    }
+                }
+            }
             Change::SavePrevious { from, to } => format!(
                 "{} the previous token {} to {}",
                 v("saved", "save"),
@@ -378,14 +423,6 @@ impl InstallState {
     }
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// The vGPUs nvidia-smi shows now (empty when it does not answer).
 fn smi_gpus(settings: &Settings) -> Vec<crate::observe::smi::SmiGpu> {
     let argv = vec![settings.commands.nvidia_smi.clone(), "-q".to_string()];
@@ -485,12 +522,18 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
             if t.bytes.is_empty() && !matches!(t.content, crate::token_dir::Content::Token(_)) {
                 // Too large to be a token, or empty: moved aside whole, never copied.
                 let meta = fs::symlink_metadata(&t.path).ok();
+                let verdict = match &t.content {
+                    crate::token_dir::Content::Invalid(e) => Some(e.to_string()),
+                    _ => None,
+                };
                 strays.push(crate::token_dir::Stray {
-                    size: meta.as_ref().map_or(0, |m| m.len()),
-                    dev: meta.as_ref().map_or(0, |m| m.dev()),
-                    path: t.path,
-                    name: t.name,
-                    kind: crate::token_dir::StrayKind::NotAToken,
+                    verdict,
+                    ..crate::token_dir::Stray::plain(
+                        t.path,
+                        t.name,
+                        crate::token_dir::StrayKind::NotAToken,
+                        meta.as_ref(),
+                    )
                 });
                 None
             } else {
@@ -570,9 +613,6 @@ struct InstallRequest<'a> {
     restart: bool,
     /// gridd already holds a license: a token it found on its own needs no restart.
     licensed: bool,
-    /// Retry a restart that failed before (the service says no while its restart budget or
-    /// backoff says wait; the restart stays owed).
-    retry_owed: bool,
     /// A restart not made (`restart` false) stays owed: the service's adoption while its
     /// restart budget or backoff says wait. `install --no-restart` owes none.
     owe_restart: bool,
@@ -695,7 +735,6 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
         dry_run,
         restart,
         licensed,
-        retry_owed,
         owe_restart,
         summary,
         mut warnings,
@@ -783,10 +822,13 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
     for t in &cur.temps {
         changes.push(Change::RemoveTemp { path: t.clone() });
     }
+    let mut state = InstallState::load(&paths.state_dir);
+    let installed_sha = cur.token.as_ref().map(|t| sha256_hex(&t.bytes));
     for s in &cur.strays {
         changes.push(Change::MoveStray {
             from: s.path.clone(),
             to: planned_dir.join(&s.name),
+            why: aside(s, &state, &paths.token_file, installed_sha.as_deref()),
         });
     }
     let write_token = cur.token.as_ref().is_none_or(|p| p.bytes != bytes);
@@ -803,6 +845,7 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
             Some(prev) => changes.push(Change::MoveStray {
                 from: prev.path.clone(),
                 to: planned_dir.join(prev.path.file_name().unwrap_or_default()),
+                why: Aside::Previous,
             }),
             None => {}
         }
@@ -833,21 +876,8 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
         });
     }
 
-    // Is a restart due?
-    let mut state = InstallState::load(&paths.state_dir);
     let sha = sha256_hex(bytes);
-    let reason = if changes.iter().any(Change::needs_restart) {
-        Some("the token or gridd.conf changed".to_string())
-    } else if state.restart_pending && retry_owed {
-        Some(
-            "an earlier restart is still owed (it failed, was interrupted or had to wait)"
-                .to_string(),
-        )
-    } else if state.token_sha256.as_deref() != Some(sha.as_str()) && !licensed {
-        Some("the agent has not restarted it since this token was put in place".to_string())
-    } else {
-        None
-    };
+    let reason = restart_reason(&changes, &state, &sha, licensed);
     let restart_command = settings.commands.restart_gridd.join(" ");
     let mut outcome = Outcome {
         dry_run,
@@ -915,6 +945,78 @@ pub const REPLACED_KEPT: usize = 20;
 
 /// Removes the oldest `replaced/<stamp>` directories beyond [`REPLACED_KEPT`] (only names of
 /// the stamp's form: anything else there is left alone).
+/// Why a stray is moved aside: the token that was in place (the one the agent last restarted
+/// gridd for, or under the standard name), a file meant as a token that is refused, or a
+/// plain stray.
+fn aside(
+    s: &crate::token_dir::Stray,
+    state: &InstallState,
+    token_file: &str,
+    installed: Option<&str>,
+) -> Aside {
+    let Some(sha) = s.sha256.as_deref() else {
+        return s
+            .verdict
+            .clone()
+            .map_or(Aside::Stray, |why| Aside::Refused { why, valid: false });
+    };
+    if Some(sha) == installed {
+        // A second copy of the token: gridd reads the same either way.
+        return Aside::Stray;
+    }
+    let previous = match state.token_sha256.as_deref() {
+        Some(restarted_for) => sha == restarted_for,
+        None => s.name == token_file,
+    };
+    match &s.verdict {
+        _ if previous => Aside::Previous,
+        Some(why) => Aside::Refused {
+            why: why.clone(),
+            valid: s.other_token,
+        },
+        None => Aside::Stray,
+    }
+}
+
+/// Why nvidia-gridd must be restarted after `changes`, in true words, or `None`: what it reads
+/// changed, a restart is still owed (made when the caller's budget allows), or the token in place is not the one it was last
+/// restarted for. A stray moved aside costs a licensed gridd no restart; without a license it
+/// may be what gridd failed on.
+fn restart_reason(
+    changes: &[Change],
+    state: &InstallState,
+    sha: &str,
+    licensed: bool,
+) -> Option<String> {
+    let mut why: Vec<String> = Vec::new();
+    for r in changes.iter().filter_map(Change::restart_reason) {
+        if !why.contains(&r) {
+            why.push(r);
+        }
+    }
+    if !why.is_empty() {
+        return Some(why.join("; "));
+    }
+    let restarted_for = state.token_sha256.as_deref();
+    if state.restart_pending {
+        // Owed until made: where the service's budget or backoff says wait (its request's
+        // `restart` false), it stays owed, with its deadline, rather than being forgotten.
+        Some("an earlier restart is still owed (it failed, was interrupted or had to wait)".into())
+    } else if restarted_for.is_some_and(|s| s != sha) {
+        Some("the token in place is not the one nvidia-gridd was last restarted for".into())
+    } else if restarted_for.is_none() && !licensed {
+        Some("the agent has not restarted it since this token was put in place".into())
+    } else if !licensed
+        && changes
+            .iter()
+            .any(|c| matches!(c, Change::MoveStray { .. }))
+    {
+        Some("files nvidia-gridd may have failed on were moved out of the token directory".into())
+    } else {
+        None
+    }
+}
+
 fn prune_replaced(root: &Path) {
     let is_stamp = |n: &str| {
         let base = n.split('-').next().unwrap_or(n);
@@ -973,7 +1075,6 @@ pub fn install_at(
             dry_run: req.dry_run,
             restart: req.restart,
             licensed: false,
-            retry_owed: true,
             owe_restart: false,
             summary: summary(&req.token, &token),
             warnings: warning

@@ -343,3 +343,95 @@ fn a_crlf_token_is_installed_with_a_warning() {
     assert!(o.warnings.iter().any(|w| w.contains("dos2unix")), "{o:?}");
     assert_eq!(fs::read(s.paths.token_path()).unwrap(), t);
 }
+
+/// NVIDIA's rotation: the new token copied beside the installed one under the DLS's download
+/// name wins, the old one is kept aside as the previous token, gridd is restarted once for it
+/// (licensed or not), and the reason says so.
+#[test]
+fn a_token_copied_beside_the_installed_one_is_the_rotation() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    install(&request(tok("old")), &s).unwrap();
+    assert_eq!(restarts(d.path()), 1);
+    std::thread::sleep(Duration::from_millis(20));
+    let new = s
+        .paths
+        .token_dir
+        .join("client_configuration_token_12-01-2026-09-30-00.tok");
+    fs::write(&new, tok("new")).unwrap();
+
+    let o = adopt_dropped_token(&s, true, true).unwrap();
+    assert_eq!(o.restart, Restart::Done, "{o:#?}");
+    assert_eq!(restarts(d.path()), 2);
+    assert!(
+        o.restart_reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("a newer token replaces client_configuration_token.tok")),
+        "{o:#?}"
+    );
+    let names: Vec<_> = fsutil::list_dir(&s.paths.token_dir)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, vec![new.file_name().unwrap().to_owned()]);
+    assert_eq!(fs::read(&new).unwrap(), tok("new"));
+    assert!(o.changes.iter().any(|c| matches!(
+        c,
+        Change::MoveStray {
+            why: Aside::Previous,
+            ..
+        }
+    )));
+    // Adopted again: nothing changes, nothing is restarted.
+    let o = adopt_dropped_token(&s, true, true).unwrap();
+    assert_eq!((o.changed(), o.restart), (false, Restart::NotNeeded));
+}
+
+/// A stray moved out of the token directory costs a licensed gridd no restart; without a
+/// license it may be what gridd failed on.
+#[test]
+fn a_stray_moved_restarts_gridd_only_without_a_license() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    install(&request(tok("a")), &s).unwrap();
+    let before = restarts(d.path());
+    fs::write(s.paths.token_dir.join("README"), b"notes").unwrap();
+    let o = adopt_dropped_token(&s, true, true).unwrap();
+    assert!(o.changed());
+    assert_eq!(o.restart, Restart::NotNeeded, "{o:#?}");
+    assert_eq!(restarts(d.path()), before);
+
+    fs::write(s.paths.token_dir.join("README"), b"notes").unwrap();
+    let o = adopt_dropped_token(&s, false, true).unwrap();
+    assert_eq!(o.restart, Restart::Done);
+    assert_eq!(
+        o.restart_reason.as_deref(),
+        Some("files nvidia-gridd may have failed on were moved out of the token directory")
+    );
+}
+
+/// A broken token copied beside the working one is refused in the words used for a token
+/// alone, and costs a licensed gridd no restart.
+#[test]
+fn a_broken_token_beside_the_installed_one_is_refused_with_why() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    install(&request(tok("a")), &s).unwrap();
+    let before = restarts(d.path());
+    let good = tok("b");
+    let broken = &good[..good.len() - 40];
+    fs::write(s.paths.token_dir.join("new.tok"), broken).unwrap();
+    let o = adopt_dropped_token(&s, true, true).unwrap();
+    let words = Token::decode(broken).unwrap_err().to_string();
+    assert!(
+        o.changes.iter().any(|c| matches!(
+            c,
+            Change::MoveStray { why: Aside::Refused { why, valid: false }, .. } if *why == words
+        )),
+        "{o:#?}"
+    );
+    assert_eq!(o.restart, Restart::NotNeeded);
+    assert_eq!(restarts(d.path()), before);
+    assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("a"));
+}

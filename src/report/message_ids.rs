@@ -30,11 +30,13 @@ pub const FAILURE_UNSPECIFIED: &str = "f9987d50f90a49f093a9818273e35ce9";
 pub const FAILURE_OTHER: &str = "88cef4ab9cf5485c9ea15e557d20fc62";
 pub const FAILURE_RENEWAL_STALLED: &str = "9a6f696648e74ebd8b1658f29f1299a7";
 pub const FAILURE_TOKEN_SOURCE_REJECTED: &str = "b1e0c6a4d3f94a5c8e27f6a9d0c5b713";
+pub const FAILURE_DRIVER_UNAVAILABLE: &str = "ab2f5d0e8c8b4b2a9e6c1d7f3a4b5c6d";
+pub const FAILURE_TOKEN_REJECTED: &str = "d3c9e1f27a6b4e0c8f5a2b1c9d8e7f60";
 /// This guest's identity changed since the last boot: a clone, or a restored snapshot.
 pub const CLONE_DETECTED: &str = "61ca0f88976e42a09aca3ba48149cfc2";
 
 /// Every ID above, with its constant's name.
-pub const ALL: [(&str, &str); 18] = [
+pub const ALL: [(&str, &str); 20] = [
     ("STATE_CHANGED", STATE_CHANGED),
     ("LICENSED", LICENSED),
     ("GRIDD_RESTARTED", GRIDD_RESTARTED),
@@ -58,6 +60,8 @@ pub const ALL: [(&str, &str); 18] = [
         "FAILURE_TOKEN_SOURCE_REJECTED",
         FAILURE_TOKEN_SOURCE_REJECTED,
     ),
+    ("FAILURE_DRIVER_UNAVAILABLE", FAILURE_DRIVER_UNAVAILABLE),
+    ("FAILURE_TOKEN_REJECTED", FAILURE_TOKEN_REJECTED),
     ("CLONE_DETECTED", CLONE_DETECTED),
 ];
 
@@ -78,6 +82,8 @@ pub fn for_reason(reason: Reason) -> &'static str {
         Reason::Other => FAILURE_OTHER,
         Reason::RenewalStalled => FAILURE_RENEWAL_STALLED,
         Reason::TokenSourceRejected => FAILURE_TOKEN_SOURCE_REJECTED,
+        Reason::DriverUnavailable => FAILURE_DRIVER_UNAVAILABLE,
+        Reason::TokenRejected => FAILURE_TOKEN_REJECTED,
     }
 }
 

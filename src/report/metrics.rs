@@ -21,6 +21,8 @@ pub struct Counters {
     pub driver_version: Option<String>,
     /// The installed token's `exp`, Unix time.
     pub token_expiry: Option<i64>,
+    /// A file dropped in the token directory (or the token source) was refused, recently.
+    pub token_rejected: bool,
 }
 
 impl Counters {
@@ -234,6 +236,17 @@ pub fn render(report: &Report, c: &Counters) -> String {
         );
         let _ = writeln!(o, "vgpu_license_token_expiry_timestamp_seconds {exp}");
     }
+    header(
+        &mut o,
+        "vgpu_license_token_rejected",
+        "gauge",
+        "1 while a file dropped in the token directory (or the token source) was refused and the refusal is recent, else 0.",
+    );
+    let _ = writeln!(
+        o,
+        "vgpu_license_token_rejected {}",
+        u8::from(c.token_rejected)
+    );
     let per_gpu: Vec<_> = report
         .gpus
         .iter()

@@ -93,12 +93,17 @@ pub enum Reason {
     /// The platform's token source holds a token the agent refused.
     TokenSourceRejected,
     RenewalStalled,
+    /// The state is `no_driver`: no driver answers.
+    DriverUnavailable,
+    /// A file dropped in the token directory was refused and moved aside while the
+    /// installed token holds.
+    TokenRejected,
     Unspecified,
     Other,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 16] = [
         Reason::TokenMissing,
         Reason::TokenInvalid,
         Reason::TokenExpired,
@@ -111,6 +116,8 @@ impl Reason {
         Reason::GriddNotRunning,
         Reason::TokenSourceRejected,
         Reason::RenewalStalled,
+        Reason::DriverUnavailable,
+        Reason::TokenRejected,
         Reason::Unspecified,
         Reason::Other,
     ];
@@ -129,6 +136,8 @@ impl Reason {
             Reason::GriddNotRunning => "gridd_not_running",
             Reason::TokenSourceRejected => "token_source_rejected",
             Reason::RenewalStalled => "renewal_stalled",
+            Reason::DriverUnavailable => "driver_unavailable",
+            Reason::TokenRejected => "token_rejected",
             Reason::Unspecified => "unspecified",
             Reason::Other => "other",
         }

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
-use crate::install::{Outcome, Restart};
+use crate::install::{Aside, Change, Outcome, Restart};
 use crate::live::{self, Parts, SmiRead, TokenProblem};
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
@@ -49,6 +49,8 @@ const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
 /// file system changes the directory itself, and must not wake the agent into a storm.
 const ADOPT_AFTER_FAILURE: Duration = Duration::from_secs(30);
 /// The least time between two looks at the token directory that its changes cause.
+/// How long a refused token file, or a rotation made, stays in the report.
+pub const TOKEN_NOTICE_FOR: Duration = Duration::from_secs(24 * 3600);
 const TOKEN_READ_GAP: Duration = Duration::from_millis(500);
 
 /// The moment: monotonic time since the service started, and the wall clock.
@@ -221,6 +223,9 @@ struct Schedule {
     probe: Duration,
     /// The token directory is looked at again, in case a change escaped the watcher.
     adopt: Duration,
+    /// `adopt` is the deadline of a restart owed for a new token (the budget or the backoff
+    /// said wait): the service wakes for it, licensed or not.
+    adopt_owed: bool,
     /// A look at the token directory owed for changes seen during the last one: when.
     token_read: Option<Duration>,
 }
@@ -351,6 +356,75 @@ struct Adoption {
     /// The token source was read at least once (before, a missing token is not counted:
     /// the source may bring one).
     source_read: bool,
+    /// Files meant as tokens that an adoption refused and moved aside: what to say, and
+    /// until when (monotonic).
+    rejected: Option<(String, Duration)>,
+    /// The last rotation an adoption made: a note, and until when.
+    rotated: Option<(String, Duration)>,
+}
+
+impl Adoption {
+    /// Remembers what an adoption refused or rotated, for the report of the next while. A
+    /// new token in place with nothing refused ends an earlier refusal: the operator
+    /// copied the right file.
+    fn took(&mut self, outcome: &Outcome, now: Now) {
+        let until = now.mono + TOKEN_NOTICE_FOR;
+        let mut refused = Vec::new();
+        let mut new_token = false;
+        for c in &outcome.changes {
+            match c {
+                Change::MoveStray {
+                    from,
+                    to,
+                    why: Aside::Refused { why, valid },
+                } => refused.push(format!(
+                    "{} was not adopted and is now {}: {why}{}",
+                    crate::text::show_path(from),
+                    crate::text::show_path(to),
+                    if *valid {
+                        format!(
+                            "; to choose it instead: vgpu-license-agent install --token-file {}",
+                            crate::text::show_path(to)
+                        )
+                    } else {
+                        String::new()
+                    }
+                )),
+                Change::MoveStray {
+                    from,
+                    to,
+                    why: Aside::Previous,
+                } => {
+                    new_token = true;
+                    self.rotated = Some((
+                        format!(
+                            "The token was rotated at {}: a newer token replaces {}, which is kept at {} (to go back: vgpu-license-agent install --token-file {}).",
+                            crate::time::rfc3339(now.wall),
+                            crate::text::show_path(from),
+                            crate::text::show_path(to),
+                            crate::text::show_path(to)
+                        ),
+                        until,
+                    ));
+                }
+                Change::WriteToken { .. } => new_token = true,
+                _ => {}
+            }
+        }
+        if !refused.is_empty() {
+            self.rejected = Some((refused.join("; "), until));
+        } else if new_token {
+            self.rejected = None;
+        }
+    }
+
+    /// What is still recent at `now`.
+    fn recent(notice: &Option<(String, Duration)>, now: Now) -> Option<String> {
+        notice
+            .as_ref()
+            .filter(|(_, until)| now.mono < *until)
+            .map(|(s, _)| s.clone())
+    }
 }
 
 /// The service's state and judgement.
@@ -395,6 +469,7 @@ impl Core {
                 unit: now.mono,
                 probe: now.mono,
                 adopt: now.mono + first_token_look,
+                adopt_owed: false,
                 token_read: None,
             },
             published: Published {
@@ -548,7 +623,9 @@ impl Core {
                 // rotation, or the source fixed back to the installed token).
                 let rejected = match &result {
                     Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
-                    Err(AdoptError::Superseded) => self.adoption.source_rejected.clone(),
+                    Err(AdoptError::Superseded | AdoptError::Settling(_)) => {
+                        self.adoption.source_rejected.clone()
+                    }
                     _ => None,
                 };
                 if rejected != self.adoption.source_rejected {
@@ -556,6 +633,10 @@ impl Core {
                 }
                 self.adoption.source_rejected = rejected;
                 self.adoption.source_read = true;
+                if let Ok(o) = &result {
+                    self.adoption.took(o, now);
+                    self.published.dirty |= o.changed();
+                }
                 if result.as_ref().is_ok_and(|o| o.changed()) {
                     self.read_token(&mut fx);
                 }
@@ -631,6 +712,7 @@ impl Core {
         }
         // In case a change escaped the watcher (or there is none): look at the token again.
         if now.mono >= self.schedule.adopt {
+            self.schedule.adopt_owed = false;
             self.schedule.adopt = now.mono
                 + if self.watching {
                     ADOPT_WATCHED
@@ -696,7 +778,11 @@ impl Core {
     /// the next deadline (at most one heartbeat away), so that an idle hour costs next to no
     /// wakeups.
     pub fn next_wake(&self, now: Now) -> Duration {
-        let wake = self.next_wake_but_token(now);
+        let mut wake = self.next_wake_but_token(now);
+        // A restart owed for a new token is made when the journal said it would be.
+        if self.schedule.adopt_owed {
+            wake = wake.min(self.schedule.adopt.max(now.mono));
+        }
         self.schedule
             .token_read
             .map_or(wake, |t| wake.min(t.max(now.mono)))
@@ -822,9 +908,12 @@ impl Core {
             self.adoption.again = true;
             return;
         }
-        // A new token's restart spends the same budget and backoff as every restart (40
-        // rotations in 20 s are one restart now and the owed one later, not 40).
-        let retry_owed = self.remedy.may_restart(&self.settings.service, secs(now));
+        // A new token's restart spends the same budget as every restart, and with a license
+        // held the same backoff (40 rotations in 20 s are one restart now and the owed one
+        // later, not 40); a new token while no license is held is the fix arriving.
+        let retry_owed =
+            self.remedy
+                .may_restart_for_token(&self.settings.service, secs(now), licensed);
         fx.push(Effect::Adopt {
             licensed,
             retry_owed,
@@ -835,9 +924,33 @@ impl Core {
         match result {
             Ok(outcome) => {
                 if outcome.changed() || outcome.restart != Restart::NotNeeded {
-                    // Each line names what it is about ("token: ...", "restarted ...").
+                    // Each line names what it is about ("token: ...", "restarted ..."). A
+                    // file meant as a token that was refused is a warning: the operator
+                    // who copied it believes the rotation went through.
+                    let refused: Vec<String> = outcome
+                        .changes
+                        .iter()
+                        .filter(|c| {
+                            matches!(
+                                c,
+                                Change::MoveStray {
+                                    why: Aside::Refused { .. },
+                                    ..
+                                }
+                            )
+                        })
+                        .map(|c| c.describe(true))
+                        .collect();
                     for line in outcome.lines() {
-                        info!("{}", crate::text::escape(&line));
+                        if refused.contains(&line) {
+                            warn!(
+                                message_id = message_ids::FAILURE_TOKEN_REJECTED,
+                                "token not adopted: {}",
+                                crate::text::escape(&line)
+                            );
+                        } else {
+                            info!("{}", crate::text::escape(&line));
+                        }
                     }
                     // A new token, or one now in place: a vague failure is news again.
                     self.probing.last = None;
@@ -852,17 +965,32 @@ impl Core {
                             .restarted(&self.settings.service, secs(now), 0.5);
                         info!(
                             message_id = message_ids::GRIDD_RESTARTED,
-                            "restarted nvidia-gridd for the token"
+                            "restarted nvidia-gridd: {}",
+                            crate::text::escape(
+                                outcome.restart_reason.as_deref().unwrap_or("for the token")
+                            )
                         );
                         self.schedule.smi_soon(now.mono + Duration::from_secs(1));
                         // Asked once the adoption is over.
                         self.busy.unit.after_own_work();
                     }
                     Restart::Deferred => {
-                        // Owed: adopted again (and gridd restarted) once the budget allows.
-                        let at = self.remedy.next_allowed(&self.settings.service, secs(now));
-                        let wait = Duration::from_secs_f64((at - secs(now)).max(1.0));
+                        // Owed: adopted again (and gridd restarted) once the budget allows,
+                        // at that deadline, however quiet the service is meanwhile.
+                        let licensed = self
+                            .published
+                            .report
+                            .as_ref()
+                            .is_some_and(|r| r.state == State::Licensed);
+                        let at = self.remedy.next_allowed_for_token(
+                            &self.settings.service,
+                            secs(now),
+                            licensed,
+                        );
+                        // Whole seconds, rounded up: the restart comes when the line says.
+                        let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
                         self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
+                        self.schedule.adopt_owed = true;
                         info!(
                             "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
                             wait.as_secs_f64()
@@ -881,6 +1009,11 @@ impl Core {
                 }
             }
             Err(AdoptError::NoToken(_)) => {}
+            Err(AdoptError::Settling(wait)) => {
+                // Judged once the writer is done: the deadline wakes the service.
+                self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
+                self.schedule.adopt_owed = true;
+            }
             Err(AdoptError::Superseded) => {
                 info!("the token was replaced while being adopted: adopting the new one");
                 self.adoption.again = true;
@@ -966,6 +1099,11 @@ impl Core {
             .and_then(|(exp, since)| stalled(exp, since, now.wall));
         obs.source_rejected
             .clone_from(&self.adoption.source_rejected);
+        obs.token_rejected = Adoption::recent(&self.adoption.rejected, now);
+        obs.token_notes
+            .extend(Adoption::recent(&self.adoption.rotated, now));
+        self.counters.token_rejected =
+            obs.token_rejected.is_some() || obs.source_rejected.is_some();
         // The observation is as old as nvidia-smi's last answer, however often it is written.
         if let Some(at) = self.seen.observed_at {
             obs.at = Some(at);
@@ -1316,6 +1454,7 @@ mod tests {
             unit: secs(0),
             probe: secs(0),
             adopt: secs(0),
+            adopt_owed: false,
             token_read: None,
         };
         due.smi_soon(secs(90));

@@ -1,0 +1,341 @@
+//! Day 2 in the token directory, end to end (the real agent, the real journald, the
+//! simulator): NVIDIA's rotation (a new token copied beside the installed one), a broken token
+//! copied beside it, a stray dropped there, a restart that must wait for the backoff, and a
+//! new token while no license is held. What operators rely on: the newest valid token wins,
+//! nothing refused is silent, a licensed gridd is restarted only when what it reads changed,
+//! and a restart said to come in N s comes then.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::common::sim::{self, Agent, Machine, Mode, Setup, reason, token_for, write_gridd_conf};
+use crate::service::{T, agent_says, licensed, settle};
+use serde_json::Value;
+
+/// The name the DLS gives a token it hands out.
+const DOWNLOAD: &str = "client_configuration_token_12-01-2026-09-30-00.tok";
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+/// Every file under `replaced/`, with its bytes.
+fn replaced(m: &Machine) -> Vec<(String, Vec<u8>)> {
+    let root = m.path("var/lib/vgpu-license-agent/replaced");
+    let Ok(dirs) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    dirs.flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A valid token for this machine's DLS that differs from [`Machine::token`].
+fn new_token(m: &Machine, jti: &str) -> Vec<u8> {
+    token_for("127.0.0.1", m.dls.port(), jti)
+}
+
+/// `status --json` as a monitoring check runs it: its exit code and report.
+fn status(m: &Machine) -> (Option<i32>, Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+    )
+}
+
+/// No restart of gridd happens in the next `window`.
+fn no_restart_for(m: &Machine, a: &Agent, window: Duration) {
+    let before = m.restarts();
+    std::thread::sleep(window);
+    assert_eq!(m.restarts(), before, "no restart: {}", a.context());
+}
+
+#[test]
+fn scenario_nvidia_rotation_adopts_the_new_token_with_one_restart() {
+    let (m, a) = licensed(Setup::default());
+    let old = std::fs::read(m.token_path()).unwrap();
+    let before = m.restarts();
+    let dir = m.token_dir();
+    let new = new_token(&m, "rotated");
+    // As NVIDIA's guide says: copy the DLS's file into the directory (cp gives it 0644).
+    sim::write_mode(&dir.join(DOWNLOAD), &new, 0o644);
+    sim::wait_for(
+        "the new token alone in the token directory",
+        T,
+        || (names(&dir) == [DOWNLOAD]).then_some(()),
+        || a.context(),
+    );
+    assert_eq!(std::fs::read(dir.join(DOWNLOAD)).unwrap(), new);
+    sim::wait_for(
+        "gridd restarted for the new token",
+        T,
+        || (m.restarts() > before).then_some(()),
+        || a.context(),
+    );
+    // The rotation stays visible in the report, with the way back.
+    let v = a.wait_status(
+        "licensed again, nothing wrong, the rotation noted",
+        T,
+        |v| {
+            v["state"] == "licensed"
+                && v["failure"].is_null()
+                && v["notes"].to_string().contains("The token was rotated")
+        },
+    );
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("install --token-file"), "{v:#}");
+    assert!(
+        replaced(&m).contains(&("client_configuration_token.tok".into(), old)),
+        "the old token is kept in replaced/"
+    );
+    no_restart_for(&m, &a, Duration::from_secs(3));
+    assert_eq!(m.restarts(), before + 1, "one restart: {}", a.context());
+    let said = agent_says(&m, &a);
+    assert!(
+        said.contains("a newer token replaces client_configuration_token.tok"),
+        "the restart's true reason: {said}"
+    );
+    assert!(
+        !said.contains("for the new token in"),
+        "no deferral: {said}"
+    );
+}
+
+#[test]
+fn scenario_a_truncated_token_beside_the_good_one_is_a_visible_warning() {
+    let (m, a) = licensed(Setup::default());
+    let before = m.restarts();
+    let installed = std::fs::read(m.token_path()).unwrap();
+    let new = new_token(&m, "cut");
+    let cut = &new[..new.len() / 2];
+    sim::write_mode(&m.token_dir().join(DOWNLOAD), cut, 0o644);
+    let v = a.wait_status("token_rejected, licensed", T, |v| {
+        reason(v) == Some("token_rejected")
+    });
+    assert_eq!(v["state"], "licensed", "{v:#}");
+    let message = v["failure"]["message"].as_str().unwrap();
+    assert!(message.contains(DOWNLOAD), "names the file: {message}");
+    // The words the agent uses for the same file alone in the directory.
+    let alone = vgpu_license_agent::token::Token::decode(cut)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains(&alone), "{message}\nvs\n{alone}");
+    sim::wait_for(
+        "the metric vgpu_license_token_rejected 1",
+        T,
+        || (a.metric("vgpu_license_token_rejected") == Some(1.0)).then_some(()),
+        || a.context(),
+    );
+    let (code, s) = status(&m);
+    assert_eq!(code, Some(1), "a warning: {s:#}");
+    assert_eq!(s["failure"]["reason"], "token_rejected");
+    assert!(
+        a.journal_lines()
+            .iter()
+            .any(|l| l.contains("token not adopted"))
+    );
+    assert_eq!(std::fs::read(m.token_path()).unwrap(), installed);
+    assert_eq!(names(&m.token_dir()), ["client_configuration_token.tok"]);
+    assert_eq!(m.restarts(), before, "no restart: {}", a.context());
+
+    // The right file copied next: adopted, and the warning is over.
+    sim::write_mode(&m.token_dir().join(DOWNLOAD), &new, 0o644);
+    a.wait_status("the rotation, the warning gone", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    assert_eq!(a.metric("vgpu_license_token_rejected"), Some(0.0));
+}
+
+#[test]
+fn scenario_a_stray_is_moved_without_a_restart() {
+    let (m, a) = licensed(Setup::default());
+    let before = m.restarts();
+    let dir = m.token_dir();
+    sim::write_mode(&dir.join("README"), b"how we rotate tokens\n", 0o644);
+    sim::write_mode(&dir.join("gridd.conf"), b"FeatureType=1\n", 0o644);
+    sim::wait_for(
+        "the strays moved aside",
+        T,
+        || (names(&dir) == ["client_configuration_token.tok"]).then_some(()),
+        || a.context(),
+    );
+    no_restart_for(&m, &a, Duration::from_secs(3));
+    assert_eq!(m.restarts(), before);
+    let v = a.status().unwrap();
+    assert_eq!(v["state"], "licensed");
+    let said = agent_says(&m, &a);
+    assert!(!said.contains("the token or gridd.conf changed"), "{said}");
+    let r: Vec<String> = replaced(&m).into_iter().map(|(n, _)| n).collect();
+    assert!(
+        r.contains(&"README".into()) && r.contains(&"gridd.conf".into()),
+        "{r:?}"
+    );
+}
+
+/// The microseconds since the epoch of a journal entry.
+fn entry_time(e: &Value) -> f64 {
+    e["__REALTIME_TIMESTAMP"]
+        .as_str()
+        .and_then(|t| t.parse::<f64>().ok())
+        .map(|us| us / 1e6)
+        .unwrap_or_default()
+}
+
+fn epoch_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[test]
+fn scenario_a_deferred_restart_is_made_at_its_deadline() {
+    // A backoff long enough to defer the second rotation, and a licensed poll far away: only
+    // the deferral's own deadline can make the restart on time.
+    let m = Machine::new(Setup::default());
+    let config = m
+        .config_text()
+        .replace(
+            "restart_backoff_seconds = 1\n",
+            "restart_backoff_seconds = 8\n",
+        )
+        .replace(
+            "restart_backoff_max_seconds = 4\n",
+            "restart_backoff_max_seconds = 16\n",
+        )
+        .replace(
+            "poll_licensed_seconds = 2\n",
+            "poll_licensed_seconds = 600\n",
+        );
+    assert!(config.contains("restart_backoff_seconds = 8\n"), "{config}");
+    m.write_config(&config);
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    settle(&m, &a);
+    let dir = m.token_dir();
+    // Two rotations in a row: the first restarts at once or is deferred, the second waits
+    // for the backoff the first began.
+    for (i, jti) in ["first", "second"].iter().enumerate() {
+        let before = m.restarts();
+        let name = format!("client_configuration_token_12-01-2026-09-3{i}-00.tok");
+        sim::write_mode(&dir.join(&name), &new_token(&m, jti), 0o644);
+        sim::wait_for(
+            "the new token adopted",
+            T,
+            || (names(&dir) == [name.clone()]).then_some(()),
+            || a.context(),
+        );
+        let restarted = sim::wait_for(
+            "gridd restarted for it",
+            Duration::from_secs(40),
+            || (m.restarts() > before).then(epoch_now),
+            || a.context(),
+        );
+        if i == 1 {
+            let deferral = m
+                .agent_journal(a.pid())
+                .into_iter()
+                .rev()
+                .find(|e| sim::message(e).contains("is restarted for the new token in"))
+                .unwrap_or_else(|| panic!("the second rotation was deferred: {}", a.context()));
+            let text = sim::message(&deferral);
+            let secs: f64 = text
+                .split("for the new token in ")
+                .nth(1)
+                .and_then(|t| t.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap();
+            let deadline = entry_time(&deferral) + secs;
+            // The agent's own line of the restart, timed by the journal (no test's polling in
+            // between).
+            let done = sim::wait_for(
+                "the agent's line of the owed restart",
+                T,
+                || {
+                    m.agent_journal(a.pid())
+                        .into_iter()
+                        .rev()
+                        .find(|e| {
+                            sim::message(e).starts_with(
+                                "restarted nvidia-gridd: an earlier restart is still owed",
+                            )
+                        })
+                        .map(|e| entry_time(&e))
+                },
+                || a.context(),
+            );
+            assert!(done >= restarted - 5.0);
+            let late = done - deadline;
+            println!("deferred {secs} s; restarted {late:+.2} s from the deadline");
+            assert!(late.abs() <= 1.0, "{late:+.2} s from the deadline: {text}");
+        }
+    }
+}
+
+#[test]
+fn scenario_a_new_token_without_a_license_is_applied_at_once() {
+    // The DLS refuses: the agent restarts gridd and backs off for a minute.
+    let m = Machine::new(Setup::default());
+    let config = m
+        .config_text()
+        .replace(
+            "restart_backoff_seconds = 1\n",
+            "restart_backoff_seconds = 60\n",
+        )
+        .replace(
+            "restart_backoff_max_seconds = 4\n",
+            "restart_backoff_max_seconds = 120\n",
+        );
+    m.write_config(&config);
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.dls.set_mode(Mode::Refusing);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_status("a failure", T, |v| !v["failure"].is_null());
+    sim::wait_for(
+        "a restart of the agent's",
+        T,
+        || (m.restarts() >= 1).then_some(()),
+        || a.context(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let before = m.restarts();
+    // The fix arrives: a new token, and the DLS back.
+    m.dls.set_mode(Mode::Up);
+    let at = Instant::now();
+    sim::write_mode(&m.token_dir().join(DOWNLOAD), &new_token(&m, "fix"), 0o644);
+    sim::wait_for(
+        "gridd restarted for the new token within 5 s, backoff or not",
+        Duration::from_secs(5),
+        || (m.restarts() > before).then_some(()),
+        || a.context(),
+    );
+    println!(
+        "restarted {:.2} s after the token came",
+        at.elapsed().as_secs_f64()
+    );
+    a.wait_state("licensed", T);
+    let said = agent_says(&m, &a);
+    assert!(said.contains("a newer token replaces"), "{said}");
+}
