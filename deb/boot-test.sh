@@ -919,7 +919,7 @@ ci_prepare_root() {
 	printf '%s\n' "$CI_GRIDD_TEMPLATE" >"$root/etc/nvidia/gridd.conf"
 	chmod 0644 "$root/etc/nvidia/gridd.conf"
 	echo "$NAME-boot" >"$root/etc/hostname"
-	printf '127.0.0.1\t%s\n' dls-1.boot-test dls-2.boot-test dls-3.boot-test >>"$root/etc/hosts"
+	printf '127.0.0.1\t%s\n' dls-1.boot-test dls-2.boot-test dls-3.boot-test dls-4.boot-test dls-5.boot-test >>"$root/etc/hosts"
 	# The image's cloud-init config (not the user-data under test). Each setting puts aside a
 	# failure of a debootstrap minbase image that a cloud image would not have.
 	cat >"$root/etc/cloud/cloud.cfg.d/90-boot-test.cfg" <<'CFG'
@@ -1284,6 +1284,36 @@ ci_rotate() {
 	ci_token_installed && wait_until 120 gridd_started_n 3 && ci_report && ci_restarts 3 2
 }
 
+# ci_rotate_nvidia: NVIDIA's rotation, as an operator does it in the running guest: the DLS's
+# new file copied into the token directory beside the installed token (which is still valid by
+# its dates). The agent adopts it under its own name, keeps the old one in replaced/, restarts
+# gridd once for it (after the backoff of the restart at boot, if there was one), and the guest
+# is licensed by the new token's DLS.
+CI_NVIDIA_NAME=client_configuration_token_12-01-2026-09-30-00.tok
+ci_only_file() { [ "$(ls -A "$1")" = "$2" ]; }
+ci_rotate_nvidia() {
+	local dir=$GUEST${TOKEN_GUEST%/*} starts restarts
+	starts=$(gridd_starts)
+	restarts=$(agent_restarts_logged)
+	ci_new_token && cp "$CI_TOKEN" "$dir/$CI_NVIDIA_NAME" || return 1
+	echo "copied token $CI_TOKENS ($CI_DLS_HOST) as $CI_NVIDIA_NAME beside the installed token"
+	wait_until 60 ci_only_file "$dir" "$CI_NVIDIA_NAME" || {
+		echo "the new token is not alone in the token directory: $(find "$dir" -mindepth 1 -printf '%f ')" >&2
+		agent_journal_tail
+		return 1
+	}
+	cmp -s "$CI_TOKEN" "$dir/$CI_NVIDIA_NAME" || {
+		echo "the new token's bytes changed" >&2
+		return 1
+	}
+	find "$GUEST/var/lib/$NAME/replaced" -name client_configuration_token.tok | grep -q . || {
+		echo "the previous token is not kept in /var/lib/$NAME/replaced/" >&2
+		return 1
+	}
+	wait_until 120 gridd_started_n $((starts + 1)) && ci_report || return 1
+	ci_restarts $((starts + 1)) $((restarts + 1))
+}
+
 # ---- Golden images: prepare-image as docs/install.md's golden-image section says (called
 # from ci_guest, once a guest's three boots are done).
 #
@@ -1542,6 +1572,9 @@ ci_guest() {
 	if ci_boot "$file" 1 "iid-$kind-1"; then
 		if [ "$file" = user-data-kubevirt-token-source.yaml ]; then
 			check "a token rotated in the share is installed, gridd restarted once more, licensed by it" ci_rotate
+		fi
+		if [ "$file" = user-data-write-files.yaml ]; then
+			check "a token copied beside the installed one (NVIDIA's rotation) wins, gridd restarted once more, licensed by it" ci_rotate_nvidia
 		fi
 		CI_PRINT=$(ci_fingerprint)
 		if halt_guest; then
