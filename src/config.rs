@@ -36,6 +36,8 @@ pub struct Paths {
     pub token_source: Option<PathBuf>,
     /// sysfs's PCI devices: no NVIDIA device there is `no_gpu` (nothing to license).
     pub pci_devices: PathBuf,
+    /// Where a GPU Operator's driver container shares its root with the node.
+    pub driver_root: PathBuf,
 }
 
 impl Paths {
@@ -53,6 +55,10 @@ pub struct Commands {
     pub restart_gridd: Vec<String>,
     /// Time limit for every command the agent runs.
     pub timeout: Duration,
+    /// nvidia-smi is run inside this root (`chroot ROOT nvidia_smi`): a GPU Operator's driver
+    /// root, where its libraries are. Not a config key: set where the node is one
+    /// ([`crate::node`]).
+    pub smi_root: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -97,6 +103,30 @@ pub struct Service {
     /// `service.first_token_look_seconds`, which the default config and the man page leave
     /// out: the tests shorten it to see what the watch alone does.
     pub first_token_look: Duration,
+    /// Whether the agent manages the token, gridd.conf and gridd, or only observes.
+    pub mode: ServiceMode,
+}
+
+/// `service.mode`: who owns the token, gridd.conf and gridd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceMode {
+    /// Observe on a GPU Operator node (the operator owns them), manage elsewhere.
+    Auto,
+    /// The agent installs the token, edits gridd.conf and restarts gridd (refused on a GPU
+    /// Operator node).
+    Manage,
+    /// The agent only reads.
+    Observe,
+}
+
+impl ServiceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceMode::Auto => "auto",
+            ServiceMode::Manage => "manage",
+            ServiceMode::Observe => "observe",
+        }
+    }
 }
 
 impl Default for Settings {
@@ -116,6 +146,7 @@ impl Default for Settings {
                 ],
                 token_source: None,
                 pci_devices: "/sys/bus/pci/devices".into(),
+                driver_root: "/run/nvidia/driver".into(),
             },
             commands: Commands {
                 nvidia_smi: "nvidia-smi".into(),
@@ -127,6 +158,7 @@ impl Default for Settings {
                     "nvidia-gridd.service".into(),
                 ],
                 timeout: Duration::from_secs(30),
+                smi_root: None,
             },
             gridd: Gridd {
                 feature_type: 1,
@@ -147,6 +179,7 @@ impl Default for Settings {
                 metrics_listen: None,
                 webhook_url: None,
                 first_token_look: Duration::from_secs(30),
+                mode: ServiceMode::Auto,
             },
         }
     }
@@ -268,6 +301,7 @@ struct PathsFragment {
     gridd_client_state: Option<Vec<PathBuf>>,
     token_source: Option<PathBuf>,
     pci_devices: Option<PathBuf>,
+    driver_root: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -303,6 +337,7 @@ struct ServiceFragment {
     metrics_listen: Option<String>,
     webhook_url: Option<String>,
     first_token_look_seconds: Option<u64>,
+    mode: Option<String>,
 }
 
 /// A config file larger than this is not one.
@@ -414,7 +449,8 @@ impl Settings {
             metrics_textfile,
             gridd_client_state,
             token_source,
-            pci_devices
+            pci_devices,
+            driver_root
         );
         let c = frag.commands;
         merge!(
@@ -515,6 +551,19 @@ impl Settings {
         }
         if sv.webhook_url.is_some() {
             svc.webhook_url = sv.webhook_url;
+        }
+        if let Some(m) = sv.mode {
+            svc.mode = match m.as_str() {
+                "auto" => ServiceMode::Auto,
+                "manage" => ServiceMode::Manage,
+                "observe" => ServiceMode::Observe,
+                _ => {
+                    return Err(format!(
+                        "service.mode = {}: expected \"auto\" (observe on a GPU Operator node, manage elsewhere), \"manage\" or \"observe\"",
+                        shown_value(&m)
+                    ));
+                }
+            };
         }
         self.validate()
     }

@@ -143,6 +143,35 @@ pub fn render(checks: &[Check]) -> String {
 
 /// Runs every check now.
 pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
+    // On a GPU Operator node, the driver's files under its root, and its fixes.
+    let node = crate::node::detect(settings);
+    let settings = &node.apply(settings);
+    let mut d = diagnose_at(settings, now);
+    if node.driver_root.is_some() {
+        operator_fixes(&mut d.checks, &node);
+    }
+    d
+}
+
+/// On a GPU Operator node every fix is one that works there: the token, its mode, the token
+/// directory and gridd.conf are the operator's Secret's, and a driver that does not answer
+/// is its driver pod.
+fn operator_fixes(checks: &mut [Check], node: &crate::node::Node) {
+    let name = node.node_name.as_deref();
+    for c in checks.iter_mut().filter(|c| c.fix.is_some()) {
+        match c.name {
+            "token" | "token-mode" | "token-dir" | "token-owner" | "gridd.conf" => {
+                c.fix = Some(crate::policy::operator_fix(name));
+            }
+            "driver" if !node.driver_ready => {
+                c.fix = Some(crate::policy::driver_pod_advice(name));
+            }
+            _ => {}
+        }
+    }
+}
+
+fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     let mut obs = live::observe(settings, now, state::MAX_EVENTS);
     let mode = state::licensing_mode(
         obs.token.as_ref(),
@@ -649,6 +678,13 @@ fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode)
 
 fn gridd_check(settings: &Settings) -> Check {
     let unit = &settings.gridd.unit;
+    if settings.commands.smi_root.is_some() {
+        return check(
+            "gridd",
+            Status::Ok,
+            "nvidia-gridd runs in the GPU Operator's driver container, without a unit on the node: its lines are read from the node's journal",
+        );
+    }
     match live::gridd_running(settings) {
         Some(Ok(())) => check("gridd", Status::Ok, format!("{unit} is active")),
         Some(Err(why)) if crate::policy::unit_missing(&why) => {

@@ -17,6 +17,10 @@ const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 /// units it is ordered after) is coming back, not stopped. Taken for "not running", a restart
 /// by hand would be followed by the agent's own.
 pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
+    // On a GPU Operator node gridd has no unit: the driver pod's state says more.
+    if settings.commands.smi_root.is_some() {
+        return None;
+    }
     let argv = vec![
         settings.commands.systemctl.clone(),
         "is-active".into(),

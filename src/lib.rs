@@ -20,6 +20,7 @@ pub mod install;
 pub mod journal_boot;
 pub mod layout;
 pub mod live;
+pub mod node;
 pub mod observe;
 pub mod policy;
 pub mod prepare;

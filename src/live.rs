@@ -71,7 +71,17 @@ pub fn read_smi(settings: &Settings) -> SmiRead {
 }
 
 fn read_smi_only(settings: &Settings) -> SmiRead {
-    let argv = vec![settings.commands.nvidia_smi.clone(), "-q".to_string()];
+    // On a GPU Operator node, inside the driver container's root, where nvidia-smi finds
+    // its libraries (the operator's maintainers' own advice).
+    let argv = match &settings.commands.smi_root {
+        Some(root) => vec![
+            "chroot".to_string(),
+            root.display().to_string(),
+            settings.commands.nvidia_smi.clone(),
+            "-q".to_string(),
+        ],
+        None => vec![settings.commands.nvidia_smi.clone(), "-q".to_string()],
+    };
     match command::run(&argv, settings.commands.timeout) {
         Err(e @ command::RunError::TimedOut(_)) => SmiRead::TimedOut(format!(
             "{}: {e} (commands.timeout_seconds); the driver may be hung: check `dmesg` for NVRM errors",
@@ -392,5 +402,6 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
         },
     );
     obs.legacy_server = legacy_server(settings);
+    obs.node = Some(crate::node::detect(settings).seen());
     obs
 }

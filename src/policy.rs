@@ -126,6 +126,27 @@ pub fn unit_missing(why: &str) -> bool {
     why.ends_with(NOT_INSTALLED)
 }
 
+/// The GPU Operator's namespace and its driver pods' label, as its Helm chart sets them.
+pub const OPERATOR_NAMESPACE: &str = "gpu-operator";
+pub const DRIVER_POD_LABEL: &str = "app=nvidia-driver-daemonset";
+
+/// What the operator changes instead of the agent on a GPU Operator node, one line: the
+/// Secret and its keys, and this node's driver pod made again (which alone reads it).
+pub fn operator_fix(node_name: Option<&str>) -> String {
+    let node = node_name.unwrap_or("<node>");
+    format!(
+        "the GPU Operator owns the token and gridd.conf on this node: put the client configuration token from the DLS, unchanged, into the Secret named by the ClusterPolicy's driver.licensingConfig.secretName (keys client_configuration_token.tok and gridd.conf, with FeatureType=1), then make this node's driver pod again, since only a new pod reads it: kubectl -n {OPERATOR_NAMESPACE} delete pod -l {DRIVER_POD_LABEL} --field-selector spec.nodeName={node}"
+    )
+}
+
+/// The driver pod of a GPU Operator node that is not running or not ready, one line.
+pub fn driver_pod_advice(node_name: Option<&str>) -> String {
+    let node = node_name.unwrap_or("<node>");
+    format!(
+        "the GPU Operator's driver pod on this node is not running or not ready (no driver answers in its root): kubectl -n {OPERATOR_NAMESPACE} get pods -l {DRIVER_POD_LABEL} --field-selector spec.nodeName={node} -o wide, and its log: kubectl -n {OPERATOR_NAMESPACE} logs -l {DRIVER_POD_LABEL} --field-selector spec.nodeName={node} -c nvidia-driver-ctr"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

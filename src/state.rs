@@ -198,6 +198,40 @@ pub struct Observations {
     pub token_rejected: Option<String>,
     /// What the service has to say about the token for a while (a rotation it made): notes.
     pub token_notes: Vec<String>,
+    /// Where the agent found the driver: set for live observations, `None` for `analyze`.
+    pub node: Option<NodeSeen>,
+}
+
+/// The node as the agent found it ([`crate::node`] detects it): the mode, and on a GPU
+/// Operator node where its driver root is, whether the operator says its driver is ready,
+/// and the node's name for the `kubectl` commands of the advice.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSeen {
+    pub observe: bool,
+    pub driver_root: Option<String>,
+    pub driver_ready: bool,
+    pub node_name: Option<String>,
+    /// `service.mode = "manage"` on a GPU Operator node: refused, observed instead.
+    pub manage_refused: bool,
+}
+
+/// Advice in the GPU Operator's terms on its node: what the operator changes, never what
+/// only the agent would (it does not install or restart there).
+fn operator_advice(f: &mut Failure, state: State, node: &NodeSeen) {
+    let name = node.node_name.as_deref();
+    match f.reason {
+        _ if state == State::NoDriver && !node.driver_ready => {
+            f.advice = crate::policy::driver_pod_advice(name);
+        }
+        Reason::TokenMissing
+        | Reason::TokenInvalid
+        | Reason::TokenExpired
+        | Reason::FeatureTypeInvalid
+        | Reason::TokenRejected => {
+            f.advice = crate::policy::operator_fix(name);
+        }
+        _ => {}
+    }
 }
 
 /// Where the report's failure comes from: the agent's own finding (or its probe's), or gridd's
@@ -645,6 +679,22 @@ pub fn evaluate(obs: Observations) -> Report {
         })
     });
     notes.extend(obs.token_notes.iter().cloned());
+    let failure = failure.map(|mut f| {
+        if let Some(node) = obs.node.as_ref().filter(|n| n.driver_root.is_some()) {
+            operator_advice(&mut f, state, node);
+        }
+        f
+    });
+    if let Some(node) = &obs.node {
+        if let Some(root) = &node.driver_root {
+            notes.push(format!(
+                "GPU Operator node: the driver and nvidia-gridd run in the operator's driver container (its root {root}); the agent only observes here: the operator owns the token, gridd.conf and gridd."
+            ));
+        }
+        if node.manage_refused {
+            notes.push("service.mode = \"manage\" is refused on a GPU Operator node: the agent observes. Set it to \"auto\" or \"observe\".".into());
+        }
+    }
     // A lease held whose renewals have stalled: a warning while it still holds.
     let failure = failure.or_else(|| {
         let (since, message) = obs.renewal_stalled.filter(|_| state == State::Licensed)?;
@@ -702,6 +752,11 @@ pub fn evaluate(obs: Observations) -> Report {
         exit_code,
         agent_pid: None,
         last_shutdown: None,
+        mode: obs
+            .node
+            .as_ref()
+            .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
+        driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
     }
 }
 

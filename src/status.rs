@@ -49,9 +49,13 @@ pub fn from_service(settings: &Settings) -> Option<(Report, Duration)> {
 pub fn current(settings: &Settings) -> (Report, Source) {
     match from_service(settings) {
         Some((r, age)) => (r, Source::Service(age)),
-        None => (
-            evaluate(live::observe(settings, chrono::Utc::now(), MAX_EVENTS)),
-            Source::Observed,
-        ),
+        None => {
+            // On a GPU Operator node, the driver's files under its root.
+            let settings = &crate::node::detect(settings).apply(settings);
+            (
+                evaluate(live::observe(settings, chrono::Utc::now(), MAX_EVENTS)),
+                Source::Observed,
+            )
+        }
     }
 }

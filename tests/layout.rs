@@ -30,8 +30,9 @@ const PURE: [&str; 10] = [
 /// Modules that read or change the machine; a name stands for its submodules too.
 /// `layout` is here: besides the state directory's names it holds `check_state_dir`, which
 /// lists that directory.
-const IO: [&str; 18] = [
+const IO: [&str; 19] = [
     "live",
+    "node",
     "journal_boot",
     "install",
     "service",

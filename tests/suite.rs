@@ -12,6 +12,7 @@ mod common;
 mod config_cli;
 mod diagnose;
 mod fleet;
+mod gpu_operator;
 mod hostile;
 mod identity;
 mod install;

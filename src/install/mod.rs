@@ -1057,7 +1057,29 @@ fn plan_entry(plan: &[Change], f: impl Fn(&Change) -> bool) -> Change {
 /// token's bytes). A bad token is a [`TokenRejected`] error (see `downcast_ref`); every error
 /// leaves the token and gridd.conf as they were.
 pub fn install(req: &Request, settings: &Settings) -> anyhow::Result<Outcome> {
+    refuse_where_observing(settings)?;
     install_at(req, settings, Utc::now())
+}
+
+/// `install` changes nothing where the agent only observes: on a GPU Operator node gridd
+/// never reads the node's `/etc/nvidia`, and the operator's Secret is the place.
+fn refuse_where_observing(settings: &Settings) -> anyhow::Result<()> {
+    let node = crate::node::detect(settings);
+    if node.mode == crate::node::Mode::Manage {
+        return Ok(());
+    }
+    Err(match &node.driver_root {
+        Some(root) => anyhow!(
+            "this is a GPU Operator node: nvidia-gridd runs in the operator's driver container (root {}) and never reads a token installed here; {}; {}",
+            show_path(root),
+            crate::policy::operator_fix(node.node_name.as_deref()),
+            nothing_changed()
+        ),
+        None => anyhow!(
+            "service.mode = \"observe\" in the agent's config: it installs nothing here; set service.mode to \"auto\" or \"manage\" to install with it; {}",
+            nothing_changed()
+        ),
+    })
 }
 
 /// [`install`] with the time the token's validity is checked against.

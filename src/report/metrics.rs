@@ -23,6 +23,10 @@ pub struct Counters {
     pub token_expiry: Option<i64>,
     /// A file dropped in the token directory (or the token source) was refused, recently.
     pub token_rejected: bool,
+    /// `manage` or `observe`, for the info metric (empty: not known, `analyze`).
+    pub mode: &'static str,
+    /// `host` or `gpu_operator`: where the driver runs.
+    pub driver: &'static str,
 }
 
 impl Counters {
@@ -236,6 +240,21 @@ pub fn render(report: &Report, c: &Counters) -> String {
         );
         let _ = writeln!(o, "vgpu_license_token_expiry_timestamp_seconds {exp}");
     }
+    if !c.mode.is_empty() {
+        header(
+            &mut o,
+            "vgpu_license_agent_info",
+            "gauge",
+            "Always 1; the agent's version, whether it manages or only observes, and where the driver runs (host or gpu_operator).",
+        );
+        let _ = writeln!(
+            o,
+            "vgpu_license_agent_info{{version=\"{}\",mode=\"{}\",driver=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            c.mode,
+            c.driver
+        );
+    }
     header(
         &mut o,
         "vgpu_license_token_rejected",
@@ -372,6 +391,8 @@ mod tests {
             exit_code: 0,
             agent_pid: None,
             last_shutdown: None,
+            mode: None,
+            driver_root: None,
         };
         let mut c = Counters::default();
         c.count_failure(Reason::ClockSkew);
@@ -455,6 +476,8 @@ mod tests {
             exit_code: 1,
             agent_pid: None,
             last_shutdown: None,
+            mode: None,
+            driver_root: None,
         }
     }
 

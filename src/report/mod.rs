@@ -275,6 +275,14 @@ pub struct Report {
     /// Whether gridd returned its lease as the previous boot ended (`status.json` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_shutdown: Option<LastShutdown>,
+    /// `manage` (the agent installs the token and restarts gridd) or `observe` (it only
+    /// reads: a GPU Operator node, or `service.mode = "observe"`); absent from `analyze`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// The GPU Operator driver container's root the agent read from; null on a plain guest
+    /// (absent from `analyze`, which reads no machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_root: Option<Option<String>>,
 }
 
 fn is_zero(n: &u64) -> bool {

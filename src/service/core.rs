@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 use crate::config::Settings;
 use crate::install::{Aside, Change, Outcome, Restart};
 use crate::live::{self, Parts, SmiRead, TokenProblem};
+use crate::node::{Mode, Node};
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
 use crate::policy;
@@ -87,6 +88,8 @@ pub enum Event {
     LastShutdown(Option<crate::shutdown::LastShutdown>),
     /// A clone found at this boot, not reported before.
     CloneDetected(Box<crate::identity::CloneDetected>),
+    /// Where the driver runs, looked at again (a GPU Operator's driver pod comes and goes).
+    Node(Box<Node>),
 }
 
 pub use crate::install::AdoptError;
@@ -429,7 +432,12 @@ impl Adoption {
 
 /// The service's state and judgement.
 pub struct Core {
+    /// The settings the agent works with on this node ([`Node::apply`] of `base`).
     settings: Settings,
+    /// The settings as the config gives them.
+    base: Settings,
+    /// Where the driver runs, and whether the agent manages or only observes.
+    node: Node,
     heartbeat: Duration,
     watching: bool,
     seen: Seen,
@@ -453,13 +461,19 @@ impl Core {
         let first_token_look = settings.service.first_token_look;
         Core {
             remedy: Remedy::new(&settings.service),
+            base: settings.clone(),
+            node: Node::default(),
             settings,
             heartbeat,
             watching,
             seen: Seen::new(),
             probing: Probing::default(),
             adoption: Adoption::default(),
-            counters: Counters::default(),
+            counters: Counters {
+                mode: Mode::Manage.as_str(),
+                driver: "host",
+                ..Counters::default()
+            },
             failure_key: None,
             own_since: None,
             busy: InFlight::default(),
@@ -609,6 +623,7 @@ impl Core {
                 self.read_token(&mut fx);
                 self.dir_changed(now, &mut fx);
             }
+            Event::Node(n) => self.node_seen(*n, now, &mut fx),
             Event::Adopted(result) => {
                 self.busy.adopt = false;
                 // Only a failure whose undo changed the directory (a full disk, say) waits: a
@@ -874,6 +889,41 @@ impl Core {
         }
     }
 
+    /// Where the driver runs, as just looked at: on a change, the settings of the new place
+    /// and a reading there at once.
+    fn node_seen(&mut self, node: Node, now: Now, fx: &mut Vec<Effect>) {
+        if node == self.node {
+            return;
+        }
+        let moved = node.driver_root != self.node.driver_root || node.mode != self.node.mode;
+        if moved {
+            match &node.driver_root {
+                Some(root) => info!(
+                    "GPU Operator node: the driver runs in the operator's driver container (root {}); observing only",
+                    crate::text::show_path(root)
+                ),
+                None if node.mode == Mode::Observe => {
+                    info!("service.mode = \"observe\": observing only")
+                }
+                None => {}
+            }
+            if node.manage_refused {
+                warn!(
+                    "service.mode = \"manage\" is refused on a GPU Operator node (the operator owns the token, gridd.conf and gridd): observing only"
+                );
+            }
+        }
+        self.settings = node.apply(&self.base);
+        self.counters.mode = node.mode.as_str();
+        self.counters.driver = node.driver();
+        self.node = node;
+        self.published.dirty = true;
+        if moved {
+            self.schedule.smi_soon(now.mono);
+            self.read_token(fx);
+        }
+    }
+
     /// The token directory changed: adopt what is there, unless the last adoption failed
     /// moments ago (then when the wait is over).
     fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
@@ -903,6 +953,10 @@ impl Core {
         let Some(report) = &self.published.report else {
             return;
         };
+        // Observing only: the token is the operator's (or the admin's) to put in place.
+        if self.node.mode == Mode::Observe {
+            return;
+        }
         let licensed = report.state == State::Licensed;
         if std::mem::replace(&mut self.busy.adopt, true) {
             self.adoption.again = true;
@@ -1099,6 +1153,7 @@ impl Core {
             .and_then(|(exp, since)| stalled(exp, since, now.wall));
         obs.source_rejected
             .clone_from(&self.adoption.source_rejected);
+        obs.node = Some(self.node.seen());
         obs.token_rejected = Adoption::recent(&self.adoption.rejected, now);
         obs.token_notes
             .extend(Adoption::recent(&self.adoption.rotated, now));
@@ -1238,6 +1293,7 @@ impl Core {
         // with the GRID guest driver, which is the fix.
         let unit_missing = matches!(&self.seen.unit, Some(Err(why)) if policy::unit_missing(why));
         if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
+            && self.node.mode == Mode::Manage
             && !unit_missing
             && !self.busy.restart
             && !self.busy.adopt
@@ -1253,6 +1309,8 @@ impl Core {
     /// A reloaded config. What was set up at start (the follower, the watcher, the
     /// listeners) keeps its old settings: say so rather than pretend.
     fn reload(&mut self, s: Settings, now: Now) {
+        self.base = s.clone();
+        let s = self.node.apply(&s);
         let (old, new) = (&self.settings, &s);
         for (key, changed) in [
             (
@@ -1406,6 +1464,8 @@ fn same_report(a: &Report, b: &Report) -> bool {
         exit_code,
         agent_pid: _,
         last_shutdown,
+        mode,
+        driver_root,
     } = a;
     *schema == b.schema
         && *state == b.state
@@ -1419,6 +1479,8 @@ fn same_report(a: &Report, b: &Report) -> bool {
         && *notes == b.notes
         && *exit_code == b.exit_code
         && *last_shutdown == b.last_shutdown
+        && *mode == b.mode
+        && *driver_root == b.driver_root
 }
 
 /// The one line `systemctl status` shows.

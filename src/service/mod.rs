@@ -118,7 +118,15 @@ impl Shell {
             let settings = settings.clone();
             let tx = self.tx.clone();
             match effect {
-                Effect::ReadSmi => blocking(tx, move || Event::Smi(live::read_smi(&settings))),
+                Effect::ReadSmi => {
+                    // Where the driver runs is looked at with each reading: a GPU Operator's
+                    // driver pod comes and goes.
+                    let tx2 = tx.clone();
+                    blocking(tx, move || {
+                        let _ = tx2.send(Event::Node(Box::new(crate::node::detect(&settings))));
+                        Event::Smi(live::read_smi(&settings))
+                    })
+                }
                 Effect::CheckUnit => {
                     blocking(tx, move || Event::Unit(live::gridd_running(&settings)))
                 }
@@ -222,7 +230,14 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         tx.clone(),
         stop_rx.clone(),
     ));
-    let watcher = watch_paths(&settings, tx.clone());
+    // Observing only (a GPU Operator node, service.mode = "observe"), nothing is adopted: the
+    // token directory is not watched.
+    let node = crate::node::detect(&settings);
+    let watcher = if node.mode == crate::node::Mode::Manage {
+        watch_paths(&settings, tx.clone())
+    } else {
+        None
+    };
     let servers = serve_metrics(&settings, metrics_rx).await;
     // Under systemd's watchdog, the ping rides on the heartbeat's wakeup (twice per period);
     // without one there is no watchdog timer at all.
@@ -240,6 +255,9 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         failing: RefCell::default(),
         watcher: RefCell::new(watcher),
     };
+    // Before the first effects: on a GPU Operator node they read under its driver root.
+    let effects = core.handle(Event::Node(Box::new(node)), clock.now());
+    shell.carry_out(core.settings(), effects);
     let effects = core.start(clock.now());
     shell.carry_out(core.settings(), effects);
 

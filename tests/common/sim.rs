@@ -340,6 +340,13 @@ pub fn write_mode(path: &Path, bytes: &[u8], mode: u32) {
     }
 }
 
+/// Copies `from` to `at` inside `root` (its directories made), keeping its mode.
+fn copy_into_root(root: &Path, from: &Path, at: &Path) {
+    let to = root.join(at.strip_prefix("/").unwrap());
+    fs::create_dir_all(to.parent().unwrap()).unwrap();
+    fs::copy(fs::canonicalize(from).unwrap(), &to).unwrap();
+}
+
 fn write_script(path: &Path, text: &str) {
     write_mode(path, text.as_bytes(), 0o755);
 }
@@ -411,6 +418,10 @@ pub struct Setup {
     /// The agent reads every gridd line of the machine's journal, not only this machine's
     /// gridd's (see the module's doc): no other machine runs meanwhile.
     pub whole_journal: bool,
+    /// A GPU Operator node: the driver container's root at `run/nvidia/driver` of the
+    /// machine (nvidia-smi only in there, with its libraries, run by `chroot`; the token and
+    /// gridd.conf in its `/etc/nvidia`; the simulator's state in its `/sim`), no gridd unit.
+    pub gpu_operator: bool,
 }
 
 impl Default for Setup {
@@ -425,6 +436,7 @@ impl Default for Setup {
             command_timeout: 3,
             token_node: None,
             whole_journal: false,
+            gpu_operator: false,
         }
     }
 }
@@ -565,11 +577,18 @@ impl Machine {
             .tempdir()
             .unwrap();
         let r = dir.path().to_path_buf();
-        let sim = r.join("sim");
+        // gridd's files: in the driver container's root on a GPU Operator node.
+        let driver_root = r.join("run/nvidia/driver");
+        let files = if setup.gpu_operator {
+            driver_root.clone()
+        } else {
+            r.clone()
+        };
+        let sim = files.join("sim");
         fs::create_dir_all(&sim).unwrap();
         let mut cfg = setup.sim;
-        cfg.token_dir = r.join("etc/nvidia/ClientConfigToken");
-        cfg.gridd_conf = r.join("etc/nvidia/gridd.conf");
+        cfg.token_dir = files.join("etc/nvidia/ClientConfigToken");
+        cfg.gridd_conf = files.join("etc/nvidia/gridd.conf");
         cfg.save(&sim).unwrap();
         fs::create_dir_all(&cfg.token_dir).unwrap();
         fs::set_permissions(&cfg.token_dir, fs::Permissions::from_mode(0o755)).unwrap();
@@ -633,7 +652,49 @@ impl Machine {
             extra = setup.service_extra,
             timeout = setup.command_timeout,
         ));
+        if setup.gpu_operator {
+            m.make_driver_root(&driver_root);
+        }
         m
+    }
+
+    /// The GPU Operator's driver root: nvidia-smi in it with the libraries it loads (the
+    /// agent runs it by `chroot`), and the agent's config pointed at it, with the token and
+    /// gridd.conf at their usual paths inside it.
+    fn make_driver_root(&self, root: &Path) {
+        let smi = program("sim-nvidia-smi");
+        copy_into_root(root, &smi, Path::new("/usr/bin/nvidia-smi"));
+        let ldd = Command::new("ldd").arg(&smi).output().expect("ldd runs");
+        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+            let lib = line
+                .split("=>")
+                .last()
+                .and_then(|s| s.split_whitespace().next())
+                .filter(|s| s.starts_with('/'));
+            if let Some(lib) = lib {
+                copy_into_root(root, Path::new(lib), Path::new(lib));
+            }
+        }
+        let r = self.root().display().to_string();
+        let text = self
+            .config_text()
+            .replace(
+                &format!("token_dir = \"{r}/etc/nvidia/ClientConfigToken\""),
+                "token_dir = \"/etc/nvidia/ClientConfigToken\"",
+            )
+            .replace(
+                &format!("gridd_conf = \"{r}/etc/nvidia/gridd.conf\""),
+                &format!(
+                    "gridd_conf = \"/etc/nvidia/gridd.conf\"\ndriver_root = \"{}\"",
+                    root.display()
+                ),
+            )
+            .replace(
+                &format!("nvidia_smi = \"{r}/bin/nvidia-smi\""),
+                "nvidia_smi = \"/usr/bin/nvidia-smi\"",
+            );
+        assert!(text.contains("driver_root = "), "{text}");
+        self.write_config(&text);
     }
 
     pub fn root(&self) -> &Path {

@@ -1,0 +1,183 @@
+//! A Kubernetes GPU node with NVIDIA's GPU Operator, end to end (the real agent, the real
+//! journald, the simulator): the GRID driver and nvidia-gridd run in the operator's driver
+//! container, whose root is shared at the node's `run/nvidia/driver`; nvidia-smi is only in
+//! there (run by `chroot`, with its libraries); the token and gridd.conf are the container's;
+//! the node has no gridd unit. The agent finds this on its own, observes only (no install,
+//! adoption, stray moving, gridd.conf edit or restart, whatever happens), reports licensed
+//! and failing states with fixes in the operator's terms, and says what it is in the report
+//! and the metrics.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::sim::{self, Agent, Machine, Mode, Setup, reason, write_gridd_conf};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+
+/// Every file under `dir`: its bytes and mode (what "nothing changed" compares).
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        if m.is_dir() {
+            out.extend(snapshot(&p));
+        } else if m.is_file() {
+            out.insert(
+                p.clone(),
+                (std::fs::read(&p).unwrap(), m.permissions().mode()),
+            );
+        }
+    }
+    out
+}
+
+fn cli(m: &Machine, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(args)
+        .env("SIM_DIR", "/sim")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The machine, its gridd started by the container's entrypoint with the Secret's token
+/// (`token`), and the agent; returns once the agent has a report.
+fn node(token: impl FnOnce(&Machine) -> Vec<u8>) -> (Machine, Agent) {
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    write_gridd_conf(&m);
+    let t = token(&m);
+    sim::write_mode(&m.token_path(), &t, 0o644);
+    m.start_gridd();
+    // nvidia-smi in the driver root finds the simulator's state at its /sim.
+    let a = Agent::start_with_env(&m, &[("SIM_DIR", std::ffi::OsStr::new("/sim"))]);
+    a.wait_status("a report", T, |_| true);
+    (m, a)
+}
+
+fn driver_root(m: &Machine) -> PathBuf {
+    m.path("run/nvidia/driver")
+}
+
+#[test]
+fn scenario_gpu_operator_node_licensed_is_observed_and_said() {
+    let (m, a) = node(Machine::token);
+    let before = snapshot(&driver_root(&m).join("etc"));
+    let v = a.wait_status("licensed, observed", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    assert_eq!(v["mode"], "observe", "{v:#}");
+    assert_eq!(v["driver_root"], driver_root(&m).display().to_string());
+    assert_eq!(v["gpus"][0]["profile"], "NVIDIA L40S-24Q");
+    assert!(
+        v["notes"].to_string().contains("GPU Operator node"),
+        "{v:#}"
+    );
+    sim::wait_for(
+        "the info metric: observe, gpu_operator",
+        T,
+        || {
+            a.metrics()
+                .lines()
+                .any(|l| {
+                    l.starts_with("vgpu_license_agent_info{")
+                        && l.contains("mode=\"observe\"")
+                        && l.contains("driver=\"gpu_operator\"")
+                        && l.ends_with(" 1")
+                })
+                .then_some(())
+        },
+        || a.context(),
+    );
+    // status from the live report, and observed on the spot the same way.
+    let (code, out, _) = cli(&m, &["status", "--json"]);
+    assert_eq!(code, Some(0), "{out}");
+    let s: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (s["state"].as_str(), s["mode"].as_str()),
+        (Some("licensed"), Some("observe"))
+    );
+
+    // A token dropped on the node, a stray in the container's token directory: the agent
+    // adopts, moves, edits and restarts nothing.
+    sim::write_mode(&m.token_dir().join("README"), b"not ours\n", 0o644);
+    let before = {
+        let mut b = before;
+        b.extend(snapshot(&m.token_dir()));
+        b
+    };
+    let (code, _, err) = cli(
+        &m,
+        &["install", "--token-file", m.token_path().to_str().unwrap()],
+    );
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("GPU Operator node"), "{err}");
+    assert!(err.contains("driver.licensingConfig.secretName"), "{err}");
+    assert!(err.contains("kubectl -n gpu-operator delete pod"), "{err}");
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        snapshot(&driver_root(&m).join("etc")),
+        before,
+        "nothing changed"
+    );
+    assert_eq!(m.restarts(), 0, "never restarted: {}", a.context());
+}
+
+#[test]
+fn scenario_gpu_operator_node_failures_are_fixed_in_the_operators_terms() {
+    // The Secret's token has expired: the container's gridd fails with it.
+    let (m, a) = node(|m| {
+        sim::edit_payload(&m.token(), |p| {
+            p["exp"] = 1_650_000_000.into();
+        })
+    });
+    let v = a.wait_status("token_expired", T, |v| reason(v) == Some("token_expired"));
+    assert_eq!(v["mode"], "observe");
+    let advice = v["failure"]["advice"].as_str().unwrap();
+    assert!(
+        advice.contains("driver.licensingConfig.secretName"),
+        "{advice}"
+    );
+    assert!(
+        advice.contains("kubectl -n gpu-operator delete pod -l app=nvidia-driver-daemonset"),
+        "{advice}"
+    );
+    let (code, out, _) = cli(&m, &["status"]);
+    assert_eq!(code, Some(2), "{out}");
+    let (_, out, _) = cli(&m, &["diagnose"]);
+    assert!(
+        !out.contains("vgpu-license-agent install"),
+        "every fix works here:\n{out}"
+    );
+    assert!(!out.contains("systemctl"), "no unit to act on here:\n{out}");
+    assert_eq!(m.restarts(), 0);
+}
+
+#[test]
+fn scenario_gpu_operator_node_whose_gridd_dies_is_not_restarted_by_the_agent() {
+    let (m, a) = node(Machine::token);
+    a.wait_state("licensed", T);
+    m.dls.set_mode(Mode::Refusing);
+    m.crash_gridd();
+    // Past the grace (2 s) and the backoff (1 s) of this machine's config: a managed guest's
+    // gridd would have been restarted by now. The driver pod's is the operator's.
+    std::thread::sleep(Duration::from_secs(8));
+    assert_eq!(m.restarts(), 0, "{}", a.context());
+    assert!(m.gridd_pid().is_none());
+}
