@@ -18,6 +18,29 @@ pub struct Settings {
     pub commands: Commands,
     pub gridd: Gridd,
     pub service: Service,
+    pub kubernetes: Kubernetes,
+}
+
+/// The Node condition on a Kubernetes node (`[kubernetes]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kubernetes {
+    pub node_condition: Switch,
+    /// A host agent's access to the API: a kubeconfig file (its JSON form).
+    pub kubeconfig: Option<PathBuf>,
+    /// The Node to write; default `$NODE_NAME`, else the host name.
+    pub node_name: Option<String>,
+    /// Where a pod's service account is mounted (token, ca.crt).
+    pub service_account_dir: PathBuf,
+    /// The condition's `lastHeartbeatTime` is refreshed at least this often.
+    pub heartbeat: Duration,
+}
+
+/// `auto`, `on` or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -132,6 +155,13 @@ impl ServiceMode {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            kubernetes: Kubernetes {
+                node_condition: Switch::Auto,
+                kubeconfig: None,
+                node_name: None,
+                service_account_dir: "/var/run/secrets/kubernetes.io/serviceaccount".into(),
+                heartbeat: Duration::from_secs(240),
+            },
             paths: Paths {
                 token_dir: "/etc/nvidia/ClientConfigToken".into(),
                 token_file: "client_configuration_token.tok".into(),
@@ -287,6 +317,19 @@ struct Fragment {
     gridd: GriddFragment,
     #[serde(default)]
     service: ServiceFragment,
+    #[serde(default)]
+    kubernetes: KubernetesFragment,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KubernetesFragment {
+    node_condition: Option<String>,
+    kubeconfig: Option<String>,
+    node_name: Option<String>,
+    taint_unlicensed: Option<bool>,
+    service_account_dir: Option<PathBuf>,
+    heartbeat_seconds: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -565,7 +608,45 @@ impl Settings {
                 }
             };
         }
+        self.merge_kubernetes(frag.kubernetes)?;
         self.validate()
+    }
+
+    fn merge_kubernetes(&mut self, k: KubernetesFragment) -> Result<(), String> {
+        let kube = &mut self.kubernetes;
+        if let Some(v) = k.node_condition {
+            kube.node_condition = match v.as_str() {
+                "auto" => Switch::Auto,
+                "on" => Switch::On,
+                "off" => Switch::Off,
+                _ => {
+                    return Err(format!(
+                        "kubernetes.node_condition = {}: expected \"auto\" (on when running in a pod with a service account), \"on\" or \"off\"",
+                        shown_value(&v)
+                    ));
+                }
+            };
+        }
+        if let Some(v) = k.kubeconfig {
+            kube.kubeconfig = (!v.is_empty()).then(|| PathBuf::from(v));
+        }
+        if let Some(v) = k.node_name {
+            kube.node_name = (!v.is_empty()).then_some(v);
+        }
+        if let Some(d) = k.service_account_dir {
+            kube.service_account_dir = d;
+        }
+        if let Some(h) = k.heartbeat_seconds {
+            in_range("kubernetes.heartbeat_seconds", h, (5, 300))?;
+            kube.heartbeat = Duration::from_secs(h);
+        }
+        if k.taint_unlicensed == Some(true) {
+            return Err(
+                "kubernetes.taint_unlicensed = true: this version writes the VgpuLicensed condition only, not the taint; remove the key (or set it to false), and keep GPU work off unlicensed nodes by that condition"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), String> {

@@ -14,8 +14,9 @@ const GROUPED: [&str; 6] = ["report", "observe", "service", "install", "probe", 
 
 /// Modules that only compute. `report` and `observe` stand for their submodules too, except
 /// those named in [`IO`].
-const PURE: [&str; 10] = [
+const PURE: [&str; 11] = [
     "state",
+    "node_condition",
     "report",
     "policy",
     "remedy",
@@ -30,8 +31,9 @@ const PURE: [&str; 10] = [
 /// Modules that read or change the machine; a name stands for its submodules too.
 /// `layout` is here: besides the state directory's names it holds `check_state_dir`, which
 /// lists that directory.
-const IO: [&str; 19] = [
+const IO: [&str; 20] = [
     "live",
+    "kube",
     "node",
     "journal_boot",
     "install",

@@ -28,6 +28,7 @@ const NUMERIC_KEYS: &[(&str, &str)] = &[
     ("service", "probe_timeout_seconds"),
     ("service", "clock_skew_max_seconds"),
     ("service", "first_token_look_seconds"),
+    ("kubernetes", "heartbeat_seconds"),
 ];
 
 /// Every numeric flag, with the command it belongs to.

@@ -16,6 +16,7 @@ mod gpu_operator;
 mod hostile;
 mod identity;
 mod install;
+mod kube;
 mod last_shutdown;
 mod layout;
 mod metrics_server;

@@ -141,6 +141,10 @@ pub struct StatusArgs {
     /// without a license, instead of the monitoring codes.
     #[arg(long, requires = "wait")]
     pub require_licensed: bool,
+    /// node-problem-detector's custom-plugin form: one line, exit 0 when the license is held
+    /// (or nothing needs one), 1 when it is not, 2 when the agent cannot tell.
+    #[arg(long, conflicts_with_all = ["json", "wait"])]
+    pub npd: bool,
 }
 
 #[derive(Debug, Subcommand)]

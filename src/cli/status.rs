@@ -36,6 +36,9 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
         Source::Service(_) => stale_for(&report, settings),
         Source::Observed => None,
     };
+    if args.npd {
+        return Ok(npd(&report, stale));
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -93,4 +96,35 @@ fn stale_for(report: &crate::report::Report, settings: &Settings) -> Option<i64>
         + settings.commands.timeout.as_secs()
         + crate::service::core::HEARTBEAT.as_secs();
     (age > allowed as i64).then_some(age)
+}
+
+/// node-problem-detector's custom plugin: a line of at most 200 bytes (its default
+/// `max_output_length`), exit 0 OK, 1 a problem, 2 unknown.
+fn npd(report: &crate::report::Report, stale: Option<i64>) -> ExitCode {
+    let (code, mut line) = match (stale, report.state) {
+        (Some(age), _) => (
+            2,
+            format!("the agent's report is stale ({age} s old): is vgpu-license-agent running?"),
+        ),
+        (None, State::Licensed | State::NoGpu | State::NotLicensable) => {
+            (0, crate::service::status_line(report))
+        }
+        (None, State::Unknown) => (2, crate::service::status_line(report)),
+        (None, _) => {
+            let mut l = crate::service::status_line(report);
+            if let Some(f) = &report.failure {
+                l.push_str(&format!(": {}", f.reason.as_str()));
+            }
+            (1, l)
+        }
+    };
+    if line.len() > 200 {
+        let mut cut = 200;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+    }
+    println!("{}", crate::text::escape(&line));
+    ExitCode::from(code)
 }

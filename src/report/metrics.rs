@@ -27,6 +27,8 @@ pub struct Counters {
     pub mode: &'static str,
     /// `host` or `gpu_operator`: where the driver runs.
     pub driver: &'static str,
+    /// Failed writes of the Node condition.
+    pub node_condition_errors: u64,
 }
 
 impl Counters {
@@ -255,6 +257,17 @@ pub fn render(report: &Report, c: &Counters) -> String {
             c.driver
         );
     }
+    header(
+        &mut o,
+        "vgpu_license_node_condition_errors_total",
+        "counter",
+        "Failed writes of the Node condition VgpuLicensed (API down, 403).",
+    );
+    let _ = writeln!(
+        o,
+        "vgpu_license_node_condition_errors_total {}",
+        c.node_condition_errors
+    );
     header(
         &mut o,
         "vgpu_license_token_rejected",

@@ -90,6 +90,8 @@ pub enum Event {
     CloneDetected(Box<crate::identity::CloneDetected>),
     /// Where the driver runs, looked at again (a GPU Operator's driver pod comes and goes).
     Node(Box<Node>),
+    /// A write of the Node condition: done, or why not.
+    NodeCondition(crate::kube::Outcome),
 }
 
 pub use crate::install::AdoptError;
@@ -438,6 +440,8 @@ pub struct Core {
     base: Settings,
     /// Where the driver runs, and whether the agent manages or only observes.
     node: Node,
+    /// The last write of the Node condition failed.
+    condition_failing: bool,
     heartbeat: Duration,
     watching: bool,
     seen: Seen,
@@ -463,6 +467,7 @@ impl Core {
             remedy: Remedy::new(&settings.service),
             base: settings.clone(),
             node: Node::default(),
+            condition_failing: false,
             settings,
             heartbeat,
             watching,
@@ -624,6 +629,7 @@ impl Core {
                 self.dir_changed(now, &mut fx);
             }
             Event::Node(n) => self.node_seen(*n, now, &mut fx),
+            Event::NodeCondition(outcome) => self.condition_written(outcome),
             Event::Adopted(result) => {
                 self.busy.adopt = false;
                 // Only a failure whose undo changed the directory (a full disk, say) waits: a
@@ -886,6 +892,32 @@ impl Core {
                 }
             }
             _ => svc.poll_unlicensed,
+        }
+    }
+
+    /// A write of the Node condition: a failure is a warning and a count (once per streak in
+    /// the journal), never more.
+    fn condition_written(&mut self, outcome: crate::kube::Outcome) {
+        match outcome {
+            Ok(()) => {
+                if std::mem::take(&mut self.condition_failing) {
+                    info!(
+                        "the Node condition {} is written again",
+                        crate::node_condition::TYPE
+                    );
+                }
+            }
+            Err(why) => {
+                self.counters.node_condition_errors += 1;
+                self.published.dirty = true;
+                if !std::mem::replace(&mut self.condition_failing, true) {
+                    warn!(
+                        "the Node condition {} was not written (retried with backoff): {}",
+                        crate::node_condition::TYPE,
+                        crate::text::escape(&why)
+                    );
+                }
+            }
         }
     }
 

@@ -103,6 +103,8 @@ struct Shell {
     failing: RefCell<HashSet<PathBuf>>,
     /// The token directory's watch (none where it cannot be watched).
     watcher: RefCell<Option<notify::RecommendedWatcher>>,
+    /// The Node condition for its writer (none when not on a Kubernetes node).
+    condition: Option<watch::Sender<Option<crate::node_condition::Condition>>>,
 }
 
 impl Shell {
@@ -174,6 +176,14 @@ impl Shell {
     }
 
     fn publish(&self, settings: &Settings, p: Publication) {
+        if let Some(c) = &self.condition {
+            let cond = crate::node_condition::of(&p.report, &status_line(&p.report));
+            c.send_if_modified(|old| {
+                let changed = *old != cond;
+                *old = cond;
+                changed
+            });
+        }
         if p.write {
             // The metrics first: whoever sees a report in status.json finds it in the
             // metrics already (a monitor that checks one against the other, a test).
@@ -209,6 +219,38 @@ impl Shell {
     }
 }
 
+/// Starts the writer of the Node condition where the agent runs on a Kubernetes node and may
+/// write it; returns where to send the condition.
+fn node_condition_writer(
+    settings: &Settings,
+    tx: &mpsc::UnboundedSender<Event>,
+    stop: &watch::Receiver<bool>,
+) -> Option<watch::Sender<Option<crate::node_condition::Condition>>> {
+    let api = match crate::kube::target(settings) {
+        Ok(api) => api?,
+        Err(e) => {
+            warn!("the Node condition is not written: {e:#}");
+            return None;
+        }
+    };
+    info!(
+        "writing the condition {} of node {}",
+        crate::node_condition::TYPE,
+        crate::text::escape(&api.node)
+    );
+    let (cond_tx, cond_rx) = watch::channel(None);
+    let tx = tx.clone();
+    tokio::spawn(crate::kube::write_condition(
+        api,
+        cond_rx,
+        move |o| {
+            let _ = tx.send(Event::NodeCondition(o));
+        },
+        stop.clone(),
+    ));
+    Some(cond_tx)
+}
+
 /// Runs `job` off the loop; its result comes back as an event.
 fn blocking(tx: mpsc::UnboundedSender<Event>, job: impl FnOnce() -> Event + Send + 'static) {
     tokio::task::spawn_blocking(move || {
@@ -233,6 +275,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // Observing only (a GPU Operator node, service.mode = "observe"), nothing is adopted: the
     // token directory is not watched.
     let node = crate::node::detect(&settings);
+    let condition = node_condition_writer(&settings, &tx, &stop_rx);
     let watcher = if node.mode == crate::node::Mode::Manage {
         watch_paths(&settings, tx.clone())
     } else {
@@ -254,6 +297,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         metrics_tx,
         failing: RefCell::default(),
         watcher: RefCell::new(watcher),
+        condition,
     };
     // Before the first effects: on a GPU Operator node they read under its driver root.
     let effects = core.handle(Event::Node(Box::new(node)), clock.now());

@@ -24,6 +24,8 @@ pub mod dls;
 pub mod gridd_lines;
 #[path = "../sim/https.rs"]
 pub mod https;
+#[path = "../sim/kube_api.rs"]
+pub mod kube_api;
 #[path = "../sim/proxy.rs"]
 pub mod proxy;
 #[path = "../sim/shared.rs"]

@@ -1,0 +1,370 @@
+//! The Kubernetes API, as far as the agent needs it: the `VgpuLicensed` condition on its own
+//! Node, written through the `nodes/status` subresource with a strategic merge patch (merged
+//! by the condition's type, so that every other condition stays as it is, as
+//! node-problem-detector writes its own).
+//!
+//! Where: in a pod, the in-cluster API (`KUBERNETES_SERVICE_HOST`/`_PORT`) with the service
+//! account's token and CA; on a host, the kubeconfig `kubernetes.kubeconfig` names (its JSON
+//! form, a bearer token). Nothing is written anywhere else. The writer runs apart from the
+//! rest of the service: an API that is down, slow or answers 403 is a warning in the journal
+//! and the counter `vgpu_license_node_condition_errors_total`, retried with backoff, never a
+//! stall of anything else.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use reqwest::{Client, Url};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::config::{Settings, Switch};
+use crate::input::{self, Links};
+use crate::node_condition::{Condition, TYPE};
+use crate::text::show_path;
+
+/// The longest wait between two tries after failures.
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+const TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_FILE: usize = 1 << 20;
+
+/// How the API is reached.
+#[derive(Clone)]
+pub struct Api {
+    base: Url,
+    ca_pem: Vec<u8>,
+    token: Bearer,
+    /// The Node the condition is written to.
+    pub node: String,
+    /// `lastHeartbeatTime` is refreshed at least this often.
+    heartbeat: Duration,
+}
+
+#[derive(Clone)]
+enum Bearer {
+    /// Read again at each request: a pod's projected token is rotated under it.
+    File(PathBuf),
+    Literal(String),
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        write!(f, "Api({} node {})", self.base, self.node)
+    }
+}
+
+/// Where to write the condition: `Ok(None)` where there is nothing to write to (not in a
+/// pod, no kubeconfig, or `node_condition = "off"`); an error where the config asks for it
+/// and it cannot be set up.
+pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
+    let k = &settings.kubernetes;
+    if k.node_condition == Switch::Off {
+        return Ok(None);
+    }
+    let node = || {
+        k.node_name
+            .clone()
+            .or_else(crate::node::node_name)
+            .context("no node name: set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)")
+    };
+    if let Some(path) = &k.kubeconfig {
+        let (base, ca_pem, token) = from_kubeconfig(path)?;
+        return Ok(Some(Api {
+            base,
+            ca_pem,
+            token,
+            node: node()?,
+            heartbeat: k.heartbeat,
+        }));
+    }
+    let sa = &k.service_account_dir;
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
+    let in_pod = host.is_some() && sa.join("token").exists();
+    if !in_pod {
+        if k.node_condition == Switch::On {
+            bail!(
+                "kubernetes.node_condition = \"on\", but the agent is not in a pod with a service account ({} and KUBERNETES_SERVICE_HOST) and no kubernetes.kubeconfig is set: name one, or run it as the DaemonSet",
+                show_path(sa)
+            );
+        }
+        return Ok(None);
+    }
+    let host = host.unwrap_or_default();
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").unwrap_or_else(|_| "443".into());
+    // An IPv6 address in a URL is bracketed.
+    let shown_host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    let base = Url::parse(&format!("https://{shown_host}:{port}/"))
+        .map_err(|e| anyhow!("KUBERNETES_SERVICE_HOST/PORT make no URL: {e}"))?;
+    let ca_pem = input::read_file(&sa.join("ca.crt"), MAX_FILE, Links::Follow)
+        .map_err(|e| anyhow!("cannot read {}: {e}", show_path(&sa.join("ca.crt"))))?;
+    Ok(Some(Api {
+        base,
+        ca_pem,
+        token: Bearer::File(sa.join("token")),
+        node: node()?,
+        heartbeat: k.heartbeat,
+    }))
+}
+
+/// A kubeconfig's current context: its server, CA and bearer token. Its JSON form only (a
+/// YAML parser would double the agent's size for one file).
+fn from_kubeconfig(path: &Path) -> anyhow::Result<(Url, Vec<u8>, Bearer)> {
+    let shown = show_path(path);
+    let bytes = input::read_file(path, MAX_FILE, Links::Follow)
+        .map_err(|e| anyhow!("kubernetes.kubeconfig {shown}: cannot read it: {e}"))?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|_| {
+        anyhow!(
+            "kubernetes.kubeconfig {shown} is not a kubeconfig in JSON form; write that form with `kubectl config view --raw --minify --flatten -o json > {shown}`"
+        )
+    })?;
+    let named = |list: &str, name: &str| {
+        v[list]
+            .as_array()
+            .and_then(|a| a.iter().find(|e| e["name"] == name))
+            .cloned()
+    };
+    let current = v["current-context"].as_str().unwrap_or_default();
+    let context = named("contexts", current).with_context(|| {
+        format!("kubernetes.kubeconfig {shown}: no context named by current-context ({current:?})")
+    })?;
+    let cluster_name = context["context"]["cluster"].as_str().unwrap_or_default();
+    let user_name = context["context"]["user"].as_str().unwrap_or_default();
+    let cluster = named("clusters", cluster_name)
+        .with_context(|| format!("kubernetes.kubeconfig {shown}: no cluster {cluster_name:?}"))?;
+    let user = named("users", user_name)
+        .with_context(|| format!("kubernetes.kubeconfig {shown}: no user {user_name:?}"))?;
+    let server = cluster["cluster"]["server"].as_str().unwrap_or_default();
+    let base = Url::parse(server)
+        .ok()
+        .filter(|u| u.scheme() == "https")
+        .with_context(|| {
+            format!("kubernetes.kubeconfig {shown}: the cluster's server is not an https URL")
+        })?;
+    let ca_pem = match (
+        cluster["cluster"]["certificate-authority-data"].as_str(),
+        cluster["cluster"]["certificate-authority"].as_str(),
+    ) {
+        (Some(data), _) => base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|_| anyhow!("kubernetes.kubeconfig {shown}: certificate-authority-data is not base64"))?,
+        (None, Some(file)) => input::read_file(Path::new(file), MAX_FILE, Links::Follow)
+            .map_err(|e| anyhow!("kubernetes.kubeconfig {shown}: cannot read its certificate-authority {file}: {e}"))?,
+        (None, None) => bail!("kubernetes.kubeconfig {shown}: the cluster names no certificate authority (certificate-authority-data)"),
+    };
+    let token = match (
+        user["user"]["token"].as_str(),
+        user["user"]["tokenFile"].as_str(),
+    ) {
+        (Some(t), _) if !t.is_empty() => Bearer::Literal(t.to_string()),
+        (_, Some(f)) => Bearer::File(PathBuf::from(f)),
+        _ => bail!(
+            "kubernetes.kubeconfig {shown}: the user has no bearer token (token or tokenFile); client certificates and exec plugins are not read: give it a service account's token"
+        ),
+    };
+    Ok((base, ca_pem, token))
+}
+
+impl Api {
+    fn client(&self) -> anyhow::Result<Client> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let certs = reqwest::Certificate::from_pem_bundle(&self.ca_pem)
+            .map_err(|_| anyhow!("the API's CA is not a PEM certificate bundle"))?;
+        Client::builder()
+            .timeout(TIMEOUT)
+            .connect_timeout(TIMEOUT)
+            .user_agent(concat!("vgpu-license-agent/", env!("CARGO_PKG_VERSION")))
+            .tls_certs_only(certs)
+            .build()
+            .map_err(|e| anyhow!("cannot set up HTTPS to the API: {}", crate::http::chain(e)))
+    }
+
+    fn bearer(&self) -> anyhow::Result<String> {
+        match &self.token {
+            Bearer::Literal(t) => Ok(t.clone()),
+            Bearer::File(p) => input::read_file(p, MAX_FILE, Links::Follow)
+                .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+                .map_err(|e| {
+                    anyhow!(
+                        "cannot read the service account's token {}: {e}",
+                        show_path(p)
+                    )
+                }),
+        }
+    }
+
+    fn url(&self, status: bool) -> anyhow::Result<Url> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|_| anyhow!("the API's URL cannot take a path"))?
+            .pop_if_empty()
+            .extend(["api", "v1", "nodes", &self.node]);
+        if status {
+            url.path_segments_mut()
+                .map_err(|_| anyhow!("the API's URL cannot take a path"))?
+                .push("status");
+        }
+        Ok(url)
+    }
+
+    /// The condition as the Node has it now: its status and last transition.
+    async fn current(&self, client: &Client) -> anyhow::Result<Option<(String, String)>> {
+        let resp = client
+            .get(self.url(false)?)
+            .bearer_auth(self.bearer()?)
+            .send()
+            .await
+            .map_err(|e| anyhow!("GET node {}: {}", self.node, crate::http::chain(e)))?;
+        let code = resp.status();
+        if !code.is_success() {
+            bail!("GET node {}: HTTP {code}", self.node);
+        }
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| anyhow!("GET node {}: {}", self.node, crate::http::chain(e)))?;
+        let node: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow!("GET node {}: not a Node: {e}", self.node))?;
+        Ok(node["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == TYPE))
+            .map(|c| {
+                (
+                    c["status"].as_str().unwrap_or_default().to_string(),
+                    c["lastTransitionTime"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                )
+            }))
+    }
+
+    async fn patch(&self, client: &Client, body: &Value) -> anyhow::Result<()> {
+        let resp = client
+            .patch(self.url(true)?)
+            .bearer_auth(self.bearer()?)
+            .header("Content-Type", "application/strategic-merge-patch+json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| anyhow!("PATCH node {}/status: {}", self.node, crate::http::chain(e)))?;
+        let code = resp.status();
+        if code.is_success() {
+            return Ok(());
+        }
+        let why = resp
+            .bytes()
+            .await
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["message"].as_str().map(String::from))
+            .map(|m| format!(": {}", crate::text::escape(&m)))
+            .unwrap_or_default();
+        let fix = if code.as_u16() == 403 {
+            " (the service account needs patch on nodes/status: see deploy/kubernetes/)"
+        } else {
+            ""
+        };
+        bail!("PATCH node {}/status: HTTP {code}{why}{fix}", self.node)
+    }
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    crate::time::rfc3339(t)
+}
+
+/// The patch that sets the condition, merged by its type.
+fn body(c: &Condition, transition: &str, heartbeat: &str) -> Value {
+    json!({"status": {"conditions": [{
+        "type": TYPE,
+        "status": c.status,
+        "reason": c.reason,
+        "message": c.message,
+        "lastTransitionTime": transition,
+        "lastHeartbeatTime": heartbeat,
+    }]}})
+}
+
+/// What the writer tells the service: each write's outcome.
+pub type Outcome = Result<(), String>;
+
+/// Writes the condition `rx` holds whenever it changes and at least every heartbeat
+/// (`kubernetes.heartbeat_seconds`),
+/// until `stop`; each outcome is told to `tell`. After a failure it tries again with backoff
+/// (5 s, doubling, at most 5 min).
+pub async fn write_condition(
+    api: Api,
+    mut rx: watch::Receiver<Option<Condition>>,
+    tell: impl Fn(Outcome),
+    mut stop: watch::Receiver<bool>,
+) {
+    let client = match api.client() {
+        Ok(c) => c,
+        Err(e) => {
+            tell(Err(format!("{e:#}")));
+            return;
+        }
+    };
+    // What the Node has: its condition's status and last transition (read once, then kept).
+    let mut written: Option<(Condition, String)> = None;
+    let mut known: Option<Option<(String, String)>> = None;
+    let mut backoff = Duration::from_secs(5);
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        let wait = match retry_at {
+            Some(t) => t,
+            None => tokio::time::Instant::now() + api.heartbeat,
+        };
+        let changed = tokio::select! {
+            r = rx.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                true
+            }
+            _ = tokio::time::sleep_until(wait) => false,
+            _ = stop.changed() => return,
+        };
+        let Some(cond) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let same = written.as_ref().is_some_and(|(w, _)| *w == cond);
+        if changed && same && retry_at.is_none() {
+            continue;
+        }
+        let now = rfc3339(Utc::now());
+        let result = async {
+            if known.is_none() {
+                known = Some(api.current(&client).await?);
+            }
+            // lastTransitionTime moves only when the status does.
+            let transition = match (&written, known.as_ref().and_then(|k| k.as_ref())) {
+                (Some((w, t)), _) if w.status == cond.status => t.clone(),
+                (None, Some((status, t))) if status == cond.status && !t.is_empty() => t.clone(),
+                _ => now.clone(),
+            };
+            api.patch(&client, &body(&cond, &transition, &now)).await?;
+            anyhow::Ok(transition)
+        }
+        .await;
+        match result {
+            Ok(transition) => {
+                written = Some((cond, transition));
+                backoff = Duration::from_secs(5);
+                retry_at = None;
+                tell(Ok(()));
+            }
+            Err(e) => {
+                retry_at = Some(tokio::time::Instant::now() + backoff);
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                tell(Err(format!("{e:#}")));
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The license as Kubernetes shows a node's health: the Node condition `VgpuLicensed`, made
+//! from the report. Pure: the API writer (`crate::kube`) sends it.
+//!
+//! `status`: `True` licensed, `False` unlicensed, restricted, failing or without a driver,
+//! `Unknown` when the agent cannot tell; a node with nothing to license (`no_gpu`,
+//! `not_licensable`) gets none. `reason` is the report's reason in the API's CamelCase
+//! (`Licensed`, `TokenExpired`, `DlsUnreachable` ...), `message` the status line with the
+//! edition and the lease's expiry.
+
+use crate::report::{Reason, Report, State};
+
+/// The condition's type.
+pub const TYPE: &str = "VgpuLicensed";
+
+/// One condition as the agent would write it (its times are the writer's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    /// `True`, `False` or `Unknown`.
+    pub status: &'static str,
+    pub reason: String,
+    pub message: String,
+}
+
+/// `token_expired` -> `TokenExpired`.
+pub fn camel(code: &str) -> String {
+    code.split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The condition a report means, or `None` where there is nothing to license.
+pub fn of(report: &Report, status_line: &str) -> Option<Condition> {
+    let reason = report.failure.as_ref().map(|f| f.reason);
+    let (status, reason) = match report.state {
+        State::NoGpu | State::NotLicensable => return None,
+        // A warning (an expiring lease, a refused rotation) leaves the license held.
+        State::Licensed => ("True", "Licensed".to_string()),
+        State::Unknown => (
+            "Unknown",
+            reason.map_or("Unknown".into(), |r| camel(r.as_str())),
+        ),
+        State::NoDriver => (
+            "False",
+            camel(reason.unwrap_or(Reason::DriverUnavailable).as_str()),
+        ),
+        State::Unlicensed | State::Restricted => (
+            "False",
+            reason.map_or_else(|| camel(report.state.as_str()), |r| camel(r.as_str())),
+        ),
+    };
+    let mut message = status_line.to_string();
+    if let Some(f) = &report.failure {
+        message.push_str(": ");
+        message.push_str(&f.message);
+    }
+    // The API caps a condition's message at 32 KiB; a line says enough.
+    if message.len() > 1024 {
+        let mut cut = 1024;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    Some(Condition {
+        status,
+        reason,
+        message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_camel_case() {
+        assert_eq!(camel("token_expired"), "TokenExpired");
+        assert_eq!(camel("dls_unreachable"), "DlsUnreachable");
+        assert_eq!(camel("restricted"), "Restricted");
+        for r in Reason::ALL {
+            let c = camel(r.as_str());
+            assert!(c.chars().next().unwrap().is_ascii_uppercase() && !c.contains('_'));
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The license on the Node, end to end: the real agent in a simulated pod (the service
+//! account's token and CA in a directory of the test's, `KUBERNETES_SERVICE_HOST`/`_PORT`,
+//! `NODE_NAME`) against the simulated API server of `tests/sim/kube_api.rs`, and the
+//! simulated GPU. The condition `VgpuLicensed` follows the license (status, CamelCase reason,
+//! message with the edition), `lastTransitionTime` moves only on a change, the heartbeat
+//! refreshes `lastHeartbeatTime`, other writers' conditions stay, a 403 or an API that is down
+//! is a warning and a count while the rest of the service goes on, and nothing is written
+//! where the agent is not in a pod.
+
+use std::time::Duration;
+
+use crate::common::sim::kube_api::{ApiMode, FakeApi, node_object};
+use crate::common::sim::{self, Agent, Machine, Mode, Setup, write_gridd_conf};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(30);
+const NODE: &str = "gpu-worker-1";
+const TOKEN: &str = "sa-token-for-tests";
+
+/// node-problem-detector's condition on the same Node: never touched by the agent.
+fn npd_condition() -> Value {
+    json!({"type": "KernelDeadlock", "status": "False", "reason": "KernelHasNoDeadlock",
+           "message": "kernel has no deadlock",
+           "lastHeartbeatTime": "2026-12-01T00:00:00Z",
+           "lastTransitionTime": "2026-11-01T00:00:00Z"})
+}
+
+/// A machine whose agent runs as in a pod of `api`'s cluster; its DLS answers from the start
+/// when `dls_up`.
+fn in_pod(api: &FakeApi, heartbeat: u64, dls_up: bool) -> (Machine, Agent) {
+    let m = Machine::new(Setup::default());
+    if !dls_up {
+        m.dls.set_mode(Mode::Refusing);
+    }
+    let sa = m.path("serviceaccount");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), TOKEN).unwrap();
+    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = {heartbeat}\n",
+        sa.display()
+    ));
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let port = api.port().to_string();
+    let a = Agent::start_with_env(
+        &m,
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
+            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
+            ("NODE_NAME", NODE.as_ref()),
+        ],
+    );
+    (m, a)
+}
+
+fn wait_condition(api: &FakeApi, a: &Agent, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    sim::wait_for(
+        what,
+        T,
+        || api.condition(NODE, "VgpuLicensed").filter(|c| f(c)),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    )
+}
+
+#[test]
+fn scenario_the_node_condition_follows_the_license() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![npd_condition()])]);
+    // The DLS away at first: no license, the condition False with the report's reason.
+    let (m, a) = in_pod(&api, 5, false);
+    let c = wait_condition(&api, &a, "VgpuLicensed False", |c| c["status"] == "False");
+    let reason = c["reason"].as_str().unwrap();
+    assert!(
+        reason.chars().next().unwrap().is_ascii_uppercase() && !reason.contains('_'),
+        "{reason}"
+    );
+    assert_eq!(c["type"], "VgpuLicensed");
+    let unlicensed_since = c["lastTransitionTime"].as_str().unwrap().to_string();
+    assert!(
+        api.requests().iter().any(|r| r.starts_with(&format!(
+            "PATCH /api/v1/nodes/{NODE}/status 200 application/strategic-merge-patch+json"
+        ))),
+        "{:?}",
+        api.requests()
+    );
+    // The other writer's condition is as it was.
+    assert_eq!(api.condition(NODE, "KernelDeadlock"), Some(npd_condition()));
+
+    // The DLS back: True, Licensed, the edition and the expiry in the message.
+    m.dls.set_mode(Mode::Up);
+    let c = wait_condition(&api, &a, "VgpuLicensed True", |c| c["status"] == "True");
+    assert_eq!(c["reason"], "Licensed");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("NVIDIA RTX Virtual Workstation"),
+        "{message}"
+    );
+    assert!(message.contains("expires"), "{message}");
+    let since = c["lastTransitionTime"].as_str().unwrap().to_string();
+    assert!(
+        since >= unlicensed_since,
+        "{since} after {unlicensed_since}"
+    );
+
+    // The heartbeat moves, the transition does not.
+    let beat = c["lastHeartbeatTime"].as_str().unwrap().to_string();
+    let c = wait_condition(&api, &a, "a heartbeat", |c| {
+        c["lastHeartbeatTime"].as_str() != Some(beat.as_str())
+    });
+    assert_eq!(c["lastTransitionTime"], since.as_str());
+    assert_eq!(c["status"], "True");
+    assert_eq!(api.condition(NODE, "KernelDeadlock"), Some(npd_condition()));
+}
+
+#[test]
+fn scenario_a_forbidden_or_absent_api_is_a_warning_and_a_count() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![npd_condition()])]);
+    api.set_mode(ApiMode::Forbidden);
+    let (m, a) = in_pod(&api, 5, true);
+    // The rest of the service goes on: licensed in status.json.
+    a.wait_state("licensed", T);
+    sim::wait_for(
+        "vgpu_license_node_condition_errors_total above 0",
+        T,
+        || {
+            a.metric("vgpu_license_node_condition_errors_total")
+                .filter(|n| *n > 0.0)
+        },
+        || a.context(),
+    );
+    let said = a.journal_lines().join("\n");
+    assert!(said.contains("was not written"), "{said}");
+    assert!(said.contains("HTTP 403"), "{said}");
+    assert!(!said.contains(TOKEN), "the token is a secret");
+    assert!(api.condition(NODE, "VgpuLicensed").is_none());
+    // The API down, then slow, then answering: the condition comes, the backoff bounded.
+    api.set_mode(ApiMode::Down);
+    std::thread::sleep(Duration::from_secs(2));
+    api.set_mode(ApiMode::Slow(Duration::from_millis(500)));
+    api.set_mode(ApiMode::Up);
+    let c = wait_condition(&api, &a, "VgpuLicensed True once allowed", |c| {
+        c["status"] == "True"
+    });
+    assert_eq!(c["reason"], "Licensed");
+    assert_eq!(a.status().unwrap()["state"], "licensed");
+    drop(m);
+}
+
+#[test]
+fn scenario_nothing_is_written_outside_a_pod() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    // KUBERNETES_SERVICE_HOST alone (a host's leftover environment), no service account.
+    let port = api.port().to_string();
+    let a = Agent::start_with_env(
+        &m,
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
+            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
+        ],
+    );
+    a.wait_state("licensed", T);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(api.requests().is_empty(), "{:?}", api.requests());
+}
+
+/// node-problem-detector's custom plugin form: one line, 0 licensed, 1 not, as its protocol
+/// says; the plugin config shipped for it runs exactly that command.
+#[test]
+fn scenario_status_npd_speaks_node_problem_detectors_protocol() {
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.dls.set_mode(Mode::Refusing);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_status("a failure", T, |v| !v["failure"].is_null());
+    let npd = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+            .arg("--config")
+            .arg(&m.config)
+            .args(["status", "--npd"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = npd();
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.len() <= 201, "{out}");
+    m.dls.set_mode(Mode::Up);
+    a.wait_state("licensed", T);
+    let (code, out) = npd();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("licensed"), "{out}");
+
+    let plugin: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("deploy/kubernetes/node-problem-detector/vgpu-license-monitor.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(plugin["plugin"], "custom");
+    let rule = &plugin["rules"][0];
+    assert_eq!(rule["args"], json!(["status", "--npd"]));
+    assert_eq!(rule["condition"], plugin["conditions"][0]["type"]);
+    assert!(
+        plugin["pluginConfig"]["max_output_length"]
+            .as_u64()
+            .unwrap()
+            >= 200,
+        "the line fits"
+    );
+}

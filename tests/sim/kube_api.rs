@@ -1,0 +1,358 @@
+//! A Kubernetes API server as far as a node agent meets it, written from the API reference
+//! (core/v1 Node, "Patch status of the specified Node"): HTTPS with its own CA (the
+//! service-account directory's `ca.crt`), every request authenticated by a bearer token
+//! (401 without the right one), `GET /api/v1/nodes/{name}` and `PATCH
+//! /api/v1/nodes/{name}/status` with the patch types the API accepts for a built-in kind:
+//! `application/strategic-merge-patch+json` (a list of conditions merges by its patch merge
+//! key, `type`: the entries named are replaced field by field, the others stay) and
+//! `application/merge-patch+json` (RFC 7386: a list is replaced whole). An unknown node is
+//! 404, another content type 415, and errors have the API's `Status` body. It can also
+//! forbid (403, as RBAC without `nodes/status` patch), be down (the port refuses) or slow.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiMode {
+    Up,
+    /// Every request is 403 Forbidden.
+    Forbidden,
+    /// The port refuses connections.
+    Down,
+    /// Every answer comes after this long.
+    Slow(Duration),
+}
+
+struct Inner {
+    mode: Mutex<ApiMode>,
+    token: String,
+    nodes: Mutex<BTreeMap<String, Value>>,
+    /// `METHOD PATH STATUS CONTENT-TYPE` of every request answered.
+    requests: Mutex<Vec<String>>,
+    stop: AtomicBool,
+    tls: Arc<rustls::ServerConfig>,
+}
+
+pub struct FakeApi {
+    addr: SocketAddr,
+    inner: Arc<Inner>,
+    /// The CA's certificate, PEM: what a pod's `ca.crt` holds.
+    pub ca_pem: String,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A CA and a server certificate it signed for 127.0.0.1 and localhost.
+fn certificates() -> (String, Arc<rustls::ServerConfig>) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kubernetes");
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone(), ca_cert.der().clone()],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+    .unwrap();
+    (ca_cert.pem(), Arc::new(config))
+}
+
+impl FakeApi {
+    /// An API on a free loopback port that accepts `token`, holding `nodes` (Node objects).
+    pub fn start(token: &str, nodes: Vec<Value>) -> FakeApi {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (ca_pem, tls) = certificates();
+        let inner = Arc::new(Inner {
+            mode: Mutex::new(ApiMode::Up),
+            token: token.to_string(),
+            nodes: Mutex::new(
+                nodes
+                    .into_iter()
+                    .map(|n| (n["metadata"]["name"].as_str().unwrap().to_string(), n))
+                    .collect(),
+            ),
+            requests: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            tls,
+        });
+        let i = inner.clone();
+        let thread = std::thread::spawn(move || accept_loop(listener, addr, i));
+        FakeApi {
+            addr,
+            inner,
+            ca_pem,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn set_mode(&self, mode: ApiMode) {
+        *self.inner.mode.lock().unwrap() = mode;
+        std::thread::sleep(Duration::from_millis(60));
+    }
+
+    pub fn node(&self, name: &str) -> Option<Value> {
+        self.inner.nodes.lock().unwrap().get(name).cloned()
+    }
+
+    /// A condition of a node, by type.
+    pub fn condition(&self, node: &str, kind: &str) -> Option<Value> {
+        self.node(node)?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == kind)
+            .cloned()
+    }
+
+    /// Another writer (node-problem-detector, the kubelet) sets a condition of its own.
+    pub fn set_condition(&self, node: &str, condition: Value) {
+        let mut nodes = self.inner.nodes.lock().unwrap();
+        let n = nodes.get_mut(node).unwrap();
+        merge_conditions(n, std::slice::from_ref(&condition));
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.inner.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A Node object as the API returns it, with these conditions.
+pub fn node_object(name: &str, conditions: Vec<Value>) -> Value {
+    json!({
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {},
+        "status": {"conditions": conditions},
+    })
+}
+
+fn accept_loop(listener: TcpListener, addr: SocketAddr, inner: Arc<Inner>) {
+    let _ = listener.set_nonblocking(true);
+    let mut listener = Some(listener);
+    while !inner.stop.load(Ordering::SeqCst) {
+        let mode = *inner.mode.lock().unwrap();
+        if mode == ApiMode::Down {
+            listener = None;
+        } else if listener.is_none() {
+            listener = TcpListener::bind(addr).ok();
+            if let Some(l) = &listener {
+                let _ = l.set_nonblocking(true);
+            }
+        }
+        let Some(l) = &listener else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
+        match l.accept() {
+            Ok((stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                let i = inner.clone();
+                std::thread::spawn(move || {
+                    let _ = serve(stream, &i);
+                });
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// The API's error body.
+fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+               "message": message, "reason": reason, "code": code}),
+    )
+}
+
+/// Strategic merge of a conditions list: by `type`, field by field.
+fn merge_conditions(node: &mut Value, patch: &[Value]) {
+    let list = node["status"]["conditions"]
+        .as_array_mut()
+        .expect("a node's conditions");
+    for p in patch {
+        match list.iter_mut().find(|c| c["type"] == p["type"]) {
+            Some(c) => {
+                for (k, v) in p.as_object().unwrap() {
+                    c[k] = v.clone();
+                }
+            }
+            None => list.push(p.clone()),
+        }
+    }
+}
+
+fn route(inner: &Inner, method: &str, path: &str, head: &str, body: &[u8]) -> (u16, Value) {
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    if header("authorization").as_deref() != Some(&format!("Bearer {}", inner.token)) {
+        return status(401, "Unauthorized", "Unauthorized");
+    }
+    if *inner.mode.lock().unwrap() == ApiMode::Forbidden {
+        return status(
+            403,
+            "Forbidden",
+            "nodes \"x\" is forbidden: User \"system:serviceaccount:vgpu:agent\" cannot patch resource \"nodes/status\" in API group \"\" at the cluster scope",
+        );
+    }
+    let rest = path.split('?').next().unwrap_or_default();
+    let Some(rest) = rest.strip_prefix("/api/v1/nodes/") else {
+        return status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    };
+    let (name, sub) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut nodes = inner.nodes.lock().unwrap();
+    let Some(node) = nodes.get_mut(name) else {
+        return status(404, "NotFound", &format!("nodes \"{name}\" not found"));
+    };
+    match (method, sub) {
+        ("GET", "") | ("GET", "status") => (200, node.clone()),
+        ("PATCH", "status") => {
+            let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+                return status(400, "BadRequest", "the body is not JSON");
+            };
+            let kind = header("content-type").unwrap_or_default();
+            let conditions = patch["status"]["conditions"].as_array().cloned();
+            match kind.split(';').next().unwrap_or_default().trim() {
+                "application/strategic-merge-patch+json" => {
+                    if let Some(c) = conditions {
+                        merge_conditions(node, &c);
+                    }
+                }
+                "application/merge-patch+json" => {
+                    if let Some(c) = conditions {
+                        node["status"]["conditions"] = Value::Array(c);
+                    }
+                }
+                other => {
+                    return status(
+                        415,
+                        "UnsupportedMediaType",
+                        &format!(
+                            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {other}"
+                        ),
+                    );
+                }
+            }
+            (200, node.clone())
+        }
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method",
+        ),
+    }
+}
+
+fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let conn = rustls::ServerConnection::new(inner.tls.clone()).map_err(io::Error::other)?;
+    let mut tls = rustls::StreamOwned::new(conn, stream);
+    loop {
+        let mut data = Vec::new();
+        let mut buf = [0u8; 4096];
+        let head_end = loop {
+            if let Some(i) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let n = tls.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            data.extend_from_slice(&buf[..n]);
+        };
+        let head = String::from_utf8_lossy(&data[..head_end]).to_string();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        while data.len() - head_end < length {
+            let n = tls.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            data.extend_from_slice(&buf[..n]);
+        }
+        let body = &data[head_end..];
+        let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
+        let (method, path) = (
+            parts.next().unwrap_or_default().to_string(),
+            parts.next().unwrap_or_default().to_string(),
+        );
+        if let ApiMode::Slow(d) = *inner.mode.lock().unwrap() {
+            std::thread::sleep(d);
+        }
+        let (code, answer) = route(inner, &method, &path, &head, body);
+        let ctype = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("content-type")
+                    .then(|| v.trim().to_string())
+            })
+            .unwrap_or_default();
+        inner
+            .requests
+            .lock()
+            .unwrap()
+            .push(format!("{method} {path} {code} {ctype}"));
+        let text = answer.to_string();
+        write!(
+            tls,
+            "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{text}",
+            text.len()
+        )?;
+        tls.flush()?;
+    }
+}
