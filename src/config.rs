@@ -420,6 +420,11 @@ impl Settings {
         }
         let dropins = main.parent().unwrap_or(Path::new(".")).join("config.d");
         if let Ok(rd) = std::fs::read_dir(&dropins) {
+            // A drop-in directory others may write to is someone else's config.
+            trusted_dir(&dropins).map_err(|message| ConfigError {
+                file: dropins.clone(),
+                message,
+            })?;
             let mut more: Vec<PathBuf> = rd
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|x| x == "toml"))
@@ -431,12 +436,10 @@ impl Settings {
         for file in files {
             // Root's files, maybe links (a drop-in linked from elsewhere), but never a FIFO or
             // a huge file: the service must not hang or fill memory at a reload.
-            let text =
-                crate::input::read_text(&file, MAX_CONFIG_BYTES, crate::input::Links::Follow)
-                    .map_err(|e| ConfigError {
-                        file: file.clone(),
-                        message: format!("cannot read: {e}"),
-                    })?;
+            let text = read_trusted(&file).map_err(|message| ConfigError {
+                file: file.clone(),
+                message,
+            })?;
             settings.apply_toml(&text).map_err(|message| ConfigError {
                 file: file.clone(),
                 message,
@@ -864,6 +867,43 @@ fn default_output(key: &str) -> &'static str {
 /// The files [`Settings::load`] reads for `main`, in its order (`main` where it exists, then
 /// the `config.d/*.toml` drop-ins by name), and the entries of `config.d/` it leaves out
 /// (any other name): what `config check` warns of and `config show` names as origins.
+/// Whether a file or directory of the config may be trusted by root: owned by root (or by the
+/// user running the agent) and writable by nobody else. The config names the programs root
+/// runs (`commands.*`): another user who can change it can make root run anything.
+fn trusted(meta: &std::fs::Metadata, what: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let mode = meta.mode() & 0o7777;
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(format!(
+            "{what} is owned by uid {}, who could make root run any program through commands.*; the agent refuses it: make it root's (chown root:root)",
+            meta.uid()
+        ));
+    }
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "{what} is writable by other users (mode {mode:04o}), who could make root run any program through commands.*; the agent refuses it: chmod go-w it"
+        ));
+    }
+    Ok(())
+}
+
+fn trusted_dir(dir: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(dir).map_err(|e| format!("cannot check the directory: {e}"))?;
+    trusted(&meta, "the drop-in directory")
+}
+
+/// A config file's text, read through one descriptor that is checked first (a link is
+/// followed: a drop-in linked from elsewhere is fine where its target is root's alone).
+fn read_trusted(file: &Path) -> Result<String, String> {
+    use crate::input::{Links, open_regular, read_capped};
+    let f = open_regular(file, Links::Follow).map_err(|e| format!("cannot read: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    trusted(&meta, "the file")?;
+    let bytes = read_capped(f, MAX_CONFIG_BYTES).map_err(|e| format!("cannot read: {e}"))?;
+    String::from_utf8(bytes).map_err(|_| "cannot read: is not UTF-8 text".to_string())
+}
+
 pub fn config_files(main: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let mut read: Vec<PathBuf> = Vec::new();
     if main.try_exists().unwrap_or(false) {

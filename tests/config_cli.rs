@@ -216,3 +216,58 @@ fn run_stops_when_the_journal_cannot_be_read_instead_of_looping() {
     let follows = runs.lines().filter(|l| l.contains("--follow")).count();
     assert_eq!(follows, 1, "the follower started again: {runs}");
 }
+
+/// The config names the programs root runs (`commands.*`): a drop-in another user can write,
+/// or a link to a file another user owns, is refused by `config check`, and `status` run as
+/// root never runs what it names.
+#[test]
+fn a_config_file_another_user_could_change_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = Root::new();
+    let marker = root.path("ran");
+    let evil = script(&root, "evil-smi", &format!("touch '{}'", marker.display()));
+    let text = format!("[commands]\nnvidia_smi = \"{evil}\"\n");
+    root.dropin("60-smi.toml", &text);
+    let dropin = root.config.parent().unwrap().join("config.d/60-smi.toml");
+    fs::set_permissions(&dropin, fs::Permissions::from_mode(0o666)).unwrap();
+    let r = root.run(&["config", "check"]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    let line = r.error_line();
+    assert!(line.contains("60-smi.toml"), "{line}");
+    assert!(
+        line.contains("writable by other users (mode 0666)"),
+        "{line}"
+    );
+    assert!(line.contains("chmod go-w"), "{line}");
+    let r = root.run(&["status"]);
+    assert_eq!(r.code, Some(3), "UNKNOWN: {}{}", r.stdout, r.stderr);
+    assert!(
+        !marker.exists(),
+        "the program the refused drop-in names never ran"
+    );
+
+    // A link to a file another user owns.
+    fs::remove_file(&dropin).unwrap();
+    let theirs = root.file("home/user/smi.toml", text.as_bytes());
+    fs::set_permissions(&theirs, fs::Permissions::from_mode(0o644)).unwrap();
+    if !nix::unistd::geteuid().is_root() {
+        crate::common::skipped("chown to another user needs root");
+        return;
+    }
+    nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+    std::os::unix::fs::symlink(&theirs, &dropin).unwrap();
+    let r = root.run(&["config", "check"]);
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.error_line().contains("owned by uid 65534"),
+        "{}",
+        r.error_line()
+    );
+    root.run(&["status"]);
+    assert!(!marker.exists());
+
+    // Root's own file, linked: fine.
+    nix::unistd::chown(&theirs, Some(nix::unistd::Uid::from_raw(0)), None).unwrap();
+    let r = root.run(&["config", "check"]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+}

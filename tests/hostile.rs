@@ -1220,3 +1220,70 @@ fn a_token_swapped_for_a_link_or_a_fifo_during_installs_changes_nothing_outside(
         }
     }
 }
+
+/// An install over a token under the DLS's download name, stopped dead (a power loss, a
+/// SIGKILL) at every step: the directory holds a whole valid token at each of them, and the
+/// next install finishes the job.
+#[test]
+fn an_install_killed_at_any_step_leaves_a_whole_token() {
+    const DOWNLOAD: &str = "client_configuration_token_11-30-2026-10-00-00.tok";
+    for point in [
+        "crash-after-stage",
+        "crash-after-save",
+        "crash-after-commit",
+        "crash-after-first-move",
+        "crash-after-all-moves",
+    ] {
+        let root = Root::new();
+        fs::create_dir_all(root.token_dir()).unwrap();
+        let old = valid_token("old");
+        fs::write(root.token_dir().join(DOWNLOAD), &old).unwrap();
+        fs::set_permissions(
+            root.token_dir().join(DOWNLOAD),
+            fs::Permissions::from_mode(0o744),
+        )
+        .unwrap();
+        fs::write(root.token_dir().join("README"), b"a stray").unwrap();
+        let new = valid_token("new");
+        let tok = root.file("in/new.tok", &new);
+        let mut cmd = root.cmd(&["install", "--token-file", tok.to_str().unwrap()]);
+        cmd.env("VGPU_LICENSE_AGENT_FAULT", point);
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{point}: stopped dead");
+        // What gridd reads now: every regular file but the agent's temporary (dot) files.
+        let tokens: Vec<Vec<u8>> = fs::read_dir(root.token_dir())
+            .unwrap()
+            .map(|e| e.unwrap())
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .map(|e| fs::read(e.path()).unwrap())
+            .filter(|b| *b == old || *b == new)
+            .collect();
+        assert!(!tokens.is_empty(), "{point}: no whole token left");
+        // The next install finishes: the new token alone, the old one kept aside.
+        let r = root.run(&["install", "--token-file", tok.to_str().unwrap()]);
+        assert_eq!(r.code, Some(0), "{point}: {}{}", r.stdout, r.stderr);
+        let names: Vec<String> = fs::read_dir(root.token_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["client_configuration_token.tok"], "{point}");
+        assert_eq!(fs::read(root.token_path()).unwrap(), new, "{point}");
+        let kept = walk(&root.state_dir().join("replaced"))
+            .into_iter()
+            .any(|p| fs::read(&p).is_ok_and(|b| b == old));
+        assert!(kept, "{point}: the old token kept in replaced/");
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -52,6 +52,18 @@ fn as_other_user(root: &Root, cmd: Command) -> Result<Command, String> {
         "chown -R 65534:65534 {:?}",
         root.dir.path()
     );
+    // The config stays root's: root refuses one another user could change (it names the
+    // programs root runs), and the other user reads it as it is.
+    let mut config = Some(root.config.as_path());
+    while let Some(p) = config.filter(|p| p.starts_with(root.dir.path()) && *p != root.dir.path()) {
+        nix::unistd::chown(
+            p,
+            Some(nix::unistd::Uid::from_raw(0)),
+            Some(nix::unistd::Gid::from_raw(0)),
+        )
+        .unwrap();
+        config = p.parent();
+    }
     let mut c = Command::new("setpriv");
     c.args(setpriv)
         .arg("--")

@@ -1,6 +1,8 @@
-//! Carrying out an install's plan: new files written next to their targets, strays moved
-//! aside, then the renames; every step that changed something is undone on an error before
-//! the token is in place.
+//! Carrying out an install's plan: new files written and synced next to their targets, a copy
+//! of the token being replaced kept aside, the new token renamed into place, then the strays
+//! moved aside; every step that changed something is undone on an error. A whole token is in
+//! the directory at every instant, so that a crash at any step leaves the guest with one
+//! (the next install or adoption finishes the job).
 
 use super::*;
 
@@ -9,6 +11,8 @@ use super::*;
 /// How to take back one step of [`apply`] that already changed something.
 enum Undo {
     Chmod(PathBuf, u32),
+    /// Write these bytes back at the path, with this mode.
+    Restore(PathBuf, Vec<u8>, u32),
     /// Move back from the first path to the second.
     MoveBack(PathBuf, PathBuf),
     RemoveFile(PathBuf),
@@ -20,6 +24,7 @@ impl Undo {
     fn run(self) {
         let _ = match self {
             Undo::Chmod(p, mode) => fsutil::chmod_dir_no_follow(&p, mode),
+            Undo::Restore(p, bytes, mode) => fsutil::write_atomic(&p, &bytes, mode),
             Undo::MoveBack(from, to) => fsutil::move_path(&from, &to),
             Undo::RemoveFile(p) => fs::remove_file(&p),
             Undo::RemoveDir(p) => fs::remove_dir(&p),
@@ -148,80 +153,28 @@ pub(super) fn apply(
                 _ => {}
             }
         }
-        // Move strays (and keep the previous token) aside.
+        // The order keeps a whole token in the directory at every instant, whatever stops
+        // the install (power loss, SIGKILL): the previous token's copy is kept aside first,
+        // then the new token is renamed into place, and only then do the strays (the
+        // previous token under another name among them) leave. Each step is synced.
         let aside: Vec<&Change> = plan
             .iter()
             .filter(|c| matches!(c, Change::MoveStray { .. } | Change::SavePrevious { .. }))
             .collect();
-        if !aside.is_empty() {
-            let moved = (|| -> io::Result<()> {
-                // Every directory is made and opened relative to its parent's descriptor,
-                // without following links, and every move is made relative to them: a
-                // `replaced/` (or token directory) swapped for a symlink after the check is
-                // never written through.
-                let state_fd = fsutil::open_dir_no_follow(&paths.state_dir)?;
-                let (root_fd, created) = fsutil::make_dir_in(&state_fd, "replaced", REPLACED_MODE)?;
-                if created {
-                    undo.push(Undo::RemoveDir(replaced_root.to_path_buf()));
-                }
-                let (into_fd, name) = fsutil::make_unique_dir_in(&root_fd, stamp, REPLACED_MODE)?;
-                let into = replaced_root.join(name);
-                undo.push(Undo::RemoveDir(into.clone()));
-                let dir_fd = fsutil::open_dir_no_follow(dir)?;
-                for c in &aside {
-                    match c {
-                        Change::MoveStray { from, why, .. } => {
-                            let to = into.join(from.file_name().unwrap_or_default());
-                            if fsutil::fault("stray-move-fails")
-                                && done.iter().any(|d| matches!(d, Change::MoveStray { .. }))
-                            {
-                                return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
-                            }
-                            fsutil::move_out(&dir_fd, from, &into_fd, &to)?;
-                            undo.push(Undo::MoveBack(to.clone(), from.clone()));
-                            done.push(Change::MoveStray {
-                                from: from.clone(),
-                                to,
-                                why: why.clone(),
-                            });
-                        }
-                        Change::SavePrevious { from, .. } => {
-                            let to = into.join(&paths.token_file);
-                            // Registered first: a write that fails half way is removed too.
-                            undo.push(Undo::RemoveFile(to.clone()));
-                            // The bytes that were read and checked, never a second read by
-                            // path (which a swapped link or FIFO would redirect or block).
-                            let bytes = previous.map(|p| p.bytes.as_slice()).unwrap_or_default();
-                            fsutil::write_new_in(&into_fd, &paths.token_file, bytes, 0o600)?;
-                            done.push(Change::SavePrevious {
-                                from: from.clone(),
-                                to,
-                            });
-                        }
-                        _ => {}
-                    }
-                }
-                fsutil::fsync_dir(&into)?;
-                fsutil::fsync_dir(dir)
-            })();
-            moved.map_err(|e| {
-                if let Some(big) = e
-                    .get_ref()
-                    .and_then(|i| i.downcast_ref::<fsutil::NotCopied>())
-                {
-                    return anyhow!("{big}; {}", nothing_changed());
-                }
-                io_err(
-                    format!(
-                        "cannot move the other files of {} aside into {}",
-                        crate::text::show_path(dir),
-                        crate::text::show_path(replaced_root)
-                    ),
-                    e,
-                    "make room in the state directory or make it writable, then run install again",
-                )
-            })?;
+        let into = if aside.is_empty() {
+            None
+        } else {
+            Some(
+                replaced_dir(paths, replaced_root, stamp, &mut undo)
+                    .map_err(|e| aside_err(dir, replaced_root, e))?,
+            )
+        };
+        crash_point("crash-after-stage");
+        if let Some((into_fd, into)) = &into {
+            save_previous(plan, previous, paths, into_fd, into, &mut undo, &mut done)
+                .map_err(|e| aside_err(dir, replaced_root, e))?;
         }
+        crash_point("crash-after-save");
         if let Some(stage) = token_stage {
             if fsutil::fault("token-commit-fails") {
                 drop(stage);
@@ -234,7 +187,18 @@ pub(super) fn apply(
             stage
                 .commit()
                 .map_err(|e| write_err("the new token", dir, e))?;
+            // Taken back by putting the previous token's bytes back at its path, or by
+            // removing the new one where the path held none.
+            undo.push(match previous.filter(|p| p.path == target) {
+                Some(p) => Undo::Restore(target.clone(), p.bytes.clone(), p.mode),
+                None => Undo::RemoveFile(target.clone()),
+            });
             done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
+            crash_point("crash-after-commit");
+        }
+        if let Some((into_fd, into)) = &into {
+            move_strays(plan, dir, into_fd, into, &mut undo, &mut done)
+                .map_err(|e| aside_err(dir, replaced_root, e))?;
         }
         Ok(())
     })();
@@ -273,4 +237,114 @@ pub(super) fn apply(
         }));
     }
     Ok(done)
+}
+
+/// Makes this install's directory under `replaced/`, relative to the state directory's
+/// descriptor and without following links: a `replaced/` swapped for a symlink after the
+/// check is never written through.
+fn replaced_dir(
+    paths: &crate::config::Paths,
+    replaced_root: &Path,
+    stamp: &str,
+    undo: &mut Vec<Undo>,
+) -> io::Result<(fs::File, PathBuf)> {
+    let state_fd = fsutil::open_dir_no_follow(&paths.state_dir)?;
+    let (root_fd, created) = fsutil::make_dir_in(&state_fd, "replaced", REPLACED_MODE)?;
+    if created {
+        undo.push(Undo::RemoveDir(replaced_root.to_path_buf()));
+    }
+    let (into_fd, name) = fsutil::make_unique_dir_in(&root_fd, stamp, REPLACED_MODE)?;
+    let into = replaced_root.join(name);
+    undo.push(Undo::RemoveDir(into.clone()));
+    Ok((into_fd, into))
+}
+
+/// Keeps a copy of the token being replaced at its own path: the bytes that were read and
+/// checked, never a second read by path (which a swapped link or FIFO would redirect or
+/// block). Synced before the new token takes its place.
+fn save_previous(
+    plan: &[Change],
+    previous: Option<&Previous>,
+    paths: &crate::config::Paths,
+    into_fd: &fs::File,
+    into: &Path,
+    undo: &mut Vec<Undo>,
+    done: &mut Vec<Change>,
+) -> io::Result<()> {
+    for c in plan {
+        if let Change::SavePrevious { from, .. } = c {
+            let to = into.join(&paths.token_file);
+            // Registered first: a write that fails half way is removed too.
+            undo.push(Undo::RemoveFile(to.clone()));
+            let bytes = previous.map(|p| p.bytes.as_slice()).unwrap_or_default();
+            fsutil::write_new_in(into_fd, &paths.token_file, bytes, 0o600)?;
+            done.push(Change::SavePrevious {
+                from: from.clone(),
+                to,
+            });
+        }
+    }
+    fsutil::fsync_dir(into)
+}
+
+/// Moves the strays out of the token directory into `into`, by renames relative to the
+/// directories' descriptors; both directories synced.
+fn move_strays(
+    plan: &[Change],
+    dir: &Path,
+    into_fd: &fs::File,
+    into: &Path,
+    undo: &mut Vec<Undo>,
+    done: &mut Vec<Change>,
+) -> io::Result<()> {
+    let dir_fd = fsutil::open_dir_no_follow(dir)?;
+    for c in plan {
+        if let Change::MoveStray { from, why, .. } = c {
+            let to = into.join(from.file_name().unwrap_or_default());
+            if fsutil::fault("stray-move-fails")
+                && done.iter().any(|d| matches!(d, Change::MoveStray { .. }))
+            {
+                return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
+            }
+            fsutil::move_out(&dir_fd, from, into_fd, &to)?;
+            crash_point("crash-after-first-move");
+            undo.push(Undo::MoveBack(to.clone(), from.clone()));
+            done.push(Change::MoveStray {
+                from: from.clone(),
+                to,
+                why: why.clone(),
+            });
+        }
+    }
+    crash_point("crash-after-all-moves");
+    fsutil::fsync_dir(into)?;
+    fsutil::fsync_dir(dir)
+}
+
+/// A failure to keep the old files aside, as one line: a file too large to copy across file
+/// systems is named; anything else with where and the fix.
+fn aside_err(dir: &Path, replaced_root: &Path, e: io::Error) -> anyhow::Error {
+    if let Some(big) = e
+        .get_ref()
+        .and_then(|i| i.downcast_ref::<fsutil::NotCopied>())
+    {
+        return anyhow!("{big}; {}", nothing_changed());
+    }
+    io_err(
+        format!(
+            "cannot move the other files of {} aside into {}",
+            crate::text::show_path(dir),
+            crate::text::show_path(replaced_root)
+        ),
+        e,
+        "make room in the state directory or make it writable, then run install again",
+    )
+}
+
+/// A test's stand-in for a power loss or a SIGKILL at this point of an install: the process
+/// stops dead (debug builds only, see [`fsutil::fault`]).
+fn crash_point(name: &str) {
+    if fsutil::fault(name) {
+        std::process::abort();
+    }
 }

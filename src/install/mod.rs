@@ -1,9 +1,11 @@
 //! `install`: validated, atomic, idempotent install of the token and gridd.conf.
 //!
-//! The order that keeps "an error changes nothing" true: validate the token, take the lock,
-//! read what is installed, plan every change, write the new files next to their targets
-//! (synced, not yet renamed), move strays aside (undone on error), then rename the new files
-//! over their targets. Only then is nvidia-gridd restarted, with a time limit.
+//! The order that keeps "an error changes nothing" true and a whole token in the directory at
+//! every instant: validate the token, take the lock, read what is installed, plan every
+//! change, write the new files next to their targets (synced, not yet renamed), keep a copy of
+//! the token being replaced, rename the new token into place, then move strays (the previous
+//! token under another name among them) aside; each step undone on a later error. Only then
+//! is nvidia-gridd restarted, with a time limit.
 //!
 //! The service reuses the same core through [`adopt_dropped_token`] for a token that
 //! cloud-init's `write_files` put in place itself.
