@@ -608,11 +608,12 @@ vgpu\-license\-agent diagnose
 .EE
 .RE
 .PP
-Ready a golden image before sealing it:
+Ready a golden image before sealing it (the token, the agent's state, gridd's client state,
+cloud\-init's copy of the user\-data that carried the token, and the journal):
 .PP
 .RS 4
 .EX
-vgpu\-license\-agent prepare\-image \-\-purge\-client\-state
+vgpu\-license\-agent prepare\-image \-\-purge\-client\-state \-\-cloud\-init \-\-journal
 .EE
 .RE
 "#;

@@ -70,6 +70,8 @@ pub struct Prepared {
     pub tokens_known: usize,
     /// The record that the image was prepared.
     pub marker: Option<PathBuf>,
+    /// The image's /etc/machine-id still holds an ID (clones would share it).
+    pub machine_id_set: bool,
 }
 
 impl Prepared {
@@ -131,9 +133,11 @@ impl Prepared {
                 advice_for(h)
             ));
         }
-        out.push(
-            "before sealing the image: reset /etc/machine-id with your sealing tool (virt-sysprep --operations machine-id, or truncate -s 0 /etc/machine-id)".into(),
-        );
+        if self.machine_id_set {
+            out.push(
+                "before sealing the image: reset /etc/machine-id with your sealing tool (virt-sysprep --operations machine-id, or truncate -s 0 /etc/machine-id)".into(),
+            );
+        }
         out
     }
 }
@@ -550,6 +554,12 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
         client_state_left: first.client_state_left.clone(),
         kept_dropins: dropins,
         tokens_known: tokens.len(),
+        // Empty (or missing) is how a sealed image has it: systemd makes a new one at boot.
+        machine_id_set: std::fs::read(match &req.root {
+            Some(r) => under(r, Path::new("/etc/machine-id")),
+            None => PathBuf::from("/etc/machine-id"),
+        })
+        .is_ok_and(|b| !b.trim_ascii().is_empty() && b.trim_ascii() != b"uninitialized"),
         ..Prepared::default()
     };
     // Services: never the builder's when acting on an image.
