@@ -363,9 +363,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
                 .expires
                 .map(|e| format!("valid until {}", both_times(&rfc3339(e))))
                 .unwrap_or_else(|| "no expiry".into());
-            let soon = t
-                .expires
-                .is_some_and(|e| e - now < chrono::Duration::days(7));
+            let soon = t.expires_soon(now).is_some();
             let msg = format!(
                 "{path}: decodes, {until}, {n} DLS node{}",
                 if n == 1 { "" } else { "s" }
@@ -374,7 +372,10 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
                 check(
                     "token",
                     Status::Warn,
-                    format!("{msg}: expires within 7 days"),
+                    format!(
+                        "{msg}: expires within {} days",
+                        crate::token::EXPIRY_WARNING_DAYS
+                    ),
                 )
                 .fix(INSTALL_FIX)
             } else {

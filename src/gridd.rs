@@ -14,8 +14,9 @@ const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 /// operator's `systemctl restart`) it passes on to `activating`, and only a stop ends in
 /// `inactive`. An `inactive` or `failed` unit that systemd holds a start job for (a restart
 /// between its stop and its start, a `systemctl --no-block restart` queued at boot behind the
-/// units it is ordered after) is coming back, not stopped. Taken for "not running", a restart
-/// by hand would be followed by the agent's own.
+/// units it is ordered after) is coming back, not stopped; so is one that is active when
+/// asked again after the job question (the restart ended in between). Taken for "not
+/// running", a restart by hand would be followed by the agent's own.
 pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
     // On a GPU Operator node gridd has no unit: the driver pod's state says more.
     if settings.commands.smi_root.is_some() {
@@ -35,9 +36,25 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
         }
         std::thread::sleep(std::time::Duration::from_millis(250));
     };
+    let running = |s: &str| matches!(s, "active" | "reloading" | "activating");
     match state.as_str() {
-        "active" | "reloading" | "activating" => Some(Ok(())),
+        s if running(s) => Some(Ok(())),
         "inactive" | "failed" if start_queued(settings) => Some(Ok(())),
+        // A restart that ended between the two questions: its job is gone and the unit is
+        // up again. Asked once more, the unit says so.
+        "inactive" | "failed"
+            if command::run(&argv, settings.commands.timeout)
+                .is_ok_and(|o| running(String::from_utf8_lossy(&o.stdout).trim())) =>
+        {
+            Some(Ok(()))
+        }
+        // systemd answers `inactive` for a unit that does not exist at all: its fix is the
+        // driver that brings it, not `systemctl enable`.
+        "inactive" if !unit_exists(settings) => Some(Err(format!(
+            "{} {}",
+            settings.gridd.unit,
+            crate::policy::NOT_INSTALLED
+        ))),
         "inactive" | "failed" | "deactivating" => {
             Some(Err(format!("{} is {state}", settings.gridd.unit)))
         }
@@ -51,6 +68,22 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
         ))),
         _ => None,
     }
+}
+
+/// Whether systemd knows gridd's unit (`LoadState` other than `not-found`); when it cannot
+/// say, the unit is taken to exist.
+fn unit_exists(settings: &Settings) -> bool {
+    let argv = vec![
+        settings.commands.systemctl.clone(),
+        "show".into(),
+        "-p".into(),
+        "LoadState".into(),
+        "--value".into(),
+        settings.gridd.unit.clone(),
+    ];
+    command::run(&argv, settings.commands.timeout).map_or(true, |out| {
+        String::from_utf8_lossy(&out.stdout).trim() != "not-found"
+    })
 }
 
 /// Whether systemd holds a job that starts gridd's unit (`systemctl list-jobs`: `ID UNIT TYPE

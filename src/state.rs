@@ -715,8 +715,21 @@ pub fn evaluate(obs: Observations) -> Report {
         (State::Licensed, Some(exp), Some(at)) => exp - at < obs.expiry_warning,
         _ => false,
     };
+    // The token's own expiry: the next acquisition or renewal after it fails.
+    let token_soon = obs
+        .token
+        .as_ref()
+        .zip(obs.at)
+        .and_then(|(t, at)| t.expires_soon(at));
+    if let Some(exp) = token_soon {
+        notes.push(format!(
+            "The installed client configuration token expires at {} (within {} days): generate a new one on the DLS and install it before then.",
+            rfc3339(exp),
+            crate::token::EXPIRY_WARNING_DAYS
+        ));
+    }
     let exit_code = match state {
-        State::Licensed if failure.is_some() || expiring_soon => 1,
+        State::Licensed if failure.is_some() || expiring_soon || token_soon.is_some() => 1,
         State::Licensed | State::NotLicensable | State::NoGpu => 0,
         State::Unlicensed if failure.is_some() => 2,
         State::Unlicensed => 1,

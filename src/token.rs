@@ -163,7 +163,17 @@ fn port_of(set: Option<&Value>, service: &str) -> u16 {
         .unwrap_or(443)
 }
 
+/// A token that expires sooner than this is a warning everywhere: `install`, the service's
+/// adoption, `status` and the report, `diagnose`, and the fleet's alert.
+pub const EXPIRY_WARNING_DAYS: i64 = 14;
+
 impl Token {
+    /// Its expiry, when that is within [`EXPIRY_WARNING_DAYS`] of `now` (and not past).
+    pub fn expires_soon(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.expires
+            .filter(|e| *e > now && *e - now < chrono::Duration::days(EXPIRY_WARNING_DAYS))
+    }
+
     /// Decodes a token file's bytes. Surrounding whitespace is tolerated.
     pub fn decode(bytes: &[u8]) -> Result<Token, TokenError> {
         if bytes.len() > MAX_TOKEN_BYTES {

@@ -940,7 +940,9 @@ fn without_a_driver_the_driver_comes_first() {
         "60-smi.toml",
         &format!("[commands]\nnvidia_smi = \"{smi}\"\n"),
     );
-    let (code, lines, out) = g.human();
+    // In a PID namespace of its own: a boot test's guest may run an nvidia-gridd on this
+    // machine, which the agent would see as gridd running without its unit.
+    let (code, lines, out) = g.human_of(g.root.run_own_pids(&["diagnose"]));
     assert_eq!(code, 2, "{out}");
     let (status, msg) = line(&lines, "driver");
     assert_eq!(status, "FAIL");
@@ -1009,4 +1011,29 @@ fn without_a_driver_the_driver_comes_first() {
             .any(|n| n.as_str().unwrap().contains("token_missing")),
         "{report}"
     );
+}
+
+/// systemd answers `inactive` for a unit that does not exist: `diagnose` says where the unit
+/// comes from (the GRID guest driver), never `systemctl enable --now` of a unit that is not
+/// there.
+#[test]
+fn an_inactive_unit_that_does_not_exist_is_not_installed() {
+    let g = Guest::new(None);
+    let systemctl = script(
+        &g.root,
+        "systemctl-missing",
+        "case \"$1\" in show) echo not-found ;; is-active) echo inactive; exit 3 ;; esac",
+    );
+    g.root.dropin(
+        "60-systemctl.toml",
+        &format!("[commands]\nsystemctl = \"{systemctl}\"\n"),
+    );
+    let (_, lines, out) = g.human();
+    let (status, msg) = line(&lines, "gridd");
+    assert_eq!(status, "FAIL", "{out}");
+    assert!(
+        msg.contains("is not installed") && !msg.contains("enable --now"),
+        "{msg}"
+    );
+    assert!(msg.contains("GRID"), "{msg}");
 }

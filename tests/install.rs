@@ -1191,3 +1191,22 @@ fn a_token_directory_owned_by_another_user_is_refused() {
     );
     assert_eq!(fs::read(root.token_path()).unwrap(), old);
 }
+
+/// A token that expires soon is installed with a word, and `status` says it too (one
+/// threshold, the alert's 14 days, everywhere).
+#[test]
+fn a_token_that_expires_soon_is_installed_with_a_warning() {
+    let root = Root::new();
+    let now = chrono::Utc::now().timestamp();
+    let tok = root.file(
+        "in/soon.tok",
+        &crate::common::token("soon", now - 3600, now + 150),
+    );
+    let r = root.run(&["install", "--token-file", tok.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    let said = format!("{}{}", r.stdout, r.stderr);
+    assert!(said.contains("the token expires at"), "{said}");
+    assert!(said.contains("minutes"), "{said}");
+    let r = root.run(&["diagnose"]);
+    assert!(r.stdout.contains("expires within 14 days"), "{}", r.stdout);
+}

@@ -233,9 +233,12 @@ fn scenario_a_deferred_restart_is_made_at_its_deadline() {
     // is deferred, the second waits for the backoff the first began (a rotation while no
     // license is held would go in at once).
     for (i, jti) in ["first", "second"].iter().enumerate() {
-        a.wait_state("licensed", T);
+        // Licensed by the gridd that runs now, as the agent's report says (not a report of
+        // the gridd before the last restart).
+        settle(&m, &a);
         let before = m.restarts();
         let name = format!("client_configuration_token_12-01-2026-09-3{i}-00.tok");
+        let written = epoch_now();
         sim::write_mode(&dir.join(&name), &new_token(&m, jti), 0o644);
         sim::wait_for(
             "the new token adopted",
@@ -253,7 +256,7 @@ fn scenario_a_deferred_restart_is_made_at_its_deadline() {
             let deferral = m
                 .agent_journal(a.pid())
                 .into_iter()
-                .rev()
+                .filter(|e| entry_time(e) >= written)
                 .find(|e| sim::message(e).contains("is restarted for the new token in"))
                 .unwrap_or_else(|| panic!("the second rotation was deferred: {}", a.context()));
             let text = sim::message(&deferral);

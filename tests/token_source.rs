@@ -188,3 +188,32 @@ fn scenario_token_source_rotated_under_the_running_service() {
         }
     }
 }
+
+/// The share that brings the token did not mount: its mount point is an empty directory of
+/// the root file system. The guest is told that, not to rotate a Secret that is fine, and not
+/// that an installed token stays where there is none.
+#[test]
+fn scenario_a_share_that_did_not_mount_is_said_as_such() {
+    let m = Machine::new(Setup::default());
+    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
+    let source = m.path("run/vgpu-license/token");
+    fs::create_dir_all(&source).unwrap();
+    let dropins = m.config.parent().unwrap().join("config.d");
+    fs::create_dir_all(&dropins).unwrap();
+    fs::write(
+        dropins.join("source.toml"),
+        format!("[paths]\ntoken_source = \"{}\"\n", source.display()),
+    )
+    .unwrap();
+    m.start_gridd();
+    let agent = Agent::start(&m);
+    let v = agent.wait_status("token_source_rejected", T, |v| {
+        v["failure"]["reason"] == "token_source_rejected"
+    });
+    let message = v["failure"]["message"].as_str().unwrap();
+    assert!(message.contains("not a mounted share"), "{message}");
+    assert!(message.contains("did not mount"), "{message}");
+    assert!(message.contains("no token is installed"), "{message}");
+    assert!(!message.contains("installed token stays"), "{message}");
+    assert_eq!(v["exit_code"], 2, "critical: no token at all");
+}

@@ -80,7 +80,10 @@ pub(super) fn adopt_bytes(
             licensed,
             owe_restart: true,
             summary: summary(bytes, &token),
-            warnings: crlf_warning(bytes).into_iter().collect(),
+            warnings: crlf_warning(bytes)
+                .into_iter()
+                .chain(expiry_warning(&token, Utc::now()))
+                .collect(),
             in_place,
         },
         settings,
@@ -92,18 +95,36 @@ pub(super) fn adopt_bytes(
 /// ([`adopt_dropped_token`]).
 pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> Result<Outcome, AdoptError> {
     if let Some(source) = &settings.paths.token_source {
-        let refused = |r: TokenRejected| match r {
-            TokenRejected::Source(why) => AdoptError::SourceRejected(why),
-            r => AdoptError::SourceRejected(format!(
-                "the token in the token source {} (paths.token_source) was not installed: {r}",
-                show_path(source)
-            )),
-        };
-        let bytes = read_source(source, &settings.paths.token_file).map_err(refused)?;
         let installed = scan_token_dir(settings)
             .ok()
             .and_then(|l| l.token)
             .map(|t| t.bytes);
+        // What stays while the source gives nothing: the installed token, or none.
+        let stays = if installed.is_some() {
+            "the installed token stays"
+        } else {
+            "no token is installed until it gives one"
+        };
+        let refused = |r: TokenRejected| match r {
+            TokenRejected::Source(why) => AdoptError::SourceRejected(format!("{why}; {stays}")),
+            // A Secret cannot take `install --force`: the fix is a current token in it.
+            TokenRejected::Untimely { why, .. } => AdoptError::SourceRejected(format!(
+                "the token in the token source {} (paths.token_source) was not installed: {}; put a current client configuration token from the DLS into the source (the Secret); {stays}",
+                show_path(source),
+                match why {
+                    crate::token::Untimely::Expired(t) => format!("it expired at {}", rfc3339(t)),
+                    crate::token::Untimely::NotYetValid(t) => format!(
+                        "it is not valid before {} (is this guest's clock right?)",
+                        rfc3339(t)
+                    ),
+                }
+            )),
+            r => AdoptError::SourceRejected(format!(
+                "the token in the token source {} (paths.token_source) was not installed: {r}; {stays}",
+                show_path(source)
+            )),
+        };
+        let bytes = read_source(source, &settings.paths.token_file).map_err(refused)?;
         if installed.as_deref() != Some(bytes.as_slice()) {
             // A bad token is refused here, before anything changes: the installed one stays.
             // A new token: gridd must be restarted for it, license held or not.
@@ -144,7 +165,7 @@ fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected
     let shown = show_path(source);
     let gone = |e: &dyn std::fmt::Display| {
         TokenRejected::Source(format!(
-            "the token source {shown} (paths.token_source) cannot be read: {e}; the installed token stays"
+            "the token source {shown} (paths.token_source) cannot be read: {e}"
         ))
     };
     let file = match fs::metadata(source) {
@@ -164,6 +185,11 @@ fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected
                     .collect();
                 match toks.as_slice() {
                     [one] => one.clone(),
+                    [] if !is_mount_point(source) => {
+                        return Err(gone(
+                            &"it is an empty directory of the file system above it, not a mounted share: the share that brings the token (a KubeVirt virtiofs Secret) did not mount here; see `findmnt` and `systemctl --failed` for its mount unit (the Secret itself may be fine)",
+                        ));
+                    }
                     [] => return Err(gone(&"it holds no *.tok file")),
                     _ => {
                         return Err(gone(&format!(
@@ -250,5 +276,15 @@ impl From<CoreError> for AdoptError {
             CoreError::Superseded => AdoptError::Superseded,
             CoreError::Failed(e) => e.into(),
         }
+    }
+}
+
+/// Whether `dir` is a mount point: on another file system than its parent.
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let parent = dir.parent().unwrap_or(Path::new("/"));
+    match (fs::metadata(dir), fs::metadata(parent)) {
+        (Ok(d), Ok(p)) => d.dev() != p.dev() || d.ino() == p.ino(),
+        _ => true,
     }
 }

@@ -378,6 +378,24 @@ pub fn validate(
 
 /// A token with a CR line end (saved on Windows, pasted through a Windows editor) is
 /// installed byte for byte, as every token is; whether gridd reads it so is not known.
+/// A token that expires soon is installed, with a word: the next acquisition after its expiry
+/// fails.
+fn expiry_warning(token: &Token, now: DateTime<Utc>) -> Option<String> {
+    let exp = token.expires_soon(now)?;
+    let left = exp - now;
+    let shown = if left.num_hours() >= 48 {
+        format!("{} days", left.num_days())
+    } else if left.num_minutes() >= 120 {
+        format!("{} hours", left.num_hours())
+    } else {
+        format!("{} minutes", left.num_minutes().max(1))
+    };
+    Some(format!(
+        "the token expires at {} (in {shown}): generate a new one on the DLS and install it before then",
+        rfc3339(exp)
+    ))
+}
+
 fn crlf_warning(bytes: &[u8]) -> Option<String> {
     bytes.contains(&b'\r').then(|| {
         "the token has a CR (Windows) line end; it is installed byte for byte, but if nvidia-gridd fails to decode it, save it with a Unix line end (`dos2unix FILE`) and install it again".to_string()
@@ -1104,6 +1122,7 @@ pub fn install_at(
             warnings: warning
                 .into_iter()
                 .chain(crlf_warning(&req.token))
+                .chain(expiry_warning(&token, now))
                 .collect(),
             in_place: false,
         },

@@ -1040,9 +1040,11 @@ impl Core {
                     }
                     // A new token, or one now in place: a vague failure is news again.
                     self.probing.last = None;
-                }
-                for w in &outcome.warnings {
-                    warn!("token: {}", crate::text::escape(w));
+                    // Said with what was done, not at every periodic look (the report keeps
+                    // what lasts, an expiring token among it).
+                    for w in &outcome.warnings {
+                        warn!("token: {}", crate::text::escape(w));
+                    }
                 }
                 match &outcome.restart {
                     Restart::Done => {
