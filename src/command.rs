@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
 /// Output kept from each stream, at most: a command that prints more is killed.
-const MAX_OUTPUT: usize = 8 << 20;
+pub const MAX_OUTPUT: usize = 8 << 20;
 
 /// How long a wait for output lasts before the command is checked for its exit again.
 const TICK: Duration = Duration::from_millis(20);
@@ -71,10 +71,23 @@ impl std::fmt::Display for RunError {
 
 impl std::error::Error for RunError {}
 
+impl RunError {
+    /// Whether the command could not be started for want of the agent's own resources (no
+    /// process or descriptor left under its limits, no memory): nothing about the command.
+    pub fn is_own_limit(&self) -> bool {
+        use nix::libc::{EAGAIN, EMFILE, ENFILE, ENOMEM};
+        matches!(self, RunError::Spawn(e) if matches!(e.raw_os_error(), Some(EAGAIN | EMFILE | ENFILE | ENOMEM)))
+    }
+}
+
 /// One output pipe of the command and what was read from it; `None` once at its end.
 struct Stream<R> {
     pipe: Option<R>,
     buf: Vec<u8>,
+    /// Keep the newest [`MAX_OUTPUT`] bytes (whole lines) instead of stopping at the cap.
+    tail: bool,
+    /// Whether older lines were dropped to keep the newest.
+    dropped: bool,
 }
 
 /// What one look at the pipes found.
@@ -99,7 +112,20 @@ impl<R: Read> Stream<R> {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => self.pipe = None,
         }
-        self.buf.len() <= MAX_OUTPUT
+        if !self.tail {
+            return self.buf.len() <= MAX_OUTPUT;
+        }
+        // Twice the cap before a cut, so that the bytes moved stay a small part of those read.
+        if self.buf.len() > 2 * MAX_OUTPUT || (self.pipe.is_none() && self.buf.len() > MAX_OUTPUT) {
+            let from = self.buf.len() - MAX_OUTPUT;
+            let cut = self.buf[from..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(self.buf.len(), |i| from + i + 1);
+            self.buf.drain(..cut);
+            self.dropped = true;
+        }
+        true
     }
 }
 
@@ -198,6 +224,16 @@ enum End {
 
 /// Runs `argv` with standard input closed, waiting at most `timeout`.
 pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
+    run_keeping(argv, timeout, false).map(|(o, _)| o)
+}
+
+/// [`run`] for a command whose newest output matters most (a log): past the cap, the oldest
+/// whole lines are dropped rather than the command stopped. Also returns whether any were.
+pub fn run_keeping_tail(argv: &[String], timeout: Duration) -> Result<(Output, bool), RunError> {
+    run_keeping(argv, timeout, true)
+}
+
+fn run_keeping(argv: &[String], timeout: Duration, tail: bool) -> Result<(Output, bool), RunError> {
     let (program, args) = argv.split_first().ok_or_else(|| {
         RunError::Spawn(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -215,10 +251,14 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
     let mut out = Stream {
         pipe: child.stdout.take(),
         buf: Vec::new(),
+        tail,
+        dropped: false,
     };
     let mut err = Stream {
         pipe: child.stderr.take(),
         buf: Vec::new(),
+        tail: false,
+        dropped: false,
     };
     let deadline = Instant::now() + timeout;
     let pgid = Pid::from_raw(child.id() as i32);
@@ -260,11 +300,14 @@ pub fn run(argv: &[String], timeout: Duration) -> Result<Output, RunError> {
     match end {
         End::TimedOut => Err(RunError::TimedOut(timeout)),
         End::TooMuch => Err(RunError::TooMuchOutput(MAX_OUTPUT)),
-        End::Exited => Ok(Output {
-            status: status.map_err(RunError::Spawn)?,
-            stdout: out.buf,
-            stderr: err.buf,
-        }),
+        End::Exited => Ok((
+            Output {
+                status: status.map_err(RunError::Spawn)?,
+                stdout: out.buf,
+                stderr: err.buf,
+            },
+            out.dropped,
+        )),
     }
 }
 

@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::Settings;
+use crate::gridd::UnitState;
 use crate::gridd_conf::{GriddConf, feature_type_advice};
 use crate::live::{self, TokenProblem};
 use crate::observe::smi::SmiSnapshot;
@@ -595,6 +596,16 @@ fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode)
                 ),
             );
         }
+        Err(e @ crate::input::ReadError::NotRegular(_)) => {
+            return check(
+                "gridd.conf",
+                Status::Fail,
+                format!("{shown} cannot be read: {e}"),
+            )
+            .fix(format!(
+                "nvidia-gridd reads a regular file there: remove it (`rm {shown}`) and write the file (`vgpu-license-agent install` does)"
+            ));
+        }
         Err(e) => {
             return check(
                 "gridd.conf",
@@ -686,12 +697,23 @@ fn gridd_check(settings: &Settings) -> Check {
             "nvidia-gridd runs in the GPU Operator's driver container, without a unit on the node: its lines are read from the node's journal",
         );
     }
-    match live::gridd_running(settings) {
-        Some(Ok(())) => check("gridd", Status::Ok, format!("{unit} is active")),
-        Some(Err(why)) if crate::policy::unit_missing(&why) => {
+    match crate::gridd::unit_state(settings) {
+        Some(UnitState::Active) => check("gridd", Status::Ok, format!("{unit} is active")),
+        Some(UnitState::WithoutUnit) => check(
+            "gridd",
+            Status::Ok,
+            format!("nvidia-gridd runs, started without {unit} (by hand, or by a driver container)"),
+        ),
+        Some(UnitState::StartQueued(state)) => check(
+            "gridd",
+            Status::Warn,
+            format!("{unit} is {state}, with a start job queued: systemd starts it once what it is ordered after is up"),
+        )
+        .fix(format!("`systemctl list-jobs` shows what the start waits for; `systemctl status {unit}` shows it once started")),
+        Some(UnitState::Down(why)) if crate::policy::unit_missing(&why) => {
             check("gridd", Status::Fail, why).fix(state::GRIDD_MISSING_ADVICE)
         }
-        Some(Err(why)) => check("gridd", Status::Fail, why).fix(format!(
+        Some(UnitState::Down(why)) => check("gridd", Status::Fail, why).fix(format!(
             "`systemctl enable --now {unit}`, then `journalctl -u {unit}` if it stops again"
         )),
         None => check(

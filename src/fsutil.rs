@@ -47,7 +47,7 @@ fn dir_of(target: &Path) -> &Path {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-fn unique() -> String {
+pub(crate) fn unique() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -68,17 +68,6 @@ pub fn stage(
     bytes: &[u8],
     mode: u32,
     owner: Option<(u32, u32)>,
-) -> io::Result<Staged> {
-    stage_with(target, bytes, mode, owner, true)
-}
-
-/// [`stage`], synced (`durable`) or not.
-fn stage_with(
-    target: &Path,
-    bytes: &[u8],
-    mode: u32,
-    owner: Option<(u32, u32)>,
-    durable: bool,
 ) -> io::Result<Staged> {
     let name = target
         .file_name()
@@ -113,9 +102,7 @@ fn stage_with(
         return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
     }
     file.write_all(bytes)?;
-    if durable {
-        file.sync_all()?;
-    }
+    file.sync_all()?;
     // The old file's owner, where it differs: a root-owned file (the usual case) needs no
     // chown at all, which the service's sandbox does not allow (no CAP_CHOWN, @chown filtered).
     if let Some((uid, gid)) = owner {
@@ -126,21 +113,14 @@ fn stage_with(
         }
     }
     file.set_permissions(fs::Permissions::from_mode(mode))?;
-    if durable {
-        file.sync_all()?;
-    }
+    file.sync_all()?;
     Ok(staged)
 }
 
 impl Staged {
     /// Renames the temporary file over the target (a symlink at the target is replaced, never
     /// followed) and syncs the directory.
-    pub fn commit(self) -> io::Result<()> {
-        self.rename(true)
-    }
-
-    /// Renames it over the target; `durable`: and syncs the directory.
-    fn rename(mut self, durable: bool) -> io::Result<()> {
+    pub fn commit(mut self) -> io::Result<()> {
         let temp = self.temp.take().expect("committed once");
         if fault("abort-before-rename") {
             std::process::abort();
@@ -149,10 +129,7 @@ impl Staged {
             let _ = fs::remove_file(&temp);
             return Err(e);
         }
-        if durable {
-            fsync_dir(dir_of(&self.target))?;
-        }
-        Ok(())
+        fsync_dir(dir_of(&self.target))
     }
 }
 
@@ -167,14 +144,6 @@ impl Drop for Staged {
 /// Atomically replaces `target` with `bytes` at `mode`.
 pub fn write_atomic(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     stage(target, bytes, mode, None)?.commit()
-}
-
-/// Replaces `target` with `bytes` at `mode` atomically for readers (a new file renamed over
-/// it, never a half-written one), without syncing: for files that are made anew at every
-/// start (status.json on /run, the metrics), where a sync per write would be a disk wait
-/// (in a VM, an exit) every heartbeat for nothing.
-pub fn replace_volatile(target: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    stage_with(target, bytes, mode, None, false)?.rename(false)
 }
 
 /// Syncs a directory, so that a rename or a new entry in it survives a crash.

@@ -18,6 +18,27 @@ const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 /// asked again after the job question (the restart ended in between). Taken for "not
 /// running", a restart by hand would be followed by the agent's own.
 pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
+    unit_state(settings).map(|s| match s {
+        UnitState::Down(why) => Err(why),
+        _ => Ok(()),
+    })
+}
+
+/// What systemd (or, without a unit, `/proc`) says of gridd.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UnitState {
+    /// Active, reloading or activating.
+    Active,
+    /// Inactive or failed with a start job queued (its state then): coming back.
+    StartQueued(String),
+    /// Runs without a unit (started by hand, or by a driver container).
+    WithoutUnit,
+    /// Not running: why, in one line.
+    Down(String),
+}
+
+/// [`gridd_running`], saying how it runs.
+pub fn unit_state(settings: &Settings) -> Option<UnitState> {
     // On a GPU Operator node gridd has no unit: the driver pod's state says more.
     if settings.commands.smi_root.is_some() {
         return None;
@@ -37,37 +58,36 @@ pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
         std::thread::sleep(std::time::Duration::from_millis(250));
     };
     let running = |s: &str| matches!(s, "active" | "reloading" | "activating");
-    match state.as_str() {
-        s if running(s) => Some(Ok(())),
-        "inactive" | "failed" if start_queued(settings) => Some(Ok(())),
+    let not_installed = || {
+        UnitState::Down(format!(
+            "{} {}",
+            settings.gridd.unit,
+            crate::policy::NOT_INSTALLED
+        ))
+    };
+    Some(match state.as_str() {
+        s if running(s) => UnitState::Active,
+        "inactive" | "failed" if start_queued(settings) => UnitState::StartQueued(state),
         // A restart that ended between the two questions: its job is gone and the unit is
         // up again. Asked once more, the unit says so.
         "inactive" | "failed"
             if command::run(&argv, settings.commands.timeout)
                 .is_ok_and(|o| running(String::from_utf8_lossy(&o.stdout).trim())) =>
         {
-            Some(Ok(()))
+            UnitState::Active
         }
         // systemd answers `inactive` for a unit that does not exist at all: its fix is the
         // driver that brings it, not `systemctl enable`.
-        "inactive" if !unit_exists(settings) => Some(Err(format!(
-            "{} {}",
-            settings.gridd.unit,
-            crate::policy::NOT_INSTALLED
-        ))),
+        "inactive" if !unit_exists(settings) => not_installed(),
         "inactive" | "failed" | "deactivating" => {
-            Some(Err(format!("{} is {state}", settings.gridd.unit)))
+            UnitState::Down(format!("{} is {state}", settings.gridd.unit))
         }
         // gridd started by hand, or by a driver container, runs without a unit.
-        "unknown" if gridd_process_runs() => Some(Ok(())),
+        "unknown" if gridd_process_runs() => UnitState::WithoutUnit,
         // "unknown" for a unit that does not exist, nothing when systemd is not running.
-        "unknown" => Some(Err(format!(
-            "{} {}",
-            settings.gridd.unit,
-            crate::policy::NOT_INSTALLED
-        ))),
-        _ => None,
-    }
+        "unknown" => not_installed(),
+        _ => return None,
+    })
 }
 
 /// Whether systemd knows gridd's unit (`LoadState` other than `not-found`); when it cannot

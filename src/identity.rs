@@ -8,7 +8,8 @@
 //! The identity is the DMI product UUID (new for every KubeVirt VM, and for a clone) and the
 //! machine-id (new when the image was sealed, the same on a cloned disk); either changing is a
 //! new machine. The MAC addresses are recorded and shown, but alone they do not count: a NIC
-//! added or replaced is not a clone.
+//! added or replaced is not a clone. Nor does a transient machine-id (a stateless image's,
+//! new at every boot): only the product UUID tells such a guest from another.
 
 use std::ffi::OsString;
 use std::fs;
@@ -58,7 +59,8 @@ impl Identity {
         macs.sort();
         macs.dedup();
         Identity {
-            machine_id: text("etc/machine-id"),
+            // A machine-id made at this boot says nothing of the machine: not compared.
+            machine_id: text("etc/machine-id").filter(|_| !transient_machine_id(root)),
             product_uuid: text("sys/class/dmi/id/product_uuid"),
             macs,
         }
@@ -71,6 +73,18 @@ impl Identity {
             |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(a), Some(b)) if a != b);
         changed(&self.product_uuid, &old.product_uuid) || changed(&self.machine_id, &old.machine_id)
     }
+}
+
+/// Whether `/etc/machine-id` is the transient one systemd makes at each boot of a stateless
+/// image (an empty or missing `/etc/machine-id`): it mounts a new ID over the file, from
+/// `/run/machine-id`, so the file is a mount point (`proc/self/mountinfo`, read below `root`).
+/// Such an ID is new at every boot; taken for a new machine, gridd's client state would be
+/// moved aside at every boot.
+pub fn transient_machine_id(root: &Path) -> bool {
+    input::read_text(&root.join("proc/self/mountinfo"), 4 << 20, Links::Follow).is_ok_and(|info| {
+        info.lines()
+            .any(|l| l.split(' ').nth(4) == Some("/etc/machine-id"))
+    })
 }
 
 /// A clone found at boot.

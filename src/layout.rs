@@ -20,6 +20,10 @@ pub const IDENTITY_FILE: &str = "identity.json";
 pub const CLONE_FILE: &str = "clone-detected.json";
 /// The same, once the service has reported it.
 pub const CLONE_SEEN_FILE: &str = "clone-detected.seen.json";
+/// Held by the running service (`run`), with its pid: one agent per guest.
+pub const RUN_LOCK_FILE: &str = "run.lock";
+/// The service's restarts of gridd in the last hour, for its next run in the same boot.
+pub const RESTARTS_FILE: &str = "restarts.json";
 /// The directory of files moved aside, one `<stamp>` directory per install.
 pub const REPLACED_DIR: &str = "replaced";
 /// The form of a `replaced/<stamp>` directory's name (UTC, `chrono` format).
@@ -33,6 +37,8 @@ pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
         IDENTITY_FILE,
         CLONE_FILE,
         CLONE_SEEN_FILE,
+        RUN_LOCK_FILE,
+        RESTARTS_FILE,
     ]
     .contains(&name)
         && m.is_file())

@@ -24,6 +24,7 @@ pub mod live;
 pub mod node;
 pub mod node_condition;
 pub mod observe;
+pub mod outdir;
 pub mod policy;
 pub mod prepare;
 pub mod probe;

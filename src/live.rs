@@ -23,6 +23,9 @@ pub enum SmiRead {
     Failed(String),
     /// It did not answer within the time limit and was killed: the one-line reason.
     TimedOut(String),
+    /// The agent could not start it for want of its own resources (processes, descriptors,
+    /// memory under its limits): the agent's trouble, which says nothing of the GPU.
+    Unstarted(String),
 }
 
 impl SmiRead {
@@ -30,7 +33,7 @@ impl SmiRead {
     pub fn reason(&self) -> &str {
         match self {
             SmiRead::Snapshot(_) => "",
-            SmiRead::Failed(why) | SmiRead::TimedOut(why) => why,
+            SmiRead::Failed(why) | SmiRead::TimedOut(why) | SmiRead::Unstarted(why) => why,
         }
     }
 
@@ -42,7 +45,7 @@ impl SmiRead {
                 driver_error: Some(why),
                 ..SmiSnapshot::default()
             },
-            SmiRead::TimedOut(why) => SmiSnapshot {
+            SmiRead::TimedOut(why) | SmiRead::Unstarted(why) => SmiSnapshot {
                 unanswered: Some(why),
                 ..SmiSnapshot::default()
             },
@@ -85,6 +88,10 @@ fn read_smi_only(settings: &Settings) -> SmiRead {
     match command::run(&argv, settings.commands.timeout) {
         Err(e @ command::RunError::TimedOut(_)) => SmiRead::TimedOut(format!(
             "{}: {e} (commands.timeout_seconds); the driver may be hung: check `dmesg` for NVRM errors",
+            settings.commands.nvidia_smi
+        )),
+        Err(e) if e.is_own_limit() => SmiRead::Unstarted(format!(
+            "the agent could not start {}: {e} (the agent's own limits: its unit's TasksMax= or LimitNOFILE=, or the guest's memory)",
             settings.commands.nvidia_smi
         )),
         Err(e) => SmiRead::Failed(format!("{}: {e}", settings.commands.nvidia_smi)),
@@ -144,7 +151,8 @@ pub fn read_journal(
     max_events: usize,
 ) -> Result<(LogFold, ScanStats), String> {
     let argv = journal_args(settings, false);
-    let out = command::run(&argv, settings.commands.timeout)
+    // A guest failing for days has more than the cap: its newest entries say why.
+    let (out, older_dropped) = command::run_keeping_tail(&argv, settings.commands.timeout)
         .map_err(|e| format!("{}: {e}", settings.commands.journalctl))?;
     if !out.status.success() && out.stdout.is_empty() {
         return Err(format!(
@@ -154,8 +162,9 @@ pub fn read_journal(
         ));
     }
     let mut fold = LogFold::new(max_events);
-    let stats =
+    let mut stats =
         journal::scan_journal(&out.stdout[..], |e| fold.push(e)).map_err(|e| e.to_string())?;
+    stats.older_dropped = older_dropped;
     Ok((fold, stats))
 }
 
@@ -385,9 +394,16 @@ pub fn gridd_proxy(settings: &Settings) -> Result<Option<crate::gridd_conf::Prox
 /// Everything observable now (`status` and `diagnose`: no DLS probe here).
 pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Observations {
     let smi = read_smi(settings).into_snapshot();
-    let fold = read_journal(settings, max_events)
-        .ok()
-        .map(|(fold, _)| fold);
+    let read = read_journal(settings, max_events);
+    let journal_note = match &read {
+        Err(e) => Some(format!("gridd's journal could not be read: {e}")),
+        Ok((_, stats)) if stats.older_dropped => Some(format!(
+            "gridd's journal of this boot is longer than {} MiB: only its newest entries were read",
+            command::MAX_OUTPUT >> 20
+        )),
+        Ok(_) => None,
+    };
+    let fold = read.ok().map(|(fold, _)| fold);
     let token = token_state(settings, now).token;
     let unit = gridd_running(settings);
     let mut obs = assemble(
@@ -403,5 +419,6 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
     );
     obs.legacy_server = legacy_server(settings);
     obs.node = Some(crate::node::detect(settings).seen());
+    obs.own_notes.extend(journal_note);
     obs
 }

@@ -196,6 +196,17 @@ pub fn settings_under(root: &Path, config: &Path) -> anyhow::Result<Settings> {
             show_path(root)
         ));
     }
+    // The running system is no offline image: its journal is live, not files to remove.
+    let same = |a: &Path, b: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(x), Ok(y)) if (x.dev(), x.ino()) == (y.dev(), y.ino()))
+    };
+    if same(root, Path::new("/")) {
+        return Err(anyhow!(
+            "--root {} is the running system, not a mounted image: run prepare-image without --root to prepare this machine; nothing was changed",
+            show_path(root)
+        ));
+    }
     let mut s = Settings::load(&under(root, config))?;
     let p = &mut s.paths;
     for path in [

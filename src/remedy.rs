@@ -32,6 +32,8 @@ pub struct Remedy {
     backoff: Duration,
     /// Since when the guest has been without a license (reset by a restart).
     unlicensed_since: Option<f64>,
+    /// Whether restarts were recorded since [`Remedy::take_changed`] last asked.
+    changed: bool,
 }
 
 impl Remedy {
@@ -41,7 +43,35 @@ impl Remedy {
             not_before: 0.0,
             backoff: cfg.restart_backoff,
             unlicensed_since: None,
+            changed: false,
         }
+    }
+
+    /// Bookkeeping that goes on from restarts made before `now` (by an earlier run of the
+    /// agent, in the same clock): they count against the budget, and the backoff runs from
+    /// the last of them.
+    pub fn with_history(cfg: &Service, past: &[f64], now: f64) -> Self {
+        let mut r = Remedy::new(cfg);
+        r.restarts = past
+            .iter()
+            .copied()
+            .filter(|t| *t <= now && now - t < 3600.0)
+            .collect();
+        r.restarts.make_contiguous().sort_by(|a, b| a.total_cmp(b));
+        if let Some(last) = r.restarts.back() {
+            r.not_before = last + cfg.restart_backoff.as_secs_f64();
+        }
+        r
+    }
+
+    /// The restarts of the last hour, oldest first, when any were recorded since the last
+    /// call: what a later run of the agent goes on from.
+    pub fn take_changed(&mut self, now: f64) -> Option<Vec<f64>> {
+        if !std::mem::take(&mut self.changed) {
+            return None;
+        }
+        self.restarts_last_hour(now);
+        Some(self.restarts.iter().copied().collect())
     }
 
     /// Restarts made within the last hour.
@@ -158,6 +188,7 @@ impl Remedy {
     /// not restart in step.
     pub fn restarted(&mut self, cfg: &Service, now: f64, jitter: f64) {
         self.restarts.push_back(now);
+        self.changed = true;
         let spread = 0.8 + 0.4 * jitter.clamp(0.0, 1.0);
         self.not_before = now + self.backoff.as_secs_f64() * spread;
         self.backoff = (self.backoff * 2).min(cfg.restart_backoff_max);
@@ -169,6 +200,25 @@ impl Remedy {
 mod tests {
     use super::*;
     use crate::config::Settings;
+
+    #[test]
+    fn restarts_of_an_earlier_run_count_and_the_backoff_runs_from_the_last() {
+        let c = cfg();
+        // Two restarts 10 and 30 min ago, one 2 h ago (out of the hour).
+        let mut r = Remedy::with_history(&c, &[-7200.0, -1800.0, -600.0], 0.0);
+        assert_eq!(r.restarts_last_hour(0.0), 2);
+        assert!(r.may_restart(&c, 0.0));
+        r.restarted(&c, 0.0, 0.5);
+        assert_eq!(r.take_changed(0.0), Some(vec![-1800.0, -600.0, 0.0]));
+        assert_eq!(r.take_changed(0.0), None);
+        // The budget of 3 is spent until the oldest leaves the hour.
+        assert!(!r.may_restart(&c, 1000.0));
+        assert!(r.may_restart(&c, 1801.0));
+        // A restart 30 s ago: the backoff (60 s) runs from it.
+        let mut r = Remedy::with_history(&c, &[-30.0], 0.0);
+        assert!(!r.may_restart(&c, 0.0));
+        assert!(r.may_restart(&c, 31.0));
+    }
 
     fn cfg() -> Service {
         let mut s = Settings::default().service;

@@ -198,6 +198,9 @@ pub struct Observations {
     pub token_rejected: Option<String>,
     /// What the service has to say about the token for a while (a rotation it made): notes.
     pub token_notes: Vec<String>,
+    /// The agent's own trouble in observing (a journal not read whole, a command it could
+    /// not start): said in the report's notes, never a verdict on the license.
+    pub own_notes: Vec<String>,
     /// Where the agent found the driver: set for live observations, `None` for `analyze`.
     pub node: Option<NodeSeen>,
 }
@@ -516,6 +519,7 @@ pub fn evaluate(obs: Observations) -> Report {
     if let Some(why) = obs.smi.as_ref().and_then(|s| s.unanswered.as_ref()) {
         notes.push(format!("nvidia-smi did not answer: {why}"));
     }
+    notes.extend(obs.own_notes.iter().cloned());
     match mode {
         LicensingMode::Legacy => notes.push(format!(
             "This guest uses the legacy licensing path (a FlexNet license server, port 7070 by default; vGPU 13 and older, drivers up to the 470 branch): gridd.conf's ServerAddress and ServerPort name the server (BackupServerAddress and BackupServerPort a second one), and no client configuration token is involved. {LEGACY_EOL}"

@@ -1037,3 +1037,48 @@ fn an_inactive_unit_that_does_not_exist_is_not_installed() {
     );
     assert!(msg.contains("GRID"), "{msg}");
 }
+
+/// gridd inactive with a start job queued (a `systemctl --no-block restart` at boot, behind
+/// the units it is ordered after): not "active", and not a stopped unit to enable either.
+/// A FIFO at gridd.conf's path is no permissions problem: gridd reads a regular file there.
+#[test]
+fn a_queued_start_and_a_fifo_gridd_conf_are_said_as_they_are() {
+    let port = dls(0);
+    let g = Guest::new(Some(&token_for(
+        "localhost",
+        port,
+        1_700_000_000,
+        2_078_691_200,
+    )));
+    // systemctl as it answers then: `is-active` inactive, `list-jobs --no-legend` the job.
+    let systemctl = script(
+        &g.root,
+        "systemctl-queued",
+        "case \"$1\" in\n\
+         is-active) echo inactive; exit 3 ;;\n\
+         list-jobs) echo '211 nvidia-gridd.service start waiting' ;;\n\
+         show) echo loaded ;;\n\
+         esac",
+    );
+    g.root.dropin(
+        "60-systemctl.toml",
+        &format!("[commands]\nsystemctl = \"{systemctl}\"\n"),
+    );
+    let conf = g.root.path("etc/nvidia/gridd.conf");
+    fs::remove_file(&conf).unwrap();
+    nix::unistd::mkfifo(&conf, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    let (_, lines, out) = g.human();
+    let (status, msg) = line(&lines, "gridd");
+    assert_eq!(status, "WARN", "{out}");
+    assert!(
+        msg.starts_with("nvidia-gridd.service is inactive, with a start job queued")
+            && msg.contains("`systemctl list-jobs`"),
+        "{msg}"
+    );
+    let (status, msg) = line(&lines, "gridd.conf");
+    assert_eq!(status, "FAIL", "{out}");
+    assert!(
+        msg.contains("not a regular file") && !msg.contains("permissions"),
+        "{msg}"
+    );
+}

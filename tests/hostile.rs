@@ -1287,3 +1287,75 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// A guest failing for days: gridd's journal of this boot is longer than the output cap
+/// (14,001 entries, about 12 MB of `journalctl --output=json`, shaped as the real journal
+/// prints gridd's syslog lines). `status` reads its newest part and says so, instead of
+/// dropping the whole journal and the reason with it.
+#[test]
+fn a_journal_longer_than_the_cap_is_read_from_its_newest_part() {
+    let root = Root::new();
+    let export = root.path("journal.json");
+    let mut text = String::new();
+    let start: u64 = 1_796_000_000_000_000;
+    for i in 0..14_001u64 {
+        let message = if i + 1 == 14_001 {
+            "Failed to open file /etc/nvidia/gridd.conf (No such file or directory)".to_string()
+        } else {
+            "Failed to acquire license from 192.168.178.110 (Error: Generic network communication failure)".to_string()
+        };
+        let at = start + i * 60_000_000;
+        let entry = serde_json::json!({
+            "__REALTIME_TIMESTAMP": at.to_string(),
+            "_SOURCE_REALTIME_TIMESTAMP": at.to_string(),
+            "SYSLOG_PID": "3239",
+            "_BOOT_ID": "fbca72dd130144f0b2a21a7e5fe8794f",
+            "_EXE": "/usr/bin/nvidia-gridd",
+            "SYSLOG_IDENTIFIER": "nvidia-gridd",
+            "_CMDLINE": "/usr/bin/nvidia-gridd",
+            "_COMM": "nvidia-gridd",
+            "SYSLOG_RAW": format!("<27>nvidia-gridd[3239]: {message}"),
+            "_TRANSPORT": "syslog",
+            "_SYSTEMD_UNIT": "nvidia-gridd.service",
+            "_GID": "0",
+            "_UID": "0",
+            "__CURSOR": format!("s=cb5e753f3b9a47c380c9d377626751e8;i={i:x};b=fbca72dd130144f0b2a21a7e5fe8794f;m=4a893213d;t=661afbbb0d098;x=5d55dfbe82893ca1"),
+            "PRIORITY": "3",
+            "_HOSTNAME": "vm",
+            "_MACHINE_ID": "3d1219c7c4c5404aaa1f6d2a48adfda4",
+            "MESSAGE": message,
+            "_PID": "3239",
+            "SYSLOG_FACILITY": "3",
+        });
+        text.push_str(&entry.to_string());
+        text.push('\n');
+    }
+    assert!(text.len() > 10 << 20, "{} bytes", text.len());
+    fs::write(&export, &text).unwrap();
+    let journalctl = root.path("journalctl");
+    fs::write(
+        &journalctl,
+        format!("#!/bin/sh\nexec cat '{}'\n", export.display()),
+    )
+    .unwrap();
+    fs::set_permissions(&journalctl, fs::Permissions::from_mode(0o755)).unwrap();
+    root.dropin(
+        "journal.toml",
+        &format!("[commands]\njournalctl = \"{}\"\n", journalctl.display()),
+    );
+    let r = root.run(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    let events = v["events"].as_array().unwrap();
+    assert!(
+        events.last().is_some_and(|e| e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Failed to open file /etc/nvidia/gridd.conf"))),
+        "the newest entry is read: {v}"
+    );
+    assert!(
+        v["notes"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("only its newest entries were read"))),
+        "{v}"
+    );
+}

@@ -235,3 +235,50 @@ fn a_clone_of_a_prepared_image_is_a_new_guest_not_a_clone() {
     assert!(r.stdout.contains("recorded"), "{}", r.stdout);
     assert!(!root.state_dir().join("clone-detected.json").exists());
 }
+
+/// A stateless image (an empty `/etc/machine-id` in the image): systemd mounts a transient ID
+/// over the file at every boot. A new one each boot is not a clone, and gridd's client state
+/// stays; a new product UUID still is one.
+#[test]
+fn a_transient_machine_id_new_at_every_boot_is_not_a_clone() {
+    let root = Root::new();
+    let g = root.path("guest");
+    let uuid = "11111111-2222-3333-4444-555555555555";
+    guest(&g, "0123456789abcdef0123456789abcdef", uuid);
+    // The mount table as such a boot leaves it (the ID bind-mounted from /run/machine-id).
+    fs::create_dir_all(g.join("proc/self")).unwrap();
+    fs::write(
+        g.join("proc/self/mountinfo"),
+        "22 1 253:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n\
+         25 22 0:23 /machine-id /etc/machine-id ro,relatime shared:7 - tmpfs tmpfs rw,mode=755\n",
+    )
+    .unwrap();
+    let state = root.path("var/lib/nvidia/GridLicensing");
+    fs::create_dir_all(&state).unwrap();
+    fs::write(state.join("client.dat"), b"this guest's registration").unwrap();
+    let g_arg = g.to_str().unwrap();
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    for boot in ["1111", "2222", "3333"] {
+        fs::write(
+            g.join("etc/machine-id"),
+            format!("{boot}abcdef0123456789abcdef0123456789\n"),
+        )
+        .unwrap();
+        let r = root.run(&["check-identity", "--root", g_arg]);
+        assert!(r.stdout.contains("the same guest"), "{}", r.stdout);
+        assert!(state.join("client.dat").exists(), "boot {boot}");
+    }
+    fs::write(
+        g.join("sys/class/dmi/id/product_uuid"),
+        "99999999-2222-3333-4444-555555555555\n",
+    )
+    .unwrap();
+    let r = root.run(&["check-identity", "--root", g_arg]);
+    assert!(
+        r.stdout.contains("a clone or a restored snapshot"),
+        "{}",
+        r.stdout
+    );
+    assert!(!state.join("client.dat").exists());
+}

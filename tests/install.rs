@@ -932,6 +932,47 @@ fn token_url_retries_and_never_prints_credentials() {
     assert_eq!(root.restarts(), 1);
 }
 
+/// A URL with a password or a signed query given in the environment, which no other user
+/// can read (the command line is anyone's, in `/proc/PID/cmdline`): installed the same, and
+/// shown by no `--help`.
+#[test]
+fn token_url_from_the_environment_stays_out_of_the_command_line() {
+    let mut root = Root::new();
+    let tok = valid_token("env-url");
+    root.secrets.push(tok.clone());
+    let (port, server) = serve(vec![http("200 OK", &tok)]);
+    let url = format!("http://agent:pa55word@127.0.0.1:{port}/t/token.tok?sig=s3cr3t");
+    let out = root
+        .cmd(&["install"])
+        .env("VGPU_LICENSE_AGENT_TOKEN_URL", &url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read(root.token_path()).unwrap(), tok);
+    let requests = server.join().unwrap();
+    assert!(
+        requests[0]
+            .to_ascii_lowercase()
+            .contains("authorization: basic")
+    );
+    let help = root
+        .cmd(&["install", "--help"])
+        .env("VGPU_LICENSE_AGENT_TOKEN_URL", &url)
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("VGPU_LICENSE_AGENT_TOKEN_URL"), "{help}");
+    for secret in ["pa55word", "s3cr3t"] {
+        assert!(!help.contains(secret), "{help}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains(secret));
+        assert!(!String::from_utf8_lossy(&out.stderr).contains(secret));
+    }
+}
+
 #[test]
 fn https_errors_are_one_line_without_credentials() {
     let root = Root::new();

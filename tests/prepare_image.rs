@@ -631,3 +631,30 @@ fn after_prepare_image_a_clones_first_boot_reports_no_last_shutdown_of_the_build
     let settings = Settings::load(&root.config).unwrap();
     assert!(previous_boot_shutdown(&settings).is_some());
 }
+
+/// `--root /` (or a path that leads there) is the running system, not an offline image: it is
+/// refused with the way to prepare this machine, and nothing is planned, such as unlinking
+/// the live journal's files.
+#[test]
+fn the_running_system_as_root_is_refused() {
+    let link = tempfile::tempdir().unwrap();
+    let to_root = link.path().join("slash");
+    std::os::unix::fs::symlink("/", &to_root).unwrap();
+    for root in [std::path::Path::new("/"), to_root.as_path()] {
+        for args in [
+            &["prepare-image", "--dry-run", "--journal"][..],
+            &["prepare-image", "--journal"][..],
+        ] {
+            let r = in_image(root, args);
+            assert_eq!(r.code, Some(1), "{args:?} {}{}", r.stdout, r.stderr);
+            assert!(r.stdout.is_empty(), "{}", r.stdout);
+            assert!(
+                r.error_line().contains(
+                    "is the running system, not a mounted image: run prepare-image without --root"
+                ),
+                "{}",
+                r.stderr
+            );
+        }
+    }
+}

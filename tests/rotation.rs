@@ -340,3 +340,57 @@ fn scenario_a_new_token_without_a_license_is_applied_at_once() {
     let said = agent_says(&m, &a);
     assert!(said.contains("a newer token replaces"), "{said}");
 }
+
+/// The service killed at every step of an adoption (NVIDIA's rotation: a new token copied
+/// beside the installed one): the directory holds a whole valid token each time, and the
+/// next start finishes the job (the new token alone, under whichever name, the old one kept
+/// in `replaced/`).
+#[test]
+fn scenario_an_adoption_killed_at_any_step_leaves_a_whole_token() {
+    // The token adopted is already in place: no new token is written (the install's
+    // `crash-after-commit` step), the rest are the install's.
+    for point in [
+        "crash-after-stage",
+        "crash-after-save",
+        "crash-after-first-move",
+        "crash-after-all-moves",
+    ] {
+        let (m, mut a) = licensed(Setup::default());
+        a.signal(nix::sys::signal::Signal::SIGTERM);
+        assert!(a.wait_exit(T).is_some(), "{point}: {}", a.context());
+        let old = std::fs::read(m.token_path()).unwrap();
+        let new = new_token(&m, point);
+        sim::write_mode(&m.token_dir().join(DOWNLOAD), &new, 0o644);
+        std::fs::write(m.token_dir().join("README"), b"a stray").unwrap();
+        let mut crashed =
+            Agent::start_with_env(&m, &[("VGPU_LICENSE_AGENT_FAULT", point.as_ref())]);
+        let status = crashed.wait_exit(T);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{point}: stopped dead: {}",
+            crashed.context()
+        );
+        let whole: Vec<String> = names(&m.token_dir())
+            .into_iter()
+            .filter(|n| !n.starts_with('.'))
+            .filter(|n| std::fs::read(m.token_dir().join(n)).is_ok_and(|b| b == old || b == new))
+            .collect();
+        assert!(!whole.is_empty(), "{point}: no whole token left");
+        let a = Agent::start(&m);
+        sim::wait_for(
+            "the adoption finished by the next start",
+            T,
+            || {
+                let left = names(&m.token_dir());
+                (left.len() == 1
+                    && std::fs::read(m.token_dir().join(&left[0])).is_ok_and(|b| b == new))
+                .then_some(())
+            },
+            || format!("{point}: {:?}\n{}", names(&m.token_dir()), a.context()),
+        );
+        assert!(
+            replaced(&m).iter().any(|(_, b)| *b == old),
+            "{point}: the old token kept in replaced/"
+        );
+    }
+}

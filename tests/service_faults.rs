@@ -1069,3 +1069,255 @@ fn scenario_a_fifo_at_the_token_path() {
     });
     notify.assert_watchdog_kept(&a);
 }
+
+/// The service's heartbeat (30 s) and a margin: how long an output may wait to be written.
+const HEARTBEAT_AND_MORE: Duration = Duration::from_secs(70);
+
+/// The metrics textfile's directory swapped, by the user whose home holds it (prometheus's
+/// `/var/lib/prometheus` on Debian), for a link to the token directory: the agent writes
+/// nothing there (so nothing is adopted, moved or restarted for it), says why in its log,
+/// and goes on writing status.json.
+#[test]
+fn scenario_the_metrics_directory_swapped_for_another_users_link() {
+    let (m, a) = licensed_with(Setup::default(), Agent::start);
+    let home = m.path("var/lib/prometheus");
+    let exporter = home.join("node-exporter");
+    // The home is the other user's, as Debian makes it; the swap is theirs too.
+    std::os::unix::fs::chown(&home, Some(65534), None).unwrap();
+    fs::remove_dir_all(&exporter).unwrap();
+    std::os::unix::fs::symlink(m.token_dir(), &exporter).unwrap();
+    std::os::unix::fs::lchown(&exporter, Some(65534), None).unwrap();
+    let restarts = m.restarts();
+    let token_dir_before = names(&m.token_dir());
+    wait_for(
+        "the refusal in the agent's log (at the next heartbeat)",
+        HEARTBEAT_AND_MORE,
+        || {
+            agent_says(&m, &a)
+                .contains("root follows no link another user could have made")
+                .then_some(())
+        },
+        || a.context(),
+    );
+    // Heartbeats go on writing status.json; none of them writes into the token directory.
+    let written = a.status().unwrap()["observed_at"].clone();
+    wait_for(
+        "status.json written again",
+        HEARTBEAT_AND_MORE,
+        || (a.status().unwrap()["observed_at"] != written).then_some(()),
+        || a.context(),
+    );
+    assert_eq!(names(&m.token_dir()), token_dir_before, "{}", a.context());
+    assert_eq!(m.restarts(), restarts, "{}", a.context());
+    assert!(
+        !agent_says(&m, &a).contains("vgpu_license_agent.prom is not"),
+        "{}",
+        a.context()
+    );
+    // The operator makes it a real directory again: written there at the next heartbeat.
+    fs::remove_file(&exporter).unwrap();
+    fs::create_dir(&exporter).unwrap();
+    wait_for(
+        "the metrics written again",
+        HEARTBEAT_AND_MORE,
+        || {
+            fs::read_to_string(m.metrics_path())
+                .ok()
+                .filter(|t| t.contains("vgpu_license_state"))
+        },
+        || a.context(),
+    );
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+/// A pids cgroup of the test's own (cgroup v1's `pids` controller, as systemd's `TasksMax=`
+/// sets for a unit), holding one process; removed again when dropped.
+struct TasksMax {
+    dir: PathBuf,
+}
+
+impl TasksMax {
+    /// Moves process `pid` (all its threads) into a new cgroup whose limit is what it runs
+    /// now: it can make no process or thread more.
+    fn reached(pid: u32) -> TasksMax {
+        let dir = PathBuf::from(format!("/sys/fs/cgroup/pids/vgpu-license-test-{pid}"));
+        fs::create_dir(&dir).expect("a pids cgroup can be made (cgroup v1, pids controller)");
+        let t = TasksMax { dir };
+        fs::write(t.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        let current = fs::read_to_string(t.dir.join("pids.current")).unwrap();
+        t.set(current.trim());
+        t
+    }
+
+    fn set(&self, max: &str) {
+        fs::write(self.dir.join("pids.max"), max).unwrap();
+    }
+
+    /// How many forks or clones the limit refused.
+    fn refused(&self) -> u64 {
+        let events = fs::read_to_string(self.dir.join("pids.events")).unwrap();
+        events
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for TasksMax {
+    fn drop(&mut self) {
+        let procs = fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for p in procs.split_whitespace() {
+            let _ = fs::write("/sys/fs/cgroup/pids/cgroup.procs", p);
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
+}
+
+/// The agent at its own limits (its unit's `TasksMax=` reached: EAGAIN for every fork, as
+/// `RLIMIT_NPROC` gives too) says so, and the last reading stands: a licensed guest stays
+/// licensed, stale, never `no_driver` with a driver fix. Once it can start commands again,
+/// the readings go on.
+#[test]
+fn scenario_the_agent_at_its_own_limits_keeps_the_last_reading() {
+    let (m, a) = licensed_with(Setup::default(), Agent::start);
+    let limit = TasksMax::reached(a.pid());
+    let v = a.wait_status("the agent's own trouble in the report", T, |v| {
+        v["notes"].as_array().is_some_and(|n| {
+            n.iter()
+                .any(|n| n.as_str().is_some_and(|n| n.contains("could not start")))
+        })
+    });
+    assert!(limit.refused() > 0, "the limit was reached");
+    assert_eq!(v["state"], "licensed", "{v}");
+    assert!(v["failure"].is_null(), "{v}");
+    let stale = v["observed_at"].clone();
+    // Readings every 2 s, none of which can start.
+    std::thread::sleep(Duration::from_secs(5));
+    let v = a.status().unwrap();
+    assert_eq!(v["state"], "licensed", "{v}");
+    assert_eq!(
+        v["observed_at"], stale,
+        "the last reading's time stays: {v}"
+    );
+    assert!(
+        agent_says(&m, &a).contains("the agent could not start"),
+        "{}",
+        a.context()
+    );
+    limit.set("max");
+    a.wait_status("readings again, the note gone", T, |v| {
+        v["observed_at"] != stale && !v.to_string().contains("could not start")
+    });
+}
+
+/// One agent, one budget. A second `run` beside the service (an operator's by hand) is
+/// refused at once with the running one's pid, and restarts nothing. The restarts of gridd
+/// outlive the agent: once a crash-looping gridd has spent `restart_budget_per_hour`, an
+/// agent restarted in the same boot (systemd's `Restart=`, an upgrade) does not start
+/// spending a fresh one.
+#[test]
+fn scenario_one_agent_one_budget() {
+    let (m, mut a) = licensed(Setup::default());
+    let budget = config_number(&m, "restart_budget_per_hour");
+    let second = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["run", "--log-stderr"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!(
+            "another vgpu-license-agent service is running (pid {})",
+            a.pid()
+        )),
+        "{said}"
+    );
+    // Crash gridd until the budget is spent.
+    let give_up = Instant::now() + Duration::from_secs(120);
+    let mut last_killed = None;
+    while m.restarts() < budget {
+        assert!(
+            Instant::now() < give_up,
+            "budget not spent: {}",
+            a.context()
+        );
+        if let Some(pid) = m.gridd_pid().filter(|p| Some(*p) != last_killed) {
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            last_killed = Some(pid);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The agent restarted, as systemd's Restart= would.
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait_exit(T).is_some(), "{}", a.context());
+    if let Some(pid) = m.gridd_pid() {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let b = Agent::start(&m);
+    b.wait_status("gridd_not_running reported by the new agent", T, |v| {
+        reason(v) == Some("gridd_not_running")
+    });
+    // Past the backoff's longest wait: a fresh budget would have restarted gridd by now.
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(m.restarts(), budget, "{}", b.context());
+    assert!(
+        agent_says(&m, &b).contains("count against this hour's budget"),
+        "{}",
+        b.context()
+    );
+}
+
+/// `config check --reload PID` (the unit's `ExecReload=`) signals only the running service,
+/// the process that holds its lock: never another process named like the agent (a
+/// `status --wait` of an operator's, which SIGHUP would end).
+#[test]
+fn scenario_reload_signals_only_the_service() {
+    let (m, a) = licensed(Setup::default());
+    // A process whose name is the agent's, as `status --wait` is.
+    let dir = tempfile::tempdir().unwrap();
+    let named = dir.path().join("vgpu-license-agent");
+    fs::copy("/bin/sleep", &named).unwrap();
+    let mut other = Command::new(&named).arg("60").spawn().unwrap();
+    let reload = |pid: u32| {
+        Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+            .arg("--config")
+            .arg(&m.config)
+            .args(["config", "check", "--reload", &pid.to_string()])
+            .output()
+            .unwrap()
+    };
+    let out = reload(other.id());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing was signalled"),
+        "{out:?}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "the other process was not signalled"
+    );
+    let _ = other.kill();
+    let _ = other.wait();
+    let out = reload(a.pid());
+    assert!(out.status.success(), "{out:?}");
+    wait_for(
+        "the service reloaded",
+        T,
+        || agent_says(&m, &a).contains("config reloaded").then_some(()),
+        || a.context(),
+    );
+}

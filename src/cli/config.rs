@@ -21,13 +21,14 @@ pub fn run(command: &ConfigCommand, main: &Path) -> anyhow::Result<ExitCode> {
             show_path(path)
         );
     }
-    load(main)?;
+    let settings = load(main)?;
     match command {
         ConfigCommand::Check { reload } => {
             if let Some(pid) = *reload {
-                // Only the agent's own service is ever signalled: a wrong pid is an error.
-                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                if pid <= 1 || !comm.trim_end().starts_with("vgpu-license-ag") {
+                // Only the agent's own service is ever signalled, the process that holds its
+                // lock (not a `status --wait`, named the same): a wrong pid is an error.
+                let service = crate::service::instance::running_pid(&settings);
+                if pid <= 1 || service != Some(pid as u32) {
                     return Err(anyhow!(
                         "config is good, but pid {pid} is not the running vgpu-license-agent: nothing was signalled; give --reload the service's pid ($MAINPID in its unit)"
                     ));

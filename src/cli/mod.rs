@@ -172,8 +172,16 @@ pub struct TokenSource {
     /// The token's bytes, base64-encoded (as cloud-init `encoding: b64` carries it).
     #[arg(long, value_name = "STRING", group = "source")]
     pub token_base64: Option<String>,
-    /// Download the token over HTTPS.
-    #[arg(long, value_name = "URL", group = "source")]
+    /// Download the token over HTTPS. A URL with a password or a signed query is better
+    /// given in the environment (VGPU_LICENSE_AGENT_TOKEN_URL), which other users cannot
+    /// read, than here, where the process list shows it to them while it runs.
+    #[arg(
+        long,
+        value_name = "URL",
+        group = "source",
+        env = "VGPU_LICENSE_AGENT_TOKEN_URL",
+        hide_env_values = true
+    )]
     pub token_url: Option<String>,
 }
 

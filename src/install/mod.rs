@@ -930,7 +930,7 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
         &stamp,
     )?;
 
-    prune_replaced(&replaced_root);
+    prune_replaced(&replaced_root, &stamp);
 
     // Restart, remembering that one is owed until it succeeds.
     if reason.is_none() {
@@ -1037,25 +1037,35 @@ fn restart_reason(
     }
 }
 
-fn prune_replaced(root: &Path) {
+fn prune_replaced(root: &Path, this_run: &str) {
     let is_stamp = |n: &str| {
         let base = n.split('-').next().unwrap_or(n);
         base.len() == 16 && base.as_bytes()[8] == b'T' && base.ends_with('Z')
     };
+    // What this run just moved aside stays, whatever the clock says of the others (a clock
+    // set back makes this run's stamp the oldest).
+    let ours =
+        |n: &str| n == this_run || n.strip_prefix(this_run).is_some_and(|r| r.starts_with('-'));
     let Ok(entries) = fsutil::list_dir(root) else {
         return;
     };
-    let mut stamps: Vec<PathBuf> = entries
-        .into_iter()
-        .filter(|(n, p)| {
-            is_stamp(&n.to_string_lossy()) && fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
-        })
-        .map(|(_, p)| p)
-        .collect();
+    let mut kept = 0;
+    let mut stamps: Vec<PathBuf> = Vec::new();
+    for (n, p) in entries {
+        let n = n.to_string_lossy();
+        if !is_stamp(&n) || !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            continue;
+        }
+        if ours(&n) {
+            kept += 1;
+        } else {
+            stamps.push(p);
+        }
+    }
     // Stamps sort by time; `<stamp>-2` after `<stamp>`.
     stamps.sort();
-    let excess = stamps.len().saturating_sub(REPLACED_KEPT);
-    for old in &stamps[..excess] {
+    let excess = (stamps.len() + kept).saturating_sub(REPLACED_KEPT);
+    for old in &stamps[..excess.min(stamps.len())] {
         let _ = fs::remove_dir_all(old);
     }
 }

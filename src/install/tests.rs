@@ -321,7 +321,8 @@ fn replaced_is_bounded_oldest_first() {
         fs::create_dir(root.join(format!("20260101T0000{i:02}Z"))).unwrap();
     }
     fs::create_dir(root.join("keep-me")).unwrap();
-    prune_replaced(&root);
+    // The newest is this run's.
+    prune_replaced(&root, &format!("20260101T0000{:02}Z", REPLACED_KEPT + 2));
     let mut left: Vec<String> = fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -330,6 +331,24 @@ fn replaced_is_bounded_oldest_first() {
     assert_eq!(left.len(), REPLACED_KEPT + 1, "{left:?}");
     assert_eq!(left[0], "20260101T000003Z");
     assert!(left.contains(&"keep-me".to_string()));
+}
+
+/// With the clock set back, this run's directory has the oldest stamp of all: it stays, and
+/// the oldest of the others goes.
+#[test]
+fn replaced_keeps_what_this_run_made_whatever_the_clock() {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("replaced");
+    fs::create_dir_all(&root).unwrap();
+    for i in 0..REPLACED_KEPT {
+        fs::create_dir(root.join(format!("20260101T0000{i:02}Z"))).unwrap();
+    }
+    let this_run = "20200101T000000Z";
+    fs::create_dir(root.join(format!("{this_run}-2"))).unwrap();
+    prune_replaced(&root, this_run);
+    assert!(root.join(format!("{this_run}-2")).is_dir());
+    assert!(!root.join("20260101T000000Z").exists());
+    assert_eq!(fs::read_dir(&root).unwrap().count(), REPLACED_KEPT);
 }
 
 /// A token with a CR line end is installed as it is, with a warning that says what to do.

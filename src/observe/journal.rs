@@ -58,6 +58,9 @@ pub struct ScanStats {
     /// Lines from nvidia-gridd (or bare gridd messages) turned into events.
     pub gridd_lines: u64,
     pub skipped_long_lines: u64,
+    /// Set by a reader that kept only the newest part of a longer log: the oldest entries
+    /// were not read.
+    pub older_dropped: bool,
     /// The time of the log's last line, when it had one.
     pub last_stamp: Option<Stamp>,
     pub context: Option<Context>,

@@ -56,16 +56,29 @@ pub fn read(devices: &Path) -> Option<Bus> {
     // A bus with more devices than any VM has is not worth reading to the end.
     for entry in entries.flatten().take(4096) {
         let dir: PathBuf = entry.path();
-        let attr = |name: &str| {
-            crate::input::read_text(&dir.join(name), 64, crate::input::Links::Follow)
-                .ok()
-                .map(|s| s.trim().to_ascii_lowercase())
+        // An attribute that cannot be read for want of the agent's own resources (EMFILE,
+        // ENOMEM) leaves the bus unknown, never a bus without the GPU.
+        let attr = |name: &str| match crate::input::read_text(
+            &dir.join(name),
+            64,
+            crate::input::Links::Follow,
+        ) {
+            Ok(s) => Some(Some(s.trim().to_ascii_lowercase())),
+            Err(crate::input::ReadError::Io(e))
+                if matches!(
+                    e.raw_os_error(),
+                    Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOMEM)
+                ) =>
+            {
+                None
+            }
+            Err(_) => Some(None),
         };
-        if attr("vendor").as_deref() != Some(NVIDIA_VENDOR) {
+        if attr("vendor")?.as_deref() != Some(NVIDIA_VENDOR) {
             continue;
         }
         // Display controllers only (class 0x03xxxx): a GPU's HDMI audio function is 0x0403.
-        if !attr("class").is_some_and(|c| c.starts_with("0x03")) {
+        if !attr("class")?.is_some_and(|c| c.starts_with("0x03")) {
             continue;
         }
         let driver = std::fs::read_link(dir.join("driver"))

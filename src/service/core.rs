@@ -305,6 +305,9 @@ struct Seen {
     smi: Option<SmiSnapshot>,
     /// The last reading, when it failed or timed out.
     smi_error: Option<SmiRead>,
+    /// Why the agent could not start the last reading at all (its own limits), while it
+    /// cannot: the reading before stands.
+    smi_unstarted: Option<String>,
     /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
     /// heartbeat's rewrites of status.json do not move.
     observed_at: Option<DateTime<Utc>>,
@@ -326,6 +329,7 @@ impl Seen {
             fold: LogFold::new(MAX_EVENTS),
             smi: None,
             smi_error: None,
+            smi_unstarted: None,
             observed_at: None,
             unit: None,
             token: None,
@@ -462,9 +466,21 @@ impl Core {
     /// A core for `settings`. `heartbeat`: how often status.json is rewritten at least (and
     /// the watchdog pinged); `watching`: whether the token directory is watched.
     pub fn new(settings: Settings, heartbeat: Duration, watching: bool, now: Now) -> Core {
+        Core::with_restarts(settings, heartbeat, watching, now, &[])
+    }
+
+    /// [`Core::new`], going on from the restarts of gridd that an earlier run of the agent
+    /// made (seconds on this core's clock: before its start, negative).
+    pub fn with_restarts(
+        settings: Settings,
+        heartbeat: Duration,
+        watching: bool,
+        now: Now,
+        restarts: &[f64],
+    ) -> Core {
         let first_token_look = settings.service.first_token_look;
         Core {
-            remedy: Remedy::new(&settings.service),
+            remedy: Remedy::with_history(&settings.service, restarts, secs(now)),
             base: settings.clone(),
             node: Node::default(),
             condition_failing: false,
@@ -552,43 +568,7 @@ impl Core {
                     self.check_unit(&mut fx);
                 }
             }
-            Event::Smi(read) => {
-                self.busy.smi = false;
-                self.seen.observed_at = Some(now.wall);
-                match read {
-                    SmiRead::Snapshot(s) => {
-                        if crate::state::smi_state(&s) == State::Licensed {
-                            self.probing.failure = None;
-                        }
-                        let lease = match (lease_expiry(&s), self.seen.lease) {
-                            (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
-                            (Some(exp), _) => Some((exp, now.wall)),
-                            (None, _) => None,
-                        };
-                        if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
-                            self.seen.lease_at_start =
-                                self.seen.smi.is_none() && self.seen.smi_error.is_none();
-                        }
-                        self.seen.lease = lease;
-                        self.seen.smi = Some(s);
-                        self.seen.smi_error = None;
-                    }
-                    SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
-                        if self.seen.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
-                            warn!("nvidia-smi: {}", crate::text::escape(why));
-                        }
-                        self.seen.smi_error = Some(read);
-                    }
-                }
-                // Something gridd said while this reading ran (a restart) keeps the reading
-                // it asked for: this one may show the license from before it.
-                let next = now.mono + self.smi_interval(now);
-                self.schedule.smi = if self.schedule.smi_for_event {
-                    self.schedule.smi.min(next)
-                } else {
-                    next
-                };
-            }
+            Event::Smi(read) => self.on_smi(read, now),
             Event::Unit(u) => {
                 let own_work = self.busy.own_work();
                 let not_running = matches!(u, Some(Err(_)));
@@ -1144,6 +1124,62 @@ impl Core {
         policy::most_telling(own, None, log.map(|r| (r, r)))
     }
 
+    /// A reading of nvidia-smi: the license as it shows it, or why it shows none. One the
+    /// agent could not even start (its own limits) leaves the last reading standing, as old
+    /// as it is: stale, not wrong.
+    fn on_smi(&mut self, read: SmiRead, now: Now) {
+        self.busy.smi = false;
+        match read {
+            SmiRead::Unstarted(why) => {
+                if self.seen.smi_unstarted.as_deref() != Some(why.as_str()) {
+                    warn!("{}", crate::text::escape(&why));
+                }
+                self.seen.smi_unstarted = Some(why);
+            }
+            SmiRead::Snapshot(s) => {
+                self.seen.smi_unstarted = None;
+                self.seen.observed_at = Some(now.wall);
+                if crate::state::smi_state(&s) == State::Licensed {
+                    self.probing.failure = None;
+                }
+                let lease = match (lease_expiry(&s), self.seen.lease) {
+                    (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
+                    (Some(exp), _) => Some((exp, now.wall)),
+                    (None, _) => None,
+                };
+                if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
+                    self.seen.lease_at_start =
+                        self.seen.smi.is_none() && self.seen.smi_error.is_none();
+                }
+                self.seen.lease = lease;
+                self.seen.smi = Some(s);
+                self.seen.smi_error = None;
+            }
+            SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
+                self.seen.smi_unstarted = None;
+                self.seen.observed_at = Some(now.wall);
+                if self.seen.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
+                    warn!("nvidia-smi: {}", crate::text::escape(why));
+                }
+                self.seen.smi_error = Some(read);
+            }
+        }
+        // Something gridd said while this reading ran (a restart) keeps the reading it asked
+        // for: this one may show the license from before it.
+        let next = now.mono + self.smi_interval(now);
+        self.schedule.smi = if self.schedule.smi_for_event {
+            self.schedule.smi.min(next)
+        } else {
+            next
+        };
+    }
+
+    /// The restarts of gridd in the last hour, when they changed since the last call: the
+    /// shell keeps them for the agent's next run, so that the budget is one per guest.
+    pub fn restarts_changed(&mut self, now: Now) -> Option<Vec<f64>> {
+        self.remedy.take_changed(secs(now))
+    }
+
     /// Makes the report and says where it goes.
     fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let smi = match (&self.seen.smi, &self.seen.smi_error) {
@@ -1191,6 +1227,11 @@ impl Core {
         obs.token_rejected = Adoption::recent(&self.adoption.rejected, now);
         obs.token_notes
             .extend(Adoption::recent(&self.adoption.rotated, now));
+        if let Some(why) = &self.seen.smi_unstarted {
+            obs.own_notes.push(format!(
+                "{why}: the last reading stands, as of its time (observed_at)"
+            ));
+        }
         self.counters.token_rejected =
             obs.token_rejected.is_some() || obs.source_rejected.is_some();
         // The observation is as old as nvidia-smi's last answer, however often it is written.

@@ -7,6 +7,7 @@
 //! licensing logic.
 
 pub mod core;
+pub mod instance;
 pub mod metrics_server;
 
 use std::cell::RefCell;
@@ -37,6 +38,7 @@ pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::
     settings
         .check_outputs_on_disk()
         .map_err(|e| anyhow::anyhow!("{}: {e}", crate::text::show_path(config_path)))?;
+    let _instance = instance::lock(&settings)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         // The blocking jobs (nvidia-smi, systemctl, probes) come every few seconds to
@@ -262,6 +264,8 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (metrics_tx, metrics_rx) = watch::channel(String::new());
     let clock = Clock(Instant::now());
+    // The same moment on the system's clock, which the restarts are kept in.
+    let started = instance::monotonic_now();
     let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
@@ -291,7 +295,26 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // A token source is also looked at on the short interval: virtiofs (how KubeVirt shares
     // a Secret) reports no changes made on the host.
     let watched = watcher.is_some() && settings.paths.token_source.is_none();
-    let mut core = Core::new(settings, heartbeat, watched, clock.now());
+    for path in [
+        &settings.paths.status_file,
+        &settings.paths.metrics_textfile,
+    ] {
+        let n = crate::outdir::remove_leftovers(path);
+        if n > 0 {
+            info!(
+                "removed {n} temporary file(s) that an interrupted write of {} left",
+                crate::text::show_path(path)
+            );
+        }
+    }
+    let restarts = instance::load_restarts(&settings, started);
+    if !restarts.is_empty() {
+        info!(
+            "{} restart(s) of nvidia-gridd by the agent's earlier run in this boot count against this hour's budget",
+            restarts.len()
+        );
+    }
+    let mut core = Core::with_restarts(settings, heartbeat, watched, clock.now(), &restarts);
     let shell = Shell {
         tx,
         metrics_tx,
@@ -336,6 +359,11 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         }
         let effects = core.tick(clock.now());
         shell.carry_out(core.settings(), effects);
+        if let Some(restarts) = core.restarts_changed(clock.now())
+            && let Err(e) = instance::save_restarts(core.settings(), started, &restarts)
+        {
+            warn!("cannot keep the restarts of nvidia-gridd for the agent's next run: {e}");
+        }
         if watchdog.is_some() {
             notify(&[sd_notify::NotifyState::Watchdog]);
         }
@@ -418,10 +446,7 @@ impl Alarm {
 /// Writes `path` atomically. A failure (a full disk, say) is logged when it starts and when
 /// it ends, not on every write: the last good file stays whole meanwhile.
 fn write_file(failing: &RefCell<HashSet<PathBuf>>, path: &Path, bytes: &[u8], create_dir: bool) {
-    if create_dir && let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    match crate::fsutil::replace_volatile(path, bytes, 0o644) {
+    match crate::outdir::replace(path, bytes, 0o644, create_dir) {
         Ok(()) => {
             if failing.borrow_mut().remove(path) {
                 info!("{} is written again", crate::text::show_path(path));
@@ -434,6 +459,46 @@ fn write_file(failing: &RefCell<HashSet<PathBuf>>, path: &Path, bytes: &[u8], cr
                     crate::text::show_path(path)
                 );
             }
+        }
+    }
+}
+
+/// The longest journal entry (one line of JSON) the follower reads: far above any of gridd's
+/// (journald cuts a syslog line at 48 KiB); a longer one is skipped, never held whole.
+const FOLLOW_MAX_LINE: usize = 1 << 20;
+
+/// Reads the next line of `r` into `line`, without its newline; a line longer than
+/// [`FOLLOW_MAX_LINE`] is skipped to its end. `false` at the end of the stream.
+async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    line: &mut Vec<u8>,
+) -> std::io::Result<bool> {
+    line.clear();
+    // A long line's buffer is not kept for the quiet hours after it.
+    line.shrink_to(64 << 10);
+    let mut skipping = false;
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(false);
+        }
+        let (take, end) = match memchr::memchr(b'\n', avail) {
+            Some(i) => (i, true),
+            None => (avail.len(), false),
+        };
+        if line.len() + take > FOLLOW_MAX_LINE {
+            skipping = true;
+            line.clear();
+        } else if !skipping {
+            line.extend_from_slice(&avail[..take]);
+        }
+        r.consume(take + usize::from(end));
+        if end {
+            if !skipping {
+                return Ok(true);
+            }
+            skipping = false;
+            line.clear();
         }
     }
 }
@@ -458,22 +523,22 @@ async fn follow_journal(
             Err(e) => format!("cannot start {}: {e}", argv[0]),
             Ok(mut child) => {
                 let _ = tx.send(Event::JournalRestarted);
-                let stdout = child.stdout.take().expect("piped");
-                let mut lines = BufReader::new(stdout).split(b'\n');
+                let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+                let mut line = Vec::new();
                 let (etx, mut erx) = mpsc::unbounded_channel();
                 let mut parser = LineParser::new(|e| {
                     let _ = etx.send(e);
                 });
                 let why = loop {
                     tokio::select! {
-                        line = lines.next_segment() => match line {
-                            Ok(Some(line)) => {
+                        more = next_line(&mut stdout, &mut line) => match more {
+                            Ok(true) => {
                                 parser.feed(&line);
                                 while let Ok(e) = erx.try_recv() {
                                     let _ = tx.send(Event::Gridd(Box::new(e)));
                                 }
                             }
-                            Ok(None) => break "journalctl ended".to_string(),
+                            Ok(false) => break "journalctl ended".to_string(),
                             Err(e) => break format!("reading journalctl: {e}"),
                         },
                         _ = stop.changed() => {
@@ -634,4 +699,22 @@ fn probe_dls(
         crate::probe::verdict(&probes, settings.service.clock_skew_max),
         skew,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_line_past_the_cap_is_skipped_and_the_next_one_read() {
+        let mut input = vec![b'x'; FOLLOW_MAX_LINE * 3];
+        input.extend_from_slice(b"\n{\"MESSAGE\":\"next\"}\nlast");
+        let mut r = BufReader::new(&input[..]);
+        let mut line = Vec::new();
+        assert!(next_line(&mut r, &mut line).await.unwrap());
+        assert_eq!(line, b"{\"MESSAGE\":\"next\"}");
+        assert!(line.capacity() <= FOLLOW_MAX_LINE);
+        // A last line without its newline is no whole entry.
+        assert!(!next_line(&mut r, &mut line).await.unwrap());
+    }
 }
