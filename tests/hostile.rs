@@ -1359,3 +1359,48 @@ fn a_journal_longer_than_the_cap_is_read_from_its_newest_part() {
         "{v}"
     );
 }
+
+/// A reader that goes away first (`status | grep -q`, `| head -1`): every command that only
+/// reads and prints ends quietly, by the closed pipe as `cat` does, never with a panic and an
+/// abort (a core dump that, for `diagnose`, holds the token it read).
+#[test]
+fn a_closed_pipe_ends_a_reading_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut root = Root::new();
+    let tok = valid_token("pipe");
+    root.secrets.push(tok.clone());
+    let file = root.file("in/t.tok", &tok);
+    let r = root.run(&["install", "--token-file", file.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let token = root.token_path();
+    for args in [
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["token", "inspect", token.to_str().unwrap()],
+        vec!["config", "show"],
+        vec!["diagnose"],
+        vec!["diagnose", "--json"],
+    ] {
+        // The read end is closed before the command writes a byte.
+        let (reader, writer) = nix::unistd::pipe().unwrap();
+        drop(reader);
+        let out = root
+            .cmd(&args)
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.signal() == Some(nix::libc::SIGPIPE) || out.status.code().is_some(),
+            "{args:?}: {:?} {err}",
+            out.status
+        );
+        assert_ne!(
+            out.status.signal(),
+            Some(nix::libc::SIGABRT),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
