@@ -181,3 +181,58 @@ fn scenario_gpu_operator_node_whose_gridd_dies_is_not_restarted_by_the_agent() {
     assert_eq!(m.restarts(), 0, "{}", a.context());
     assert!(m.gridd_pid().is_none());
 }
+
+/// The driver pod goes away (an upgrade, a node drain, a crash) and comes back: its root at
+/// the driver root is empty meanwhile, gridd is gone, the operator's validation markers stay
+/// without `.driver-ctr-ready`. The agent follows at its readings: the node stays a GPU
+/// Operator node, the failure says the driver pod is not running or ready (never "install the
+/// driver", nor a token fix for the token that went with the pod), nothing is written on the
+/// node; once the pod is back and its gridd licensed, so is the report.
+#[test]
+fn scenario_the_driver_pod_going_away_and_coming_back_is_followed() {
+    let (m, a) = node(Machine::token);
+    a.wait_state("licensed", T);
+    let root = driver_root(&m);
+    let validations = m.path("run/nvidia/validations");
+    std::fs::create_dir_all(&validations).unwrap();
+    std::fs::write(validations.join(".driver-ctr-ready"), b"").unwrap();
+    let host_etc = snapshot(&m.path("etc"));
+
+    // Away: the container's root leaves with it; its gridd with it.
+    let away = m.path("run/nvidia/driver.away");
+    std::fs::remove_file(validations.join(".driver-ctr-ready")).unwrap();
+    m.crash_gridd();
+    std::fs::rename(&root, &away).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    let v = a.wait_status("the driver pod said to be away", T, |v| {
+        v["state"] == "no_driver"
+    });
+    assert_eq!(v["mode"], "observe", "{v:#}");
+    assert_eq!(reason(&v), Some("driver_unavailable"), "{v:#}");
+    let advice = v["failure"]["advice"].as_str().unwrap_or_default();
+    assert!(
+        advice.contains("driver pod on this node is not running or not ready")
+            && advice.contains("kubectl -n gpu-operator get pods"),
+        "{v:#}"
+    );
+    assert!(!advice.contains("install"), "{advice}");
+    let (code, out, _) = cli(&m, &["status"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("driver pod"), "{out}");
+
+    // Back: the new pod's root, its gridd licensed, the marker written again.
+    std::fs::remove_dir(&root).unwrap();
+    std::fs::rename(&away, &root).unwrap();
+    m.start_gridd();
+    std::fs::write(validations.join(".driver-ctr-ready"), b"").unwrap();
+    let v = a.wait_status("licensed again", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    assert_eq!(v["mode"], "observe", "{v:#}");
+    assert_eq!(
+        snapshot(&m.path("etc")),
+        host_etc,
+        "nothing written on the node"
+    );
+    assert_eq!(m.restarts(), 0, "{}", a.context());
+}
