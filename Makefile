@@ -3,6 +3,8 @@
 #   make                                  the portable binary, man pages, completions (target/dist/)
 #   make install DESTDIR=/path PREFIX=/usr   lays them out as packaging/install-map.txt says
 #   make deb | make rpm                   the packages, in target/debian/ and target/rpm/
+#   make image                            the OCI image for Kubernetes nodes (buildah), in
+#                                         target/image/, its size and digest printed
 #
 # `make install` into an image root (an Arch PKGBUILD's "$pkgdir", a SLES image) gives the
 # same files as the packages; it does not enable the unit: run
@@ -22,4 +24,7 @@ deb:
 rpm:
 	bash rpm/build.sh
 
-.PHONY: all install deb rpm
+image:
+	bash packaging/build-image.sh
+
+.PHONY: all install deb rpm image

@@ -7,8 +7,9 @@
 # starting or enabling any of their services (see install_packages), starts journald when
 # nothing answers on its socket (the end-to-end tests read the real journal; it is stopped at
 # the end), then runs: cargo test (unit, samples, properties, install, the service's end-to-end
-# scenarios), the cloud-init user-data check, the Debian and RPM package checks and the boot
-# test in real systemd guests. Every part runs even when an earlier one failed.
+# scenarios), the cloud-init user-data check, the Debian and RPM package checks, the OCI
+# image (make image) and the boot test in real systemd guests. Every part runs even when an
+# earlier one failed.
 #
 # The parts run in two lanes at once, since most of each waits (on a simulated machine, a
 # guest's boot, the archive) rather than computes: the tests (cargo test, the doc tests,
@@ -34,7 +35,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 APT_PACKAGES=(cloud-init lintian prometheus shellcheck dpkg-dev man-db binutils
   debootstrap systemd-container ca-certificates procps victoria-metrics python3-yaml
-  python3-jsonschema rpm rpmlint cpio gnupg make)
+  python3-jsonschema rpm rpmlint cpio gnupg make buildah podman runc)
 
 NO_SKIP=${VGPU_TESTS_NO_SKIP:-0}
 passed=()
@@ -303,6 +304,7 @@ LANES+=($!)
   BOOT_CACHE_PID=$!
   lane_part "Debian package" bash deb/check.sh
   lane_part "RPM package" bash rpm/check.sh
+  lane_part "OCI image (make image)" bash packaging/build-image.sh
   lane_part "boot test in systemd-nspawn guests (bookworm, bullseye, cloud-init)" boot_test
 ) &
 LANES+=($!)

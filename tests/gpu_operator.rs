@@ -236,3 +236,116 @@ fn scenario_the_driver_pod_going_away_and_coming_back_is_followed() {
     );
     assert_eq!(m.restarts(), 0, "{}", a.context());
 }
+
+/// An image of the test's own, removed again with everything podman made of it (its OCI
+/// archive goes with its directory).
+struct Image {
+    tag: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = Command::new("podman")
+            .args(["rmi", "--force", &self.tag])
+            .output();
+        let _ = self.dir.path();
+    }
+}
+
+/// podman as this machine runs it: runc with cgroupfs, and limits the sandbox can set.
+fn podman_run(args: &[&str]) -> std::process::Output {
+    Command::new("podman")
+        .args([
+            "--runtime",
+            "runc",
+            "--cgroup-manager",
+            "cgroupfs",
+            "run",
+            "--rm",
+            "--network=none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=4096:4096",
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The agent's OCI image (`make image`, here with this build's binary), run by podman as the
+/// DaemonSet of deploy/kubernetes/daemonset/ runs it on a GPU Operator node: the node's
+/// /run/nvidia (the driver container's root at /run/nvidia/driver, with nvidia-smi in it),
+/// its journal, and the image's own config. It finds the node, reads nvidia-smi in the
+/// driver root by the chroot and journalctl it carries, and reports the license.
+#[test]
+fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
+    for tool in ["buildah", "podman", "runc"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return crate::common::skipped(&format!(
+                "{tool} is not installed (apt-get install buildah podman runc)"
+            ));
+        }
+    }
+    let image = Image {
+        tag: format!("localhost/vgpu-license-agent:test-{}", std::process::id()),
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let built = Command::new("bash")
+        .arg(root.join("packaging/build-image.sh"))
+        .args(["--binary", env!("CARGO_BIN_EXE_vgpu-license-agent")])
+        .args(["--tag", &image.tag])
+        .arg("--output")
+        .arg(image.dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&built.stdout);
+    assert!(
+        built.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    assert!(said.contains("digest sha256:"), "{said}");
+
+    let (m, a) = node(Machine::token);
+    a.wait_state("licensed", T);
+    // The node's PCI bus as the test machine fakes it (this machine has no NVIDIA device).
+    let conf = tempfile::tempdir().unwrap();
+    std::fs::write(
+        conf.path().join("pci.toml"),
+        "[paths]\npci_devices = \"/sim-sys/bus/pci/devices\"\n",
+    )
+    .unwrap();
+    let nvidia = m.path("run/nvidia");
+    let sys = m.path("sys");
+    let mut args: Vec<String> = vec![
+        "-v".into(),
+        format!("{}:/run/nvidia:ro", nvidia.display()),
+        "-v".into(),
+        format!("{}:/sim-sys:ro", sys.display()),
+        "-v".into(),
+        format!(
+            "{}:/etc/vgpu-license-agent/config.d:ro",
+            conf.path().display()
+        ),
+        "-e".into(),
+        "SIM_DIR=/sim".into(),
+    ];
+    for journal in ["/run/log/journal", "/var/log/journal"] {
+        if Path::new(journal).is_dir() {
+            args.extend(["-v".into(), format!("{journal}:{journal}:ro")]);
+        }
+    }
+    args.extend([image.tag.clone(), "status".into(), "--json".into()]);
+    let out = podman_run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{err}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(out.status.code(), Some(0), "{v:#}{err}");
+    assert_eq!(v["state"], "licensed", "{v:#}");
+    assert_eq!(v["mode"], "observe", "{v:#}");
+    assert_eq!(v["driver_root"], "/run/nvidia/driver", "{v:#}");
+    assert_eq!(v["gpus"][0]["profile"], "NVIDIA L40S-24Q", "{v:#}");
+}

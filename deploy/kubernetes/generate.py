@@ -223,12 +223,234 @@ def grafanadashboard(_label):
     })
 
 
+# ---- The agent as a DaemonSet on GPU nodes (a cluster whose workers' image is not yours).
+
+AGENT_NAMESPACE = "vgpu-license-agent"
+AGENT_CONFIG = os.path.join(HERE, "daemonset", "config.toml")
+# The GPU Operator labels every node with an NVIDIA GPU (its feature discovery).
+GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+# What the agent measures (bench/): a few MiB idle; nvidia-smi and journalctl, its children,
+# count against the pod's limit too.
+AGENT_RESOURCES = {
+    "requests": {"cpu": "5m", "memory": "32Mi"},
+    "limits": {"cpu": "200m", "memory": "128Mi"},
+}
+
+
+def cargo_version():
+    with open(os.path.join(ROOT, "Cargo.toml"), encoding="utf-8") as f:
+        return re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+
+
+def agent_image():
+    return "localhost/%s:%s" % (NAME, cargo_version())
+
+
+def agent_meta(name, namespaced=True):
+    m = metadata(name)
+    if namespaced:
+        m["namespace"] = AGENT_NAMESPACE
+    return m
+
+
+DAEMONSET_NOTE = ("The agent as a DaemonSet on GPU nodes: `kubectl apply -f deploy/kubernetes/daemonset/`\n"
+                  "(the files in order). See docs/kubernetes.md.")
+
+
+def ds_namespace(_label):
+    return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE), {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": metadata(AGENT_NAMESPACE),
+    })
+
+
+def ds_serviceaccount(_label):
+    return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE), {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": agent_meta(NAME),
+    })
+
+
+def ds_clusterrole(_label):
+    return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE +
+                          "\nThe least the agent needs: its own Node read (the condition's last\n"
+                          "transition is kept) and nodes/status patched (the condition)."), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": metadata(NAME),
+        "rules": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        ],
+    })
+
+
+def ds_clusterrolebinding(_label):
+    return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": metadata(NAME),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": AGENT_NAMESPACE}],
+    })
+
+
+def ds_configmap(_label):
+    with open(AGENT_CONFIG, encoding="utf-8") as f:
+        config = f.read()
+    return dump(generated("deploy/kubernetes/daemonset/config.toml", DAEMONSET_NOTE), {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": agent_meta(NAME),
+        "data": {"config.toml": config},
+    })
+
+
+def host_path(name, path, kind, mount, read_only=True, propagation=None):
+    volume = {"name": name, "hostPath": {"path": path, "type": kind}}
+    m = {"name": name, "mountPath": mount, "readOnly": read_only}
+    if propagation:
+        m["mountPropagation"] = propagation
+    return volume, m
+
+
+def ds_daemonset(_label):
+    mounts = [
+        # gridd's lines: the node's journal, persistent or volatile, and the machine ID that
+        # names its directory.
+        host_path("journal", "/var/log/journal", "DirectoryOrCreate", "/var/log/journal"),
+        host_path("journal-run", "/run/log/journal", "DirectoryOrCreate", "/run/log/journal"),
+        host_path("machine-id", "/etc/machine-id", "File", "/etc/machine-id"),
+        # The driver container's root, mounted there by the operator while its pod runs:
+        # HostToContainer, so that a driver pod made again is seen without a restart.
+        host_path("nvidia", "/run/nvidia", "DirectoryOrCreate", "/run/nvidia",
+                  propagation="HostToContainer"),
+    ]
+    volumes = [v for v, _ in mounts] + [
+        {"name": "config", "configMap": {"name": NAME}},
+        {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "state", "emptyDir": {"sizeLimit": "1Mi"}},
+    ]
+    volume_mounts = [m for _, m in mounts] + [
+        {"name": "config", "mountPath": "/etc/vgpu-license-agent", "readOnly": True},
+        {"name": "run", "mountPath": "/run/vgpu-license-agent"},
+        {"name": "state", "mountPath": "/var/lib/vgpu-license-agent"},
+    ]
+    labels = {"app.kubernetes.io/name": NAME}
+    return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE +
+                          "\nThe image: `make image` builds it (packaging/build-image.sh); push it to\n"
+                          "your registry and set `image:` below to it.\n"
+                          "Privileged, as the GPU Operator's own validator is: nvidia-smi runs by chroot\n"
+                          "in the driver container's root and opens the GPU's device nodes. It holds no\n"
+                          "NVML handle between readings, so the operator's driver upgrades are never\n"
+                          "blocked by it. hostPID: gridd is found among the node's processes."), {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": agent_meta(NAME),
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "nodeSelector": dict(GPU_NODE_SELECTOR),
+                    "tolerations": [
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "vgpu-license-agent/unlicensed", "operator": "Exists",
+                         "effect": "NoSchedule"},
+                    ],
+                    "hostPID": True,
+                    "priorityClassName": "system-node-critical",
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [{
+                        "name": "agent",
+                        "image": agent_image(),
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": ["--config", "/etc/vgpu-license-agent/config.toml",
+                                 "run", "--log-stderr"],
+                        "env": [{"name": "NODE_NAME",
+                                 "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        "ports": [{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}],
+                        "resources": AGENT_RESOURCES,
+                        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
+                        "volumeMounts": volume_mounts,
+                    }],
+                    "volumes": volumes,
+                },
+            },
+        },
+    })
+
+
+def agent_scrape_note(where):
+    return ("Scrapes the agent's DaemonSet pods (deploy/kubernetes/daemonset/) %s:\n"
+            "series get job=%s and `node` (the Node's name)." % (where, JOB))
+
+
+AGENT_RELABEL = [
+    {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+     "targetLabel": "node"},
+    {"action": "replace", "targetLabel": "job", "replacement": JOB},
+]
+
+
+def agent_vmpodscrape(_label):
+    return dump(generated("deploy/kubernetes/generate.py",
+                          agent_scrape_note("in the namespace %s" % AGENT_NAMESPACE)), {
+        "apiVersion": "operator.victoriametrics.com/v1beta1",
+        "kind": "VMPodScrape",
+        "metadata": agent_meta(NAME + "-daemonset"),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "podMetricsEndpoints": [{
+                "port": "metrics",
+                "path": "/metrics",
+                "interval": SCRAPE_INTERVAL,
+                "scrapeTimeout": SCRAPE_TIMEOUT,
+                "relabelConfigs": AGENT_RELABEL,
+            }],
+        },
+    })
+
+
+def agent_podmonitor(_label):
+    return dump(generated("deploy/kubernetes/generate.py",
+                          agent_scrape_note("in the namespace %s" % AGENT_NAMESPACE) +
+                          "\nA kube-prometheus-stack Prometheus selects PodMonitors by its release's\n"
+                          "label: add it (e.g. `release: kube-prometheus-stack`) where yours does."), {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": agent_meta(NAME + "-daemonset"),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "podMetricsEndpoints": [{
+                "port": "metrics",
+                "path": "/metrics",
+                "interval": SCRAPE_INTERVAL,
+                "scrapeTimeout": SCRAPE_TIMEOUT,
+                "relabelings": AGENT_RELABEL,
+            }],
+        },
+    })
+
+
 OUTPUTS = {
     "cozystack/vmpodscrape.yaml": vmpodscrape,
     "cozystack/vmrule.yaml": vmrule,
     "prometheus-operator/podmonitor.yaml": podmonitor,
     "prometheus-operator/prometheusrule.yaml": prometheusrule,
     "grafana/grafanadashboard.yaml": grafanadashboard,
+    "daemonset/00-namespace.yaml": ds_namespace,
+    "daemonset/10-serviceaccount.yaml": ds_serviceaccount,
+    "daemonset/20-clusterrole.yaml": ds_clusterrole,
+    "daemonset/21-clusterrolebinding.yaml": ds_clusterrolebinding,
+    "daemonset/30-configmap.yaml": ds_configmap,
+    "daemonset/40-daemonset.yaml": ds_daemonset,
+    "cozystack/agent-vmpodscrape.yaml": agent_vmpodscrape,
+    "prometheus-operator/agent-podmonitor.yaml": agent_podmonitor,
 }
 
 
