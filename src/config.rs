@@ -33,6 +33,9 @@ pub struct Kubernetes {
     pub service_account_dir: PathBuf,
     /// The condition's `lastHeartbeatTime` is refreshed at least this often.
     pub heartbeat: Duration,
+    /// The NoSchedule taint `vgpu-license-agent/unlicensed` while the vGPU is unlicensed or
+    /// restricted (opt-in).
+    pub taint_unlicensed: bool,
 }
 
 /// `auto`, `on` or `off`.
@@ -161,6 +164,7 @@ impl Default for Settings {
                 node_name: None,
                 service_account_dir: "/var/run/secrets/kubernetes.io/serviceaccount".into(),
                 heartbeat: Duration::from_secs(240),
+                taint_unlicensed: false,
             },
             paths: Paths {
                 token_dir: "/etc/nvidia/ClientConfigToken".into(),
@@ -643,11 +647,8 @@ impl Settings {
             in_range("kubernetes.heartbeat_seconds", h, (5, 300))?;
             kube.heartbeat = Duration::from_secs(h);
         }
-        if k.taint_unlicensed == Some(true) {
-            return Err(
-                "kubernetes.taint_unlicensed = true: this version writes the VgpuLicensed condition only, not the taint; remove the key (or set it to false), and keep GPU work off unlicensed nodes by that condition"
-                    .into(),
-            );
+        if let Some(t) = k.taint_unlicensed {
+            kube.taint_unlicensed = t;
         }
         Ok(())
     }

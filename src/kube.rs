@@ -40,6 +40,8 @@ pub struct Api {
     pub node: String,
     /// `lastHeartbeatTime` is refreshed at least this often.
     heartbeat: Duration,
+    /// Whether the opt-in taint is kept (`kubernetes.taint_unlicensed`).
+    taint: bool,
 }
 
 #[derive(Clone)]
@@ -78,6 +80,7 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
             token,
             node: node()?,
             heartbeat: k.heartbeat,
+            taint: k.taint_unlicensed,
         }));
     }
     let sa = &k.service_account_dir;
@@ -110,6 +113,7 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
         token: Bearer::File(sa.join("token")),
         node: node()?,
         heartbeat: k.heartbeat,
+        taint: k.taint_unlicensed,
     }))
 }
 
@@ -213,8 +217,8 @@ impl Api {
         Ok(url)
     }
 
-    /// The condition as the Node has it now: its status and last transition.
-    async fn current(&self, client: &Client) -> anyhow::Result<Option<(String, String)>> {
+    /// The Node as the API has it now.
+    async fn get_node(&self, client: &Client) -> anyhow::Result<Value> {
         let resp = client
             .get(self.url(false)?)
             .bearer_auth(self.bearer()?)
@@ -229,8 +233,13 @@ impl Api {
             .bytes()
             .await
             .map_err(|e| anyhow!("GET node {}: {}", self.node, crate::http::chain(e)))?;
-        let node: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| anyhow!("GET node {}: not a Node: {e}", self.node))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow!("GET node {}: not a Node: {e}", self.node))
+    }
+
+    /// The condition as the Node has it now: its status and last transition.
+    async fn current(&self, client: &Client) -> anyhow::Result<Option<(String, String)>> {
+        let node = self.get_node(client).await?;
         Ok(node["status"]["conditions"]
             .as_array()
             .and_then(|c| c.iter().find(|c| c["type"] == TYPE))
@@ -243,6 +252,45 @@ impl Api {
                         .to_string(),
                 )
             }))
+    }
+
+    /// Puts the agent's taint on the Node, or takes it off (`want`), every other taint left
+    /// as it is: a merge patch of `spec.taints` made from the Node just read, sent with its
+    /// `resourceVersion`, so that a taint another writer added meanwhile is never lost (the
+    /// API answers 409, and the next try reads again). Returns whether it changed anything.
+    async fn sync_taint(&self, client: &Client, want: bool) -> anyhow::Result<bool> {
+        let node = self.get_node(client).await?;
+        let current = node["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let Some(taints) = crate::node_condition::taints(&current, want) else {
+            return Ok(false);
+        };
+        let body = json!({
+            "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+            "spec": {"taints": taints},
+        });
+        let resp = client
+            .patch(self.url(false)?)
+            .bearer_auth(self.bearer()?)
+            .header("Content-Type", "application/merge-patch+json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| anyhow!("PATCH node {}: {}", self.node, crate::http::chain(e)))?;
+        let code = resp.status();
+        if code.is_success() {
+            return Ok(true);
+        }
+        let fix = match code.as_u16() {
+            403 => {
+                " (with kubernetes.taint_unlicensed the service account needs patch on nodes: see deploy/kubernetes/daemonset-taint/)"
+            }
+            409 => " (the Node changed meanwhile: tried again)",
+            _ => "",
+        };
+        bail!("PATCH node {} (taint): HTTP {code}{fix}", self.node)
     }
 
     async fn patch(&self, client: &Client, body: &Value) -> anyhow::Result<()> {
@@ -273,6 +321,15 @@ impl Api {
         };
         bail!("PATCH node {}/status: HTTP {code}{why}{fix}", self.node)
     }
+}
+
+/// How long the node has been up (`/proc/uptime`); zero when it cannot be read.
+fn uptime() -> Duration {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(Duration::ZERO, Duration::from_secs_f64)
 }
 
 fn rfc3339(t: DateTime<Utc>) -> String {
@@ -314,6 +371,8 @@ pub async fn write_condition(
     // What the Node has: its condition's status and last transition (read once, then kept).
     let mut written: Option<(Condition, String)> = None;
     let mut known: Option<Option<(String, String)>> = None;
+    // Whether the Node carries the taint, as the agent last made it (`None`: not known).
+    let mut tainted: Option<bool> = None;
     let mut backoff = Duration::from_secs(5);
     let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
@@ -350,6 +409,22 @@ pub async fn write_condition(
                 _ => now.clone(),
             };
             api.patch(&client, &body(&cond, &transition, &now)).await?;
+            // Only when what it should be changed: a taint taken off by hand stays off
+            // until the license changes again.
+            let want = api.taint && crate::node_condition::wants_taint(&cond, uptime());
+            if api.taint && tainted != Some(want) {
+                if api.sync_taint(&client, want).await? {
+                    tracing::info!(
+                        "{} the taint {}:{} {} node {}",
+                        if want { "put" } else { "took" },
+                        crate::node_condition::TAINT_KEY,
+                        crate::node_condition::TAINT_EFFECT,
+                        if want { "on" } else { "off" },
+                        crate::text::escape(&api.node)
+                    );
+                }
+                tainted = Some(want);
+            }
             anyhow::Ok(transition)
         }
         .await;

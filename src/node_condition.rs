@@ -19,6 +19,38 @@ pub struct Condition {
     pub status: &'static str,
     pub reason: String,
     pub message: String,
+    /// The vGPU is unlicensed or restricted (what the opt-in taint keeps work off for); a
+    /// node without a driver, or that the agent cannot read, is not.
+    pub unlicensed: bool,
+}
+
+/// The opt-in taint's key and effect (`kubernetes.taint_unlicensed`).
+pub const TAINT_KEY: &str = "vgpu-license-agent/unlicensed";
+pub const TAINT_EFFECT: &str = "NoSchedule";
+
+/// How long after boot an unlicensed vGPU is still taken for gridd's first acquisition
+/// rather than a failure: no taint before.
+pub const TAINT_SETTLE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whether the node should carry the taint: unlicensed past the settling time after boot
+/// (`uptime`).
+pub fn wants_taint(c: &Condition, uptime: std::time::Duration) -> bool {
+    c.unlicensed && uptime >= TAINT_SETTLE
+}
+
+/// The Node's `spec.taints` with the agent's taint there or not (`want`), every other taint
+/// as it was; `None` when nothing changes.
+pub fn taints(current: &[serde_json::Value], want: bool) -> Option<Vec<serde_json::Value>> {
+    let ours = |t: &serde_json::Value| t["key"] == TAINT_KEY && t["effect"] == TAINT_EFFECT;
+    let has = current.iter().any(ours);
+    if has == want {
+        return None;
+    }
+    let mut out: Vec<serde_json::Value> = current.iter().filter(|t| !ours(t)).cloned().collect();
+    if want {
+        out.push(serde_json::json!({"key": TAINT_KEY, "effect": TAINT_EFFECT}));
+    }
+    Some(out)
 }
 
 /// `token_expired` -> `TokenExpired`.
@@ -70,12 +102,39 @@ pub fn of(report: &Report, status_line: &str) -> Option<Condition> {
         status,
         reason,
         message,
+        unlicensed: matches!(report.state, State::Unlicensed | State::Restricted),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_taint_is_added_and_removed_leaving_every_other_taint() {
+        let gpu = serde_json::json!({"key": "nvidia.com/gpu", "effect": "NoSchedule"});
+        let ours = serde_json::json!({"key": TAINT_KEY, "effect": TAINT_EFFECT});
+        // Another effect under our key is someone else's.
+        let other_effect = serde_json::json!({"key": TAINT_KEY, "effect": "NoExecute"});
+        let added = taints(&[gpu.clone(), other_effect.clone()], true).unwrap();
+        assert_eq!(added, vec![gpu.clone(), other_effect.clone(), ours.clone()]);
+        assert_eq!(taints(&added, true), None);
+        let removed = taints(&added, false).unwrap();
+        assert_eq!(removed, vec![gpu.clone(), other_effect]);
+        assert_eq!(taints(&[gpu], false), None);
+        let c = |unlicensed| Condition {
+            status: "False",
+            reason: "Unlicensed".into(),
+            message: String::new(),
+            unlicensed,
+        };
+        assert!(!wants_taint(
+            &c(true),
+            TAINT_SETTLE - std::time::Duration::from_secs(1)
+        ));
+        assert!(wants_taint(&c(true), TAINT_SETTLE));
+        assert!(!wants_taint(&c(false), TAINT_SETTLE * 10));
+    }
 
     #[test]
     fn reasons_are_camel_case() {

@@ -28,6 +28,11 @@ fn npd_condition() -> Value {
 /// A machine whose agent runs as in a pod of `api`'s cluster; its DLS answers from the start
 /// when `dls_up`.
 fn in_pod(api: &FakeApi, heartbeat: u64, dls_up: bool) -> (Machine, Agent) {
+    in_pod_with(api, heartbeat, dls_up, "")
+}
+
+/// [`in_pod`], with more keys of `[kubernetes]`.
+fn in_pod_with(api: &FakeApi, heartbeat: u64, dls_up: bool, kube: &str) -> (Machine, Agent) {
     let m = Machine::new(Setup::default());
     if !dls_up {
         m.dls.set_mode(Mode::Refusing);
@@ -38,7 +43,7 @@ fn in_pod(api: &FakeApi, heartbeat: u64, dls_up: bool) -> (Machine, Agent) {
     std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
     let config = m.config_text();
     m.write_config(&format!(
-        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = {heartbeat}\n",
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = {heartbeat}\n{kube}",
         sa.display()
     ));
     write_gridd_conf(&m);
@@ -220,5 +225,70 @@ fn scenario_status_npd_speaks_node_problem_detectors_protocol() {
             .unwrap()
             >= 200,
         "the line fits"
+    );
+}
+
+/// `kubernetes.taint_unlicensed = true`: the node carries `vgpu-license-agent/unlicensed:
+/// NoSchedule` while its vGPU is unlicensed (this machine is up far past the settling time),
+/// and loses it once licensed; another writer's taints, one added while the agent's was on
+/// included, stay as they are. Without the key, no taint is ever written.
+#[test]
+fn scenario_the_opt_in_taint_follows_the_license_and_leaves_other_taints() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);
+    let gpu = json!({"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"});
+    api.set_taints(NODE, json!([gpu.clone()]));
+    let (m, a) = in_pod_with(&api, 5, false, "taint_unlicensed = true\n");
+    let ours =
+        |t: &Value| t["key"] == "vgpu-license-agent/unlicensed" && t["effect"] == "NoSchedule";
+    sim::wait_for(
+        "the taint on the unlicensed node",
+        T,
+        || api.taints(NODE).iter().any(ours).then_some(()),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    assert!(api.taints(NODE).contains(&gpu), "{:?}", api.taints(NODE));
+    assert!(
+        api.requests().iter().any(|r| r.starts_with(&format!(
+            "PATCH /api/v1/nodes/{NODE} 200 application/merge-patch+json"
+        ))),
+        "{:?}",
+        api.requests()
+    );
+    // Another writer's taint, added while ours is on.
+    let drain = json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"});
+    let mut now = api.taints(NODE);
+    now.push(drain.clone());
+    api.set_taints(NODE, Value::Array(now));
+    // Licensed: ours goes, theirs stay.
+    m.dls.set_mode(Mode::Up);
+    sim::wait_for(
+        "the taint off the licensed node",
+        T,
+        || (!api.taints(NODE).iter().any(ours)).then_some(()),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    let left = api.taints(NODE);
+    assert!(left.contains(&gpu) && left.contains(&drain), "{left:?}");
+    assert!(
+        api.condition(NODE, "VgpuLicensed")
+            .is_some_and(|c| c["status"] == "True"),
+        "{:?}",
+        api.node(NODE)
+    );
+}
+
+#[test]
+fn scenario_without_the_key_no_taint_is_written() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);
+    let (_m, a) = in_pod(&api, 5, false);
+    wait_condition(&api, &a, "VgpuLicensed False", |c| c["status"] == "False");
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(api.taints(NODE).is_empty(), "{:?}", api.taints(NODE));
+    assert!(
+        !api.requests()
+            .iter()
+            .any(|r| r.starts_with(&format!("PATCH /api/v1/nodes/{NODE} "))),
+        "{:?}",
+        api.requests()
     );
 }

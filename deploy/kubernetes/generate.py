@@ -385,6 +385,31 @@ def ds_daemonset(_label):
     })
 
 
+TAINT_NOTE = ("Only for kubernetes.taint_unlicensed = true (set it in daemonset/30-configmap.yaml):\n"
+              "the agent then also patches its Node's spec.taints (its own taint only).\n"
+              "`kubectl apply -f deploy/kubernetes/daemonset-taint/` after daemonset/.")
+
+
+def taint_clusterrole(_label):
+    return dump(generated("deploy/kubernetes/generate.py", TAINT_NOTE), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": metadata(NAME + "-taint"),
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
+    })
+
+
+def taint_clusterrolebinding(_label):
+    return dump(generated("deploy/kubernetes/generate.py", TAINT_NOTE), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": metadata(NAME + "-taint"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": NAME + "-taint"},
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": AGENT_NAMESPACE}],
+    })
+
+
 def agent_scrape_note(where):
     return ("Scrapes the agent's DaemonSet pods (deploy/kubernetes/daemonset/) %s:\n"
             "series get job=%s and `node` (the Node's name)." % (where, JOB))
@@ -449,6 +474,8 @@ OUTPUTS = {
     "daemonset/21-clusterrolebinding.yaml": ds_clusterrolebinding,
     "daemonset/30-configmap.yaml": ds_configmap,
     "daemonset/40-daemonset.yaml": ds_daemonset,
+    "daemonset-taint/clusterrole.yaml": taint_clusterrole,
+    "daemonset-taint/clusterrolebinding.yaml": taint_clusterrolebinding,
     "cozystack/agent-vmpodscrape.yaml": agent_vmpodscrape,
     "prometheus-operator/agent-podmonitor.yaml": agent_podmonitor,
 }

@@ -6,8 +6,11 @@
 //! `application/strategic-merge-patch+json` (a list of conditions merges by its patch merge
 //! key, `type`: the entries named are replaced field by field, the others stay) and
 //! `application/merge-patch+json` (RFC 7386: a list is replaced whole). An unknown node is
-//! 404, another content type 415, and errors have the API's `Status` body. It can also
-//! forbid (403, as RBAC without `nodes/status` patch), be down (the port refuses) or slow.
+//! 404, another content type 415, and errors have the API's `Status` body. `PATCH
+//! /api/v1/nodes/{name}` (the Node itself: `spec.taints`, a list without a merge key, so
+//! replaced whole by either patch type) honours a `metadata.resourceVersion` in the patch as
+//! the API does: 409 Conflict when the Node changed since (every write moves it). It can
+//! also forbid (403, as RBAC without the patch verb), be down (the port refuses) or slow.
 
 #![allow(dead_code)]
 
@@ -138,6 +141,20 @@ impl FakeApi {
         merge_conditions(n, std::slice::from_ref(&condition));
     }
 
+    /// Another writer (an operator, a cluster autoscaler) changes the Node's taints.
+    pub fn set_taints(&self, node: &str, taints: Value) {
+        let mut nodes = self.inner.nodes.lock().unwrap();
+        let n = nodes.get_mut(node).unwrap();
+        n["spec"]["taints"] = taints;
+        bump(n);
+    }
+
+    pub fn taints(&self, node: &str) -> Vec<Value> {
+        self.node(node)
+            .and_then(|n| n["spec"]["taints"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
     pub fn requests(&self) -> Vec<String> {
         self.inner.requests.lock().unwrap().clone()
     }
@@ -156,7 +173,8 @@ impl Drop for FakeApi {
 pub fn node_object(name: &str, conditions: Vec<Value>) -> Value {
     json!({
         "kind": "Node", "apiVersion": "v1",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "metadata": {"name": name, "resourceVersion": "1",
+                     "labels": {"kubernetes.io/hostname": name}},
         "spec": {},
         "status": {"conditions": conditions},
     })
@@ -199,6 +217,15 @@ fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
         json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                "message": message, "reason": reason, "code": code}),
     )
+}
+
+/// Every write moves the Node's `resourceVersion`.
+fn bump(node: &mut Value) {
+    let v: u64 = node["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    node["metadata"]["resourceVersion"] = Value::String((v + 1).to_string());
 }
 
 /// Strategic merge of a conditions list: by `type`, field by field.
@@ -252,6 +279,34 @@ fn route(inner: &Inner, method: &str, path: &str, head: &str, body: &[u8]) -> (u
     };
     match (method, sub) {
         ("GET", "") | ("GET", "status") => (200, node.clone()),
+        ("PATCH", "") => {
+            let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+                return status(400, "BadRequest", "the body is not JSON");
+            };
+            let kind = header("content-type").unwrap_or_default();
+            if !matches!(
+                kind.split(';').next().unwrap_or_default().trim(),
+                "application/merge-patch+json" | "application/strategic-merge-patch+json"
+            ) {
+                return status(415, "UnsupportedMediaType", "unsupported media type");
+            }
+            if let Some(rv) = patch["metadata"]["resourceVersion"].as_str()
+                && node["metadata"]["resourceVersion"].as_str() != Some(rv)
+            {
+                return status(
+                    409,
+                    "Conflict",
+                    &format!(
+                        "Operation cannot be fulfilled on nodes \"{name}\": the object has been modified; please apply your changes to the latest version and try again"
+                    ),
+                );
+            }
+            if let Some(t) = patch["spec"].get("taints") {
+                node["spec"]["taints"] = t.clone();
+            }
+            bump(node);
+            (200, node.clone())
+        }
         ("PATCH", "status") => {
             let Ok(patch) = serde_json::from_slice::<Value>(body) else {
                 return status(400, "BadRequest", "the body is not JSON");
@@ -279,6 +334,7 @@ fn route(inner: &Inner, method: &str, path: &str, head: &str, body: &[u8]) -> (u
                     );
                 }
             }
+            bump(node);
             (200, node.clone())
         }
         _ => status(
