@@ -132,6 +132,21 @@ impl Remedy {
         Decision::Restart(why)
     }
 
+    /// The next moment after `now` at which [`Remedy::decide`] may answer otherwise with
+    /// nothing else changed: the grace's end, the backoff's, or a restart leaving the hour's
+    /// budget. `None` when none is ahead.
+    pub fn next_change(&self, cfg: &Service, now: f64) -> Option<f64> {
+        let grace = self
+            .unlicensed_since
+            .map(|s| s + cfg.restart_grace.as_secs_f64());
+        let leaves = self.restarts.front().map(|t| t + 3600.0);
+        [grace, Some(self.not_before), leaves]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .min_by(|a, b| a.total_cmp(b))
+    }
+
     /// Whether a restart now stays within the budget and the backoff: restarts the agent owes
     /// for other reasons (one that failed before) wait for this too.
     pub fn may_restart(&mut self, cfg: &Service, now: f64) -> bool {

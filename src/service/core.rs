@@ -774,10 +774,10 @@ impl Core {
         fx
     }
 
-    /// When [`Core::tick`] is next due: a report held back by the gap, every second while
-    /// something may change with time alone, and with a license held and no failure only at
-    /// the next deadline (at most one heartbeat away), so that an idle hour costs next to no
-    /// wakeups.
+    /// When [`Core::tick`] is next due: a report held back by the gap, else the next deadline
+    /// (nvidia-smi's turn, a unit check, a probe, the restart's grace or backoff), at most one
+    /// heartbeat away and at least a second, so that an idle hour, and a failing one, cost
+    /// a wakeup per deadline rather than one a second.
     pub fn next_wake(&self, now: Now) -> Duration {
         let mut wake = self.next_wake_but_token(now);
         // A restart owed for a new token is made when the journal said it would be.
@@ -797,15 +797,35 @@ impl Core {
                 .map_or(now.mono, |t| t + MIN_REPORT_GAP)
                 .max(now.mono);
         }
-        if !self.quiet() {
-            return now.mono + BUSY_TICK;
-        }
         // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
         // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
         let mut at = self.published.written + self.heartbeat;
         // A reading something asked for (a gridd line, a restart) keeps its own time.
-        if self.schedule.smi_for_event || self.settings.service.poll_licensed < self.heartbeat {
+        if self.schedule.smi_for_event
+            || self.settings.service.poll_licensed < self.heartbeat
+            || !self.quiet()
+        {
             at = at.min(self.schedule.smi);
+        }
+        if !self.quiet() {
+            // Without a license (or with a failure) the next step comes at one of these
+            // deadlines, each known; in between, nothing changes with time alone that a
+            // heartbeat late would matter for (a lease's or a token's warning, a notice's end).
+            let ahead = |t: Duration| (t > now.mono).then_some(t);
+            let remedy = self
+                .remedy
+                .next_change(&self.settings.service, secs(now))
+                .map(|t| Duration::from_secs_f64(t.max(0.0)));
+            for t in [
+                ahead(self.schedule.unit),
+                ahead(self.schedule.probe),
+                remedy.and_then(ahead),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                at = at.min(t);
+            }
         }
         at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
     }
