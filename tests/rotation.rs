@@ -394,3 +394,40 @@ fn scenario_an_adoption_killed_at_any_step_leaves_a_whole_token() {
         );
     }
 }
+
+/// A new token written in two writes beside the installed one (`cat > FILE`, scp, a config
+/// tool), with a pause between them longer than the agent's reaction to the first: the half
+/// file is not judged a stray and moved away under its writer; once whole, it is the
+/// rotation, adopted with one restart.
+#[test]
+fn scenario_a_token_being_written_is_not_moved_under_its_writer() {
+    use std::io::Write;
+    let (m, a) = licensed(Setup::default());
+    settle(&m, &a);
+    let before = m.restarts();
+    let new = new_token(&m, "in-two-writes");
+    let path = m.token_dir().join(DOWNLOAD);
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&new[..new.len() / 2]).unwrap();
+    f.flush().unwrap();
+    // Long enough for the watcher's event and a look at the directory.
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        path.exists(),
+        "the half-written file stays where its writer writes: {}",
+        a.context()
+    );
+    f.write_all(&new[new.len() / 2..]).unwrap();
+    drop(f);
+    sim::wait_for(
+        "the whole new token adopted",
+        T,
+        || (names(&m.token_dir()) == [DOWNLOAD] && m.restarts() > before).then_some(()),
+        || a.context(),
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), new, "{}", a.context());
+    assert!(
+        replaced(&m).iter().all(|(n, _)| n != DOWNLOAD),
+        "no part of the new token in replaced/"
+    );
+}
