@@ -448,22 +448,9 @@ const LEGACY_EOL: &str = "NVIDIA's legacy license server is end of life: move to
 /// Observations -> report.
 pub fn evaluate(obs: Observations) -> Report {
     let mut notes = Vec::new();
-    let gpus: Vec<Gpu> = obs
-        .smi
-        .as_ref()
-        .map(|s| {
-            s.gpus
-                .iter()
-                .map(|g| Gpu {
-                    bus_id: g.bus_id.clone(),
-                    profile: g.profile.clone(),
-                    virtualization_mode: g.virtualization_mode.clone(),
-                    license_status: g.license_status.clone(),
-                    edition: g.edition.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    // The observation's time, where it is exact: what the agent's own findings are dated.
+    let exact_at = obs.at.filter(|_| obs.at_is_exact).map(rfc3339);
+    let gpus = gpus_of(obs.smi.as_ref());
     let profile = gpus.iter().find_map(|g| g.profile.clone());
     let mode = licensing_mode(
         obs.token.as_ref(),
@@ -477,36 +464,13 @@ pub fn evaluate(obs: Observations) -> Report {
     let token_needed = !matches!(mode, LicensingMode::CloudProvider | LicensingMode::Legacy);
 
     // The log: events, the held lease, the failure.
-    let (mut log_events, log_state, log_failure, log_license, omitted) = match obs.log {
-        Some((fold, stats)) => {
-            let mut evs: Vec<GriddEvent> = fold.events.into_iter().collect();
-            resolve_years(&mut evs);
-            let state = if fold.unsupported {
-                Some(State::NotLicensable)
-            } else if let Some(h) = &fold.holding {
-                let valid = h.what.expiry.is_none_or(|exp| {
-                    lease_valid_at(h.stamp.as_ref(), exp, stats.last_stamp.as_ref())
-                });
-                Some(if valid {
-                    State::Licensed
-                } else {
-                    State::Unlicensed
-                })
-            } else if fold.license_lines > 0 {
-                // Something was said about the license and none is held.
-                Some(State::Unlicensed)
-            } else {
-                None
-            };
-            let license = fold.holding.as_ref().map(|h| License {
-                status: None,
-                edition: h.what.edition.clone(),
-                expiry: h.what.expiry.map(rfc3339),
-            });
-            (evs, state, fold.failure, license, fold.omitted)
-        }
-        None => (Vec::new(), None, None, None, 0),
-    };
+    let LogView {
+        events: mut log_events,
+        state: log_state,
+        failure: log_failure,
+        license: log_license,
+        omitted,
+    } = LogView::of(obs.log);
     let log_failure =
         log_failure.filter(|f| token_needed || f.what.reason != Some(Reason::TokenMissing));
     let log_failure = log_failure.filter(|f| {
@@ -542,22 +506,7 @@ pub fn evaluate(obs: Observations) -> Report {
         (None, Some(l)) => l,
         (None, None) => State::Unknown,
     };
-    let license = obs
-        .smi
-        .as_ref()
-        .and_then(|s| s.gpus.iter().find(|g| g.has_license_section))
-        .map(|g| License {
-            status: g.license_status.clone(),
-            edition: g.edition.clone(),
-            expiry: g
-                .license_status
-                .as_deref()
-                .and_then(|st| match classify_status(st) {
-                    LicenseStatus::Licensed(exp) => exp.map(rfc3339),
-                    _ => None,
-                }),
-        })
-        .or(log_license);
+    let license = smi_license(obs.smi.as_ref()).or(log_license);
 
     let dls_host = obs
         .token
@@ -589,65 +538,18 @@ pub fn evaluate(obs: Observations) -> Report {
                 advice(reason, dls_host.as_deref(), None, profile.as_deref())
             },
             message,
-            at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+            at: exact_at.clone(),
         }),
-        Some(Chosen::Log(f)) => Some({
-            let reason = f.what.reason.unwrap_or(Reason::Other);
-            // The year the event list found for it (from a later dated line).
-            let stamp = log_events
-                .iter()
-                .rev()
-                .find(|e| {
-                    e.message == f.message
-                        && e.stamp.map(|s| (s.month, s.day, s.secs))
-                            == f.stamp.map(|s| (s.month, s.day, s.secs))
-                })
-                .and_then(|e| e.stamp)
-                .or(f.stamp);
-            Failure {
-                reason,
-                advice: advice(
-                    reason,
-                    f.what.server.as_deref(),
-                    f.what.edition.as_deref(),
-                    profile.as_deref(),
-                ),
-                at: stamp.and_then(|s| s.at()),
-                message: f.message,
-            }
-        }),
+        Some(Chosen::Log(f)) => Some(log_failure_of(f, &log_events, profile.as_deref())),
         None => None,
     };
-    // What blocks what: no device, then the driver, then gridd, the token and the DLS. Without
-    // a device there is nothing to fix; without a driver the driver is the fix, and what else
-    // was found is listed, not the headline.
-    let failure = match state {
-        State::NoGpu => {
-            notes.push("No NVIDIA device is on this guest's PCI bus (vendor 0x10de): nothing to license here. A VM of this image with a vGPU is licensed as usual.".into());
-            None
-        }
-        State::NoDriver => {
-            let why = obs
-                .smi
-                .as_ref()
-                .and_then(|s| s.driver_error.clone())
-                .unwrap_or_else(|| "nvidia-smi lists no GPU".into());
-            if let Some(f) = &failure {
-                notes.push(format!(
-                    "Also found, to look at once the driver answers: {} ({})",
-                    f.reason.as_str(),
-                    f.message
-                ));
-            }
-            Some(Failure {
-                reason: Reason::DriverUnavailable,
-                advice: driver_advice(&why),
-                message: why,
-                at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
-            })
-        }
-        _ => failure,
-    };
+    let failure = blocking_first(
+        state,
+        failure,
+        obs.smi.as_ref(),
+        exact_at.clone(),
+        &mut notes,
+    );
     let failure = failure.map(|mut f| {
         if mode == LicensingMode::Legacy
             && let Some(a) = legacy_advice(f.reason, conf_server.as_deref())
@@ -661,12 +563,7 @@ pub fn evaluate(obs: Observations) -> Report {
     let failure = failure.or_else(|| {
         let why =
             source_rejected.filter(|_| !matches!(state, State::NoGpu | State::NotLicensable))?;
-        Some(Failure {
-            reason: Reason::TokenSourceRejected,
-            advice: advice(Reason::TokenSourceRejected, None, None, None),
-            message: why,
-            at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
-        })
+        Some(warning(Reason::TokenSourceRejected, why, exact_at.clone()))
     });
     // A file meant as a new token, refused while the installed token holds: a warning, so
     // that the operator who copied it does not believe the rotation went through.
@@ -675,12 +572,7 @@ pub fn evaluate(obs: Observations) -> Report {
             .token_rejected
             .clone()
             .filter(|_| !matches!(state, State::NoGpu | State::NotLicensable))?;
-        Some(Failure {
-            reason: Reason::TokenRejected,
-            advice: advice(Reason::TokenRejected, None, None, None),
-            message: why,
-            at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
-        })
+        Some(warning(Reason::TokenRejected, why, exact_at.clone()))
     });
     notes.extend(obs.token_notes.iter().cloned());
     let failure = failure.map(|mut f| {
@@ -690,14 +582,7 @@ pub fn evaluate(obs: Observations) -> Report {
         f
     });
     if let Some(node) = &obs.node {
-        if let Some(root) = &node.driver_root {
-            notes.push(format!(
-                "GPU Operator node: the driver and nvidia-gridd run in the operator's driver container (its root {root}); the agent only observes here: the operator owns the token, gridd.conf and gridd."
-            ));
-        }
-        if node.manage_refused {
-            notes.push("service.mode = \"manage\" is refused on a GPU Operator node: the agent observes. Set it to \"auto\" or \"observe\".".into());
-        }
+        notes.extend(node_notes(node));
     }
     // A lease held whose renewals have stalled: a warning while it still holds.
     let failure = failure.or_else(|| {
@@ -710,15 +595,7 @@ pub fn evaluate(obs: Observations) -> Report {
         })
     });
 
-    let expiry = license
-        .as_ref()
-        .and_then(|l| l.expiry.as_deref())
-        .and_then(|e| DateTime::parse_from_rfc3339(e).ok())
-        .map(|e| e.with_timezone(&Utc));
-    let expiring_soon = match (state, expiry, obs.at) {
-        (State::Licensed, Some(exp), Some(at)) => exp - at < obs.expiry_warning,
-        _ => false,
-    };
+    let expiring_soon = lease_expiring_soon(state, license.as_ref(), obs.at, obs.expiry_warning);
     // The token's own expiry: the next acquisition or renewal after it fails.
     let token_soon = obs
         .token
@@ -732,14 +609,11 @@ pub fn evaluate(obs: Observations) -> Report {
             crate::token::EXPIRY_WARNING_DAYS
         ));
     }
-    let exit_code = match state {
-        State::Licensed if failure.is_some() || expiring_soon || token_soon.is_some() => 1,
-        State::Licensed | State::NotLicensable | State::NoGpu => 0,
-        State::Unlicensed if failure.is_some() => 2,
-        State::Unlicensed => 1,
-        State::Restricted | State::NoDriver => 2,
-        State::Unknown => 3,
-    };
+    let exit_code = exit_code_of(
+        state,
+        failure.is_some(),
+        expiring_soon || token_soon.is_some(),
+    );
     if expiring_soon {
         notes.push(format!(
             "The lease expires within {} hours and has not been renewed.",
@@ -749,20 +623,12 @@ pub fn evaluate(obs: Observations) -> Report {
     Report {
         schema: SCHEMA.to_string(),
         state,
-        observed_at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+        observed_at: exact_at.clone(),
         license,
         gpus,
         events: log_events.drain(..).map(|e| event_of(&e)).collect(),
         failure,
-        dls: obs.token.map(|t| {
-            t.nodes
-                .iter()
-                .map(|n| DlsEndpoint {
-                    host: n.host.clone(),
-                    port: n.lease_port,
-                })
-                .collect()
-        }),
+        dls: obs.token.as_ref().map(dls_of),
         licensing_mode: Some(mode),
         events_omitted: omitted,
         notes,
@@ -775,6 +641,223 @@ pub fn evaluate(obs: Observations) -> Report {
             .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
     }
+}
+
+/// What blocks what: no device, then the driver, then gridd, the token and the DLS. Without
+/// a device there is nothing to fix; without a driver the driver is the fix, and what else
+/// was found is listed in `notes`, not the headline.
+fn blocking_first(
+    state: State,
+    failure: Option<Failure>,
+    smi: Option<&SmiSnapshot>,
+    at: Option<String>,
+    notes: &mut Vec<String>,
+) -> Option<Failure> {
+    match state {
+        State::NoGpu => {
+            notes.push("No NVIDIA device is on this guest's PCI bus (vendor 0x10de): nothing to license here. A VM of this image with a vGPU is licensed as usual.".into());
+            None
+        }
+        State::NoDriver => {
+            let why = smi
+                .and_then(|s| s.driver_error.clone())
+                .unwrap_or_else(|| "nvidia-smi lists no GPU".into());
+            if let Some(f) = &failure {
+                notes.push(format!(
+                    "Also found, to look at once the driver answers: {} ({})",
+                    f.reason.as_str(),
+                    f.message
+                ));
+            }
+            Some(Failure {
+                reason: Reason::DriverUnavailable,
+                advice: driver_advice(&why),
+                message: why,
+                at,
+            })
+        }
+        _ => failure,
+    }
+}
+
+/// Whether a lease held expires within `expiry_warning` of the observation (`at`).
+fn lease_expiring_soon(
+    state: State,
+    license: Option<&License>,
+    at: Option<DateTime<Utc>>,
+    expiry_warning: chrono::Duration,
+) -> bool {
+    let expiry = license
+        .and_then(|l| l.expiry.as_deref())
+        .and_then(|e| DateTime::parse_from_rfc3339(e).ok())
+        .map(|e| e.with_timezone(&Utc));
+    match (state, expiry, at) {
+        (State::Licensed, Some(exp), Some(at)) => exp - at < expiry_warning,
+        _ => false,
+    }
+}
+
+/// The GPUs as the report lists them.
+fn gpus_of(smi: Option<&SmiSnapshot>) -> Vec<Gpu> {
+    smi.map(|s| {
+        s.gpus
+            .iter()
+            .map(|g| Gpu {
+                bus_id: g.bus_id.clone(),
+                profile: g.profile.clone(),
+                virtualization_mode: g.virtualization_mode.clone(),
+                license_status: g.license_status.clone(),
+                edition: g.edition.clone(),
+            })
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// What gridd's log says: its events (years resolved), the state its lines show, its
+/// failure, the lease it holds, and how many events were left out.
+struct LogView {
+    events: Vec<GriddEvent>,
+    state: Option<State>,
+    failure: Option<GriddEvent>,
+    license: Option<License>,
+    omitted: u64,
+}
+
+impl LogView {
+    fn of(log: Option<(LogFold, ScanStats)>) -> LogView {
+        let Some((fold, stats)) = log else {
+            return LogView {
+                events: Vec::new(),
+                state: None,
+                failure: None,
+                license: None,
+                omitted: 0,
+            };
+        };
+        let mut events: Vec<GriddEvent> = fold.events.into_iter().collect();
+        resolve_years(&mut events);
+        let state = if fold.unsupported {
+            Some(State::NotLicensable)
+        } else if let Some(h) = &fold.holding {
+            let valid = h
+                .what
+                .expiry
+                .is_none_or(|exp| lease_valid_at(h.stamp.as_ref(), exp, stats.last_stamp.as_ref()));
+            Some(if valid {
+                State::Licensed
+            } else {
+                State::Unlicensed
+            })
+        } else if fold.license_lines > 0 {
+            // Something was said about the license and none is held.
+            Some(State::Unlicensed)
+        } else {
+            None
+        };
+        let license = fold.holding.as_ref().map(|h| License {
+            status: None,
+            edition: h.what.edition.clone(),
+            expiry: h.what.expiry.map(rfc3339),
+        });
+        LogView {
+            events,
+            state,
+            failure: fold.failure,
+            license,
+            omitted: fold.omitted,
+        }
+    }
+}
+
+/// The license as nvidia-smi shows it (the first GPU with a license section).
+fn smi_license(smi: Option<&SmiSnapshot>) -> Option<License> {
+    smi.and_then(|s| s.gpus.iter().find(|g| g.has_license_section))
+        .map(|g| License {
+            status: g.license_status.clone(),
+            edition: g.edition.clone(),
+            expiry: g
+                .license_status
+                .as_deref()
+                .and_then(|st| match classify_status(st) {
+                    LicenseStatus::Licensed(exp) => exp.map(rfc3339),
+                    _ => None,
+                }),
+        })
+}
+
+/// The failure a line of gridd's says, dated with the year the event list found for it
+/// (from a later dated line).
+fn log_failure_of(f: GriddEvent, events: &[GriddEvent], profile: Option<&str>) -> Failure {
+    let reason = f.what.reason.unwrap_or(Reason::Other);
+    let stamp = events
+        .iter()
+        .rev()
+        .find(|e| {
+            e.message == f.message
+                && e.stamp.map(|s| (s.month, s.day, s.secs))
+                    == f.stamp.map(|s| (s.month, s.day, s.secs))
+        })
+        .and_then(|e| e.stamp)
+        .or(f.stamp);
+    Failure {
+        reason,
+        advice: advice(
+            reason,
+            f.what.server.as_deref(),
+            f.what.edition.as_deref(),
+            profile,
+        ),
+        at: stamp.and_then(|s| s.at()),
+        message: f.message,
+    }
+}
+
+/// A warning of the agent's own (a refused token or rotation) while the license holds.
+fn warning(reason: Reason, message: String, at: Option<String>) -> Failure {
+    Failure {
+        reason,
+        advice: advice(reason, None, None, None),
+        message,
+        at,
+    }
+}
+
+/// What a GPU Operator node's report says of it.
+fn node_notes(node: &NodeSeen) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(root) = &node.driver_root {
+        notes.push(format!(
+            "GPU Operator node: the driver and nvidia-gridd run in the operator's driver container (its root {root}); the agent only observes here: the operator owns the token, gridd.conf and gridd."
+        ));
+    }
+    if node.manage_refused {
+        notes.push("service.mode = \"manage\" is refused on a GPU Operator node: the agent observes. Set it to \"auto\" or \"observe\".".into());
+    }
+    notes
+}
+
+/// The monitoring exit code: 0 OK, 1 warning, 2 critical, 3 unknown.
+fn exit_code_of(state: State, failing: bool, expiring: bool) -> u8 {
+    match state {
+        State::Licensed if failing || expiring => 1,
+        State::Licensed | State::NotLicensable | State::NoGpu => 0,
+        State::Unlicensed if failing => 2,
+        State::Unlicensed => 1,
+        State::Restricted | State::NoDriver => 2,
+        State::Unknown => 3,
+    }
+}
+
+/// The DLS endpoints a token names.
+fn dls_of(t: &Token) -> Vec<DlsEndpoint> {
+    t.nodes
+        .iter()
+        .map(|n| DlsEndpoint {
+            host: n.host.clone(),
+            port: n.lease_port,
+        })
+        .collect()
 }
 
 /// The state nvidia-smi alone shows.

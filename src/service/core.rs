@@ -547,62 +547,10 @@ impl Core {
         self.published.dirty = true;
         match event {
             Event::JournalRestarted => self.seen.fold = LogFold::new(MAX_EVENTS),
-            Event::Gridd(e) => {
-                let kind = e.what.kind;
-                if matches!(kind, EventKind::Acquired | EventKind::Renewed) {
-                    // What the probe found was about the failure this license ended.
-                    self.probing.failure = None;
-                }
-                self.seen.fold.push(*e);
-                // Read nvidia-smi right after gridd says something (coalesced).
-                self.schedule
-                    .smi_soon(now.mono + Duration::from_millis(300));
-                // A start or stop changes the unit's state; and a line from gridd while
-                // systemd was last heard saying it is not running means that answer is old.
-                if kind == EventKind::Started {
-                    self.busy.unit.gridd_moved();
-                }
-                if matches!(kind, EventKind::Started | EventKind::Shutdown)
-                    || matches!(self.seen.unit, Some(Err(_)))
-                {
-                    self.check_unit(&mut fx);
-                }
-            }
+            Event::Gridd(e) => self.on_gridd(*e, now, &mut fx),
             Event::Smi(read) => self.on_smi(read, now),
-            Event::Unit(u) => {
-                let own_work = self.busy.own_work();
-                let not_running = matches!(u, Some(Err(_)));
-                let (believed, again) = self.busy.unit.answered(not_running, own_work);
-                // One set aside is asked again once the agent's own restart is over (at once
-                // if it is over already).
-                if believed {
-                    self.seen.unit = u;
-                }
-                if again {
-                    self.check_unit(&mut fx);
-                }
-            }
-            Event::Token(t) => {
-                self.busy.token = false;
-                if std::mem::take(&mut self.busy.token_again) {
-                    // Changed again meanwhile: looked at again after a short gap, so that a
-                    // burst of changes is a few looks, not one after another for its length.
-                    self.schedule.token_read = Some(now.mono + TOKEN_READ_GAP);
-                }
-                if self
-                    .seen
-                    .token
-                    .as_ref()
-                    .is_some_and(|old| !same_token(old, &t))
-                {
-                    // A new token is news: a vague failure is probed again at once, and what
-                    // the last probe found was about the old token's DLS.
-                    self.probing.last = None;
-                    self.probing.failure = None;
-                    self.published.dirty = true;
-                }
-                self.seen.token = Some(t);
-            }
+            Event::Unit(u) => self.on_unit(u, &mut fx),
+            Event::Token(t) => self.on_token(t, now),
             Event::LegacyServer(s) => self.seen.legacy_server = s,
             Event::TokenDirChanged => {
                 self.read_token(&mut fx);
@@ -610,95 +558,177 @@ impl Core {
             }
             Event::Node(n) => self.node_seen(*n, now, &mut fx),
             Event::NodeCondition(outcome) => self.condition_written(outcome),
-            Event::Adopted(result) => {
-                self.busy.adopt = false;
-                // Only a failure whose undo changed the directory (a full disk, say) waits: a
-                // token or a directory refused as it stands (cloud-init still writing it, a
-                // FIFO at the token path) changes nothing, and the next change is looked at
-                // at once.
-                self.adoption.failed = match &result {
-                    Err(AdoptError::Other(_)) => Some(now.mono),
-                    _ => None,
-                };
-                // The source's verdict stands until the next adoption says otherwise (a good
-                // rotation, or the source fixed back to the installed token).
-                let rejected = match &result {
-                    Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
-                    Err(AdoptError::Superseded | AdoptError::Settling(_)) => {
-                        self.adoption.source_rejected.clone()
-                    }
-                    _ => None,
-                };
-                if rejected != self.adoption.source_rejected {
-                    self.published.dirty = true;
-                }
-                self.adoption.source_rejected = rejected;
-                self.adoption.source_read = true;
-                if let Ok(o) = &result {
-                    self.adoption.took(o, now);
-                    self.published.dirty |= o.changed();
-                }
-                if result.as_ref().is_ok_and(|o| o.changed()) {
-                    self.read_token(&mut fx);
-                }
-                let restarted = result
-                    .as_ref()
-                    .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
-                self.adopted(result, now);
-                self.own_work_ended(restarted, &mut fx);
-                if std::mem::take(&mut self.adoption.again) {
-                    self.adopt(now, &mut fx);
-                }
-            }
-            Event::Restarted(result) => {
-                self.busy.restart = false;
-                // Whether gridd runs now is asked once the agent's own work is over.
-                self.busy.unit.after_own_work();
-                self.own_work_ended(true, &mut fx);
-                match result {
-                    Ok(()) => {
-                        self.counters.gridd_restarts += 1;
-                        info!(
-                            message_id = message_ids::GRIDD_RESTARTED,
-                            "restarted nvidia-gridd"
-                        );
-                    }
-                    Err(why) => error!(
-                        "restarting nvidia-gridd failed: {}",
-                        crate::text::escape(&why)
-                    ),
-                }
-                // A restarted gridd's failure is news: probe it at once.
-                self.probing.last = None;
-                self.schedule.smi_soon(now.mono + Duration::from_secs(1));
-            }
-            Event::Probed { verdict, skew } => {
-                self.busy.probe = false;
-                if skew.is_some() {
-                    self.counters.clock_skew_seconds = skew;
-                }
-                self.probing.failure = verdict;
-            }
+            Event::Adopted(result) => self.on_adopted(result, now, &mut fx),
+            Event::Restarted(result) => self.on_restarted(result, now, &mut fx),
+            Event::Probed { verdict, skew } => self.on_probed(verdict, skew),
             Event::Reloaded(s) => self.reload(*s, now),
-            Event::LastShutdown(record) => {
-                if let Some(r) = record.as_ref().filter(|r| !r.lease_returned) {
-                    warn!(
-                        "the previous shutdown left the lease held on the DLS until it expires: {}",
-                        crate::text::escape(&r.message)
-                    );
-                }
-                self.seen.last_shutdown = record;
-            }
-            Event::CloneDetected(c) => {
-                warn!(
-                    message_id = message_ids::CLONE_DETECTED,
-                    "{}",
-                    crate::text::escape(&c.message())
-                );
-                self.seen.clone = Some(*c);
-            }
+            Event::LastShutdown(record) => self.on_last_shutdown(record),
+            Event::CloneDetected(c) => self.on_clone(*c),
         }
         fx
+    }
+
+    /// A line of gridd's: into the fold, nvidia-smi read right after, and systemd asked
+    /// where the unit's state may have moved.
+    fn on_gridd(&mut self, e: GriddEvent, now: Now, fx: &mut Vec<Effect>) {
+        let kind = e.what.kind;
+        if matches!(kind, EventKind::Acquired | EventKind::Renewed) {
+            // What the probe found was about the failure this license ended.
+            self.probing.failure = None;
+        }
+        self.seen.fold.push(e);
+        // Read nvidia-smi right after gridd says something (coalesced).
+        self.schedule
+            .smi_soon(now.mono + Duration::from_millis(300));
+        // A start or stop changes the unit's state; and a line from gridd while systemd was
+        // last heard saying it is not running means that answer is old.
+        if kind == EventKind::Started {
+            self.busy.unit.gridd_moved();
+        }
+        if matches!(kind, EventKind::Started | EventKind::Shutdown)
+            || matches!(self.seen.unit, Some(Err(_)))
+        {
+            self.check_unit(fx);
+        }
+    }
+
+    /// systemd's answer about gridd's unit: believed unless the agent's own work was under
+    /// way, which asks again once it is over.
+    fn on_unit(&mut self, u: Option<Result<(), String>>, fx: &mut Vec<Effect>) {
+        let own_work = self.busy.own_work();
+        let not_running = matches!(u, Some(Err(_)));
+        let (believed, again) = self.busy.unit.answered(not_running, own_work);
+        // One set aside is asked again once the agent's own restart is over (at once if it
+        // is over already).
+        if believed {
+            self.seen.unit = u;
+        }
+        if again {
+            self.check_unit(fx);
+        }
+    }
+
+    /// The token as read: a new one is news for the probe.
+    fn on_token(&mut self, t: Result<Token, TokenProblem>, now: Now) {
+        self.busy.token = false;
+        if std::mem::take(&mut self.busy.token_again) {
+            // Changed again meanwhile: looked at again after a short gap, so that a burst of
+            // changes is a few looks, not one after another for its length.
+            self.schedule.token_read = Some(now.mono + TOKEN_READ_GAP);
+        }
+        if self
+            .seen
+            .token
+            .as_ref()
+            .is_some_and(|old| !same_token(old, &t))
+        {
+            // A new token is news: a vague failure is probed again at once, and what the
+            // last probe found was about the old token's DLS.
+            self.probing.last = None;
+            self.probing.failure = None;
+            self.published.dirty = true;
+        }
+        self.seen.token = Some(t);
+    }
+
+    /// An adoption's outcome: the source's verdict, what it changed, the restart it made.
+    fn on_adopted(
+        &mut self,
+        result: Result<Box<Outcome>, AdoptError>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
+        self.busy.adopt = false;
+        // Only a failure whose undo changed the directory (a full disk, say) waits: a token
+        // or a directory refused as it stands (cloud-init still writing it, a FIFO at the
+        // token path) changes nothing, and the next change is looked at at once.
+        self.adoption.failed = match &result {
+            Err(AdoptError::Other(_)) => Some(now.mono),
+            _ => None,
+        };
+        // The source's verdict stands until the next adoption says otherwise (a good
+        // rotation, or the source fixed back to the installed token).
+        let rejected = match &result {
+            Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
+            Err(AdoptError::Superseded | AdoptError::Settling(_)) => {
+                self.adoption.source_rejected.clone()
+            }
+            _ => None,
+        };
+        if rejected != self.adoption.source_rejected {
+            self.published.dirty = true;
+        }
+        self.adoption.source_rejected = rejected;
+        self.adoption.source_read = true;
+        if let Ok(o) = &result {
+            self.adoption.took(o, now);
+            self.published.dirty |= o.changed();
+        }
+        if result.as_ref().is_ok_and(|o| o.changed()) {
+            self.read_token(fx);
+        }
+        let restarted = result
+            .as_ref()
+            .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
+        self.adopted(result, now);
+        self.own_work_ended(restarted, fx);
+        if std::mem::take(&mut self.adoption.again) {
+            self.adopt(now, fx);
+        }
+    }
+
+    /// The agent's restart of gridd ended: counted or said, and its failure probed anew.
+    fn on_restarted(&mut self, result: Result<(), String>, now: Now, fx: &mut Vec<Effect>) {
+        self.busy.restart = false;
+        // Whether gridd runs now is asked once the agent's own work is over.
+        self.busy.unit.after_own_work();
+        self.own_work_ended(true, fx);
+        match result {
+            Ok(()) => {
+                self.counters.gridd_restarts += 1;
+                info!(
+                    message_id = message_ids::GRIDD_RESTARTED,
+                    "restarted nvidia-gridd"
+                );
+            }
+            Err(why) => error!(
+                "restarting nvidia-gridd failed: {}",
+                crate::text::escape(&why)
+            ),
+        }
+        // A restarted gridd's failure is news: probe it at once.
+        self.probing.last = None;
+        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+    }
+
+    /// A probe of the DLS ended: its verdict, and the clock skew it measured.
+    fn on_probed(&mut self, verdict: Option<Finding>, skew: Option<f64>) {
+        self.busy.probe = false;
+        if skew.is_some() {
+            self.counters.clock_skew_seconds = skew;
+        }
+        self.probing.failure = verdict;
+    }
+
+    /// What the previous boot's journal says of its end.
+    fn on_last_shutdown(&mut self, record: Option<crate::shutdown::LastShutdown>) {
+        if let Some(r) = record.as_ref().filter(|r| !r.lease_returned) {
+            warn!(
+                "the previous shutdown left the lease held on the DLS until it expires: {}",
+                crate::text::escape(&r.message)
+            );
+        }
+        self.seen.last_shutdown = record;
+    }
+
+    /// A clone found at boot: said once, and kept for the report.
+    fn on_clone(&mut self, c: crate::identity::CloneDetected) {
+        warn!(
+            message_id = message_ids::CLONE_DETECTED,
+            "{}",
+            crate::text::escape(&c.message())
+        );
+        self.seen.clone = Some(c);
     }
 
     /// What is due at `now`: periodic reads, the report, a restart or a probe.
@@ -1202,6 +1232,36 @@ impl Core {
 
     /// Makes the report and says where it goes.
     fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let obs = self.observations(now);
+        let report = self.report_of(obs);
+        self.log_new_failure(&report);
+        let previous = self.published.report.as_ref().map(|r| r.state);
+        if previous != Some(report.state) {
+            log_state_change(&report, previous);
+        }
+        let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+        json.push(b'\n');
+        self.counters.driver_version = self
+            .seen
+            .smi
+            .as_ref()
+            .and_then(|s| s.driver_version.clone());
+        let metrics_text = metrics::render(&report, &self.counters);
+        let write = self
+            .published
+            .made_at(now.mono, self.heartbeat, &report, &metrics_text);
+        let webhook = previous.is_some() && previous != Some(report.state);
+        fx.push(Effect::Publish(Box::new(Publication {
+            report,
+            json,
+            metrics: metrics_text,
+            write,
+            webhook,
+        })));
+    }
+
+    /// What the service has seen, as the observations a report is made of.
+    fn observations(&mut self, now: Now) -> crate::state::Observations {
         let smi = match (&self.seen.smi, &self.seen.smi_error) {
             (_, Some(failed)) => failed.clone().into_snapshot(),
             (Some(s), None) => s.clone(),
@@ -1265,6 +1325,12 @@ impl Core {
             .and_then(|t| t.as_ref().ok())
             .and_then(|t| t.expires)
             .map(|e| e.timestamp());
+        obs
+    }
+
+    /// The report of `obs`, with what only the service knows (its pid, the last shutdown, a
+    /// clone found at boot, since when its own finding holds).
+    fn report_of(&self, obs: crate::state::Observations) -> Report {
         let mut report = evaluate(obs);
         report.agent_pid = Some(std::process::id());
         report.last_shutdown.clone_from(&self.seen.last_shutdown);
@@ -1290,7 +1356,11 @@ impl Core {
         {
             f.at = Some(crate::time::rfc3339(*since));
         }
-        // A new failure: counted once, logged with its catalog entry.
+        report
+    }
+
+    /// A new failure: counted once, logged with its catalog entry.
+    fn log_new_failure(&mut self, report: &Report) {
         let key = report.failure.as_ref().map(|f| {
             (
                 f.reason,
@@ -1299,7 +1369,7 @@ impl Core {
         });
         // With a token source, no token before the source is read is not yet a failure: the
         // source may bring one.
-        let premature = f_is_missing(&report)
+        let premature = f_is_missing(report)
             && self.settings.paths.token_source.is_some()
             && !self.adoption.source_read;
         if let Some(f) = &report.failure
@@ -1319,29 +1389,6 @@ impl Core {
         if !premature {
             self.failure_key = key;
         }
-        let previous = self.published.report.as_ref().map(|r| r.state);
-        if previous != Some(report.state) {
-            log_state_change(&report, previous);
-        }
-        let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
-        json.push(b'\n');
-        self.counters.driver_version = self
-            .seen
-            .smi
-            .as_ref()
-            .and_then(|s| s.driver_version.clone());
-        let metrics_text = metrics::render(&report, &self.counters);
-        let write = self
-            .published
-            .made_at(now.mono, self.heartbeat, &report, &metrics_text);
-        let webhook = previous.is_some() && previous != Some(report.state);
-        fx.push(Effect::Publish(Box::new(Publication {
-            report,
-            json,
-            metrics: metrics_text,
-            write,
-            webhook,
-        })));
     }
 
     /// Remedy: restart gridd when that can help, probe the DLS when a failure says nothing
