@@ -53,6 +53,12 @@ fn header(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# TYPE {name} {kind}");
 }
 
+/// A metric of one series without labels: its header and its value.
+fn one(o: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    header(o, name, kind, help);
+    let _ = writeln!(o, "{name} {value}");
+}
+
 /// The one series that carries what only the guest knows about itself, so that a fleet's
 /// queries can join it (`* on (instance) group_left (profile) vgpu_license_guest_info`)
 /// instead of every series carrying these labels (a driver update would then start a new
@@ -113,19 +119,91 @@ pub fn guest_labels(report: &Report, c: &Counters) -> Vec<(&'static str, String)
 /// Renders the metrics.
 pub fn render(report: &Report, c: &Counters) -> String {
     let mut o = String::with_capacity(2048);
-    header(
+    one(
         &mut o,
         "vgpu_license_licensed",
         "gauge",
         "1 when a vGPU license is held, else 0.",
+        u8::from(report.state == State::Licensed),
     );
-    let _ = writeln!(
-        o,
-        "vgpu_license_licensed {}",
-        u8::from(report.state == State::Licensed)
+    state(&mut o, report);
+    failures(&mut o, report, c);
+    one(
+        &mut o,
+        "vgpu_license_gridd_restarts_total",
+        "counter",
+        "Restarts of nvidia-gridd made by the agent.",
+        c.gridd_restarts,
     );
+    if let Some(skew) = c.clock_skew_seconds {
+        one(
+            &mut o,
+            "vgpu_license_dls_clock_skew_seconds",
+            "gauge",
+            "Guest clock minus the DLS's clock, last measured, in seconds.",
+            skew,
+        );
+    }
+    if let Some(last) = &report.last_shutdown {
+        last_shutdown(&mut o, last);
+    }
+    if let Some(exp) = c.token_expiry {
+        one(
+            &mut o,
+            "vgpu_license_token_expiry_timestamp_seconds",
+            "gauge",
+            "The installed client configuration token's expiry (exp), Unix time.",
+            exp,
+        );
+    }
+    if !c.mode.is_empty() {
+        header(
+            &mut o,
+            "vgpu_license_agent_info",
+            "gauge",
+            "Always 1; the agent's version, whether it manages or only observes, and where the driver runs (host or gpu_operator).",
+        );
+        let _ = writeln!(
+            o,
+            "vgpu_license_agent_info{{version=\"{}\",mode=\"{}\",driver=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            c.mode,
+            c.driver
+        );
+    }
+    one(
+        &mut o,
+        "vgpu_license_node_condition_errors_total",
+        "counter",
+        "Failed writes of the Node condition VgpuLicensed (API down, 403).",
+        c.node_condition_errors,
+    );
+    one(
+        &mut o,
+        "vgpu_license_token_rejected",
+        "gauge",
+        "1 while a file dropped in the token directory (or the token source) was refused and the refusal is recent, else 0.",
+        u8::from(c.token_rejected),
+    );
+    per_gpu(&mut o, report);
     header(
         &mut o,
+        GUEST_INFO,
+        "gauge",
+        "Always 1; its labels say what only the guest knows: vGPU profile, driver version, edition, licensing (dls, cls, cloud_provider or legacy).",
+    );
+    let labels: Vec<String> = guest_labels(report, c)
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
+        .collect();
+    let _ = writeln!(o, "{GUEST_INFO}{{{}}} 1", labels.join(","));
+    o
+}
+
+/// The state, one series each, and the lease's expiry.
+fn state(o: &mut String, report: &Report) {
+    header(
+        o,
         "vgpu_license_state",
         "gauge",
         "1 for the current license state, 0 for the others.",
@@ -144,23 +222,22 @@ pub fn render(report: &Report, c: &Counters) -> String {
         .and_then(|l| l.expiry.as_deref())
         .and_then(|e| DateTime::parse_from_rfc3339(e).ok());
     if let Some(exp) = expiry {
-        header(
-            &mut o,
+        one(
+            o,
             "vgpu_license_expiry_timestamp_seconds",
             "gauge",
             "Expiry of the lease, Unix time.",
-        );
-        let _ = writeln!(
-            o,
-            "vgpu_license_expiry_timestamp_seconds {}",
-            exp.timestamp()
+            exp.timestamp(),
         );
     }
-    // The failure the report shows now, as `vgpu_license_state` shows the state: a fleet's
-    // "which guests fail, and why" is a sum over this, where the counter below only says that
-    // a failure was seen.
+}
+
+/// The failure the report shows now, as `vgpu_license_state` shows the state: a fleet's
+/// "which guests fail, and why" is a sum over this, where the counter after it only says
+/// that a failure was seen.
+fn failures(o: &mut String, report: &Report, c: &Counters) {
     header(
-        &mut o,
+        o,
         "vgpu_license_failure",
         "gauge",
         "1 for the reason of the failure the agent reports now, 0 for the others (all 0 without one).",
@@ -175,7 +252,7 @@ pub fn render(report: &Report, c: &Counters) -> String {
         );
     }
     header(
-        &mut o,
+        o,
         "vgpu_license_failures_total",
         "counter",
         "Licensing failures seen, by reason.",
@@ -187,98 +264,10 @@ pub fn render(report: &Report, c: &Counters) -> String {
             r.as_str()
         );
     }
-    header(
-        &mut o,
-        "vgpu_license_gridd_restarts_total",
-        "counter",
-        "Restarts of nvidia-gridd made by the agent.",
-    );
-    let _ = writeln!(o, "vgpu_license_gridd_restarts_total {}", c.gridd_restarts);
-    if let Some(skew) = c.clock_skew_seconds {
-        header(
-            &mut o,
-            "vgpu_license_dls_clock_skew_seconds",
-            "gauge",
-            "Guest clock minus the DLS's clock, last measured, in seconds.",
-        );
-        let _ = writeln!(o, "vgpu_license_dls_clock_skew_seconds {skew}");
-    }
-    if let Some(last) = &report.last_shutdown {
-        header(
-            &mut o,
-            "vgpu_license_last_return_success",
-            "gauge",
-            "1 when nvidia-gridd returned its lease at the last shutdown, 0 when the lease was left held on the DLS.",
-        );
-        let _ = writeln!(
-            o,
-            "vgpu_license_last_return_success {}",
-            u8::from(last.lease_returned)
-        );
-        if let Some(at) = last
-            .at
-            .as_deref()
-            .and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok())
-        {
-            header(
-                &mut o,
-                "vgpu_license_last_shutdown_timestamp_seconds",
-                "gauge",
-                "The time of that shutdown (gridd's last line of the previous boot), Unix time.",
-            );
-            let _ = writeln!(
-                o,
-                "vgpu_license_last_shutdown_timestamp_seconds {}",
-                at.timestamp()
-            );
-        }
-    }
-    if let Some(exp) = c.token_expiry {
-        header(
-            &mut o,
-            "vgpu_license_token_expiry_timestamp_seconds",
-            "gauge",
-            "The installed client configuration token's expiry (exp), Unix time.",
-        );
-        let _ = writeln!(o, "vgpu_license_token_expiry_timestamp_seconds {exp}");
-    }
-    if !c.mode.is_empty() {
-        header(
-            &mut o,
-            "vgpu_license_agent_info",
-            "gauge",
-            "Always 1; the agent's version, whether it manages or only observes, and where the driver runs (host or gpu_operator).",
-        );
-        let _ = writeln!(
-            o,
-            "vgpu_license_agent_info{{version=\"{}\",mode=\"{}\",driver=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION"),
-            c.mode,
-            c.driver
-        );
-    }
-    header(
-        &mut o,
-        "vgpu_license_node_condition_errors_total",
-        "counter",
-        "Failed writes of the Node condition VgpuLicensed (API down, 403).",
-    );
-    let _ = writeln!(
-        o,
-        "vgpu_license_node_condition_errors_total {}",
-        c.node_condition_errors
-    );
-    header(
-        &mut o,
-        "vgpu_license_token_rejected",
-        "gauge",
-        "1 while a file dropped in the token directory (or the token source) was refused and the refusal is recent, else 0.",
-    );
-    let _ = writeln!(
-        o,
-        "vgpu_license_token_rejected {}",
-        u8::from(c.token_rejected)
-    );
+}
+
+/// `vgpu_license_gpu_licensed`, one series per GPU whose license status nvidia-smi shows.
+fn per_gpu(o: &mut String, report: &Report) {
     let per_gpu: Vec<_> = report
         .gpus
         .iter()
@@ -286,7 +275,7 @@ pub fn render(report: &Report, c: &Counters) -> String {
         .collect();
     if !per_gpu.is_empty() {
         header(
-            &mut o,
+            o,
             "vgpu_license_gpu_licensed",
             "gauge",
             "Per GPU: 1 when its License Status says licensed, else 0.",
@@ -307,18 +296,30 @@ pub fn render(report: &Report, c: &Counters) -> String {
             );
         }
     }
-    header(
-        &mut o,
-        GUEST_INFO,
+}
+
+/// What the previous boot's last shutdown did with the lease.
+fn last_shutdown(o: &mut String, last: &crate::shutdown::LastShutdown) {
+    one(
+        o,
+        "vgpu_license_last_return_success",
         "gauge",
-        "Always 1; its labels say what only the guest knows: vGPU profile, driver version, edition, licensing (dls, cls, cloud_provider or legacy).",
+        "1 when nvidia-gridd returned its lease at the last shutdown, 0 when the lease was left held on the DLS.",
+        u8::from(last.lease_returned),
     );
-    let labels: Vec<String> = guest_labels(report, c)
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
-        .collect();
-    let _ = writeln!(o, "{GUEST_INFO}{{{}}} 1", labels.join(","));
-    o
+    if let Some(at) = last
+        .at
+        .as_deref()
+        .and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok())
+    {
+        one(
+            o,
+            "vgpu_license_last_shutdown_timestamp_seconds",
+            "gauge",
+            "The time of that shutdown (gridd's last line of the previous boot), Unix time.",
+            at.timestamp(),
+        );
+    }
 }
 
 /// The content type of [`render`]'s text.
