@@ -386,33 +386,69 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
     let host = bare_host(host);
     let mut p = NodeProbe::new(host, port);
     p.proxy = via.map(Proxy::to_string);
-    let push = |p: &mut NodeProbe, name, started: Instant, r: Result<String, String>| {
+    // A name from a token (or gridd.conf) goes into request lines: one that is no host name
+    // (a line break, a space) fails here, before anything is sent.
+    let t = Instant::now();
+    if let Err(why) = host_names(host, via) {
+        p.push(StepName::Dns, t, Err(why));
+        return p;
+    }
+    let t = Instant::now();
+    let (dns, addrs) = dns_step(host, port, via, timeout);
+    if !p.push(StepName::Dns, t, dns) {
+        return p;
+    }
+    let t = Instant::now();
+    let Some(mut sock) = tcp_step(&mut p, &addrs, host, port, via, timeout, t) else {
+        return p;
+    };
+    let t = Instant::now();
+    let Some(mut conn) = tls_step(&mut p, &mut sock, host, timeout, t) else {
+        return p;
+    };
+    let t = Instant::now();
+    let https = https_step(&mut p, &mut conn, &mut sock, host, port, timeout, t);
+    p.push(StepName::Https, t, https);
+    conn.send_close_notify();
+    let _ = flush(&mut conn, &mut sock);
+    p
+}
+
+impl NodeProbe {
+    /// Records a step that began at `started`; whether it passed.
+    fn push(&mut self, name: StepName, started: Instant, r: Result<String, String>) -> bool {
         let ok = r.is_ok();
-        p.steps.push(Step {
+        self.steps.push(Step {
             name,
             ok,
             detail: r.unwrap_or_else(|e| e),
             elapsed_ms: ms(started),
         });
         ok
-    };
+    }
+}
 
-    // A name from a token (or gridd.conf) goes into request lines: one that is no host name
-    // (a line break, a space) fails here, before anything is sent.
-    let t = Instant::now();
+/// The DLS's and the proxy's names, checked to be host names or IP addresses.
+fn host_names(host: &str, via: Option<&Proxy>) -> Result<(), String> {
     for name in std::iter::once(host).chain(via.map(|v| v.host.as_str())) {
         if !is_host_name(name) {
-            let why = format!(
+            return Err(format!(
                 "{} is not a host name or an IP address",
                 crate::text::escape(name)
-            );
-            push(&mut p, StepName::Dns, t, Err(why));
-            return p;
+            ));
         }
     }
+    Ok(())
+}
 
-    // DNS (of the proxy, when there is one: the proxy resolves the DLS's name)
-    let t = Instant::now();
+/// DNS (of the proxy, when there is one: the proxy resolves the DLS's name): the step's
+/// outcome and the addresses found.
+fn dns_step(
+    host: &str,
+    port: u16,
+    via: Option<&Proxy>,
+    timeout: Duration,
+) -> (Result<String, String>, Vec<SocketAddr>) {
     let (first, first_port, whose) = match via {
         Some(v) => (v.host.as_str(), v.port, "proxy "),
         None => (host, port, ""),
@@ -430,18 +466,25 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
         Err(e) if via.is_some() => Err(format!("{whose}{first}: {e}")),
         Err(e) => Err(e.clone()),
     };
-    if !push(&mut p, StepName::Dns, t, dns) {
-        return p;
-    }
-    let addrs = addrs.unwrap_or_default();
+    (dns, addrs.unwrap_or_default())
+}
 
-    // TCP
-    let t = Instant::now();
-    let mut sock = match connect(&addrs, timeout) {
+/// TCP to the DLS (or to the proxy, and a tunnel through it): the connection, or `None`
+/// when the step failed (recorded in `p`).
+fn tcp_step(
+    p: &mut NodeProbe,
+    addrs: &[SocketAddr],
+    host: &str,
+    port: u16,
+    via: Option<&Proxy>,
+    timeout: Duration,
+    t: Instant,
+) -> Option<TcpStream> {
+    let mut sock = match connect(addrs, timeout) {
         Ok(s) => s,
         Err(e) => {
-            push(&mut p, StepName::Tcp, t, Err(e));
-            return p;
+            p.push(StepName::Tcp, t, Err(e));
+            return None;
         }
     };
     let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -470,12 +513,18 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
             Err(Tunnel::Broken(e)) => Err(format!("proxy {v}: {e}")),
         },
     };
-    if !push(&mut p, StepName::Tcp, t, tcp) {
-        return p;
-    }
+    p.push(StepName::Tcp, t, tcp).then_some(sock)
+}
 
-    // TLS
-    let t = Instant::now();
+/// The TLS handshake, the certificate and version recorded in `p`: the connection, or
+/// `None` when the step failed.
+fn tls_step(
+    p: &mut NodeProbe,
+    sock: &mut TcpStream,
+    host: &str,
+    timeout: Duration,
+    t: Instant,
+) -> Option<ClientConnection> {
     let deadline = t + timeout;
     let provider = rustls::crypto::ring::default_provider();
     let recorder = Arc::new(Recorder {
@@ -494,12 +543,12 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
     let mut conn = match setup {
         Ok(c) => c,
         Err(e) => {
-            push(&mut p, StepName::Tls, t, Err(e));
-            return p;
+            p.push(StepName::Tls, t, Err(e));
+            return None;
         }
     };
     let _ = sock.set_write_timeout(Some(timeout));
-    let shaken = handshake(&mut conn, &mut sock, deadline);
+    let shaken = handshake(&mut conn, sock, deadline);
     let chain = recorder.chain.lock().map(|c| c.clone()).unwrap_or_default();
     let cert = (!chain.is_empty()).then(|| cert_info(&chain));
     if let Some(Ok(c)) = &cert {
@@ -507,8 +556,8 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
     }
     match shaken {
         Err(e) => {
-            push(&mut p, StepName::Tls, t, Err(e.text(timeout)));
-            return p;
+            p.push(StepName::Tls, t, Err(e.text(timeout)));
+            None
         }
         Ok(()) => {
             let version = conn
@@ -528,22 +577,27 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
                 Some(Err(e)) => e,
                 None => "no certificate".into(),
             };
-            push(
-                &mut p,
-                StepName::Tls,
-                t,
-                Ok(format!("{version}{cipher}, {about}")),
-            );
+            p.push(StepName::Tls, t, Ok(format!("{version}{cipher}, {about}")));
+            Some(conn)
         }
     }
+}
 
-    // HTTPS
-    let t = Instant::now();
+/// The HTTPS request, and the DLS's clock from its Date header (recorded in `p`).
+fn https_step(
+    p: &mut NodeProbe,
+    conn: &mut ClientConnection,
+    sock: &mut TcpStream,
+    host: &str,
+    port: u16,
+    timeout: Duration,
+    t: Instant,
+) -> Result<String, String> {
     let deadline = t + timeout;
     let sent_utc = Utc::now();
-    let head = get_head(&mut conn, &mut sock, host, port, deadline);
+    let head = get_head(conn, sock, host, port, deadline);
     let rtt = t.elapsed();
-    let https = match head {
+    match head {
         Err(Stop::Closed) => Err("the server closed the connection without answering".into()),
         Err(e) => Err(e.text(timeout)),
         Ok(head) => match parse_head(&head) {
@@ -582,11 +636,7 @@ pub fn probe_node_via(host: &str, port: u16, via: Option<&Proxy>, timeout: Durat
                 }
             }
         },
-    };
-    push(&mut p, StepName::Https, t, https);
-    conn.send_close_notify();
-    let _ = flush(&mut conn, &mut sock);
-    p
+    }
 }
 
 /// The measured clock skew worth reporting: the largest in size among the nodes that gave
