@@ -686,7 +686,7 @@ pub fn make_unique_dir_in(parent: &File, name: &str, mode: u32) -> io::Result<(F
 
 /// Opens `name` in the directory open as `dir` for reading, never through a link, with
 /// `extra` flags (`O_DIRECTORY`, `O_NONBLOCK`).
-fn open_in<P: ?Sized + nix::NixPath>(
+pub(crate) fn open_in<P: ?Sized + nix::NixPath>(
     dir: &File,
     name: &P,
     extra: nix::fcntl::OFlag,

@@ -75,6 +75,17 @@ impl Identity {
     }
 }
 
+/// This boot's ID, as the kernel gives it (`None` where it cannot be read).
+pub fn boot_id() -> Option<String> {
+    let id = input::read_text(
+        Path::new("/proc/sys/kernel/random/boot_id"),
+        64,
+        Links::Refuse,
+    )
+    .ok()?;
+    Some(id.trim().to_string()).filter(|s| !s.is_empty())
+}
+
 /// Whether `/etc/machine-id` is the transient one systemd makes at each boot of a stateless
 /// image (an empty or missing `/etc/machine-id`): it mounts a new ID over the file, from
 /// `/run/machine-id`, so the file is a mount point (`proc/self/mountinfo`, read below `root`).

@@ -271,37 +271,52 @@ impl Api {
             "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
             "spec": {"taints": taints},
         });
-        let resp = client
-            .patch(self.url(false)?)
-            .bearer_auth(self.bearer()?)
-            .header("Content-Type", "application/merge-patch+json")
-            .body(body.to_string())
-            .send()
-            .await
-            .map_err(|e| anyhow!("PATCH node {}: {}", self.node, crate::http::chain(e)))?;
-        let code = resp.status();
-        if code.is_success() {
-            return Ok(true);
-        }
-        let fix = match code.as_u16() {
-            403 => {
-                " (with kubernetes.taint_unlicensed the service account needs patch on nodes: see deploy/kubernetes/daemonset-taint/)"
-            }
-            409 => " (the Node changed meanwhile: tried again)",
-            _ => "",
-        };
-        bail!("PATCH node {} (taint): HTTP {code}{fix}", self.node)
+        self.send_patch(
+            client,
+            false,
+            "application/merge-patch+json",
+            &body,
+            " (with kubernetes.taint_unlicensed the service account needs patch on nodes: see deploy/kubernetes/daemonset-taint/)",
+        )
+        .await?;
+        Ok(true)
     }
 
     async fn patch(&self, client: &Client, body: &Value) -> anyhow::Result<()> {
+        self.send_patch(
+            client,
+            true,
+            "application/strategic-merge-patch+json",
+            body,
+            " (the service account needs patch on nodes/status: see deploy/kubernetes/)",
+        )
+        .await
+    }
+
+    /// PATCHes the Node (`status`: its status subresource) with `body` of `content_type`;
+    /// an error answer is one line: the code, the API's message, and `fix_403` where RBAC
+    /// refused it.
+    async fn send_patch(
+        &self,
+        client: &Client,
+        status: bool,
+        content_type: &str,
+        body: &Value,
+        fix_403: &str,
+    ) -> anyhow::Result<()> {
+        let what = format!(
+            "PATCH node {}{}",
+            self.node,
+            if status { "/status" } else { "" }
+        );
         let resp = client
-            .patch(self.url(true)?)
+            .patch(self.url(status)?)
             .bearer_auth(self.bearer()?)
-            .header("Content-Type", "application/strategic-merge-patch+json")
+            .header("Content-Type", content_type)
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| anyhow!("PATCH node {}/status: {}", self.node, crate::http::chain(e)))?;
+            .map_err(|e| anyhow!("{what}: {}", crate::http::chain(e)))?;
         let code = resp.status();
         if code.is_success() {
             return Ok(());
@@ -314,12 +329,13 @@ impl Api {
             .and_then(|v| v["message"].as_str().map(String::from))
             .map(|m| format!(": {}", crate::text::escape(&m)))
             .unwrap_or_default();
-        let fix = if code.as_u16() == 403 {
-            " (the service account needs patch on nodes/status: see deploy/kubernetes/)"
-        } else {
-            ""
+        let fix = match code.as_u16() {
+            403 => fix_403,
+            // Written with the resourceVersion read just before: the next try reads again.
+            409 => " (the Node changed meanwhile: tried again)",
+            _ => "",
         };
-        bail!("PATCH node {}/status: HTTP {code}{why}{fix}", self.node)
+        bail!("{what}: HTTP {code}{why}{fix}")
     }
 }
 

@@ -118,13 +118,7 @@ fn open_root() -> io::Result<File> {
 
 /// Opens directory `name` in `dir`, never through a link.
 fn step<P: ?Sized + nix::NixPath>(dir: &File, name: &P) -> io::Result<File> {
-    let fd = nix::fcntl::openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    Ok(File::from(fd))
+    crate::fsutil::open_in(dir, name, OFlag::O_DIRECTORY)
 }
 
 /// Replaces `path` with `bytes` at `mode`, atomically for readers and without a sync (the

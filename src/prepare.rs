@@ -539,13 +539,6 @@ fn search_places(settings: &Settings, req: &Request, config: &Path) -> Vec<PathB
     files
 }
 
-fn boot_id() -> Option<String> {
-    fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-}
-
 /// Readies the image. `config` is the agent's config file (already below the root for
 /// `--root`), for its drop-ins.
 pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Result<Prepared> {
@@ -675,7 +668,11 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
     // The record that this image was prepared, for the clone's first boot.
     let marker = ImagePrepared {
         at: crate::time::rfc3339(Utc::now()),
-        boot_id: if req.root.is_none() { boot_id() } else { None },
+        boot_id: if req.root.is_none() {
+            crate::identity::boot_id()
+        } else {
+            None
+        },
     };
     let path = marker_path(&paths.state_dir);
     if let Some(parent) = path.parent()

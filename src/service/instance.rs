@@ -6,7 +6,6 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -93,17 +92,6 @@ struct Restarts {
     monotonic_seconds: Vec<f64>,
 }
 
-/// This boot's ID, as the kernel gives it.
-fn boot_id() -> Option<String> {
-    let id = crate::input::read_text(
-        Path::new("/proc/sys/kernel/random/boot_id"),
-        64,
-        crate::input::Links::Refuse,
-    )
-    .ok()?;
-    Some(id.trim().to_string())
-}
-
 /// The system's monotonic clock, in seconds (the clock of [`std::time::Instant`]).
 pub fn monotonic_now() -> f64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
@@ -118,7 +106,7 @@ pub fn load_restarts(settings: &Settings, start: f64) -> Vec<f64> {
         return Vec::new();
     };
     match serde_json::from_slice::<Restarts>(&bytes) {
-        Ok(r) if Some(&r.boot_id) == boot_id().as_ref() => r
+        Ok(r) if Some(&r.boot_id) == crate::identity::boot_id().as_ref() => r
             .monotonic_seconds
             .iter()
             .filter(|t| t.is_finite())
@@ -130,7 +118,7 @@ pub fn load_restarts(settings: &Settings, start: f64) -> Vec<f64> {
 
 /// Keeps `restarts` (seconds on the clock that started at `start`) for the next run.
 pub fn save_restarts(settings: &Settings, start: f64, restarts: &[f64]) -> std::io::Result<()> {
-    let Some(boot_id) = boot_id() else {
+    let Some(boot_id) = crate::identity::boot_id() else {
         return Ok(());
     };
     let kept = Restarts {
