@@ -24,7 +24,8 @@ deb:
 rpm:
 	bash rpm/build.sh
 
-image:
+# The release build first: an image of an old target/dist/ binary would not say so.
+image: all
 	bash packaging/build-image.sh
 
 .PHONY: all install deb rpm image

@@ -9,7 +9,9 @@
 # into target/image/vgpu-license-agent-VERSION.oci.tar (an OCI archive: `podman load -i`,
 # `skopeo copy oci-archive:... docker://REGISTRY/...`), and prints its size and digest.
 #
-#   bash packaging/build-image.sh        (as root; needs buildah, binutils)
+#   make image                           (the release build first, then this)
+#   bash packaging/build-image.sh        (as root; needs buildah, binutils; takes the
+#                                         target/dist/ binary as it is, built when missing)
 #
 # Options, for tests: --binary PATH (another build of the agent), --tag NAME (the image's
 # name, default localhost/vgpu-license-agent:VERSION), --output DIR (default target/image).
