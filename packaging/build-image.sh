@@ -8,6 +8,8 @@
 #   /etc/vgpu-license-agent/config.toml   the DaemonSet's config (its ConfigMap overrides it)
 # into target/image/vgpu-license-agent-VERSION.oci.tar (an OCI archive: `podman load -i`,
 # `skopeo copy oci-archive:... docker://REGISTRY/...`), and prints its size and digest.
+# buildah works in a container storage of its own, removed at the end: the archive is the
+# product, and the machine's /var/lib/containers is left as it was.
 #
 #   make image                           (the release build first, then this)
 #   bash packaging/build-image.sh        (as root; needs buildah, binutils; takes the
@@ -52,12 +54,21 @@ done
 [ -x "$BINARY" ] || die "$BINARY: no such program"
 
 ROOTFS=$(mktemp -d)
+STORE=$(mktemp -d)
 CTR=
 cleanup() {
 	[ -z "$CTR" ] || buildah rm "$CTR" >/dev/null 2>&1 || true
-	rm -rf "$ROOTFS"
+	rm -rf "$ROOTFS" "$STORE"
 }
 trap cleanup EXIT
+# vfs: plain directories, no mounts to undo, wherever the temporary directory lies.
+cat >"$STORE/storage.conf" <<EOF
+[storage]
+driver = "vfs"
+graphroot = "$STORE/graph"
+runroot = "$STORE/run"
+EOF
+export CONTAINERS_STORAGE_CONF=$STORE/storage.conf
 
 # Every library a program loads, at its own path (the loader included).
 libraries_of() {

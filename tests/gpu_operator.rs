@@ -237,41 +237,50 @@ fn scenario_the_driver_pod_going_away_and_coming_back_is_followed() {
     assert_eq!(m.restarts(), 0, "{}", a.context());
 }
 
-/// An image of the test's own, removed again with everything podman made of it (its OCI
-/// archive goes with its directory).
+/// An image of the test's own, in a container storage of the test's own (podman's images,
+/// containers and state under `dir`, removed with it): the machine's /var/lib/containers and
+/// /run/libpod are left as they were.
 struct Image {
     tag: String,
     dir: tempfile::TempDir,
 }
 
-impl Drop for Image {
-    fn drop(&mut self) {
-        let _ = Command::new("podman")
-            .args(["rmi", "--force", &self.tag])
-            .output();
-        let _ = self.dir.path();
+impl Image {
+    /// podman on this storage.
+    fn podman(&self) -> Command {
+        let dir = self.dir.path();
+        let mut cmd = Command::new("podman");
+        cmd.arg("--root")
+            .arg(dir.join("storage"))
+            .arg("--runroot")
+            .arg(dir.join("run"))
+            .arg("--tmpdir")
+            .arg(dir.join("libpod"))
+            .args(["--storage-driver", "vfs"]);
+        cmd
     }
-}
 
-/// podman as this machine runs it: runc with cgroupfs, and limits the sandbox can set.
-fn podman_run(args: &[&str]) -> std::process::Output {
-    Command::new("podman")
-        .args([
-            "--runtime",
-            "runc",
-            "--cgroup-manager",
-            "cgroupfs",
-            "run",
-            "--rm",
-            "--network=none",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=4096:4096",
-        ])
-        .args(args)
-        .output()
-        .unwrap()
+    /// `podman run` as this machine runs it: runc with cgroupfs, and limits the sandbox can
+    /// set.
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        self.podman()
+            .args([
+                "--runtime",
+                "runc",
+                "--cgroup-manager",
+                "cgroupfs",
+                "run",
+                "--rm",
+                "--network=none",
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=4096:4096",
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    }
 }
 
 /// The agent's OCI image (`make image`, here with this build's binary), run by podman as the
@@ -308,6 +317,18 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
         String::from_utf8_lossy(&built.stderr)
     );
     assert!(said.contains("digest sha256:"), "{said}");
+    let archive = image.dir.path().join(format!(
+        "vgpu-license-agent-{}.oci.tar",
+        env!("CARGO_PKG_VERSION")
+    ));
+    let loaded = image
+        .podman()
+        .arg("load")
+        .arg("-i")
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(loaded.status.success(), "podman load: {loaded:?}");
 
     let (m, a) = node(Machine::token);
     a.wait_state("licensed", T);
@@ -343,7 +364,7 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
         ]);
     }
     args.extend([image.tag.clone(), "status".into(), "--json".into()]);
-    let out = podman_run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = image.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}{err}", String::from_utf8_lossy(&out.stdout)));
@@ -361,7 +382,7 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
         ("/usr/bin/journalctl", "--version"),
         ("/usr/sbin/chroot", "--version"),
     ] {
-        let out = podman_run(&["--entrypoint", program, &image.tag, arg]);
+        let out = image.run(&["--entrypoint", program, &image.tag, arg]);
         assert!(out.status.success(), "{program}: {out:?}");
     }
 }
