@@ -44,7 +44,7 @@ fn cli(m: &Machine, args: &[&str]) -> (Option<i32>, String, String) {
         .arg("--config")
         .arg(&m.config)
         .args(args)
-        .env("SIM_DIR", "/sim")
+        .env("SIM_DIR", sim_dir(m))
         .output()
         .unwrap();
     (
@@ -65,10 +65,15 @@ fn node(token: impl FnOnce(&Machine) -> Vec<u8>) -> (Machine, Agent) {
     let t = token(&m);
     sim::write_mode(&m.token_path(), &t, 0o644);
     m.start_gridd();
-    // nvidia-smi in the driver root finds the simulator's state at its /sim.
-    let a = Agent::start_with_env(&m, &[("SIM_DIR", std::ffi::OsStr::new("/sim"))]);
+    let a = Agent::start_with_env(&m, &[("SIM_DIR", sim_dir(&m).as_os_str())]);
     a.wait_status("a report", T, |_| true);
     (m, a)
+}
+
+/// The sim dir as the driver container names it: nvidia-smi run in its root finds the
+/// simulator's state there.
+fn sim_dir(m: &Machine) -> &Path {
+    m.container_sim().expect("a GPU Operator node")
 }
 
 fn driver_root(m: &Machine) -> PathBuf {
@@ -79,6 +84,11 @@ fn driver_root(m: &Machine) -> PathBuf {
 fn scenario_gpu_operator_node_licensed_is_observed_and_said() {
     let (m, a) = node(Machine::token);
     let before = snapshot(&driver_root(&m).join("etc"));
+    // The container's gridd: in a mount namespace of its own, in the node's PID namespace.
+    let gridd = m.gridd_pid().expect("gridd runs");
+    let ns = |pid: &str, ns: &str| std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
+    assert_ne!(ns(&gridd.to_string(), "mnt"), ns("self", "mnt"));
+    assert_eq!(ns(&gridd.to_string(), "pid"), ns("self", "pid"));
     let v = a.wait_status("licensed, observed", T, |v| {
         v["state"] == "licensed" && v["failure"].is_null()
     });
@@ -167,6 +177,65 @@ fn scenario_gpu_operator_node_failures_are_fixed_in_the_operators_terms() {
     );
     assert!(!out.contains("systemctl"), "no unit to act on here:\n{out}");
     assert_eq!(m.restarts(), 0);
+
+    // The advice's check of the Secret's token, run as printed from its pipe on (kubectl's
+    // part prints the Secret's base64 value): it tells the expired token and one that is no
+    // token from the one that works, before a driver pod is made again for nothing.
+    let check = secret_check(advice);
+    let expired = std::fs::read(m.token_path()).unwrap();
+    let (code, out) = check(&expired);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("EXPIRED"), "{out}");
+    let (code, out) = check(b"<html>404 Not Found</html>");
+    assert_ne!(code, Some(0), "{out}");
+    let (code, out) = check(&m.token());
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("127.0.0.1"), "the DLS it names: {out}");
+}
+
+/// The advice's check of the Secret's token: the shell pipe after `kubectl ... get secret`,
+/// with this build's agent, given the token that the Secret holds.
+fn secret_check(advice: &str) -> impl Fn(&[u8]) -> (Option<i32>, String) {
+    let start = advice
+        .find("kubectl -n gpu-operator get secret")
+        .expect(advice);
+    let end = start + advice[start..].find(';').expect(advice);
+    let pipe = &advice[start..end];
+    assert!(
+        pipe.contains("-o jsonpath='{.data.client_configuration_token\\.tok}'"),
+        "{pipe}"
+    );
+    let rest = pipe.split_once(" | ").expect(pipe).1.replace(
+        "vgpu-license-agent",
+        env!("CARGO_BIN_EXE_vgpu-license-agent"),
+    );
+    move |token: &[u8]| {
+        use base64::Engine;
+        let secret_value = base64::engine::general_purpose::STANDARD.encode(token);
+        let mut child = Command::new("sh")
+            .args(["-c", &rest])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(secret_value.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
 }
 
 #[test]
@@ -352,7 +421,7 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
             conf.path().display()
         ),
         "-e".into(),
-        "SIM_DIR=/sim".into(),
+        format!("SIM_DIR={}", sim_dir(&m).display()),
     ];
     // The node's journal, empty: this machine's holds other tests' gridds of this boot, which
     // the real journalctl in the image would read as this node's.

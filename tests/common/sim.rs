@@ -349,6 +349,22 @@ fn copy_into_root(root: &Path, from: &Path, at: &Path) {
     fs::copy(fs::canonicalize(from).unwrap(), &to).unwrap();
 }
 
+/// A program copied into `root` at `at`, with the libraries it loads at their own paths.
+fn copy_with_libraries(root: &Path, program: &Path, at: &Path) {
+    copy_into_root(root, program, at);
+    let ldd = Command::new("ldd").arg(program).output().expect("ldd runs");
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        let lib = line
+            .split("=>")
+            .last()
+            .and_then(|s| s.split_whitespace().next())
+            .filter(|s| s.starts_with('/'));
+        if let Some(lib) = lib {
+            copy_into_root(root, Path::new(lib), Path::new(lib));
+        }
+    }
+}
+
 fn write_script(path: &Path, text: &str) {
     write_mode(path, text.as_bytes(), 0o755);
 }
@@ -566,8 +582,54 @@ pub struct Machine {
     pub gridd_match: String,
     /// The simulated gridd's program, as this machine's gridd is started by every path.
     gridd_bin: PathBuf,
+    /// A GPU Operator node's driver container, where its gridd runs.
+    container: Option<ContainerSim>,
     token_node: Option<(String, u16)>,
     lock: Flock<fs::File>,
+}
+
+/// The GPU Operator's driver container as the node sees it: its root shared at the driver
+/// root, gridd started in it once by its entrypoint, in a mount namespace of its own whose `/`
+/// is that root and whose `/dev/log` is the node's (the DaemonSet mounts it in), in the node's
+/// PID namespace (`hostPID: true`). The simulated gridd and nvidia-smi are copied in at the
+/// real ones' paths, with the libraries they load.
+struct ContainerSim {
+    root: PathBuf,
+    /// The sim dir, as the container names it.
+    sim: PathBuf,
+}
+
+impl ContainerSim {
+    const GRIDD: &str = "/usr/bin/nvidia-gridd";
+
+    /// A container path, as the node sees it.
+    fn host(&self, at: &Path) -> PathBuf {
+        self.root.join(at.strip_prefix("/").unwrap_or(at))
+    }
+
+    /// The program the node sees run as gridd, and the journal match of its lines.
+    fn gridd_identity(&self) -> (PathBuf, String) {
+        let m = format!("_CMDLINE={} --sim-dir {}", Self::GRIDD, self.sim.display());
+        (self.host(Path::new(Self::GRIDD)), m)
+    }
+
+    /// The entrypoint's `nvidia-gridd`: `unshare` makes the mount namespace (and `exec`s, so
+    /// the pid is gridd's), mounts the node's journal socket at the container's `/dev/log`,
+    /// and enters the root.
+    fn gridd_command(&self) -> Command {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
+            .arg(
+                "mount --bind /run/systemd/journal/dev-log \"$1/dev/log\" && \
+                 exec chroot \"$1\" \"$2\" --sim-dir \"$3\"",
+            )
+            .arg("sh")
+            .arg(&self.root)
+            .arg(Self::GRIDD)
+            .arg(&self.sim)
+            .env_remove("SIM_SYSLOG_SOCKET");
+        cmd
+    }
 }
 
 impl Machine {
@@ -579,25 +641,35 @@ impl Machine {
             .tempdir()
             .unwrap();
         let r = dir.path().to_path_buf();
-        // gridd's files: in the driver container's root on a GPU Operator node.
+        // gridd's files: in the driver container's root on a GPU Operator node, where gridd
+        // names them by the container's paths; the sim dir's name there is this machine's
+        // own, so that its gridd's command line tells it from other machines' in the journal.
         let driver_root = r.join("run/nvidia/driver");
-        let files = if setup.gpu_operator {
-            driver_root.clone()
-        } else {
-            r.clone()
+        let container = setup.gpu_operator.then(|| ContainerSim {
+            root: driver_root.clone(),
+            sim: Path::new("/").join(format!("sim-{}", r.file_name().unwrap().to_string_lossy())),
+        });
+        let (files, sim) = match &container {
+            Some(c) => (driver_root.clone(), c.host(&c.sim)),
+            None => (r.clone(), r.join("sim")),
         };
-        let sim = files.join("sim");
         fs::create_dir_all(&sim).unwrap();
         let mut cfg = setup.sim;
-        cfg.token_dir = files.join("etc/nvidia/ClientConfigToken");
-        cfg.gridd_conf = files.join("etc/nvidia/gridd.conf");
+        if container.is_none() {
+            cfg.token_dir = files.join("etc/nvidia/ClientConfigToken");
+            cfg.gridd_conf = files.join("etc/nvidia/gridd.conf");
+        }
         cfg.save(&sim).unwrap();
-        fs::create_dir_all(&cfg.token_dir).unwrap();
-        fs::set_permissions(&cfg.token_dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let token_dir = files.join("etc/nvidia/ClientConfigToken");
+        fs::create_dir_all(&token_dir).unwrap();
+        fs::set_permissions(&token_dir, fs::Permissions::from_mode(0o755)).unwrap();
         fs::create_dir_all(r.join("var/lib/prometheus/node-exporter")).unwrap();
         let dls = FakeDls::start();
         let since = since_now();
-        let (gridd_bin, gridd_match) = gridd_identity(&sim);
+        let (gridd_bin, gridd_match) = match &container {
+            Some(c) => c.gridd_identity(),
+            None => gridd_identity(&sim),
+        };
         let bin = r.join("bin");
         write_script(
             &bin.join("nvidia-smi"),
@@ -628,6 +700,7 @@ impl Machine {
             since,
             gridd_match,
             gridd_bin,
+            container,
             token_node: setup.token_node,
             lock,
         };
@@ -664,19 +737,18 @@ impl Machine {
     /// agent runs it by `chroot`), and the agent's config pointed at it, with the token and
     /// gridd.conf at their usual paths inside it.
     fn make_driver_root(&self, root: &Path) {
-        let smi = program("sim-nvidia-smi");
-        copy_into_root(root, &smi, Path::new("/usr/bin/nvidia-smi"));
-        let ldd = Command::new("ldd").arg(&smi).output().expect("ldd runs");
-        for line in String::from_utf8_lossy(&ldd.stdout).lines() {
-            let lib = line
-                .split("=>")
-                .last()
-                .and_then(|s| s.split_whitespace().next())
-                .filter(|s| s.starts_with('/'));
-            if let Some(lib) = lib {
-                copy_into_root(root, Path::new(lib), Path::new(lib));
-            }
-        }
+        copy_with_libraries(
+            root,
+            &program("sim-nvidia-smi"),
+            Path::new("/usr/bin/nvidia-smi"),
+        );
+        copy_with_libraries(
+            root,
+            &program("sim-nvidia-gridd"),
+            Path::new(ContainerSim::GRIDD),
+        );
+        // Where the container's /dev/log is mounted.
+        write_mode(&root.join("dev/log"), b"", 0o644);
         let r = self.root().display().to_string();
         let text = self
             .config_text()
@@ -726,8 +798,28 @@ impl Machine {
         c.save(&self.sim).unwrap();
     }
 
+    /// The sim dir as the driver container names it (`SIM_DIR` of the nvidia-smi run in its
+    /// root), on a GPU Operator node.
+    pub fn container_sim(&self) -> Option<&Path> {
+        self.container.as_ref().map(|c| c.sim.as_path())
+    }
+
+    /// The token directory gridd reads, as this side sees it.
     pub fn token_dir(&self) -> PathBuf {
-        self.sim_config().token_dir
+        self.host_path(&self.sim_config().token_dir)
+    }
+
+    /// gridd's gridd.conf, as this side sees it.
+    pub fn gridd_conf(&self) -> PathBuf {
+        self.host_path(&self.sim_config().gridd_conf)
+    }
+
+    /// A path gridd names, as this side sees it (the driver container's are under its root).
+    fn host_path(&self, p: &Path) -> PathBuf {
+        match &self.container {
+            Some(c) => c.host(p),
+            None => p.to_path_buf(),
+        }
     }
 
     pub fn token_path(&self) -> PathBuf {
@@ -766,7 +858,11 @@ impl Machine {
 
     /// Starts the simulated gridd (not counted as a restart); returns its pid.
     pub fn start_gridd(&self) -> i32 {
-        shared::start_gridd_bin(&self.gridd_bin, &self.sim).expect("the simulated gridd starts")
+        match &self.container {
+            Some(c) => shared::start_gridd_command(c.gridd_command(), &self.sim),
+            None => shared::start_gridd_bin(&self.gridd_bin, &self.sim),
+        }
+        .expect("the simulated gridd starts")
     }
 
     pub fn gridd_pid(&self) -> Option<i32> {
@@ -857,6 +953,9 @@ impl Drop for Machine {
         // process of this machine's simulation goes.
         for _ in 0..3 {
             kill_mentioning(&self.sim);
+            if let Some(c) = &self.container {
+                kill_mentioning(&c.sim);
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -1096,7 +1195,7 @@ pub fn setup(f: impl FnOnce(&mut SimConfig)) -> Setup {
 
 /// gridd.conf as `install` writes it, so that the agent has nothing to fix there.
 pub fn write_gridd_conf(m: &Machine) {
-    write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
+    write_mode(&m.gridd_conf(), b"FeatureType=1\n", 0o644);
 }
 
 /// The report's failure reason.

@@ -446,16 +446,20 @@ pub fn start_gridd(dir: &Path) -> io::Result<i32> {
 
 /// [`start_gridd`] with the binary given.
 pub fn start_gridd_bin(bin: &Path, dir: &Path) -> io::Result<i32> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--sim-dir").arg(dir).env("SIM_DIR", dir);
+    start_gridd_command(cmd, dir)
+}
+
+/// [`start_gridd_bin`] with the command that becomes gridd (by `exec`: its pid is gridd's),
+/// given `dir`, the sim dir as this side names it.
+pub fn start_gridd_command(mut cmd: Command, dir: &Path) -> io::Result<i32> {
     fs::create_dir_all(dir)?;
     let out = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(GRIDD_OUT))?;
-    let mut cmd = Command::new(bin);
-    cmd.arg("--sim-dir")
-        .arg(dir)
-        .env("SIM_DIR", dir)
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
     // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec.
