@@ -353,7 +353,9 @@ pub const GRIDD_MISSING_ADVICE: &str = "nvidia-gridd's systemd unit is not insta
 /// comes before the license, so this is the fix that matters first.
 pub fn driver_advice(why: &str) -> String {
     let w = why.to_ascii_lowercase();
-    if w.contains("permission denied") {
+    if w.contains("chroot: cannot change root directory") && w.contains("not permitted") {
+        "The agent was not let into the GPU Operator's driver root to run nvidia-smi there (chroot refused): it needs CAP_SYS_CHROOT and the chroot system call, which the packaged unit grants; a drop-in that sets CapabilityBoundingSet= or SystemCallFilter= takes them away (`systemctl cat vgpu-license-agent`), and in a pod the container needs CAP_SYS_CHROOT.".into()
+    } else if w.contains("permission denied") {
         "nvidia-smi could not be run or could not open the GPU's device files as this user: run the agent as root (`sudo vgpu-license-agent ...`)".into()
     } else if w.contains("no such file") || w.contains("not found") {
         "No NVIDIA driver is installed: install the NVIDIA vGPU (GRID) guest driver of the host's vGPU software release (it brings nvidia-smi and nvidia-gridd), then check that `nvidia-smi -q` lists the GPU; the license comes after the driver.".into()
@@ -1223,5 +1225,14 @@ mod tests {
             ..st(None, 0)
         };
         assert!(!lease_valid_at(Some(&st(None, 1)), exp, Some(&late)));
+    }
+
+    #[test]
+    fn a_refused_chroot_into_the_driver_root_is_the_agents_sandbox_not_the_driver() {
+        // As the agent's unit without CAP_SYS_CHROOT made it, on a booted GPU Operator node.
+        let why = "nvidia-smi: chroot: cannot change root directory to '/run/nvidia/driver': Operation not permitted (NVIDIA device 0000:02:01.0 (driver nvidia))";
+        let advice = driver_advice(why);
+        assert!(advice.contains("CAP_SYS_CHROOT"), "{advice}");
+        assert!(!advice.contains("dmesg"), "{advice}");
     }
 }
