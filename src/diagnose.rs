@@ -154,14 +154,23 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     d
 }
 
-/// On a GPU Operator node every fix is one that works there: the token, its mode, the token
-/// directory and gridd.conf are the operator's Secret's, and a driver that does not answer
-/// is its driver pod.
+/// On a GPU Operator node every fix is one that works there: the token, the token directory
+/// and gridd.conf are the operator's Secret's, and a driver that does not answer is its
+/// driver pod. The token's mode is the entrypoint's copy of the Secret's (0644 as a Secret
+/// volume gives it), which gridd, as root, reads: nothing to fix.
 fn operator_fixes(checks: &mut [Check], node: &crate::node::Node) {
     let name = node.node_name.as_deref();
     for c in checks.iter_mut().filter(|c| c.fix.is_some()) {
         match c.name {
-            "token" | "token-mode" | "token-dir" | "token-owner" | "gridd.conf" => {
+            "token-mode" => {
+                c.status = Status::Ok;
+                c.message = format!(
+                    "{}: the GPU Operator's driver container copies it so from the Secret, and its gridd reads it as root",
+                    c.message.split(',').next().unwrap_or_default()
+                );
+                c.fix = None;
+            }
+            "token" | "token-dir" | "token-owner" | "gridd.conf" => {
                 c.fix = Some(crate::policy::operator_fix(name));
             }
             "driver" if !node.driver_ready => {

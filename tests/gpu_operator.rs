@@ -176,6 +176,13 @@ fn scenario_gpu_operator_node_failures_are_fixed_in_the_operators_terms() {
         "every fix works here:\n{out}"
     );
     assert!(!out.contains("systemctl"), "no unit to act on here:\n{out}");
+    // The token's mode is the operator's copy of the Secret's (0644): gridd reads it.
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("OK   token-mode   mode 0644")),
+        "{out}"
+    );
+    assert!(!out.contains("chmod"), "no chmod works here:\n{out}");
     assert_eq!(m.restarts(), 0);
 
     // The advice's check of the Secret's token, run as printed from its pipe on (kubectl's

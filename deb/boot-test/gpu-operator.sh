@@ -206,7 +206,7 @@ go_fixed_in_operators_terms() {
 	code=$?
 	echo "$out" | tail -25
 	echo "diagnose: exit $code"
-	grep -q 'systemctl\|vgpu-license-agent install' <<<"$advice$out" && {
+	grep -q 'systemctl\|vgpu-license-agent install\|chmod' <<<"$advice$out" && {
 		echo "a fix that does not work on this node" >&2
 		rc=1
 	}
