@@ -140,7 +140,17 @@ pub const SECRET_TOKEN_CHECK: &str = "kubectl -n gpu-operator get secret <secret
 pub fn operator_fix(node_name: Option<&str>) -> String {
     let node = node_name.unwrap_or("<node>");
     format!(
-        "the GPU Operator owns the token and gridd.conf on this node: put the client configuration token from the DLS, unchanged, into the Secret named by the ClusterPolicy's driver.licensingConfig.secretName (keys client_configuration_token.tok and gridd.conf, with FeatureType=1); check its token before the pod is made again for it (exit 0 only for a valid token, with the DLS it names): {SECRET_TOKEN_CHECK}; then make this node's driver pod again, since only a new pod reads it: kubectl -n {OPERATOR_NAMESPACE} delete pod -l {DRIVER_POD_LABEL} --field-selector spec.nodeName={node}"
+        "the GPU Operator owns the token and gridd.conf on this node: put the client configuration token from the DLS, unchanged, into the Secret named by the ClusterPolicy's driver.licensingConfig.secretName (keys client_configuration_token.tok and gridd.conf, with FeatureType=1); check its token before the pod is made again for it (exit 0 only for a valid token, with the DLS it names): {SECRET_TOKEN_CHECK}; then make this node's driver pod again, since only a new pod reads it: {}",
+        driver_pod_recycle(Some(node))
+    )
+}
+
+/// The command that makes this node's driver pod again (its gridd is started once, by the
+/// container's entrypoint: this is how it starts anew).
+pub fn driver_pod_recycle(node_name: Option<&str>) -> String {
+    let node = node_name.unwrap_or("<node>");
+    format!(
+        "kubectl -n {OPERATOR_NAMESPACE} delete pod -l {DRIVER_POD_LABEL} --field-selector spec.nodeName={node}"
     )
 }
 

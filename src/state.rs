@@ -233,6 +233,25 @@ fn operator_advice(f: &mut Failure, state: State, node: &NodeSeen) {
         | Reason::TokenRejected => {
             f.advice = crate::policy::operator_fix(name);
         }
+        Reason::GriddNotRunning => f.advice = crate::policy::driver_pod_advice(name),
+        Reason::ClockSkew => {
+            f.advice = format!(
+                "The node's clock disagrees with the DLS: check `timedatectl` on the node (NTP synchronized) and the DLS appliance's clock, fix it, then make this node's driver pod again, since its gridd does not try again after a clock failure: {}",
+                crate::policy::driver_pod_recycle(name)
+            );
+        }
+        Reason::TrustedStore => {
+            f.advice = format!(
+                "nvidia-gridd's trusted store in the driver container is damaged or from another machine: make this node's driver pod again, which starts gridd with a store of its own: {}",
+                crate::policy::driver_pod_recycle(name)
+            );
+        }
+        Reason::RenewalStalled => {
+            f.advice = format!(
+                "gridd has not renewed the lease for longer than its renewal interval allows: the license runs out at its expiry. Run `vgpu-license-agent diagnose` on the node (DNS, TCP, TLS, the clock against the DLS) and look for this node in the DLS's log; make the driver pod again only once the DLS answers (its gridd returns the lease as it stops): {}",
+                crate::policy::driver_pod_recycle(name)
+            );
+        }
         _ => {}
     }
 }

@@ -57,11 +57,21 @@ fn cli(m: &Machine, args: &[&str]) -> (Option<i32>, String, String) {
 /// The machine, its gridd started by the container's entrypoint with the Secret's token
 /// (`token`), and the agent; returns once the agent has a report.
 fn node(token: impl FnOnce(&Machine) -> Vec<u8>) -> (Machine, Agent) {
+    node_where(|_| {}, token)
+}
+
+/// [`node`], with `before` done to the machine (its DLS, its simulated GPU) before gridd
+/// starts.
+fn node_where(
+    before: impl FnOnce(&Machine),
+    token: impl FnOnce(&Machine) -> Vec<u8>,
+) -> (Machine, Agent) {
     let m = Machine::new(Setup {
         gpu_operator: true,
         ..Setup::default()
     });
     write_gridd_conf(&m);
+    before(&m);
     let t = token(&m);
     sim::write_mode(&m.token_path(), &t, 0o644);
     m.start_gridd();
@@ -242,6 +252,87 @@ fn secret_check(advice: &str) -> impl Fn(&[u8]) -> (Option<i32>, String) {
                 String::from_utf8_lossy(&out.stderr)
             ),
         )
+    }
+}
+
+/// The rest works the same on a GPU Operator node: each failure the container's gridd meets
+/// is found and said with its reason, in `status`, `status --json` and the metrics (the node
+/// said to be observed), with a fix that works there, and nothing restarted.
+#[test]
+fn scenario_gpu_operator_node_each_failure_in_status_and_metrics() {
+    /// The reason and state wanted, what is done before gridd starts, the Secret's token.
+    type Case = (
+        &'static str,
+        &'static str,
+        fn(&Machine),
+        fn(&Machine) -> Vec<u8>,
+    );
+    let cases: [Case; 4] = [
+        (
+            "clock_skew",
+            "unlicensed",
+            |m| m.dls.set_skew(3600),
+            Machine::token,
+        ),
+        (
+            "dls_unreachable",
+            "unlicensed",
+            |m| m.dls.set_mode(Mode::Refusing),
+            Machine::token,
+        ),
+        // Past the grace period: nvidia-smi says Unlicensed (Restricted).
+        (
+            "dls_unreachable",
+            "restricted",
+            |m| {
+                m.dls.set_mode(Mode::Refusing);
+                m.update_sim(|c| c.grace_seconds = 0);
+            },
+            Machine::token,
+        ),
+        (
+            "token_invalid",
+            "unlicensed",
+            |_| {},
+            |_| b"<html>404 Not Found</html>".to_vec(),
+        ),
+    ];
+    for (want, state, before, token) in cases {
+        let (m, a) = node_where(before, token);
+        let v = a.wait_status(want, T, |v| reason(v) == Some(want) && v["state"] == state);
+        assert_eq!(v["mode"], "observe", "{want}: {v:#}");
+        let advice = v["failure"]["advice"].as_str().unwrap_or_default();
+        for unworkable in [
+            "nvidia-gridd.service",
+            "systemctl restart nvidia-gridd",
+            "systemctl enable --now nvidia-gridd",
+            "vgpu-license-agent install",
+            "chmod",
+        ] {
+            assert!(!advice.contains(unworkable), "{want}: {advice}");
+        }
+        let (code, out, _) = cli(&m, &["status", "--json"]);
+        let j: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        assert_eq!(
+            (code, reason(&j), j["state"].as_str()),
+            (Some(2), Some(want), Some(state)),
+            "{j:#}"
+        );
+        let (_, out, _) = cli(&m, &["status"]);
+        assert!(out.contains(want), "{want}: {out}");
+        sim::wait_for(
+            "the failure and the observed node in the metrics",
+            T,
+            || {
+                let text = a.metrics();
+                (a.metric(&format!("vgpu_license_failure{{reason=\"{want}\"}}")) == Some(1.0)
+                    && a.metric(&format!("vgpu_license_state{{state=\"{state}\"}}")) == Some(1.0)
+                    && text.contains("mode=\"observe\""))
+                .then_some(())
+            },
+            || a.context(),
+        );
+        assert_eq!(m.restarts(), 0, "{want}: {}", a.context());
     }
 }
 
