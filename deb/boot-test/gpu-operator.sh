@@ -139,6 +139,10 @@ go_licensed() {
 		return 1
 	}
 	GO_PRINT=$(go_fingerprint)
+	guest vgpu-license-agent status --wait 30 >/dev/null || {
+		echo "status --wait 30 did not exit 0 on the licensed node" >&2
+		rc=1
+	}
 	out=$(guest vgpu-license-agent status)
 	code=$?
 	echo "$out"
@@ -228,6 +232,8 @@ go_fixed_in_operators_terms() {
 	return $rc
 }
 
+# The pod deleted: said; a unit after vgpu-licensed.target waits meanwhile, and starts once
+# the pod is back and its gridd licensed.
 go_pod_away_and_back() {
 	local rc=0 advice
 	guest systemctl stop "$GO_UNIT" || return 1
@@ -239,10 +245,23 @@ go_pod_away_and_back() {
 	advice=$(go_report 'v["failure"]["advice"]')
 	echo "advice: $advice"
 	grep -q "kubectl -n gpu-operator get pods .*spec.nodeName=$GO_NODE" <<<"$advice" || rc=1
+	gate_reset
+	gate_unit
+	guest systemctl daemon-reload && guest systemctl start --no-block "$NEEDS_LICENSE" || return 1
+	sleep 5
+	if gate_active; then
+		echo "$NEEDS_LICENSE started while the driver pod was away" >&2
+		rc=1
+	fi
 	guest systemctl start "$GO_UNIT" || return 1
 	wait_until 60 go_state_is licensed || {
 		echo "not licensed once the driver pod was back" >&2
 		go_tail
+		rc=1
+	}
+	wait_until 90 gate_active && gate_saw_licensed || {
+		echo "$NEEDS_LICENSE did not start once licensed, or before: $(guest systemctl is-active "$NEEDS_LICENSE" "$WAIT_UNIT")" >&2
+		guest journalctl -b --no-pager -u "$WAIT_UNIT" | tail -10
 		rc=1
 	}
 	return $rc
@@ -269,7 +288,7 @@ go_checks() {
 		check "the metrics say observe and gpu_operator" go_metrics
 		check "install is refused with the operator's fix, and changes nothing" go_install_refused
 		check "the DLS down, the pod made again: every fix is the operator's" go_fixed_in_operators_terms
-		check "the driver pod deleted and back: said, then licensed again" go_pod_away_and_back
+		check "the driver pod deleted and back: said, vgpu-licensed.target waits, then licensed again" go_pod_away_and_back
 		check "the agent restarted nothing and changed nothing on the node" go_never_restarted
 	else
 		fail "[$GO_SUITE $GO_GUEST] the node could not be made or booted"
