@@ -39,3 +39,4 @@ pub mod time;
 pub mod token;
 pub mod token_dir;
 pub mod token_inspect;
+pub mod userdata;

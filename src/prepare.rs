@@ -8,7 +8,9 @@
 //! `cloud-init clean --logs` removes, with `--journal` the journal's archived files. Then it
 //! searches every place a token reaches on a guest (cloud-init's instance data, seed and logs,
 //! the journal, the agent's config drop-ins, ...) for the token's bytes, raw and in the base64
-//! forms cloud-init stores, and names each file that still holds them: the command then fails,
+//! forms cloud-init stores, also inside what cloud-init decodes (MIME parts, gzip, base64
+//! documents: a second run, with no installed token left to compare with, still finds any
+//! token there), and names each file that still holds them: the command then fails,
 //! so that an image pipeline stops instead of shipping a token. Last, it records that the image
 //! was prepared (beside the state directory), so that a clone's first boot does not report the
 //! builder's last shutdown as its own.
@@ -331,19 +333,30 @@ fn any_token_needles() -> Vec<Vec<u8>> {
     out
 }
 
-/// Whether the file holds any of `needles`, read in blocks (a journal file can be large).
+/// A document up to this size is also searched in the forms cloud-init decodes (user-data is
+/// far smaller: cloud providers cap it at 16 to 64 KiB).
+const DECODED_MAX: u64 = 4 << 20;
+
+/// Whether the file holds any of `needles`, read in blocks (a journal file can be large), or,
+/// a document of [`DECODED_MAX`] or less, holds one in a form cloud-init decodes (a MIME
+/// part, gzip, base64: [`crate::userdata`]).
 fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool> {
     let mut f = fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(path)?;
+    let small = f.metadata()?.len() <= DECODED_MAX && !is_journal(path);
     let keep = needles.iter().map(|n| n.needle().len()).max().unwrap_or(0);
+    let mut whole = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut have = 0;
     loop {
         let n = f.read(&mut buf[have..])?;
         if n == 0 {
-            return Ok(false);
+            break;
+        }
+        if small {
+            whole.extend_from_slice(&buf[have..have + n]);
         }
         have += n;
         if needles.iter().any(|f| f.find(&buf[..have]).is_some()) {
@@ -353,6 +366,10 @@ fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool
         buf.copy_within(have - tail..have, 0);
         have = tail;
     }
+    Ok(small
+        && crate::userdata::decoded_forms(&whole)
+            .iter()
+            .any(|form| needles.iter().any(|f| f.find(form).is_some())))
 }
 
 /// The regular files below `p` (or `p` itself), symlinks not followed.

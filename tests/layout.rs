@@ -14,7 +14,7 @@ const GROUPED: [&str; 6] = ["report", "observe", "service", "install", "probe", 
 
 /// Modules that only compute. `report` and `observe` stand for their submodules too, except
 /// those named in [`IO`].
-const PURE: [&str; 11] = [
+const PURE: [&str; 12] = [
     "state",
     "node_condition",
     "report",
@@ -26,6 +26,7 @@ const PURE: [&str; 11] = [
     "time",
     "text",
     "shutdown",
+    "userdata",
 ];
 
 /// Modules that read or change the machine; a name stands for its submodules too.

@@ -658,3 +658,92 @@ fn the_running_system_as_root_is_refused() {
         }
     }
 }
+
+/// A NoCloud seed whose user-data is MIME, made as docs/kubevirt.md says (`cloud-init devel
+/// make-mime`: its parts base64), with the token in a write_files part (`encoding: b64`), and
+/// the same seed gzip'd (cloud-init reads both). The first run rightly fails on the seed,
+/// having removed the installed token; the second, with no token left to compare with, must
+/// still find it there, and does not call the image clean.
+#[test]
+fn a_token_in_a_mime_or_gzip_seed_is_found_again_when_no_installed_token_is_left() {
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    let token = valid_token("builder");
+    let dir = tempfile::tempdir().unwrap();
+    let part = dir.path().join("token.yaml");
+    fs::write(
+        &part,
+        format!(
+            "#cloud-config\nwrite_files:\n- path: /etc/nvidia/ClientConfigToken/client_configuration_token.tok\n  permissions: '0744'\n  encoding: b64\n  content: {}\n",
+            b64.encode(&token)
+        ),
+    )
+    .unwrap();
+    let mime = match std::process::Command::new("cloud-init")
+        .args(["devel", "make-mime", "-a"])
+        .arg(format!("{}:cloud-config", part.display()))
+        .output()
+    {
+        Ok(out) if out.status.success() => out.stdout,
+        Ok(out) => panic!("cloud-init devel make-mime: {out:?}"),
+        Err(_) => {
+            return crate::common::skipped(
+                "cloud-init is not installed (apt-get install cloud-init)",
+            );
+        }
+    };
+    assert!(
+        !String::from_utf8_lossy(&mime).contains(&b64.encode(&token)[..40]),
+        "make-mime hides the token's base64 in a base64 part"
+    );
+    let gzipped = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(&mime).unwrap();
+        e.finish().unwrap()
+    };
+    for (what, user_data) in [("MIME", mime.clone()), ("gzip'd MIME", gzipped)] {
+        let img = tempfile::tempdir().unwrap();
+        let d = img.path();
+        let put = |rel: &str, bytes: &[u8]| {
+            let p = d.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, bytes).unwrap();
+        };
+        put("var/lib/cloud/seed/nocloud/user-data", &user_data);
+        put(
+            "var/lib/cloud/seed/nocloud/meta-data",
+            b"instance-id: iid-builder-1\n",
+        );
+        put(
+            "etc/nvidia/ClientConfigToken/client_configuration_token.tok",
+            &token,
+        );
+        let seed = d.join("var/lib/cloud/seed/nocloud/user-data");
+        let args = [
+            "prepare-image",
+            "--purge-client-state",
+            "--cloud-init",
+            "--journal",
+        ];
+        for run in ["first", "second"] {
+            let r = in_image(d, &args);
+            assert_eq!(
+                r.code,
+                Some(1),
+                "{what}, {run} run: {}{}",
+                r.stdout,
+                r.stderr
+            );
+            assert!(
+                r.stdout
+                    .contains(&format!("still holds the token: {}", seed.display())),
+                "{what}, {run} run: the seed not named: {}",
+                r.stdout
+            );
+        }
+        assert!(
+            !d.join("etc/nvidia/ClientConfigToken/client_configuration_token.tok")
+                .exists()
+        );
+    }
+}
