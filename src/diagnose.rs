@@ -248,7 +248,13 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     let probes = probe::probe_all(&targets, via.as_ref(), settings.service.probe_timeout);
     if obs.token.is_some() {
         for p in &probes {
-            checks.extend(probe_checks(p, settings, now, mode));
+            checks.extend(probe_checks(
+                p,
+                settings,
+                now,
+                mode,
+                smi.driver_version.as_deref(),
+            ));
         }
         let left = probe::not_probed(&targets);
         if left > 0 {
@@ -745,7 +751,7 @@ fn step_check_name(step: StepName) -> &'static str {
     }
 }
 
-fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode) -> String {
+fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode, driver: Option<&str>) -> String {
     let (host, port) = (crate::text::escape(&p.host), p.port);
     if step == StepName::Dns && !crate::probe::is_host_name(&p.host) {
         return "the token names a DLS that is no host name: download a new token from the DLS (and check that nothing edited this one)".into();
@@ -782,10 +788,18 @@ fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode) -> String {
         StepName::Tcp => format!(
             "open TCP {port} from this guest to {host} (firewall, security group, network policy) and check that the DLS appliance is up"
         ),
-        StepName::Tls => format!(
-            "check that {} is the DLS's HTTPS port (the port in the token) and that no proxy or middlebox intercepts TLS on the way",
-            p.endpoint()
-        ),
+        StepName::Tls => {
+            let mut fix = format!(
+                "check that {} is the DLS's HTTPS port (the port in the token) and that no proxy or middlebox intercepts TLS on the way",
+                p.endpoint()
+            );
+            if let Some(v) = driver.filter(|v| crate::policy::needs_dls_3_4(v)) {
+                fix.push_str(&format!(
+                    "; with driver {v} (vGPU 18 or later) the DLS must be 3.4 or later, and an older appliance fails the TLS handshake while DNS, TCP and the clock are fine: check its version in its web console and upgrade it"
+                ));
+            }
+            fix
+        }
         StepName::Https => "the DLS took the TLS connection but did not answer HTTP: check the appliance's health (its web console) and any proxy on the way".into(),
     }
 }
@@ -795,6 +809,7 @@ fn probe_checks(
     settings: &Settings,
     now: DateTime<Utc>,
     mode: LicensingMode,
+    driver: Option<&str>,
 ) -> Vec<Check> {
     let ep = p.endpoint();
     let mut out = Vec::new();
@@ -818,7 +833,7 @@ fn probe_checks(
             };
             out.push(
                 check(cn, status, format!("{ep}: {name} failed: {}", s.detail))
-                    .fix(step_fix(name, p, mode)),
+                    .fix(step_fix(name, p, mode, driver)),
             );
             continue;
         }

@@ -126,6 +126,16 @@ pub fn unit_missing(why: &str) -> bool {
     why.ends_with(NOT_INSTALLED)
 }
 
+/// Whether a guest driver of this version (nvidia-smi's `Driver Version`) is of vGPU 18 or
+/// later (the R570 branch on), which needs DLS 3.4 or later.
+pub fn needs_dls_3_4(driver_version: &str) -> bool {
+    driver_version
+        .split('.')
+        .next()
+        .and_then(|m| m.trim().parse::<u32>().ok())
+        .is_some_and(|major| major >= 570)
+}
+
 /// The GPU Operator's namespace and its driver pods' label, as its Helm chart sets them.
 pub const OPERATOR_NAMESPACE: &str = "gpu-operator";
 pub const DRIVER_POD_LABEL: &str = "app=nvidia-driver-daemonset";
@@ -165,6 +175,13 @@ pub fn driver_pod_advice(node_name: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vgpu_18_drivers_need_dls_3_4() {
+        assert!(needs_dls_3_4("570.124.06") && needs_dls_3_4("580.65.06"));
+        assert!(!needs_dls_3_4("550.90.07") && !needs_dls_3_4("535.54.03"));
+        assert!(!needs_dls_3_4("N/A") && !needs_dls_3_4(""));
+    }
 
     #[test]
     fn every_reason_has_a_consistent_policy() {

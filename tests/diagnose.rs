@@ -347,6 +347,38 @@ fn a_refused_dls_port_names_the_step_and_the_host() {
     );
 }
 
+/// A port that takes the connection and answers no TLS (an old appliance's handshake that
+/// fails, as the DLS before 3.4 does for a vGPU 18 client): the TLS step fails. With a
+/// driver of vGPU 18 or later (570 on), the fix names the DLS version it needs; with an
+/// older one, it does not.
+#[test]
+fn a_failed_tls_handshake_with_a_vgpu_18_driver_names_dls_3_4() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for mut sock in listener.incoming().flatten() {
+            let _ = sock.write_all(b"\x15\x03\x01\x00\x02\x02\x28");
+        }
+    });
+    let token = token_for("127.0.0.1", port, 1_700_000_000, 2_078_691_200);
+    for (driver, named) in [("570.124.06", true), ("510.47.03", false)] {
+        let g = Guest::new(Some(&token));
+        g.root.file(
+            "smi.txt",
+            licensed_smi().replace("510.47.03", driver).as_bytes(),
+        );
+        let (_, lines, out) = g.human();
+        assert_eq!(line(&lines, "dls-tcp").0, "OK", "{out}");
+        let (status, msg) = line(&lines, "dls-tls");
+        assert_eq!(status, "FAIL", "{out}");
+        assert_eq!(
+            msg.contains("the DLS must be 3.4 or later"),
+            named,
+            "driver {driver}: {msg}"
+        );
+    }
+}
+
 #[test]
 fn no_token_fails_and_skips_the_dls() {
     let g = Guest::new(None);
