@@ -16,17 +16,53 @@ const NAME: &str = "client_configuration_token.tok";
 /// Publishes `bytes` in the Secret-like directory `dir` under a new timestamped directory and
 /// swaps `..data` to it in one rename, as the kubelet does.
 fn publish(dir: &Path, generation: u32, bytes: &[u8]) {
+    publish_as(dir, generation, NAME, bytes);
+}
+
+/// [`publish`] under the Secret's key `key`.
+fn publish_as(dir: &Path, generation: u32, key: &str, bytes: &[u8]) {
     let data = dir.join(format!("..2026_11_30_{generation:04}"));
     fs::create_dir_all(&data).unwrap();
-    fs::write(data.join(NAME), bytes).unwrap();
-    fs::set_permissions(data.join(NAME), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(data.join(key), bytes).unwrap();
+    fs::set_permissions(data.join(key), fs::Permissions::from_mode(0o644)).unwrap();
     let tmp = dir.join("..data_tmp");
     let _ = fs::remove_file(&tmp);
     symlink(data.file_name().unwrap(), &tmp).unwrap();
     fs::rename(&tmp, dir.join("..data")).unwrap();
-    if fs::symlink_metadata(dir.join(NAME)).is_err() {
-        symlink(format!("..data/{NAME}"), dir.join(NAME)).unwrap();
+    if fs::symlink_metadata(dir.join(key)).is_err() {
+        symlink(format!("..data/{key}"), dir.join(key)).unwrap();
     }
+}
+
+/// A Secret whose one key is not named like a token file (`token`): its value is the token,
+/// judged as any token is, as the token directory takes any file that decodes.
+#[test]
+fn scenario_a_secret_key_not_named_tok_is_the_token() {
+    let m = Machine::new(Setup::default());
+    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
+    let source = m.path("run/vgpu-license/token");
+    fs::create_dir_all(&source).unwrap();
+    let token = token_for("127.0.0.1", m.dls.port(), "key-token");
+    publish_as(&source, 1, "token", &token);
+    let dropins = m.config.parent().unwrap().join("config.d");
+    fs::create_dir_all(&dropins).unwrap();
+    fs::write(
+        dropins.join("source.toml"),
+        format!("[paths]\ntoken_source = \"{}\"\n", source.display()),
+    )
+    .unwrap();
+    m.start_gridd();
+    let agent = Agent::start(&m);
+    wait_for(
+        "the Secret's `token` installed and licensed",
+        T,
+        || {
+            let v = agent.status()?;
+            (installed(&m).as_deref() == Some(token.as_slice()) && v["state"] == "licensed")
+                .then_some(())
+        },
+        || agent.context(),
+    );
 }
 
 fn installed(m: &Machine) -> Option<Vec<u8>> {

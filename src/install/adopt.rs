@@ -159,8 +159,10 @@ pub fn check_source(settings: &Settings) -> Option<Result<String, String>> {
 }
 
 /// The token's bytes from `paths.token_source`: the file itself, or in a directory the file
-/// named like the installed token, else the only `*.tok` there. Links are followed (a
-/// Kubernetes Secret volume is made of them); what they lead to must be a regular file.
+/// named like the installed token, else the only `*.tok` there, else the only file there
+/// (a Secret's key named `token`, say: what it holds is judged as any token is). Links are
+/// followed (a Kubernetes Secret volume is made of them); what they lead to must be a
+/// regular file.
 fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected> {
     let shown = show_path(source);
     let gone = |e: &dyn std::fmt::Display| {
@@ -174,23 +176,32 @@ fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected
             if named.exists() {
                 named
             } else {
-                let toks: Vec<PathBuf> = fsutil::list_dir(source)
+                // A Secret volume's own entries (`..data`, `..2026_12_03...`) are dot files.
+                let files: Vec<(String, PathBuf)> = fsutil::list_dir(source)
                     .map_err(|e| gone(&e))?
                     .into_iter()
-                    .filter(|(n, _)| {
-                        let n = n.to_string_lossy();
-                        !n.starts_with('.') && n.ends_with(".tok")
-                    })
-                    .map(|(_, p)| p)
+                    .map(|(n, p)| (n.to_string_lossy().into_owned(), p))
+                    .filter(|(n, _)| !n.starts_with('.'))
                     .collect();
-                match toks.as_slice() {
-                    [one] => one.clone(),
-                    [] if !is_mount_point(source) => {
+                let toks: Vec<PathBuf> = files
+                    .iter()
+                    .filter(|(n, _)| n.ends_with(".tok"))
+                    .map(|(_, p)| p.clone())
+                    .collect();
+                match (toks.as_slice(), files.as_slice()) {
+                    ([one], _) | ([], [(_, one)]) => one.clone(),
+                    ([], []) if !is_mount_point(source) => {
                         return Err(gone(
                             &"it is an empty directory of the file system above it, not a mounted share: the share that brings the token (a KubeVirt virtiofs Secret) did not mount here; see `findmnt` and `systemctl --failed` for its mount unit (the Secret itself may be fine)",
                         ));
                     }
-                    [] => return Err(gone(&"it holds no *.tok file")),
+                    ([], []) => return Err(gone(&"it holds no file")),
+                    ([], _) => {
+                        return Err(gone(&format!(
+                            "it holds {} files, none named {token_file} or *.tok",
+                            files.len()
+                        )));
+                    }
                     _ => {
                         return Err(gone(&format!(
                             "it holds {} *.tok files and none named {token_file}",
