@@ -63,6 +63,9 @@ pub enum Command {
     #[command(subcommand)]
     Config(ConfigCommand),
     /// Ready a golden image: remove the token and the agent's state so clones start clean.
+    #[command(
+        after_long_help = "Example, the last step of a golden image's build, as docs/install.md gives it (a clone then makes a machine-id of its own, registers as a DLS client of its own, and finds no copy of the builder's token):\n\n  truncate -s 0 /etc/machine-id && rm -f /var/lib/dbus/machine-id\n  vgpu-license-agent prepare-image --purge-client-state --cloud-init --journal\n\nOn a mounted image, from the build host: vgpu-license-agent prepare-image --root /mnt/image --purge-client-state --cloud-init --journal. Exit 1 names each file that still holds a token."
+    )]
     PrepareImage(PrepareImageArgs),
     /// At boot, before nvidia-gridd: compare this guest's identity (DMI product UUID,
     /// machine-id) with the last boot's; on a clone or a restored snapshot, move gridd's
