@@ -431,3 +431,46 @@ fn scenario_a_token_being_written_is_not_moved_under_its_writer() {
         "no part of the new token in replaced/"
     );
 }
+
+/// A file that is no token, dropped where the token goes and written to again and again (a
+/// sync tool, a loop in a script): each change is judged, but the same refusal is logged
+/// once, not at every look; a different file is news again.
+#[test]
+fn scenario_the_same_refusal_is_logged_once() {
+    let m = Machine::new(Setup::default());
+    write_gridd_conf(&m);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_status("a report", T, |_| true);
+    let refusals = || {
+        a.journal_lines()
+            .iter()
+            .filter(|l| l.contains("token not adopted"))
+            .count()
+    };
+    for _ in 0..6 {
+        sim::write_mode(&m.token_path(), b"<html>404 Not Found</html>\n", 0o644);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    sim::wait_for(
+        "the refusal said",
+        T,
+        || (refusals() >= 1).then_some(()),
+        || a.context(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(refusals(), 1, "{}", a.context());
+    // Another file, refused for another reason: its own line, said once too.
+    for _ in 0..3 {
+        sim::write_mode(&m.token_path(), b"aaaa.bbbb.cccc\n", 0o644);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    sim::wait_for(
+        "the new refusal said",
+        T,
+        || (refusals() >= 2).then_some(()),
+        || a.context(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(refusals(), 2, "{}", a.context());
+}

@@ -151,6 +151,20 @@ fn scenario_token_source_rotated_under_the_running_service() {
     );
     assert_eq!(installed(&m).as_deref(), Some(b_token.as_slice()));
     assert_eq!(m.restarts(), restarts);
+    // Said once, however often the source is looked at or the kubelet swaps the same bytes
+    // in again.
+    let refusals = || {
+        m.agent_journal(agent.pid())
+            .iter()
+            .filter(|e| sim::message(e).contains("token not adopted"))
+            .count()
+    };
+    for generation in 4..7 {
+        std::thread::sleep(Duration::from_millis(700));
+        publish(&source, generation, b"FeatureType=1\n# not a token\n");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(refusals(), 1, "{}", agent.context());
     // Visible where a fleet looks, not only in the journal: a warning while the installed
     // token holds, in status.json and the metrics.
     let v = agent.wait_status("the bad rotation in status.json", T, |v| {

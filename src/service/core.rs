@@ -370,6 +370,20 @@ struct Adoption {
     rejected: Option<(String, Duration)>,
     /// The last rotation an adoption made: a note, and until when.
     rotated: Option<(String, Duration)>,
+    /// The last "token not adopted" line logged: the same refusal, met again at each change
+    /// of the directory while it stands, is said once (until something else happens).
+    refusal_said: Option<String>,
+}
+
+impl Adoption {
+    /// Whether a refusal is news: not the one last said.
+    fn news(&mut self, line: &str) -> bool {
+        if self.refusal_said.as_deref() == Some(line) {
+            return false;
+        }
+        self.refusal_said = Some(line.to_string());
+        true
+    }
 }
 
 impl Adoption {
@@ -1037,6 +1051,24 @@ impl Core {
     }
 
     fn adopted(&mut self, result: Result<Box<Outcome>, AdoptError>, now: Now) {
+        let refusal = match &result {
+            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
+            Err(
+                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
+            ) => Some(why.clone()),
+            _ => None,
+        };
+        match &refusal {
+            Some(why) if !self.adoption.news(why) => return,
+            Some(_) => {}
+            // A change made, or another outcome said, ends the refusal: the next one is news
+            // again. A quiet look (nothing to do, a file still being written) does not.
+            None => match &result {
+                Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
+                Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
+                _ => self.adoption.refusal_said = None,
+            },
+        }
         match result {
             Ok(outcome) => {
                 if outcome.changed() || outcome.restart != Restart::NotNeeded {
