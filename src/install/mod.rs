@@ -770,16 +770,75 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
         Some(take_lock(settings)?)
     };
     let paths = &settings.paths;
-    let target = paths.token_path();
     let cur = read_current(settings)?;
     if in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(bytes) {
         // Another install replaced (or removed) the token between the read and the lock:
         // writing the bytes read before would put the old token back over the new one.
         return Err(CoreError::Superseded);
     }
+    let ft = feature_type_to_set(feature_type, &cur, settings, &mut warnings);
+    let conf = gridd_conf_with(&cur, ft, settings, &mut warnings);
 
-    // gridd.conf: FeatureType, and nothing else.
-    // nvidia-smi is asked at most once, and only about a FeatureType other than 1.
+    // The plan.
+    let stamp = Utc::now().format(STAMP_FORMAT).to_string();
+    let replaced_root = paths.state_dir.join(REPLACED_DIR);
+    let mut state = InstallState::load(&paths.state_dir);
+    let (changes, kept_name) = plan_changes(
+        &cur,
+        bytes,
+        &conf,
+        &state,
+        settings,
+        &replaced_root.join(&stamp),
+    );
+    let sha = sha256_hex(bytes);
+    let reason = restart_reason(&changes, &state, &sha, licensed);
+    let mut outcome = Outcome {
+        dry_run,
+        token_summary: summary,
+        changes,
+        warnings,
+        restart: Restart::NotNeeded,
+        restart_reason: reason.clone(),
+        restart_command: settings.commands.restart_gridd.join(" "),
+        kept_name,
+    };
+    if dry_run {
+        outcome.restart = match (&reason, restart) {
+            (None, _) => Restart::NotNeeded,
+            (Some(_), true) => Restart::WouldRestart,
+            (Some(_), false) => Restart::Skipped,
+        };
+        return Ok(outcome);
+    }
+
+    outcome.changes = apply(
+        &outcome.changes,
+        cur.token.as_ref(),
+        bytes,
+        &conf.bytes,
+        conf.mode,
+        conf.owner,
+        settings,
+        &replaced_root,
+        &stamp,
+    )?;
+    prune_replaced(&replaced_root, &stamp);
+    if reason.is_some() {
+        state.token_sha256 = Some(sha);
+        restart_for(&mut state, &mut outcome, restart, owe_restart, settings);
+    }
+    Ok(outcome)
+}
+
+/// The FeatureType to set. nvidia-smi is asked at most once, and only about a FeatureType
+/// other than 1.
+fn feature_type_to_set(
+    requested: FeatureType,
+    cur: &Current,
+    settings: &Settings,
+    warnings: &mut Vec<String>,
+) -> u8 {
     let smi = std::cell::OnceCell::new();
     let gpus = || smi.get_or_init(|| smi_gpus(settings));
     let present = cur
@@ -787,7 +846,7 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
         .as_ref()
         .and_then(|(old, _)| GriddConf::parse(old).get("FeatureType"))
         .map(|e| e.value);
-    let feature_type = match feature_type {
+    let ft = match requested {
         FeatureType::Set(ft) => ft,
         // A value that can serve this guest stays (2 or 4 on passthrough); none, 0 (the
         // driver's template: unlicensed) or one that does not fit the vGPU profile does not.
@@ -796,36 +855,69 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
             _ => ft,
         },
     };
-    if feature_type != 1
-        && let Some(w) = gridd_conf::feature_type_advice(feature_type, gpus())
+    if ft != 1
+        && let Some(w) = gridd_conf::feature_type_advice(ft, gpus())
     {
         warnings.push(w);
     }
-    let ft = feature_type.to_string();
-    let (new_conf, conf_created, edits, conf_mode, conf_owner) = match &cur.conf {
+    ft
+}
+
+/// gridd.conf as this install leaves it: FeatureType set, nothing else changed.
+struct ConfPlan {
+    bytes: Vec<u8>,
+    created: bool,
+    edits: Vec<Edit>,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+}
+
+fn gridd_conf_with(
+    cur: &Current,
+    ft: u8,
+    settings: &Settings,
+    warnings: &mut Vec<String>,
+) -> ConfPlan {
+    let ft = ft.to_string();
+    match &cur.conf {
         Some((old, meta)) => {
             let mut conf = GriddConf::parse(old);
             let edits = conf.set("FeatureType", &ft);
-            warnings.extend(conf.warnings(&paths.token_dir));
-            (
-                conf.to_bytes(),
-                false,
+            warnings.extend(conf.warnings(&settings.paths.token_dir));
+            ConfPlan {
+                bytes: conf.to_bytes(),
+                created: false,
                 edits,
-                fsutil::mode_of(meta),
-                Some((meta.uid(), meta.gid())),
-            )
+                mode: fsutil::mode_of(meta),
+                owner: Some((meta.uid(), meta.gid())),
+            }
         }
         None => {
             let mut conf = GriddConf::parse(NEW_GRIDD_CONF_HEADER.as_bytes());
             let edits = conf.set("FeatureType", &ft);
-            (conf.to_bytes(), true, edits, GRIDD_CONF_MODE, None)
+            ConfPlan {
+                bytes: conf.to_bytes(),
+                created: true,
+                edits,
+                mode: GRIDD_CONF_MODE,
+                owner: None,
+            }
         }
-    };
+    }
+}
 
-    // The plan.
-    let stamp = Utc::now().format(STAMP_FORMAT).to_string();
-    let replaced_root = paths.state_dir.join(REPLACED_DIR);
-    let planned_dir = replaced_root.join(&stamp);
+/// What this install changes, in order, strays going to `planned_dir`; and the other name
+/// the same token keeps in place, if it has one.
+fn plan_changes(
+    cur: &Current,
+    bytes: &[u8],
+    conf: &ConfPlan,
+    state: &InstallState,
+    settings: &Settings,
+    planned_dir: &Path,
+) -> (Vec<Change>, Option<PathBuf>) {
+    let paths = &settings.paths;
+    let target = paths.token_path();
     let mut changes = Vec::new();
     match cur.dir_mode {
         None => changes.push(Change::CreateDir {
@@ -842,13 +934,12 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
     for t in &cur.temps {
         changes.push(Change::RemoveTemp { path: t.clone() });
     }
-    let mut state = InstallState::load(&paths.state_dir);
     let installed_sha = cur.token.as_ref().map(|t| sha256_hex(&t.bytes));
     for s in &cur.strays {
         changes.push(Change::MoveStray {
             from: s.path.clone(),
             to: planned_dir.join(&s.name),
-            why: aside(s, &state, &paths.token_file, installed_sha.as_deref()),
+            why: aside(s, state, &paths.token_file, installed_sha.as_deref()),
         });
     }
     let write_token = cur.token.as_ref().is_none_or(|p| p.bytes != bytes);
@@ -886,78 +977,47 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
             });
         }
     }
-    let write_conf = cur.conf.as_ref().is_none_or(|(old, _)| *old != new_conf);
-    if write_conf {
+    if cur.conf.as_ref().is_none_or(|(old, _)| *old != conf.bytes) {
         changes.push(Change::WriteGriddConf {
             path: paths.gridd_conf.clone(),
-            created: conf_created,
-            mode: conf_mode,
-            edits,
+            created: conf.created,
+            mode: conf.mode,
+            edits: conf.edits.clone(),
         });
     }
+    (changes, kept_name)
+}
 
-    let sha = sha256_hex(bytes);
-    let reason = restart_reason(&changes, &state, &sha, licensed);
-    let restart_command = settings.commands.restart_gridd.join(" ");
-    let mut outcome = Outcome {
-        dry_run,
-        token_summary: summary,
-        changes,
-        warnings,
-        restart: Restart::NotNeeded,
-        restart_reason: reason.clone(),
-        restart_command,
-        kept_name,
-    };
-    if dry_run {
-        outcome.restart = match (&reason, restart) {
-            (None, _) => Restart::NotNeeded,
-            (Some(_), true) => Restart::WouldRestart,
-            (Some(_), false) => Restart::Skipped,
-        };
-        return Ok(outcome);
-    }
-
-    outcome.changes = apply(
-        &outcome.changes,
-        cur.token.as_ref(),
-        bytes,
-        &new_conf,
-        conf_mode,
-        conf_owner,
-        settings,
-        &replaced_root,
-        &stamp,
-    )?;
-
-    prune_replaced(&replaced_root, &stamp);
-
-    // Restart, remembering that one is owed until it succeeds.
-    if reason.is_none() {
-        return Ok(outcome);
-    }
-    state.token_sha256 = Some(sha);
+/// The restart that the changes need, remembering that one is owed until it succeeds: made
+/// now, or owed (`owe_restart`: the service makes it when its budget allows), or left to
+/// the caller.
+fn restart_for(
+    state: &mut InstallState,
+    outcome: &mut Outcome,
+    restart: bool,
+    owe_restart: bool,
+    settings: &Settings,
+) {
     if !restart {
         state.restart_pending = owe_restart;
-        save_state(&mut state, settings, &mut outcome);
+        save_state(state, settings, outcome);
         outcome.restart = if owe_restart {
             Restart::Deferred
         } else {
             Restart::Skipped
         };
-        return Ok(outcome);
+        return;
     }
     state.restart_pending = true;
-    save_state(&mut state, settings, &mut outcome);
+    save_state(state, settings, outcome);
     match restart_gridd(settings) {
         Ok(()) => {
             state.restart_pending = false;
-            save_state(&mut state, settings, &mut outcome);
+            save_state(state, settings, outcome);
             outcome.restart = Restart::Done;
         }
         Err(e) => outcome.restart = Restart::Failed(e),
     }
-    Ok(outcome)
 }
 
 /// How many installs' worth of moved-aside files `replaced/` keeps: the oldest go first.
