@@ -6,8 +6,6 @@
 
 use super::*;
 
-/// Applies a plan. On an error before the token is renamed into place, everything is undone.
-/// Returns the changes as made (stray destinations may differ from the plan's).
 /// How to take back one step of [`apply`] that already changed something.
 enum Undo {
     Chmod(PathBuf, u32),
@@ -32,60 +30,119 @@ impl Undo {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Applies a plan, in its phases: the new files staged ([`stage_files`]), the small fixes,
+/// the token swapped in and the strays moved aside ([`swap_in`]), then the token's mode and
+/// gridd.conf ([`finish`]). On an error before the token is renamed into place, everything
+/// is undone. Returns the changes as made (stray destinations may differ from the plan's).
 pub(super) fn apply(
     plan: &[Change],
     previous: Option<&Previous>,
     token_bytes: &[u8],
-    conf_bytes: &[u8],
-    conf_mode: u32,
-    conf_owner: Option<(u32, u32)>,
+    conf: &ConfPlan,
     settings: &Settings,
     replaced_root: &Path,
     stamp: &str,
 ) -> anyhow::Result<Vec<Change>> {
     let paths = &settings.paths;
-    let target = paths.token_path();
-    let dir = &paths.token_dir;
+    let mut staged = stage_files(
+        plan,
+        &paths.token_path(),
+        &paths.token_dir,
+        token_bytes,
+        conf,
+    )?;
+    // From here every step that changes something records how to take it back: when a
+    // later step fails, they are undone in reverse order (directory modes restored, strays
+    // moved back, the copy of the previous token and the directories made for it removed), so
+    // "nothing was changed" stays true.
+    let mut undo: Vec<Undo> = Vec::new();
     let mut done = Vec::new();
-    let write_err = |what: &str, at: &Path, e: io::Error| {
-        let fix = match e.raw_os_error() {
-            Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => {
-                "make room on that file system, then run install again"
-            }
-            Some(nix::libc::EROFS) => {
-                "the file system is read-only: remount it read-write (or, for the service, check ReadWritePaths= in its unit), then run install again"
-            }
-            Some(nix::libc::EPERM) | Some(nix::libc::EACCES) => {
-                "run install as root (sudo); under systemd, check the unit's sandbox (ReadWritePaths=, SystemCallFilter=)"
-            }
-            _ => {
-                "check that the directory is writable and the file system healthy, then run install again"
-            }
-        };
-        io_err(
-            format!("cannot write {what} in {}", crate::text::show_path(at)),
-            e,
-            fix,
+    let token = staged.token.take();
+    let result = small_fixes(plan, &mut undo, &mut done).and_then(|()| {
+        swap_in(
+            plan,
+            previous,
+            token,
+            paths,
+            (replaced_root, stamp),
+            &mut undo,
+            &mut done,
         )
-    };
+    });
+    if let Err(e) = result {
+        for step in undo.into_iter().rev() {
+            step.run();
+        }
+        staged.discard();
+        return Err(e);
+    }
+    finish(plan, previous, staged.conf.take(), paths, &mut done)?;
+    Ok(done)
+}
 
-    // Stage the new files first: nothing visible changes yet. Directories created for them
-    // are removed again when staging fails.
-    let mut token_stage = None;
-    let mut conf_stage = None;
-    let mut created_dirs: Vec<PathBuf> = Vec::new();
+/// An error writing `what` in `at`, with the fix its cause calls for.
+fn write_err(what: &str, at: &Path, e: io::Error) -> anyhow::Error {
+    let fix = match e.raw_os_error() {
+        Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => {
+            "make room on that file system, then run install again"
+        }
+        Some(nix::libc::EROFS) => {
+            "the file system is read-only: remount it read-write (or, for the service, check ReadWritePaths= in its unit), then run install again"
+        }
+        Some(nix::libc::EPERM) | Some(nix::libc::EACCES) => {
+            "run install as root (sudo); under systemd, check the unit's sandbox (ReadWritePaths=, SystemCallFilter=)"
+        }
+        _ => {
+            "check that the directory is writable and the file system healthy, then run install again"
+        }
+    };
+    io_err(
+        format!("cannot write {what} in {}", crate::text::show_path(at)),
+        e,
+        fix,
+    )
+}
+
+/// The new files, written and synced beside their targets, and the directories made for
+/// them: nothing visible has changed yet.
+#[derive(Default)]
+struct StagedFiles {
+    token: Option<fsutil::Staged>,
+    conf: Option<fsutil::Staged>,
+    created_dirs: Vec<PathBuf>,
+}
+
+impl StagedFiles {
+    /// Drops what was staged and removes the directories made for it.
+    fn discard(&mut self) {
+        drop(self.token.take());
+        drop(self.conf.take());
+        for d in self.created_dirs.iter().rev() {
+            let _ = fs::remove_dir(d);
+        }
+    }
+}
+
+/// Stages the new files first; on an error, whatever was staged is discarded.
+fn stage_files(
+    plan: &[Change],
+    target: &Path,
+    dir: &Path,
+    token_bytes: &[u8],
+    conf: &ConfPlan,
+) -> anyhow::Result<StagedFiles> {
+    let mut out = StagedFiles::default();
     let staged = (|| -> anyhow::Result<()> {
         for change in plan {
             match change {
                 Change::CreateDir { path, mode } => {
                     let created = fsutil::create_dir_mode(path, *mode)
                         .map_err(|e| write_err("the token directory", path, e))?;
-                    created_dirs.extend(created.then(|| path.clone()));
+                    out.created_dirs.extend(created.then(|| path.clone()));
                 }
                 Change::WriteToken { .. } => {
-                    token_stage = Some(
-                        fsutil::stage(&target, token_bytes, TOKEN_MODE, None)
+                    out.token = Some(
+                        fsutil::stage(target, token_bytes, TOKEN_MODE, None)
                             .map_err(|e| write_err("the new token", dir, e))?,
                     );
                 }
@@ -93,9 +150,10 @@ pub(super) fn apply(
                     let parent = path.parent().unwrap_or(Path::new("/"));
                     let created = fsutil::create_dir_mode(parent, 0o755)
                         .map_err(|e| write_err("gridd.conf", parent, e))?;
-                    created_dirs.extend(created.then(|| parent.to_path_buf()));
-                    conf_stage = Some(
-                        fsutil::stage(path, conf_bytes, conf_mode, conf_owner)
+                    out.created_dirs
+                        .extend(created.then(|| parent.to_path_buf()));
+                    out.conf = Some(
+                        fsutil::stage(path, &conf.bytes, conf.mode, conf.owner)
                             .map_err(|e| write_err("the new gridd.conf", parent, e))?,
                     );
                 }
@@ -104,117 +162,126 @@ pub(super) fn apply(
         }
         Ok(())
     })();
-    if let Err(e) = staged {
-        drop(token_stage.take());
-        drop(conf_stage.take());
-        for d in created_dirs.iter().rev() {
-            let _ = fs::remove_dir(d);
+    match staged {
+        Ok(()) => Ok(out),
+        Err(e) => {
+            out.discard();
+            Err(e)
         }
-        return Err(e);
     }
+}
 
-    // From here every step that changes something records how to take it back: when a
-    // later step fails, they are undone in reverse order (directory modes restored, strays
-    // moved back, the copy of the previous token and the directories made for it removed), so
-    // "nothing was changed" stays true.
-    let mut undo: Vec<Undo> = Vec::new();
-    let result = (|| -> anyhow::Result<()> {
-        // Small fixes first: one that fails leaves the strays where they are.
-        for change in plan {
-            match change {
-                Change::CreateDir { .. } | Change::ChmodDir { .. } => {
-                    if let Change::ChmodDir { path, from, to } = change {
-                        fsutil::chmod_dir_no_follow(path, *to).map_err(|e| {
-                            io_err(
-                                format!(
-                                    "cannot change the mode of {}",
-                                    crate::text::show_path(path)
-                                ),
-                                e,
-                                "check the file system",
-                            )
-                        })?;
-                        undo.push(Undo::Chmod(path.clone(), *from));
-                    }
-                    done.insert(0, change.clone());
-                }
-                // Our own leftovers: removing one again is nothing to undo.
-                Change::RemoveTemp { path } => match fs::remove_file(path) {
-                    Ok(()) => done.push(change.clone()),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        return Err(io_err(
-                            format!("cannot remove {}", crate::text::show_path(path)),
+/// Small fixes first (the token directory's mode, our own leftover temporary files): one
+/// that fails leaves the strays where they are.
+fn small_fixes(
+    plan: &[Change],
+    undo: &mut Vec<Undo>,
+    done: &mut Vec<Change>,
+) -> anyhow::Result<()> {
+    for change in plan {
+        match change {
+            Change::CreateDir { .. } | Change::ChmodDir { .. } => {
+                if let Change::ChmodDir { path, from, to } = change {
+                    fsutil::chmod_dir_no_follow(path, *to).map_err(|e| {
+                        io_err(
+                            format!("cannot change the mode of {}", crate::text::show_path(path)),
                             e,
-                            "remove it yourself",
-                        ));
-                    }
-                },
-                _ => {}
+                            "check the file system",
+                        )
+                    })?;
+                    undo.push(Undo::Chmod(path.clone(), *from));
+                }
+                done.insert(0, change.clone());
             }
+            // Our own leftovers: removing one again is nothing to undo.
+            Change::RemoveTemp { path } => match fs::remove_file(path) {
+                Ok(()) => done.push(change.clone()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(io_err(
+                        format!("cannot remove {}", crate::text::show_path(path)),
+                        e,
+                        "remove it yourself",
+                    ));
+                }
+            },
+            _ => {}
         }
-        // The order keeps a whole token in the directory at every instant, whatever stops
-        // the install (power loss, SIGKILL): the previous token's copy is kept aside first,
-        // then the new token is renamed into place, and only then do the strays (the
-        // previous token under another name among them) leave. Each step is synced.
-        let aside: Vec<&Change> = plan
-            .iter()
-            .filter(|c| matches!(c, Change::MoveStray { .. } | Change::SavePrevious { .. }))
-            .collect();
-        let into = if aside.is_empty() {
-            None
-        } else {
-            Some(
-                replaced_dir(paths, replaced_root, stamp, &mut undo)
-                    .map_err(|e| aside_err(dir, replaced_root, e))?,
-            )
-        };
-        crash_point("crash-after-stage");
-        if let Some((into_fd, into)) = &into {
-            save_previous(plan, previous, paths, into_fd, into, &mut undo, &mut done)
-                .map_err(|e| aside_err(dir, replaced_root, e))?;
-        }
-        crash_point("crash-after-save");
-        if let Some(stage) = token_stage {
-            if fsutil::fault("token-commit-fails") {
-                drop(stage);
-                return Err(write_err(
-                    "the new token",
-                    dir,
-                    io::Error::from_raw_os_error(nix::libc::EIO),
-                ));
-            }
-            stage
-                .commit()
-                .map_err(|e| write_err("the new token", dir, e))?;
-            // Taken back by putting the previous token's bytes back at its path, or by
-            // removing the new one where the path held none.
-            undo.push(match previous.filter(|p| p.path == target) {
-                Some(p) => Undo::Restore(target.clone(), p.bytes.clone(), p.mode),
-                None => Undo::RemoveFile(target.clone()),
-            });
-            done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
-            crash_point("crash-after-commit");
-        }
-        if let Some((into_fd, into)) = &into {
-            move_strays(plan, dir, into_fd, into, &mut undo, &mut done)
-                .map_err(|e| aside_err(dir, replaced_root, e))?;
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
-        for step in undo.into_iter().rev() {
-            step.run();
-        }
-        drop(conf_stage.take());
-        for d in created_dirs.iter().rev() {
-            let _ = fs::remove_dir(d);
-        }
-        return Err(e);
     }
+    Ok(())
+}
+
+/// The new token in, the others out. The order keeps a whole token in the directory at every
+/// instant, whatever stops the install (power loss, SIGKILL): the previous token's copy is
+/// kept aside first, then the new token is renamed into place, and only then do the strays
+/// (the previous token under another name among them) leave. Each step is synced.
+fn swap_in(
+    plan: &[Change],
+    previous: Option<&Previous>,
+    token: Option<fsutil::Staged>,
+    paths: &crate::config::Paths,
+    (replaced_root, stamp): (&Path, &str),
+    undo: &mut Vec<Undo>,
+    done: &mut Vec<Change>,
+) -> anyhow::Result<()> {
+    let dir = &paths.token_dir;
+    let target = paths.token_path();
+    let aside = plan
+        .iter()
+        .any(|c| matches!(c, Change::MoveStray { .. } | Change::SavePrevious { .. }));
+    let into = if aside {
+        Some(
+            replaced_dir(paths, replaced_root, stamp, undo)
+                .map_err(|e| aside_err(dir, replaced_root, e))?,
+        )
+    } else {
+        None
+    };
+    crash_point("crash-after-stage");
+    if let Some((into_fd, into)) = &into {
+        save_previous(plan, previous, paths, into_fd, into, undo, done)
+            .map_err(|e| aside_err(dir, replaced_root, e))?;
+    }
+    crash_point("crash-after-save");
+    if let Some(stage) = token {
+        if fsutil::fault("token-commit-fails") {
+            drop(stage);
+            return Err(write_err(
+                "the new token",
+                dir,
+                io::Error::from_raw_os_error(nix::libc::EIO),
+            ));
+        }
+        stage
+            .commit()
+            .map_err(|e| write_err("the new token", dir, e))?;
+        // Taken back by putting the previous token's bytes back at its path, or by
+        // removing the new one where the path held none.
+        undo.push(match previous.filter(|p| p.path == target) {
+            Some(p) => Undo::Restore(target.clone(), p.bytes.clone(), p.mode),
+            None => Undo::RemoveFile(target.clone()),
+        });
+        done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
+        crash_point("crash-after-commit");
+    }
+    if let Some((into_fd, into)) = &into {
+        move_strays(plan, dir, into_fd, into, undo, done)
+            .map_err(|e| aside_err(dir, replaced_root, e))?;
+    }
+    Ok(())
+}
+
+/// Once the token is in: its mode fixed (on the file that was read: one swapped for a link
+/// meanwhile is not followed), and gridd.conf replaced.
+fn finish(
+    plan: &[Change],
+    previous: Option<&Previous>,
+    conf: Option<fsutil::Staged>,
+    paths: &crate::config::Paths,
+    done: &mut Vec<Change>,
+) -> anyhow::Result<()> {
     for change in plan {
         if let Change::ChmodToken { path, to, .. } = change {
-            // On the file that was read: one swapped for a link meanwhile is not followed.
             fsutil::chmod_checked(path, *to, previous.map(|p| p.ino)).map_err(|e| {
                 io_err(
                     format!("cannot change the mode of {}", crate::text::show_path(path)),
@@ -225,7 +292,7 @@ pub(super) fn apply(
             done.push(change.clone());
         }
     }
-    if let Some(stage) = conf_stage {
+    if let Some(stage) = conf {
         stage.commit().map_err(|e| {
             anyhow!(
                 "the token is installed, but {} could not be replaced: {e}; make the directory writable and run install again",
@@ -236,7 +303,7 @@ pub(super) fn apply(
             matches!(c, Change::WriteGriddConf { .. })
         }));
     }
-    Ok(done)
+    Ok(())
 }
 
 /// Makes this install's directory under `replaced/`, relative to the state directory's
