@@ -375,6 +375,42 @@ struct Adoption {
     refusal_said: Option<String>,
 }
 
+/// An adoption that changed something, said line by line: each names what it is about
+/// ("token: ...", "restarted ..."). A file meant as a token that was refused is a warning:
+/// the operator who copied it believes the rotation went through. The token's warnings are
+/// said with what was done, not at every periodic look (the report keeps what lasts, an
+/// expiring token among it).
+fn say_outcome(outcome: &Outcome) {
+    let refused: Vec<String> = outcome
+        .changes
+        .iter()
+        .filter(|c| {
+            matches!(
+                c,
+                Change::MoveStray {
+                    why: Aside::Refused { .. },
+                    ..
+                }
+            )
+        })
+        .map(|c| c.describe(true))
+        .collect();
+    for line in outcome.lines() {
+        if refused.contains(&line) {
+            warn!(
+                message_id = message_ids::FAILURE_TOKEN_REJECTED,
+                "token not adopted: {}",
+                crate::text::escape(&line)
+            );
+        } else {
+            info!("{}", crate::text::escape(&line));
+        }
+    }
+    for w in &outcome.warnings {
+        warn!("token: {}", crate::text::escape(w));
+    }
+}
+
 impl Adoption {
     /// Whether a refusal is news: not the one last said.
     fn news(&mut self, line: &str) -> bool {
@@ -1051,112 +1087,17 @@ impl Core {
     }
 
     fn adopted(&mut self, result: Result<Box<Outcome>, AdoptError>, now: Now) {
-        let refusal = match &result {
-            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
-            Err(
-                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
-            ) => Some(why.clone()),
-            _ => None,
-        };
-        match &refusal {
-            Some(why) if !self.adoption.news(why) => return,
-            Some(_) => {}
-            // A change made, or another outcome said, ends the refusal: the next one is news
-            // again. A quiet look (nothing to do, a file still being written) does not.
-            None => match &result {
-                Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
-                Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
-                _ => self.adoption.refusal_said = None,
-            },
+        if !self.adoption_is_news(&result) {
+            return;
         }
         match result {
             Ok(outcome) => {
                 if outcome.changed() || outcome.restart != Restart::NotNeeded {
-                    // Each line names what it is about ("token: ...", "restarted ..."). A
-                    // file meant as a token that was refused is a warning: the operator
-                    // who copied it believes the rotation went through.
-                    let refused: Vec<String> = outcome
-                        .changes
-                        .iter()
-                        .filter(|c| {
-                            matches!(
-                                c,
-                                Change::MoveStray {
-                                    why: Aside::Refused { .. },
-                                    ..
-                                }
-                            )
-                        })
-                        .map(|c| c.describe(true))
-                        .collect();
-                    for line in outcome.lines() {
-                        if refused.contains(&line) {
-                            warn!(
-                                message_id = message_ids::FAILURE_TOKEN_REJECTED,
-                                "token not adopted: {}",
-                                crate::text::escape(&line)
-                            );
-                        } else {
-                            info!("{}", crate::text::escape(&line));
-                        }
-                    }
+                    say_outcome(&outcome);
                     // A new token, or one now in place: a vague failure is news again.
                     self.probing.last = None;
-                    // Said with what was done, not at every periodic look (the report keeps
-                    // what lasts, an expiring token among it).
-                    for w in &outcome.warnings {
-                        warn!("token: {}", crate::text::escape(w));
-                    }
                 }
-                match &outcome.restart {
-                    Restart::Done => {
-                        self.counters.gridd_restarts += 1;
-                        self.remedy
-                            .restarted(&self.settings.service, secs(now), 0.5);
-                        info!(
-                            message_id = message_ids::GRIDD_RESTARTED,
-                            "restarted nvidia-gridd: {}",
-                            crate::text::escape(
-                                outcome.restart_reason.as_deref().unwrap_or("for the token")
-                            )
-                        );
-                        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
-                        // Asked once the adoption is over.
-                        self.busy.unit.after_own_work();
-                    }
-                    Restart::Deferred => {
-                        // Owed: adopted again (and gridd restarted) once the budget allows,
-                        // at that deadline, however quiet the service is meanwhile.
-                        let licensed = self
-                            .published
-                            .report
-                            .as_ref()
-                            .is_some_and(|r| r.state == State::Licensed);
-                        let at = self.remedy.next_allowed_for_token(
-                            &self.settings.service,
-                            secs(now),
-                            licensed,
-                        );
-                        // Whole seconds, rounded up: the restart comes when the line says.
-                        let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
-                        self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
-                        self.schedule.adopt_owed = true;
-                        info!(
-                            "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
-                            wait.as_secs_f64()
-                        );
-                    }
-                    Restart::Failed(why) => {
-                        // A failed attempt counts against the budget and the backoff too.
-                        self.remedy
-                            .restarted(&self.settings.service, secs(now), 0.5);
-                        error!(
-                            "restarting nvidia-gridd failed: {}",
-                            crate::text::escape(why)
-                        );
-                    }
-                    _ => {}
-                }
+                self.restart_done(&outcome, now);
             }
             Err(AdoptError::NoToken(_)) => {}
             Err(AdoptError::Settling(wait)) => {
@@ -1185,6 +1126,82 @@ impl Core {
                     crate::text::escape(&why)
                 )
             }
+        }
+    }
+
+    /// Whether an adoption's outcome is to be said: a refusal only when it is not the one
+    /// last said. A change made, or another outcome, ends the refusal (the next one is news
+    /// again); a quiet look (nothing to do, a file still being written) does not.
+    fn adoption_is_news(&mut self, result: &Result<Box<Outcome>, AdoptError>) -> bool {
+        let refusal = match result {
+            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
+            Err(
+                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
+            ) => Some(why.clone()),
+            _ => None,
+        };
+        match refusal {
+            Some(why) => self.adoption.news(&why),
+            None => {
+                match result {
+                    Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
+                    Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
+                    _ => self.adoption.refusal_said = None,
+                }
+                true
+            }
+        }
+    }
+
+    /// What an adoption's restart of gridd means for the service: counted, owed until the
+    /// budget allows, or failed (which counts too).
+    fn restart_done(&mut self, outcome: &Outcome, now: Now) {
+        match &outcome.restart {
+            Restart::Done => {
+                self.counters.gridd_restarts += 1;
+                self.remedy
+                    .restarted(&self.settings.service, secs(now), 0.5);
+                info!(
+                    message_id = message_ids::GRIDD_RESTARTED,
+                    "restarted nvidia-gridd: {}",
+                    crate::text::escape(
+                        outcome.restart_reason.as_deref().unwrap_or("for the token")
+                    )
+                );
+                self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+                // Asked once the adoption is over.
+                self.busy.unit.after_own_work();
+            }
+            Restart::Deferred => {
+                // Owed: adopted again (and gridd restarted) once the budget allows, at that
+                // deadline, however quiet the service is meanwhile.
+                let licensed = self
+                    .published
+                    .report
+                    .as_ref()
+                    .is_some_and(|r| r.state == State::Licensed);
+                let at =
+                    self.remedy
+                        .next_allowed_for_token(&self.settings.service, secs(now), licensed);
+                // Whole seconds, rounded up: the restart comes when the line says.
+                let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
+                self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
+                self.schedule.adopt_owed = true;
+                info!(
+                    "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
+                    wait.as_secs_f64()
+                );
+            }
+            Restart::Failed(why) => {
+                // A failed attempt counts against the budget and the backoff too.
+                self.remedy
+                    .restarted(&self.settings.service, secs(now), 0.5);
+                error!(
+                    "restarting nvidia-gridd failed: {}",
+                    crate::text::escape(why)
+                );
+            }
+            _ => {}
         }
     }
 
