@@ -575,80 +575,137 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
         client_state_left: first.client_state_left.clone(),
         kept_dropins: dropins,
         tokens_known: tokens.len(),
-        // Empty (or missing) is how a sealed image has it: systemd makes a new one at boot.
-        machine_id_set: std::fs::read(match &req.root {
-            Some(r) => under(r, Path::new("/etc/machine-id")),
-            None => PathBuf::from("/etc/machine-id"),
-        })
-        .is_ok_and(|b| !b.trim_ascii().is_empty() && b.trim_ascii() != b"uninitialized"),
+        machine_id_set: machine_id_set(req),
         ..Prepared::default()
     };
     // Services: never the builder's when acting on an image.
     if req.root.is_none() {
-        for unit in [AGENT_UNIT, settings.gridd.unit.as_str()] {
-            if is_active(settings, unit) {
-                if !req.dry_run {
-                    stop(settings, unit)?;
-                }
-                done.stopped.push(unit.to_string());
+        done.stopped = stop_services(settings, req.dry_run)?;
+    }
+    let journal_cmds = journal_commands(settings, req);
+    if req.dry_run {
+        return Ok(dry_run(
+            done,
+            first,
+            journal_cmds,
+            settings,
+            req,
+            config,
+            &finders,
+        ));
+    }
+    // Hold the install lock, so that no install or adopt runs meanwhile.
+    let lock_path = paths.state_dir.join("install.lock");
+    let _lock = prepare_lock(settings, &lock_path)?;
+    // Again under the lock: the services may have written more before they stopped.
+    done.removed = remove_all(plan(settings, req)?.remove)?;
+    let _ = fs::remove_file(&lock_path);
+    done.ran = run_journal_commands(settings, &journal_cmds)?;
+    if !req.journal {
+        done.journal_kept = journal_files(req).len();
+    }
+    done.holding = search_places(settings, req, config)
+        .into_iter()
+        .filter(|f| holds(f, &finders).unwrap_or(false))
+        .collect();
+    done.marker = record_prepared(settings, req)?;
+    Ok(done)
+}
+
+/// Whether the image's /etc/machine-id holds an ID. Empty (or missing) is how a sealed image
+/// has it: systemd makes a new one at boot.
+fn machine_id_set(req: &Request) -> bool {
+    std::fs::read(match &req.root {
+        Some(r) => under(r, Path::new("/etc/machine-id")),
+        None => PathBuf::from("/etc/machine-id"),
+    })
+    .is_ok_and(|b| !b.trim_ascii().is_empty() && b.trim_ascii() != b"uninitialized")
+}
+
+/// The agent and gridd stopped where they run (what they write after the cleaning would be
+/// sealed into the image); in a dry run, named only.
+fn stop_services(settings: &Settings, dry_run: bool) -> anyhow::Result<Vec<String>> {
+    let mut stopped = Vec::new();
+    for unit in [AGENT_UNIT, settings.gridd.unit.as_str()] {
+        if is_active(settings, unit) {
+            if !dry_run {
+                stop(settings, unit)?;
             }
+            stopped.push(unit.to_string());
         }
     }
-    let journal_cmds: Vec<Vec<String>> = if req.journal && req.root.is_none() {
+    Ok(stopped)
+}
+
+/// With `--journal` on the running system: `journalctl --rotate`, then `--vacuum-time=1s`.
+fn journal_commands(settings: &Settings, req: &Request) -> Vec<Vec<String>> {
+    if req.journal && req.root.is_none() {
         ["--rotate", "--vacuum-time=1s"]
             .iter()
             .map(|a| vec![settings.commands.journalctl.clone(), a.to_string()])
             .collect()
     } else {
         Vec::new()
-    };
-    if req.dry_run {
-        let going: std::collections::BTreeSet<&PathBuf> = first.remove.iter().collect();
-        let mut gone = Vec::new();
-        for p in &first.remove {
-            walk(p, &mut gone);
-        }
-        done.holding = search_places(settings, req, config)
-            .into_iter()
-            .filter(|f| !going.contains(f) && !gone.contains(f))
-            .filter(|f| !(req.journal && is_journal(f)))
-            .filter(|f| holds(f, &finders).unwrap_or(false))
-            .collect();
-        done.removed = first.remove;
-        done.ran = journal_cmds.iter().map(|c| c.join(" ")).collect();
-        done.journal_kept = if req.journal {
-            0
-        } else {
-            journal_files(req).len()
-        };
-        done.marker = Some(marker_path(&paths.state_dir));
-        return Ok(done);
     }
-    // Hold the install lock, so that no install or adopt runs meanwhile.
-    let lock_path = paths.state_dir.join("install.lock");
-    let _lock = if paths.state_dir.is_dir() {
-        Some(
-            fsutil::lock(
-                &lock_path,
-                settings.commands.timeout * 2 + std::time::Duration::from_secs(30),
-            )
-            .map_err(|e| match e {
-                fsutil::LockError::Busy => anyhow!(
-                    "cannot take the lock in {}: an install is running; wait for it and run prepare-image again",
-                    show_path(&paths.state_dir)
-                ),
-                fsutil::LockError::Io(e) => anyhow!(
-                    "cannot open the lock {}: {e}; prepare-image must be able to write the state directory (run it as root, on a writable image); nothing was removed",
-                    show_path(&lock_path)
-                ),
-            })?,
-        )
+}
+
+/// What a run would do, and what would still hold a token after it: nothing is changed.
+fn dry_run(
+    mut done: Prepared,
+    first: Plan,
+    journal_cmds: Vec<Vec<String>>,
+    settings: &Settings,
+    req: &Request,
+    config: &Path,
+    finders: &[memchr::memmem::Finder<'_>],
+) -> Prepared {
+    let going: std::collections::BTreeSet<&PathBuf> = first.remove.iter().collect();
+    let mut gone = Vec::new();
+    for p in &first.remove {
+        walk(p, &mut gone);
+    }
+    done.holding = search_places(settings, req, config)
+        .into_iter()
+        .filter(|f| !going.contains(f) && !gone.contains(f))
+        .filter(|f| !(req.journal && is_journal(f)))
+        .filter(|f| holds(f, finders).unwrap_or(false))
+        .collect();
+    done.removed = first.remove;
+    done.ran = journal_cmds.iter().map(|c| c.join(" ")).collect();
+    done.journal_kept = if req.journal {
+        0
     } else {
-        None
+        journal_files(req).len()
     };
-    // Again under the lock: the services may have written more before they stopped.
-    let now = plan(settings, req)?;
-    for p in now.remove {
+    done.marker = Some(marker_path(&settings.paths.state_dir));
+    done
+}
+
+/// install's lock, where the state directory exists.
+fn prepare_lock(settings: &Settings, lock_path: &Path) -> anyhow::Result<Option<fsutil::Lock>> {
+    let state_dir = &settings.paths.state_dir;
+    if !state_dir.is_dir() {
+        return Ok(None);
+    }
+    let wait = settings.commands.timeout * 2 + std::time::Duration::from_secs(30);
+    fsutil::lock(lock_path, wait)
+        .map(Some)
+        .map_err(|e| match e {
+            fsutil::LockError::Busy => anyhow!(
+                "cannot take the lock in {}: an install is running; wait for it and run prepare-image again",
+                show_path(state_dir)
+            ),
+            fsutil::LockError::Io(e) => anyhow!(
+                "cannot open the lock {}: {e}; prepare-image must be able to write the state directory (run it as root, on a writable image); nothing was removed",
+                show_path(lock_path)
+            ),
+        })
+}
+
+/// Removes each path (a tree), in order; returns those removed.
+fn remove_all(paths: Vec<PathBuf>) -> anyhow::Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for p in paths {
         match fsutil::remove_tree(&p) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -656,14 +713,19 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
                 return Err(anyhow!(
                     "cannot remove {}: {e}; remove it yourself and run prepare-image again (removed so far: {})",
                     show_path(&p),
-                    done.removed.len()
+                    removed.len()
                 ));
             }
         }
-        done.removed.push(p);
+        removed.push(p);
     }
-    let _ = fs::remove_file(&lock_path);
-    for argv in &journal_cmds {
+    Ok(removed)
+}
+
+/// Runs the journal's commands; returns them as run.
+fn run_journal_commands(settings: &Settings, cmds: &[Vec<String>]) -> anyhow::Result<Vec<String>> {
+    let mut ran = Vec::new();
+    for argv in cmds {
         let out = crate::command::run(argv, settings.commands.timeout)
             .map_err(|e| anyhow!("cannot run {}: {e}", argv.join(" ")))?;
         if !out.status.success() {
@@ -673,16 +735,14 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
                 out.last_line().unwrap_or_else(|| out.status.to_string())
             ));
         }
-        done.ran.push(argv.join(" "));
+        ran.push(argv.join(" "));
     }
-    if !req.journal {
-        done.journal_kept = journal_files(req).len();
-    }
-    done.holding = search_places(settings, req, config)
-        .into_iter()
-        .filter(|f| holds(f, &finders).unwrap_or(false))
-        .collect();
-    // The record that this image was prepared, for the clone's first boot.
+    Ok(ran)
+}
+
+/// The record that this image was prepared, for the clone's first boot (where the state
+/// directory's parent exists).
+fn record_prepared(settings: &Settings, req: &Request) -> anyhow::Result<Option<PathBuf>> {
     let marker = ImagePrepared {
         at: crate::time::rfc3339(Utc::now()),
         boot_id: if req.root.is_none() {
@@ -691,19 +751,17 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
             None
         },
     };
-    let path = marker_path(&paths.state_dir);
-    if let Some(parent) = path.parent()
-        && parent.is_dir()
-    {
-        fsutil::write_atomic(&path, &serde_json::to_vec_pretty(&marker)?, 0o644).map_err(|e| {
-            anyhow!(
-                "cannot write {}: {e}; make it writable and run prepare-image again",
-                show_path(&path)
-            )
-        })?;
-        done.marker = Some(path);
+    let path = marker_path(&settings.paths.state_dir);
+    if !path.parent().is_some_and(Path::is_dir) {
+        return Ok(None);
     }
-    Ok(done)
+    fsutil::write_atomic(&path, &serde_json::to_vec_pretty(&marker)?, 0o644).map_err(|e| {
+        anyhow!(
+            "cannot write {}: {e}; make it writable and run prepare-image again",
+            show_path(&path)
+        )
+    })?;
+    Ok(Some(path))
 }
 
 fn is_journal(p: &Path) -> bool {
