@@ -448,29 +448,22 @@ fn scenario_the_same_refusal_is_logged_once() {
             .filter(|l| l.contains("token not adopted"))
             .count()
     };
-    for _ in 0..6 {
-        sim::write_mode(&m.token_path(), b"<html>404 Not Found</html>\n", 0o644);
-        std::thread::sleep(Duration::from_millis(400));
-    }
-    sim::wait_for(
-        "the refusal said",
-        T,
-        || (refusals() >= 1).then_some(()),
-        || a.context(),
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(refusals(), 1, "{}", a.context());
+    // `bytes` written `times` times, 400 ms apart: then the refusals said are `said`.
+    let rewrite = |bytes: &[u8], times: usize, said: usize| {
+        for _ in 0..times {
+            sim::write_mode(&m.token_path(), bytes, 0o644);
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        sim::wait_for(
+            "the refusal said",
+            T,
+            || (refusals() >= said).then_some(()),
+            || a.context(),
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(refusals(), said, "{}", a.context());
+    };
+    rewrite(b"<html>404 Not Found</html>\n", 6, 1);
     // Another file, refused for another reason: its own line, said once too.
-    for _ in 0..3 {
-        sim::write_mode(&m.token_path(), b"aaaa.bbbb.cccc\n", 0o644);
-        std::thread::sleep(Duration::from_millis(400));
-    }
-    sim::wait_for(
-        "the new refusal said",
-        T,
-        || (refusals() >= 2).then_some(()),
-        || a.context(),
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(refusals(), 2, "{}", a.context());
+    rewrite(b"aaaa.bbbb.cccc\n", 3, 2);
 }

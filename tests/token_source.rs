@@ -38,12 +38,27 @@ fn publish_as(dir: &Path, generation: u32, key: &str, bytes: &[u8]) {
 /// judged as any token is, as the token directory takes any file that decodes.
 #[test]
 fn scenario_a_secret_key_not_named_tok_is_the_token() {
+    let mut token = Vec::new();
+    let (m, _source, agent) = with_source(|m, source| {
+        token = token_for("127.0.0.1", m.dls.port(), "key-token");
+        publish_as(source, 1, "token", &token);
+    });
+    wait_installed(
+        &m,
+        &agent,
+        &token,
+        "the Secret's `token` installed and licensed",
+    );
+}
+
+/// A machine whose agent takes its token from a Secret-like directory (`token_source` in a
+/// drop-in), `fill`ed before gridd and the agent start.
+fn with_source(fill: impl FnOnce(&Machine, &Path)) -> (Machine, std::path::PathBuf, Agent) {
     let m = Machine::new(Setup::default());
     sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
     let source = m.path("run/vgpu-license/token");
     fs::create_dir_all(&source).unwrap();
-    let token = token_for("127.0.0.1", m.dls.port(), "key-token");
-    publish_as(&source, 1, "token", &token);
+    fill(&m, &source);
     let dropins = m.config.parent().unwrap().join("config.d");
     fs::create_dir_all(&dropins).unwrap();
     fs::write(
@@ -53,13 +68,17 @@ fn scenario_a_secret_key_not_named_tok_is_the_token() {
     .unwrap();
     m.start_gridd();
     let agent = Agent::start(&m);
+    (m, source, agent)
+}
+
+/// Waits until `token` is the installed token and the guest licensed.
+fn wait_installed(m: &Machine, agent: &Agent, token: &[u8], what: &str) {
     wait_for(
-        "the Secret's `token` installed and licensed",
+        what,
         T,
         || {
             let v = agent.status()?;
-            (installed(&m).as_deref() == Some(token.as_slice()) && v["state"] == "licensed")
-                .then_some(())
+            (installed(m).as_deref() == Some(token) && v["state"] == "licensed").then_some(())
         },
         || agent.context(),
     );
@@ -71,33 +90,19 @@ fn installed(m: &Machine) -> Option<Vec<u8>> {
 
 #[test]
 fn scenario_token_source_rotated_under_the_running_service() {
-    let m = Machine::new(Setup::default());
-    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
-    let source = m.path("run/vgpu-license/token");
-    fs::create_dir_all(&source).unwrap();
+    let mut a_token = Vec::new();
+    let (m, source, agent) = with_source(|m, source| {
+        a_token = token_for("127.0.0.1", m.dls.port(), "rotation-a");
+        publish(source, 1, &a_token);
+    });
     let port = m.dls.port();
-    let a_token = token_for("127.0.0.1", port, "rotation-a");
-    publish(&source, 1, &a_token);
-    let dropins = m.config.parent().unwrap().join("config.d");
-    fs::create_dir_all(&dropins).unwrap();
-    fs::write(
-        dropins.join("source.toml"),
-        format!("[paths]\ntoken_source = \"{}\"\n", source.display()),
-    )
-    .unwrap();
-    m.start_gridd();
-    let agent = Agent::start(&m);
 
     // The first token is installed from the source (no token was in the directory).
-    wait_for(
+    wait_installed(
+        &m,
+        &agent,
+        &a_token,
         "the source's token installed and licensed",
-        T,
-        || {
-            let v = agent.status()?;
-            (installed(&m).as_deref() == Some(a_token.as_slice()) && v["state"] == "licensed")
-                .then_some(())
-        },
-        || agent.context(),
     );
     let mode = fs::metadata(m.token_path()).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o744);
@@ -244,19 +249,7 @@ fn scenario_token_source_rotated_under_the_running_service() {
 /// that an installed token stays where there is none.
 #[test]
 fn scenario_a_share_that_did_not_mount_is_said_as_such() {
-    let m = Machine::new(Setup::default());
-    sim::write_mode(&m.sim_config().gridd_conf, b"FeatureType=1\n", 0o644);
-    let source = m.path("run/vgpu-license/token");
-    fs::create_dir_all(&source).unwrap();
-    let dropins = m.config.parent().unwrap().join("config.d");
-    fs::create_dir_all(&dropins).unwrap();
-    fs::write(
-        dropins.join("source.toml"),
-        format!("[paths]\ntoken_source = \"{}\"\n", source.display()),
-    )
-    .unwrap();
-    m.start_gridd();
-    let agent = Agent::start(&m);
+    let (_m, _source, agent) = with_source(|_, _| {});
     let v = agent.wait_status("token_source_rejected", T, |v| {
         v["failure"]["reason"] == "token_source_rejected"
     });
