@@ -140,18 +140,15 @@ pub fn needs_dls_3_4(driver_version: &str) -> bool {
 pub const OPERATOR_NAMESPACE: &str = "gpu-operator";
 pub const DRIVER_POD_LABEL: &str = "app=nvidia-driver-daemonset";
 
-/// The Secret's token, checked where kubectl runs before a driver pod is made again for it:
-/// `token inspect -` exits 0 only for a valid token, and names its DLS.
-pub const SECRET_TOKEN_CHECK: &str = "kubectl -n gpu-operator get secret <secret> -o jsonpath='{.data.client_configuration_token\\.tok}' | base64 -d | vgpu-license-agent token inspect -";
-
 /// What the operator changes instead of the agent on a GPU Operator node, one line: the
 /// Secret and its keys, its token checked, and this node's driver pod made again (which alone
 /// reads it).
+/// The Secret's token is checked where kubectl runs, before a driver pod is made again for it:
+/// `token inspect -` exits 0 only for a valid token, and names its DLS.
 pub fn operator_fix(node_name: Option<&str>) -> String {
-    let node = node_name.unwrap_or("<node>");
     format!(
-        "the GPU Operator owns the token and gridd.conf on this node: put the client configuration token from the DLS, unchanged, into the Secret named by the ClusterPolicy's driver.licensingConfig.secretName (keys client_configuration_token.tok and gridd.conf, with FeatureType=1); check its token before the pod is made again for it (exit 0 only for a valid token, with the DLS it names): {SECRET_TOKEN_CHECK}; then make this node's driver pod again, since only a new pod reads it: {}",
-        driver_pod_recycle(Some(node))
+        "the GPU Operator owns the token and gridd.conf on this node: put the client configuration token from the DLS, unchanged, into the Secret named by the ClusterPolicy's driver.licensingConfig.secretName (keys client_configuration_token.tok and gridd.conf, with FeatureType=1); check its token before the pod is made again for it (exit 0 only for a valid token, with the DLS it names): kubectl -n {OPERATOR_NAMESPACE} get secret <secret> -o jsonpath='{{.data.client_configuration_token\\.tok}}' | base64 -d | vgpu-license-agent token inspect -; then make this node's driver pod again, since only a new pod reads it: {}",
+        driver_pod_recycle(node_name)
     )
 }
 

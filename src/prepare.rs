@@ -345,31 +345,31 @@ fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(path)?;
-    let small = f.metadata()?.len() <= DECODED_MAX && !is_journal(path);
+    let found = |hay: &[u8]| needles.iter().any(|n| n.find(hay).is_some());
+    if f.metadata()?.len() <= DECODED_MAX && !is_journal(path) {
+        let mut whole = Vec::new();
+        f.take(DECODED_MAX).read_to_end(&mut whole)?;
+        return Ok(found(&whole)
+            || crate::userdata::decoded_forms(&whole)
+                .iter()
+                .any(|form| found(form)));
+    }
     let keep = needles.iter().map(|n| n.needle().len()).max().unwrap_or(0);
-    let mut whole = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut have = 0;
     loop {
         let n = f.read(&mut buf[have..])?;
         if n == 0 {
-            break;
-        }
-        if small {
-            whole.extend_from_slice(&buf[have..have + n]);
+            return Ok(false);
         }
         have += n;
-        if needles.iter().any(|f| f.find(&buf[..have]).is_some()) {
+        if found(&buf[..have]) {
             return Ok(true);
         }
         let tail = have.min(keep);
         buf.copy_within(have - tail..have, 0);
         have = tail;
     }
-    Ok(small
-        && crate::userdata::decoded_forms(&whole)
-            .iter()
-            .any(|form| needles.iter().any(|f| f.find(form).is_some())))
 }
 
 /// The regular files below `p` (or `p` itself), symlinks not followed.

@@ -420,9 +420,7 @@ impl Adoption {
         self.refusal_said = Some(line.to_string());
         true
     }
-}
 
-impl Adoption {
     /// Remembers what an adoption refused or rotated, for the report of the next while. A
     /// new token in place with nothing refused ends an earlier refusal: the operator
     /// copied the right file.
