@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::cli::AnalyzeArgs;
-use crate::input::{self, ReadError};
+use crate::input::{self, Links, ReadError};
 use crate::observe::{journal, smi};
 use crate::report::Report;
 use crate::state::{LogFold, Observations, evaluate};
@@ -49,6 +49,29 @@ fn read_smi(path: &Path) -> Result<smi::SmiSnapshot, InputError> {
     smi::parse(&bytes).map_err(|e| InputError(format!("{}: {e}", input::named(path))))
 }
 
+/// Reads a saved gridd log: standard input as a stream, a file in sections (see
+/// [`journal::scan_file`]).
+fn scan_journal(
+    path: &Path,
+    sink: impl FnMut(journal::GriddEvent),
+) -> Result<journal::ScanStats, InputError> {
+    let cannot =
+        |e: &dyn std::fmt::Display| InputError(format!("cannot read {}: {e}", input::named(path)));
+    let stats = if input::is_stdin(path) {
+        let reader =
+            input::open_stream(path, MAX_JOURNAL_BYTES, STDIN_DEADLINE).map_err(|e| cannot(&e))?;
+        journal::scan(reader, sink)
+    } else {
+        let file = input::open_regular(path, Links::Follow).map_err(|e| cannot(&e))?;
+        let len = file.metadata().map_err(|e| cannot(&e))?.len();
+        if len > MAX_JOURNAL_BYTES as u64 {
+            return Err(cannot(&ReadError::TooLarge(MAX_JOURNAL_BYTES)));
+        }
+        journal::scan_file(&file, len, sink)
+    };
+    stats.map_err(|e| cannot(&input::describe(&e)))
+}
+
 /// Builds the report from saved outputs.
 pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     if args.smi.is_none() && args.journal.is_none() {
@@ -83,15 +106,7 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     }
     if let Some(path) = &args.journal {
         let mut fold = LogFold::new(args.max_events);
-        let reader = input::open_stream(path, MAX_JOURNAL_BYTES, STDIN_DEADLINE)
-            .map_err(|e| InputError(format!("cannot read {}: {e}", input::named(path))))?;
-        let stats = journal::scan(reader, |e| fold.push(e)).map_err(|e| {
-            InputError(format!(
-                "cannot read {}: {}",
-                input::named(path),
-                input::describe(&e)
-            ))
-        })?;
+        let stats = scan_journal(path, |e| fold.push(e))?;
         if fold.total() == 0 {
             notes.push(format!(
                 "{}: no nvidia-gridd lines found",

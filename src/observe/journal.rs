@@ -14,13 +14,16 @@
 //! stays close to `grep`'s.
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 
 use chrono::DateTime;
-use memchr::{memchr, memchr_iter, memmem, memrchr};
-use serde_json::Value;
+use memchr::{memchr, memmem, memrchr};
 
 pub use crate::observe::catalogue::{Classified, classify, reason_of_error};
+use crate::observe::entry::{self, Field, Fields};
+use crate::observe::lines::Lines;
 pub use crate::observe::stamp::Stamp;
 use crate::observe::stamp::parse_stamp;
 use crate::report::{EventKind, Reason};
@@ -170,10 +173,6 @@ fn parse_status_header(line: &str) -> Option<Context> {
     })
 }
 
-fn str_field<'v>(entry: &'v Value, key: &str) -> Option<&'v str> {
-    entry.get(key)?.as_str()
-}
-
 /// Whose word a journal entry is taken on for having come from nvidia-gridd.
 ///
 /// `SYSLOG_IDENTIFIER` is whatever the sender wrote: any local user can run `logger -t
@@ -195,28 +194,77 @@ pub enum Trust {
 }
 
 /// Whether journald's fields of `entry` show that nvidia-gridd logged it, under `trust`.
-fn from_gridd(entry: &Value, trust: Trust) -> bool {
-    match entry.get("_UID") {
+fn from_gridd(entry: &Fields, trust: Trust) -> bool {
+    match &entry.uid {
         Some(uid) if uid.as_str() != Some("0") => return false,
         None if trust == Trust::Journal => return false,
         _ => {}
     }
-    let is = |key: &str, want: &dyn Fn(&str) -> bool| {
-        entry.get(key).map(|v| v.as_str().is_some_and(want))
+    let is = |field: &Option<Field>, want: &dyn Fn(&str) -> bool| {
+        field.as_ref().map(|v| v.as_str().is_some_and(want))
     };
     let process = [
-        is("_COMM", &|c| c == IDENT),
-        is("_EXE", &|e| {
+        is(&entry.comm, &|c| c == IDENT),
+        is(&entry.exe, &|e| {
             e.strip_suffix(IDENT).is_some_and(|d| d.ends_with('/'))
         }),
-        is("_SYSTEMD_UNIT", &|u| u == UNIT),
+        is(&entry.unit, &|u| u == UNIT),
     ];
     if process.iter().any(Option::is_some) {
         // What journald knows of the sender decides; a name it chose for itself does not.
         process.contains(&Some(true))
     } else {
-        str_field(entry, "SYSLOG_IDENTIFIER") == Some(IDENT)
+        str_of(&entry.syslog_identifier) == Some(IDENT)
     }
+}
+
+fn str_of<'f>(field: &'f Option<Field>) -> Option<&'f str> {
+    field.as_ref()?.as_str()
+}
+
+/// The time of a journal entry.
+fn stamp_of(entry: &Fields) -> Option<Stamp> {
+    let us = str_of(&entry.realtime)?.parse::<i64>().ok()?;
+    DateTime::from_timestamp_micros(us).map(Stamp::from_utc)
+}
+
+/// What the parser takes from one journal JSON entry: its time and, when it is gridd's (see
+/// [`from_gridd`]) and has a message, the message read.
+#[derive(Debug)]
+struct JsonEntry {
+    stamp: Option<Stamp>,
+    gridd: Option<GriddLine>,
+}
+
+#[derive(Debug)]
+struct GriddLine {
+    pid: Option<u32>,
+    message: String,
+    what: Classified,
+}
+
+/// One line of journal JSON, read (`None`: it is not JSON). Pure: the threads of
+/// [`scan_file`] read their sections' lines with it.
+fn read_entry(line: &[u8], trust: Trust) -> Option<JsonEntry> {
+    let entry = entry::read(line)?;
+    let stamp = stamp_of(&entry);
+    let message = match &entry.message {
+        _ if !from_gridd(&entry, trust) => None,
+        Some(Field::Str(s)) => Some(s.clone().into_owned()),
+        Some(Field::Bytes(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    };
+    let Some(message) = message else {
+        return Some(JsonEntry { stamp, gridd: None });
+    };
+    let pid = [&entry.pid, &entry.syslog_pid]
+        .into_iter()
+        .find_map(|f| str_of(f).and_then(|p| p.parse().ok()));
+    let what = classify(&message).unwrap_or_else(|| Classified::new(EventKind::Other));
+    Some(JsonEntry {
+        stamp,
+        gridd: Some(GriddLine { pid, message, what }),
+    })
 }
 
 /// The line parser: feed it lines, it emits events. Keeps only O(1) state. [`scan`] and
@@ -317,37 +365,23 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
     }
 
     fn json_line(&mut self, line: &[u8]) -> bool {
-        let Ok(entry) = serde_json::from_slice::<Value>(line) else {
-            return false;
-        };
-        let is_gridd = from_gridd(&entry, self.trust);
-        let stamp = str_field(&entry, "__REALTIME_TIMESTAMP")
-            .and_then(|us| us.parse::<i64>().ok())
-            .and_then(DateTime::from_timestamp_micros)
-            .map(Stamp::from_utc);
-        if stamp.is_some() {
-            self.stats.last_stamp = stamp;
-        }
-        if !is_gridd {
-            return true;
-        }
-        let message = match entry.get("MESSAGE") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(bytes)) => {
-                let b: Vec<u8> = bytes
-                    .iter()
-                    .filter_map(|v| v.as_u64().and_then(|n| u8::try_from(n).ok()))
-                    .collect();
-                String::from_utf8_lossy(&b).into_owned()
+        match read_entry(line, self.trust) {
+            Some(entry) => {
+                self.entry(entry);
+                true
             }
-            _ => return true,
-        };
-        let pid = ["_PID", "SYSLOG_PID"]
-            .iter()
-            .find_map(|k| str_field(&entry, k).and_then(|p| p.parse().ok()));
-        let c = classify(&message).unwrap_or_else(|| Classified::new(EventKind::Other));
-        self.emit(stamp, pid, &message, c);
-        true
+            None => false,
+        }
+    }
+
+    /// One journal entry read by [`read_entry`].
+    fn entry(&mut self, entry: JsonEntry) {
+        if entry.stamp.is_some() {
+            self.stats.last_stamp = entry.stamp;
+        }
+        if let Some(gridd) = entry.gridd {
+            self.emit(entry.stamp, gridd.pid, &gridd.message, gridd.what);
+        }
     }
 
     fn text_line(&mut self, line: &[u8]) {
@@ -412,117 +446,261 @@ pub fn scan_journal<R: Read, F: FnMut(GriddEvent)>(reader: R, sink: F) -> io::Re
 }
 
 fn scan_with<R: Read, F: FnMut(GriddEvent)>(
-    mut reader: R,
+    reader: R,
     trust: Trust,
     sink: F,
 ) -> io::Result<ScanStats> {
     let mut sc = LineParser::with_trust(sink, trust);
     let finder = memmem::Finder::new(IDENT.as_bytes());
-    let mut buf = vec![0u8; CHUNK];
-    let (mut start, mut end) = (0usize, 0usize);
+    let mut lines = Lines::new(reader, CHUNK, MAX_LINE, false);
     let mut json: Option<bool> = None;
-    let mut skipping = false;
     // The last complete line seen in JSON mode: its time is the log's last time.
     let mut last_line: Vec<u8> = Vec::new();
-    loop {
-        if end == buf.len() {
-            if start > 0 {
-                buf.copy_within(start..end, 0);
-                end -= start;
-                start = 0;
-            } else if buf.len() < MAX_LINE {
-                buf.resize(buf.len() * 2, 0);
-            } else {
-                // One line longer than any log line: drop it up to its newline.
-                skipping = true;
-                sc.stats.skipped_long_lines += 1;
-                start = 0;
-                end = 0;
-            }
-        }
-        let n = match reader.read(&mut buf[end..]) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        sc.stats.bytes += n as u64;
-        let eof = n == 0;
-        end += n;
-        let data = &buf[start..end];
-        if json.is_none() {
-            match data.iter().position(|b| !b.is_ascii_whitespace()) {
-                Some(i) => json = Some(data[i] == b'{'),
-                None if eof => break,
+    while let Some((_, region)) = lines.next_region()? {
+        let is_json = match json {
+            Some(j) => j,
+            None => match region.iter().position(|b| !b.is_ascii_whitespace()) {
+                Some(i) => *json.insert(region[i] == b'{'),
+                // Blank lines before the first: nothing in either mode.
                 None => continue,
+            },
+        };
+        if is_json {
+            json_hits(region, &finder, |line| sc.line(line, true));
+            keep_last_line(region, &mut last_line);
+        } else {
+            for line in region
+                .strip_suffix(b"\n")
+                .unwrap_or(region)
+                .split(|b| *b == b'\n')
+            {
+                sc.line(line, false);
             }
         }
-        let is_json = json == Some(true);
-        // Complete lines only, unless at the end. Only the bytes just read are searched: the
-        // pending ones hold no newline (complete lines were consumed), and searching them again
-        // on every read would make a long line trickled in small reads cost its square.
-        let upto = if eof {
-            data.len()
-        } else {
-            match memrchr(b'\n', &data[data.len() - n..]).map(|i| data.len() - n + i) {
-                Some(i) => i + 1,
-                None => {
-                    if eof {
-                        data.len()
-                    } else {
-                        continue;
+    }
+    sc.stats.bytes = lines.bytes;
+    sc.stats.skipped_long_lines = lines.skipped_long;
+    if let Some(t) = last_line_time(&last_line) {
+        sc.stats.last_stamp = Some(t);
+    }
+    Ok(sc.stats)
+}
+
+/// Calls `hit` with every line of `region` that holds gridd's name.
+fn json_hits(region: &[u8], finder: &memmem::Finder, mut hit: impl FnMut(&[u8])) {
+    let mut from = 0;
+    while let Some(at) = finder.find(&region[from..]) {
+        let pos = from + at;
+        let ls = memrchr(b'\n', &region[..pos]).map_or(0, |i| i + 1);
+        let le = memchr(b'\n', &region[pos..]).map_or(region.len(), |i| pos + i);
+        hit(&region[ls..le]);
+        from = le;
+    }
+}
+
+/// Keeps the last line of `region` that is not blank (when it has one) in `last`.
+fn keep_last_line(region: &[u8], last: &mut Vec<u8>) {
+    let body = region.trim_ascii_end();
+    if !body.is_empty() {
+        let ls = memrchr(b'\n', body).map_or(0, |i| i + 1);
+        last.clear();
+        last.extend_from_slice(&body[ls..]);
+    }
+}
+
+/// The time of a journal JSON entry.
+fn last_line_time(line: &[u8]) -> Option<Stamp> {
+    stamp_of(&entry::read(line)?)
+}
+
+/// Sections of this size are what the threads of [`scan_file`] search, one at a time.
+const SECTION: u64 = 8 << 20;
+/// The reads of each of those threads.
+const SECTION_CHUNK: usize = 256 << 10;
+
+/// Reads a saved log from a regular file ([`Trust::Export`]), as [`scan`] would, faster: a
+/// large `journalctl -o json` export is searched by a thread per CPU (at most 4), each taking
+/// a section of the file at a time, and the lines holding gridd's name are parsed in the
+/// file's order; events and stats are the same. Memory stays flat: a few sections are in
+/// flight at once. Reads the file's first `len` bytes.
+pub fn scan_file<F: FnMut(GriddEvent)>(file: &File, len: u64, sink: F) -> io::Result<ScanStats> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    scan_file_with(file, len, SECTION, workers, sink)
+}
+
+fn scan_file_with<F: FnMut(GriddEvent)>(
+    file: &File,
+    len: u64,
+    section: u64,
+    workers: usize,
+    sink: F,
+) -> io::Result<ScanStats> {
+    let whole = At {
+        file,
+        pos: 0,
+        end: len,
+    };
+    if workers < 2 || len < 2 * section || !starts_with_json(file, len)? {
+        return scan_with(whole, Trust::Export, sink);
+    }
+    let mut sc = LineParser::with_trust(sink, Trust::Export);
+    let finder = memmem::Finder::new(IDENT.as_bytes());
+    let sections = len.div_ceil(section);
+    let mut last_line = Vec::new();
+    std::thread::scope(|scope| -> io::Result<()> {
+        let mut results = Vec::new();
+        for w in 0..workers {
+            let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            results.push(rx);
+            let finder = &finder;
+            scope.spawn(move || {
+                for k in (w as u64..sections).step_by(workers) {
+                    let start = k * section;
+                    let hits = section_hits(file, start, (start + section).min(len), len, finder);
+                    let failed = hits.is_err();
+                    if tx.send(hits).is_err() || failed {
+                        break;
                     }
                 }
-            }
-        };
-        let mut region = &data[..upto];
-        if skipping {
-            match memchr(b'\n', region) {
-                Some(i) => {
-                    region = &region[i + 1..];
-                    skipping = false;
+            });
+        }
+        for k in 0..sections {
+            let hits = results[(k % workers as u64) as usize]
+                .recv()
+                .map_err(|_| io::Error::other("a reading thread stopped"))??;
+            for hit in hits.lines {
+                match hit {
+                    Hit::Entry(entry) => {
+                        sc.line_no += 1;
+                        sc.entry(entry);
+                    }
+                    Hit::Other(line) => sc.line(&line, true),
                 }
-                None => region = &[],
             }
+            if !hits.last.is_empty() {
+                last_line = hits.last;
+            }
+            sc.stats.bytes += hits.bytes;
+            sc.stats.skipped_long_lines += hits.skipped_long;
         }
-        if is_json {
-            let mut from = 0;
-            while let Some(hit) = finder.find(&region[from..]) {
-                let pos = from + hit;
-                let ls = memrchr(b'\n', &region[..pos]).map_or(0, |i| i + 1);
-                let le = memchr(b'\n', &region[pos..]).map_or(region.len(), |i| pos + i);
-                sc.line(&region[ls..le], true);
-                from = le;
-            }
-            let body = region.strip_suffix(b"\n").unwrap_or(region);
-            if !body.is_empty() {
-                let ls = memrchr(b'\n', body).map_or(0, |i| i + 1);
-                last_line.clear();
-                last_line.extend_from_slice(&body[ls..]);
-            }
+        Ok(())
+    })?;
+    if let Some(t) = last_line_time(&last_line) {
+        sc.stats.last_stamp = Some(t);
+    }
+    Ok(sc.stats)
+}
+
+/// Whether the first byte of the file that is not white space is a `{` (it is read in JSON
+/// mode).
+fn starts_with_json(file: &File, len: u64) -> io::Result<bool> {
+    let mut lines = Lines::new(
+        At {
+            file,
+            pos: 0,
+            end: len,
+        },
+        64 << 10,
+        MAX_LINE,
+        false,
+    );
+    while let Some((_, region)) = lines.next_region()? {
+        if let Some(i) = region.iter().position(|b| !b.is_ascii_whitespace()) {
+            return Ok(region[i] == b'{');
+        }
+    }
+    Ok(false)
+}
+
+/// What one section of a JSON export holds for the parser: its lines that hold gridd's name
+/// (read), its last line, and what was read.
+#[derive(Default)]
+struct Hits {
+    lines: Vec<Hit>,
+    last: Vec<u8>,
+    bytes: u64,
+    skipped_long: u64,
+}
+
+/// A line that holds gridd's name: a journal entry, or what [`LineParser::line`] will read
+/// as text.
+enum Hit {
+    Entry(JsonEntry),
+    Other(Vec<u8>),
+}
+
+impl Hit {
+    /// As [`LineParser::line`] reads a line in JSON mode.
+    fn read(line: &[u8]) -> Hit {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let json = line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        match json.then(|| read_entry(line, Trust::Export)).flatten() {
+            Some(entry) => Hit::Entry(entry),
+            None => Hit::Other(line.to_vec()),
+        }
+    }
+}
+
+/// The hits of the lines that begin in `start..end` of the file's first `len` bytes (the last
+/// of them may end after `end`).
+fn section_hits(
+    file: &File,
+    start: u64,
+    end: u64,
+    len: u64,
+    finder: &memmem::Finder,
+) -> io::Result<Hits> {
+    // From the byte before: when it is a newline, the section's first line begins at `start`.
+    let from = start.saturating_sub(1);
+    let reader = At {
+        file,
+        pos: from,
+        end: len,
+    };
+    let mut lines = Lines::new(reader, SECTION_CHUNK, MAX_LINE, start > 0);
+    let limit = end - from;
+    let mut hits = Hits::default();
+    while let Some((off, region)) = lines.next_region()? {
+        if off >= limit {
+            break;
+        }
+        let past = off + region.len() as u64 > limit;
+        let region = if past {
+            // Up to the newline that ends the line holding the section's last byte.
+            let i = (limit - 1 - off) as usize;
+            memchr(b'\n', &region[i..]).map_or(region, |j| &region[..i + j + 1])
         } else {
-            let mut ls = 0;
-            for nl in memchr_iter(b'\n', region) {
-                sc.line(&region[ls..nl], false);
-                ls = nl + 1;
-            }
-            if ls < region.len() {
-                sc.line(&region[ls..], false);
-            }
-        }
-        start += upto;
-        if eof {
+            region
+        };
+        json_hits(region, finder, |line| hits.lines.push(Hit::read(line)));
+        keep_last_line(region, &mut hits.last);
+        if past {
             break;
         }
     }
-    if !last_line.is_empty()
-        && let Ok(entry) = serde_json::from_slice::<Value>(&last_line)
-        && let Some(t) = str_field(&entry, "__REALTIME_TIMESTAMP")
-            .and_then(|us| us.parse::<i64>().ok())
-            .and_then(DateTime::from_timestamp_micros)
-    {
-        sc.stats.last_stamp = Some(Stamp::from_utc(t));
+    hits.bytes = (from + lines.bytes).min(end).saturating_sub(start);
+    hits.skipped_long = lines.skipped_long;
+    Ok(hits)
+}
+
+/// `len` bytes of a file from `pos`, read at their offsets (threads share the file).
+struct At<'a> {
+    file: &'a File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = usize::try_from(self.end.saturating_sub(self.pos)).unwrap_or(usize::MAX);
+        let max = buf.len().min(left);
+        if max == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..max], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
     }
-    Ok(sc.stats)
 }
 
 #[cfg(test)]
@@ -938,5 +1116,118 @@ mod tests {
         );
         assert_eq!(ev[0].what.kind, EventKind::Acquired);
         assert_eq!(ev[0].what.expiry, None);
+    }
+
+    /// A `journalctl -o json` export made of every gridd line of the bundled samples, with
+    /// other programs' entries, blank and CRLF lines, and gridd's name in other fields between.
+    fn export_of_samples() -> Vec<u8> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/samples");
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("gridd-log-")
+            })
+            .collect();
+        names.sort();
+        let mut out = Vec::new();
+        let mut us = 1_700_000_000_000_000i64;
+        for (n, path) in names.iter().enumerate() {
+            for (i, line) in std::fs::read_to_string(path).unwrap().lines().enumerate() {
+                us += 1_000_000;
+                let message = serde_json::to_string(line).unwrap();
+                let entry = match (n + i) % 5 {
+                    0 => {
+                        format!(r#"{{"__REALTIME_TIMESTAMP":"{us}","_COMM":"sshd","MESSAGE":"x"}}"#)
+                    }
+                    1 => format!(
+                        r#"{{"__REALTIME_TIMESTAMP":"{us}","_COMM":"bash","MESSAGE":{message}}}"#
+                    ),
+                    2 => "\r".to_string(),
+                    _ => format!(
+                        r#"{{"__REALTIME_TIMESTAMP":"{us}","_UID":"0","_COMM":"nvidia-gridd","_PID":"{}","MESSAGE":{message}}}"#,
+                        100 + n
+                    ),
+                };
+                out.extend_from_slice(entry.as_bytes());
+                out.push(b'\n');
+            }
+        }
+        out
+    }
+
+    fn file_of(bytes: &[u8]) -> File {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+        f
+    }
+
+    fn by_sections(bytes: &[u8], section: u64, workers: usize) -> (Vec<GriddEvent>, ScanStats) {
+        let mut v = Vec::new();
+        let st = scan_file_with(&file_of(bytes), bytes.len() as u64, section, workers, |e| {
+            v.push(e)
+        })
+        .unwrap();
+        (v, st)
+    }
+
+    #[test]
+    fn a_file_read_in_sections_gives_what_one_stream_gives() {
+        let export = export_of_samples();
+        let (want, want_stats) = events(std::str::from_utf8(&export).unwrap());
+        assert!(want.len() > 50, "{}", want.len());
+        assert!(want_stats.last_stamp.is_some());
+        for section in [1, 7, 64, 333, 4096] {
+            for workers in [2, 3] {
+                let (got, stats) = by_sections(&export, section, workers);
+                assert_eq!(got, want, "sections of {section}, {workers} threads");
+                assert_eq!(
+                    stats, want_stats,
+                    "sections of {section}, {workers} threads"
+                );
+            }
+        }
+        // Without a newline at its end, and cut at every line's edge.
+        let cut = export.strip_suffix(b"\n").unwrap();
+        let (want, want_stats) = events(std::str::from_utf8(cut).unwrap());
+        assert_eq!(by_sections(cut, 64, 2), (want, want_stats));
+    }
+
+    #[test]
+    fn a_line_longer_than_any_log_line_is_skipped_once_across_sections() {
+        let mut export = export_of_samples();
+        let n = export.len();
+        let long = format!(
+            r#"{{"_COMM":"nvidia-gridd","MESSAGE":"{}"}}"#,
+            "x".repeat(MAX_LINE)
+        );
+        export.splice(n / 2..n / 2, long.bytes().chain([b'\n']));
+        let export = [export.as_slice(), b"\n"].concat();
+        let mut want = Vec::new();
+        let want_stats = scan(&export[..], |e| want.push(e)).unwrap();
+        assert_eq!(want_stats.skipped_long_lines, 1);
+        let (got, stats) = by_sections(&export, 1 << 20, 2);
+        assert_eq!(stats, want_stats);
+        assert_eq!(got.len(), want.len());
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn text_and_small_files_are_read_as_one_stream() {
+        let text = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/samples/gridd-log-fastapi-dls-1.txt"
+        ))
+        .unwrap();
+        let (want, want_stats) = events(std::str::from_utf8(&text).unwrap());
+        assert!(!want.is_empty());
+        assert_eq!(
+            by_sections(&text, 16, 2),
+            (want.clone(), want_stats.clone())
+        );
+        assert_eq!(by_sections(&text, 1 << 30, 2), (want, want_stats));
     }
 }
