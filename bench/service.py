@@ -1,18 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark of the service (`vgpu-license-agent run`) against the real journald.
 
-1. Latency: from a gridd line reaching the journal (sent to journald's syslog socket as nvidia-gridd) to
-   status.json and the metrics textfile showing it. Median and p90 of N lines.
-2. Idle with a license held: RSS and CPU (children included) over one hour compressed, next
-   to the shell loop people write instead (nvidia-smi every 60 s plus `journalctl -f | grep`),
-   with its detection delay.
+Latency: from a gridd line reaching the journal (sent to journald's syslog socket as
+nvidia-gridd) to status.json and the metrics textfile showing it, for N lines, each beside a
+plain `journalctl --follow` reader of the same line (the baseline: what `journalctl -f | grep`
+sees), and as a ratio to it. What the service costs idle, beside the shell loop, is
+bench/footprint.py's.
 
-Every figure is printed beside its baseline measured in the same run, and as a ratio to it:
-for a line's delay, a plain `journalctl --follow` reader of the same line; for the idle hour,
-the shell loop.
-
-Usage: python3 bench/service.py [--binary PATH] [--lines 50] [--seconds 60]
-(without --binary: builds and measures target/release/vgpu-license-agent). About 6 minutes
+Usage: python3 bench/service.py [--binary PATH] [--lines 50]
+(without --binary: builds and measures target/release/vgpu-license-agent). About 2 minutes
 with the defaults. Needs root: the agent believes only gridd lines that journald says root's
 nvidia-gridd process sent (_UID=0, _COMM=nvidia-gridd), so the lines are sent by a helper
 process of root's named nvidia-gridd. Needs journald: where nothing answers on its socket,
@@ -156,7 +152,7 @@ if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, b"nvidia-gridd", 0, 0, 0
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 head = b"<30>nvidia-gridd[%d]: " % os.getpid()
 for line in iter(sys.stdin.buffer.readline, b""):
-    s.sendto(head + line.rstrip(b"\n"), "/run/systemd/journal/dev-log")
+    s.sendto(head + line.rstrip(b"\n"), os.environ.get("VLA_DEV_LOG", "/run/systemd/journal/dev-log"))
 """
 _sender = None
 
@@ -324,102 +320,6 @@ class CpuGroup:
                     time.sleep(0.1)
 
 
-def settle(path, quiet=3.0, timeout=60.0):
-    end = time.monotonic() + timeout
-    last, since = None, time.monotonic()
-    while time.monotonic() < end:
-        try:
-            m = os.stat(path).st_mtime_ns
-        except OSError:
-            m = None
-        if m != last:
-            last, since = m, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return
-        time.sleep(0.1)
-
-
-# The agent looks at the token again 30 s after it starts, then every 300 s (a watcher can
-# miss a change): the window around that first look gives the cost of one.
-FIRST_LOOK = 30
-
-
-def idle(binary, seconds, poll):
-    """CPU, peak RSS and wakeups over SECONDS with a license held (nvidia-smi every POLL s),
-    measured after the first token look; and the wakeups of the 20 s around that look."""
-    root = tempfile.mkdtemp(prefix="vla-bench-")
-    setup(root, poll)
-    group = CpuGroup()
-    started = time.monotonic()
-    agent = subprocess.Popen([binary, "--config", f"{root}/config.toml", "run"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=group.enter)
-    age = lambda: time.monotonic() - started
-    try:
-        assert wait_for(lambda: status_has(f"{root}/run/status.json", '"licensed"'), 15)
-        # This boot's journal is read at start: measure once status.json has been still for 3 s.
-        settle(f"{root}/run/status.json")
-        assert age() < FIRST_LOOK - 10, "the agent took too long to settle"
-        time.sleep(FIRST_LOOK - 10 - age())
-        w_look = wakeups_tree(agent.pid)
-        time.sleep(FIRST_LOOK + 10 - age())
-        # The agent, its finished children and the live ones (the journalctl follower).
-        c0, w0 = group.cpu(agent.pid), wakeups_tree(agent.pid)
-        w_look = w0 - w_look
-        time.sleep(seconds)
-        return (group.cpu(agent.pid) - c0, rss_of(agent.pid), wakeups_tree(agent.pid) - w0,
-                w_look)
-    finally:
-        agent.terminate(); agent.wait()
-        group.close()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def shell_loop(seconds, period):
-    """nvidia-smi every PERIOD s plus journalctl -f | grep: CPU and detection delay."""
-    root = tempfile.mkdtemp(prefix="vla-bench-")
-    setup(root, 300)
-    script = f"""
-journalctl -f -n 0 SYSLOG_IDENTIFIER=nvidia-gridd | grep --line-buffered -i license > {root}/seen &
-while true; do {root}/nvidia-smi -q | grep -i 'License Status' > {root}/smi-seen; sleep {period}; done
-"""
-    group = CpuGroup()
-    sh = subprocess.Popen(["bash", "-c", script], start_new_session=True, preexec_fn=group.enter)
-    try:
-        time.sleep(2)
-        c0, w0 = group.cpu(sh.pid), wakeups_tree(sh.pid)
-        t0 = time.monotonic()
-        marker = f"shell-{os.getpid()}"
-        send_gridd(f"License renewed successfully. (Info: {marker}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
-        wait_for(lambda: status_has(f"{root}/seen", marker))
-        journal_delay = (time.monotonic() - t0) * 1000
-        time.sleep(max(0, seconds - (time.monotonic() - t0)))
-        # The loop's own processes come and go (nvidia-smi, grep, sleep): counted while alive.
-        return group.cpu(sh.pid) - c0, journal_delay, wakeups_tree(sh.pid) - w0
-    finally:
-        os.killpg(sh.pid, 15); sh.wait()
-        group.close()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def wakeups_tree(pid):
-    """Voluntary context switches of every thread of a process tree: each one is a wakeup
-    (in a VM, a VM exit). Threads that ended are not counted."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for t in os.listdir(f"/proc/{p}/task"):
-                for line in open(f"/proc/{p}/task/{t}/status"):
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        total += int(line.split()[1])
-            kids = open(f"/proc/{p}/task/{p}/children").read().split()
-        except OSError:
-            continue
-        todo.extend(int(k) for k in kids)
-    return total
-
-
 def cpu_tree(pid):
     """CPU of a process tree: each live member (with its reaped children)."""
     total, todo = 0.0, [pid]
@@ -462,7 +362,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", help="the agent to measure (default: target/release/vgpu-license-agent, built first)")
     ap.add_argument("--lines", type=int, default=50)
-    ap.add_argument("--seconds", type=int, default=60)
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/service.py: run it as root: the agent believes only root's gridd lines")
@@ -481,32 +380,6 @@ def main():
     follow, polled = journal_floor(min(a.lines, 30))
     print(f"no agent: line -> in the journal file (journalctl -n 1 in a loop): {quantiles(polled)}")
     print(f"no agent: line -> a journalctl --follow reader:                  {quantiles(follow)}")
-    # One hour compressed into SECONDS: nvidia-smi at the rate of an hour (12 polls at the
-    # default 300 s) plus SECONDS of idle; a second run without polls gives the idle rate.
-    polls_per_hour = 3600 // 300
-    looks_per_hour = 3600 // 300
-    cpu_polls, rss, wake_polls, _ = idle(a.binary, a.seconds, max(1, a.seconds // polls_per_hour))
-    cpu_idle, rss2, wake_idle, wake_look = idle(a.binary, a.seconds, 3600)
-    per_hour = cpu_idle * 3600 / a.seconds + (cpu_polls - cpu_idle)
-    # Wakeups in an hour: the idle rate (heartbeats), one hour's nvidia-smi runs (the polling
-    # run less the idle one) and one hour's token looks (the 20 s around one, less the rate).
-    w_beats = wake_idle * 3600 / a.seconds
-    w_polls = max(0, wake_polls - wake_idle)
-    w_looks = max(0.0, wake_look - wake_idle * 20 / a.seconds) * looks_per_hour
-    wake_hour = w_beats + w_polls + w_looks
-    g = CpuGroup()
-    how = "a cgroup of its own" if g.path else "clock ticks"
-    g.close()
-    print(f"(CPU measured from {how})")
-    print(f"agent, license held, 1 h:       CPU {per_hour:5.2f} s/h (idle {cpu_idle * 3600 / a.seconds:4.2f} + {polls_per_hour} nvidia-smi runs {cpu_polls - cpu_idle:4.2f}), peak RSS {max(rss, rss2):4.1f} MiB")
-    print(f"agent, license held, wakeups (voluntary context switches, all threads): {wake_hour:7.0f} per hour "
-          f"(idle {w_beats:.0f} + {polls_per_hour} nvidia-smi runs {w_polls:.0f} + {looks_per_hour} token looks {w_looks:.0f})")
-    cpu_sh, delay, wake_sh = shell_loop(a.seconds, 60)
-    print(f"shell loop (smi/60 s + journalctl -f | grep), 1 h: CPU {cpu_sh * 3600 / a.seconds:5.2f} s/h, "
-          f"wakeups {wake_sh * 3600 / a.seconds:7.0f} per hour (its live processes); "
-          f"journal line seen after {delay:.0f} ms, an nvidia-smi change after up to 60 s (30 s on average)")
-    print(f"agent / shell loop, same run: CPU {per_hour / max(cpu_sh * 3600 / a.seconds, 1e-9):.2f}x, "
-          f"wakeups {wake_hour / max(wake_sh * 3600 / a.seconds, 1):.2f}x")
 
 
 if __name__ == "__main__":

@@ -333,7 +333,7 @@ fn growth(unit: &[u8], parse: impl Fn(&[u8])) -> (f64, f64) {
 const GROWTH_BOUND: f64 = 20.0;
 
 /// The parsers' work counted, not timed (a timing says as much of the machine's load as of
-/// the parser): `bench/journal.sh` times `analyze` on 1 and 8 times an input.
+/// the parser): `bench/journal.py` times `analyze` on 1 and 8 times an input.
 #[test]
 fn parsing_work_grows_linearly() {
     let shapes: &[&[u8]] = &[

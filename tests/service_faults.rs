@@ -1070,8 +1070,9 @@ fn scenario_a_fifo_at_the_token_path() {
     notify.assert_watchdog_kept(&a);
 }
 
-/// The service's heartbeat (30 s) and a margin: how long an output may wait to be written.
-const HEARTBEAT_AND_MORE: Duration = Duration::from_secs(70);
+/// The service's heartbeat and a margin: how long an output may wait to be written.
+const HEARTBEAT_AND_MORE: Duration =
+    Duration::from_secs(vgpu_license_agent::service::core::HEARTBEAT.as_secs() + 40);
 
 /// The metrics textfile's directory swapped, by the user whose home holds it (prometheus's
 /// `/var/lib/prometheus` on Debian), for a link to the token directory: the agent writes

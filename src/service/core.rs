@@ -26,8 +26,12 @@ use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, mess
 use crate::state::{LogFold, MAX_EVENTS, evaluate};
 use crate::token::Token;
 
-/// status.json is rewritten at least this often: its age tells `status` the service lives.
-pub const HEARTBEAT: Duration = Duration::from_secs(30);
+/// The service's slowest pace: status.json and the metrics are rewritten at least this often
+/// (`status` shows their age; whether the service lives it tells from the writer's pid), and
+/// nvidia-smi's and the token's turns ride on its wakeups. Under systemd's watchdog, half
+/// its interval when that is shorter. Each wakeup costs a guest a VM exit: a licensed, quiet
+/// agent wakes about once a heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(120);
 /// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
 /// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
 /// is made at once.
@@ -222,6 +226,8 @@ struct Schedule {
     smi: Duration,
     /// `smi` was brought forward by an event (not the periodic reading).
     smi_for_event: bool,
+    /// When the last reading was started (the system's clock, as gridd's lines are dated).
+    smi_started: Option<DateTime<Utc>>,
     /// systemd is asked about gridd's unit next (while no license is held).
     unit: Duration,
     /// The same vague failure may be probed again.
@@ -231,6 +237,9 @@ struct Schedule {
     /// `adopt` is the deadline of a restart owed for a new token (the budget or the backoff
     /// said wait): the service wakes for it, licensed or not.
     adopt_owed: bool,
+    /// `adopt` is the first look after the start: it keeps its own time too (later ones
+    /// come on the heartbeat's wakeups).
+    adopt_first: bool,
     /// A look at the token directory owed for changes seen during the last one: when.
     token_read: Option<Duration>,
 }
@@ -259,6 +268,8 @@ struct Published {
     made: Option<Duration>,
     /// Something happened since the latest report.
     dirty: bool,
+    /// The next report is written whatever it holds (the last write failed).
+    rewrite: bool,
     /// systemd was told the service is ready (after the first report).
     ready: bool,
 }
@@ -287,7 +298,10 @@ impl Published {
             .report
             .as_ref()
             .is_none_or(|old| !same_report(old, report));
-        let write = changed || self.heartbeat_due(now, heartbeat) || self.metrics != metrics;
+        let write = std::mem::take(&mut self.rewrite)
+            || changed
+            || self.heartbeat_due(now, heartbeat)
+            || self.metrics != metrics;
         if write {
             self.written = now;
             self.metrics = metrics.to_string();
@@ -549,10 +563,12 @@ impl Core {
             schedule: Schedule {
                 smi: now.mono,
                 smi_for_event: false,
+                smi_started: None,
                 unit: now.mono,
                 probe: now.mono,
                 adopt: now.mono + first_token_look,
                 adopt_owed: false,
+                adopt_first: true,
                 token_read: None,
             },
             published: Published {
@@ -561,6 +577,7 @@ impl Core {
                 written: now.mono,
                 made: None,
                 dirty: false,
+                rewrite: false,
                 ready: false,
             },
         }
@@ -578,6 +595,17 @@ impl Core {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    /// The report is written out again at the next tick (a write of it failed).
+    pub fn write_again(&mut self) {
+        self.published.dirty = true;
+        self.published.rewrite = true;
+    }
+
+    /// Whether the first report is out (systemd was told the service is ready).
+    pub fn ready(&self) -> bool {
+        self.published.ready
     }
 
     pub fn report(&self) -> Option<&Report> {
@@ -624,10 +652,19 @@ impl Core {
             // What the probe found was about the failure this license ended.
             self.probing.failure = None;
         }
+        // Read nvidia-smi right after gridd says something (coalesced), unless a reading
+        // started well after the line was logged: it shows what the line says (this boot's
+        // journal, read at start, asks for nothing more).
+        let shown = e
+            .stamp
+            .and_then(|s| s.utc())
+            .zip(self.schedule.smi_started)
+            .is_some_and(|(said, read)| said + chrono::Duration::seconds(1) <= read);
         self.seen.fold.push(e);
-        // Read nvidia-smi right after gridd says something (coalesced).
-        self.schedule
-            .smi_soon(now.mono + Duration::from_millis(300));
+        if !shown {
+            self.schedule
+                .smi_soon(now.mono + Duration::from_millis(300));
+        }
         // A start or stop changes the unit's state; and a line from gridd while systemd was
         // last heard saying it is not running means that answer is old.
         if kind == EventKind::Started {
@@ -792,6 +829,7 @@ impl Core {
         // In case a change escaped the watcher (or there is none): look at the token again.
         if now.mono >= self.schedule.adopt {
             self.schedule.adopt_owed = false;
+            self.schedule.adopt_first = false;
             self.schedule.adopt = now.mono
                 + if self.watching {
                     ADOPT_WATCHED
@@ -859,7 +897,7 @@ impl Core {
     pub fn next_wake(&self, now: Now) -> Duration {
         let mut wake = self.next_wake_but_token(now);
         // A restart owed for a new token is made when the journal said it would be.
-        if self.schedule.adopt_owed {
+        if self.schedule.adopt_owed || self.schedule.adopt_first {
             wake = wake.min(self.schedule.adopt.max(now.mono));
         }
         self.schedule
@@ -928,6 +966,7 @@ impl Core {
         // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
         self.schedule.smi = now.mono + Duration::from_secs(3600);
         self.schedule.smi_for_event = false;
+        self.schedule.smi_started = Some(now.wall);
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
@@ -953,23 +992,35 @@ impl Core {
 
     /// nvidia-smi's interval: often while no license is held, rarely while one is, every
     /// minute in the last hour of a lease.
+    /// The time to the next periodic reading: the licensed pace while the report says
+    /// licensed (before the first report, while the reading just made does), a minute near
+    /// the lease's end, and the short pace without a license.
     fn smi_interval(&self, now: Now) -> Duration {
         let svc = &self.settings.service;
-        match &self.published.report {
-            Some(r) if r.state == State::Licensed => {
-                let near_expiry = r
-                    .license
-                    .as_ref()
-                    .and_then(|l| l.expiry.as_deref())
-                    .and_then(|e| chrono::DateTime::parse_from_rfc3339(e).ok())
-                    .is_some_and(|e| (e.with_timezone(&Utc) - now.wall).num_seconds() < 3600);
-                if near_expiry {
-                    svc.poll_licensed.min(Duration::from_secs(60))
-                } else {
-                    svc.poll_licensed
-                }
+        let expiry = match &self.published.report {
+            Some(r) if r.state == State::Licensed => r
+                .license
+                .as_ref()
+                .and_then(|l| l.expiry.as_deref())
+                .map(|e| {
+                    chrono::DateTime::parse_from_rfc3339(e)
+                        .ok()
+                        .map(|e| e.with_timezone(&Utc))
+                }),
+            None => self
+                .seen
+                .smi
+                .as_ref()
+                .filter(|s| crate::state::smi_state(s) == State::Licensed)
+                .map(lease_expiry),
+            Some(_) => return svc.poll_unlicensed,
+        };
+        match expiry {
+            None => svc.poll_unlicensed,
+            Some(Some(e)) if (e - now.wall).num_seconds() < 3600 => {
+                svc.poll_licensed.min(Duration::from_secs(60))
             }
-            _ => svc.poll_unlicensed,
+            Some(_) => svc.poll_licensed,
         }
     }
 
@@ -1702,10 +1753,12 @@ mod tests {
         let mut due = Schedule {
             smi: secs(60),
             smi_for_event: false,
+            smi_started: None,
             unit: secs(0),
             probe: secs(0),
             adopt: secs(0),
             adopt_owed: false,
+            adopt_first: false,
             token_read: None,
         };
         due.smi_soon(secs(90));
@@ -1723,6 +1776,7 @@ mod tests {
             written: secs(0),
             made: None,
             dirty: false,
+            rewrite: false,
             ready: false,
         };
         let r = evaluate(crate::state::Observations::default());

@@ -8,6 +8,7 @@
 
 pub mod core;
 pub mod instance;
+pub mod memory;
 pub mod metrics_server;
 
 use std::cell::RefCell;
@@ -34,6 +35,7 @@ use self::core::{Core, Effect, Event, HEARTBEAT, Now, Publication};
 
 /// Runs the service until SIGTERM or SIGINT; logs to standard error with `log_stderr`.
 pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::Result<ExitCode> {
+    memory::one_arena();
     init_logging(log_stderr);
     settings
         .check_outputs_on_disk()
@@ -330,18 +332,32 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
 
     let alarm = Alarm::new();
     info!("vgpu-license-agent started");
+    let mut memory = MemoryRelease::new();
     loop {
-        let wake = clock.instant(core.next_wake(clock.now()));
+        let mut wake = clock.instant(core.next_wake(clock.now()));
+        // A file that could not be written (a full disk) is written again on a shorter pace
+        // than the heartbeat's, so that it catches up soon after there is room again.
+        let retrying = !shell.failing.borrow().is_empty();
+        if retrying {
+            wake = wake.min(Instant::now() + WRITE_RETRY);
+        }
         tokio::select! {
             Some(event) = rx.recv() => {
                 let mut effects = core.handle(event, clock.now());
+                memory.events += 1;
                 // A backlog (this boot's journal at start) makes one report, not one each.
                 while let Ok(event) = rx.try_recv() {
                     effects.extend(core.handle(event, clock.now()));
+                    memory.events += 1;
                 }
                 shell.carry_out(core.settings(), effects);
             }
-            _ = alarm.until(wake) => {}
+            _ = alarm.until(wake) => {
+                if retrying {
+                    core.write_again();
+                }
+                memory.on_quiet_wake(core.ready());
+            }
             _ = sighup.recv() => match Settings::load(&config_path).and_then(|s| {
                 s.check_outputs_on_disk().map(|()| s).map_err(|message| {
                     crate::config::ConfigError { file: config_path.clone(), message }
@@ -377,6 +393,45 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         s.abort();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How soon a report that could not be written is written again.
+const WRITE_RETRY: Duration = Duration::from_secs(30);
+
+/// When the loop gives memory back ([`memory::release`]): on a wakeup of the timer a minute
+/// or more after the start (start-up's pages, once the first report is out), then after a
+/// burst of events, at most once a minute.
+struct MemoryRelease {
+    events: usize,
+    last: Instant,
+    started: bool,
+}
+
+impl MemoryRelease {
+    const BURST: usize = 16;
+    const GAP: Duration = Duration::from_secs(60);
+
+    fn new() -> MemoryRelease {
+        MemoryRelease {
+            events: 0,
+            last: Instant::now(),
+            started: false,
+        }
+    }
+
+    fn on_quiet_wake(&mut self, ready: bool) {
+        let news = if self.started {
+            self.events >= Self::BURST
+        } else {
+            ready
+        };
+        if news && self.last.elapsed() >= Self::GAP {
+            memory::release();
+            self.events = 0;
+            self.last = Instant::now();
+            self.started = true;
+        }
+    }
 }
 
 /// The loop's one timer. tokio's timer wheel reaches a deadline seconds away in steps (a
