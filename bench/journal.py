@@ -15,7 +15,7 @@ the input (linear in size?) and the goals.
 Usage: python3 bench/journal.py [--size-mb 1000] [--rounds 7]
 (at most 1023 MiB: analyze reads at most 1 GiB of a saved journal)
 """
-import argparse, os, resource, shutil, statistics, subprocess, sys, time
+import argparse, os, shutil, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -35,18 +35,25 @@ def generate(size_mb):
     return path
 
 
+TIME = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
+
+
 def run(argv, out):
-    """Wall seconds and peak RSS (MiB) of ARGV, its standard output to OUT."""
+    """Wall seconds and peak RSS (MiB; NaN without GNU time) of ARGV, its standard output to
+    OUT. The peak is GNU time's: a process carries its own size into the peak of what it
+    starts, so a small one starts ARGV, not this Python."""
+    rss_file = os.path.join(BENCH, "rss")
+    wrapped = [TIME, "-f", "%M", "-o", rss_file, *argv] if TIME else argv
     with open(out, "wb") as f:
         t0 = time.perf_counter()
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.DEVNULL)
-        _, status, ru = os.wait4(p.pid, 0)
+        code = subprocess.call(wrapped, stdout=f, stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
     # grep -c exits 1 when it counts nothing, analyze 0 to 3 by the state it found.
     if not 0 <= code <= 3:
         sys.exit(f"bench/journal.py: {' '.join(argv)} exited {code}")
-    return wall, ru.ru_maxrss / 1024
+    # The last line: after "Command exited with non-zero status N", when it did.
+    rss = int(open(rss_file).read().split()[-1]) / 1024 if TIME else float("nan")
+    return wall, rss
 
 
 def mmm(v, fmt="{:.3f}"):
@@ -79,6 +86,8 @@ def main():
         "analyze --journal FILE": lambda f: ([AGENT, "analyze", "--journal", f], out),
         "analyze --journal FILE --json": lambda f: ([AGENT, "analyze", "--journal", f, "--json"], out),
     }
+    if TIME is None:
+        print("(no /usr/bin/time: no peak RSS; apt-get install time)")
     for f in (full, eighth):
         subprocess.run(["cat", f], stdout=subprocess.DEVNULL)  # the page cache warm
     times = {(name, f): [] for name in commands for f in (full, eighth)}

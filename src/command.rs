@@ -17,8 +17,19 @@ use nix::unistd::Pid;
 /// Output kept from each stream, at most: a command that prints more is killed.
 pub const MAX_OUTPUT: usize = 8 << 20;
 
-/// How long a wait for output lasts before the command is checked for its exit again.
+/// How long a wait for output lasts before the command is checked for its exit again, where
+/// the kernel gives no descriptor to wait on for it (pidfd_open, Linux 5.3).
 const TICK: Duration = Duration::from_millis(20);
+
+/// A descriptor that becomes readable when the process `pid` exits: the wait for output
+/// is also the wait for the exit, with no wakeup in between.
+fn exit_fd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as nix::libc::pid_t, 0) };
+    // SAFETY: a descriptor pidfd_open just made, owned by nothing else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
 
 /// What a finished command left.
 #[derive(Debug)]
@@ -129,21 +140,26 @@ impl<R: Read> Stream<R> {
     }
 }
 
-/// Waits at most `wait` for either pipe to be readable, then reads once from each that is.
+/// Waits at most `wait` for either pipe to be readable (or `exit`, the child's exit), then
+/// reads once from each pipe that is.
 fn pump(
     out: &mut Stream<ChildStdout>,
     err: &mut Stream<ChildStderr>,
+    exit: Option<std::os::fd::BorrowedFd>,
     wait: Duration,
     chunk: &mut [u8],
 ) -> Pumped {
     let timeout = PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX);
     let ready = {
-        let mut fds = Vec::with_capacity(2);
+        let mut fds = Vec::with_capacity(3);
         if let Some(p) = &out.pipe {
             fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
         }
         if let Some(p) = &err.pipe {
             fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(fd) = exit {
+            fds.push(PollFd::new(fd, PollFlags::POLLIN));
         }
         match poll(&mut fds, timeout) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => return Pumped::Quiet,
@@ -264,6 +280,8 @@ fn run_keeping(argv: &[String], timeout: Duration, tail: bool) -> Result<(Output
     let pgid = Pid::from_raw(child.id() as i32);
     let _running = Running::register(pgid);
     let mut chunk = vec![0u8; 64 << 10];
+    let exit = exit_fd(child.id());
+    let tick = if exit.is_some() { timeout } else { TICK };
     let mut end = loop {
         if exited(pgid) {
             break End::Exited;
@@ -273,7 +291,8 @@ fn run_keeping(argv: &[String], timeout: Duration, tail: bool) -> Result<(Output
             break End::TimedOut;
         }
         // With both pipes at their end, this only waits.
-        if let Pumped::TooMuch = pump(&mut out, &mut err, left.min(TICK), &mut chunk) {
+        let waiting = exit.as_ref().map(|f| f.as_fd());
+        if let Pumped::TooMuch = pump(&mut out, &mut err, waiting, left.min(tick), &mut chunk) {
             break End::TooMuch;
         }
     };
@@ -285,7 +304,7 @@ fn run_keeping(argv: &[String], timeout: Duration, tail: bool) -> Result<(Output
         // What the command wrote before it exited is in the pipes now: take what is there,
         // without waiting for an end that a holder in another session may never give.
         loop {
-            match pump(&mut out, &mut err, Duration::ZERO, &mut chunk) {
+            match pump(&mut out, &mut err, None, Duration::ZERO, &mut chunk) {
                 Pumped::Moved if Instant::now() < deadline => {}
                 Pumped::TooMuch => {
                     end = End::TooMuch;
