@@ -297,25 +297,8 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // A token source is also looked at on the short interval: virtiofs (how KubeVirt shares
     // a Secret) reports no changes made on the host.
     let watched = watcher.is_some() && settings.paths.token_source.is_none();
-    for path in [
-        &settings.paths.status_file,
-        &settings.paths.metrics_textfile,
-    ] {
-        let n = crate::outdir::remove_leftovers(path);
-        if n > 0 {
-            info!(
-                "removed {n} temporary file(s) that an interrupted write of {} left",
-                crate::text::show_path(path)
-            );
-        }
-    }
-    let restarts = instance::load_restarts(&settings, started);
-    if !restarts.is_empty() {
-        info!(
-            "{} restart(s) of nvidia-gridd by the agent's earlier run in this boot count against this hour's budget",
-            restarts.len()
-        );
-    }
+    remove_leftovers(&settings);
+    let restarts = earlier_restarts(&settings, started);
     let mut core = Core::with_restarts(settings, heartbeat, watched, clock.now(), &restarts);
     let shell = Shell {
         tx,
@@ -358,11 +341,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
                 }
                 memory.on_quiet_wake(core.ready());
             }
-            _ = sighup.recv() => match Settings::load(&config_path).and_then(|s| {
-                s.check_outputs_on_disk().map(|()| s).map_err(|message| {
-                    crate::config::ConfigError { file: config_path.clone(), message }
-                })
-            }) {
+            _ = sighup.recv() => match reload(&config_path) {
                 Ok(s) => {
                     info!("config reloaded from {}", crate::text::show_path(&config_path));
                     let effects = core.handle(Event::Reloaded(Box::new(s)), clock.now());
@@ -393,6 +372,47 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         s.abort();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Removes the temporary files that an interrupted write of status.json or the metrics left.
+fn remove_leftovers(settings: &Settings) {
+    for path in [
+        &settings.paths.status_file,
+        &settings.paths.metrics_textfile,
+    ] {
+        let n = crate::outdir::remove_leftovers(path);
+        if n > 0 {
+            info!(
+                "removed {n} temporary file(s) that an interrupted write of {} left",
+                crate::text::show_path(path)
+            );
+        }
+    }
+}
+
+/// The restarts of gridd that the agent's earlier run in this boot made (they count against
+/// this hour's budget).
+fn earlier_restarts(settings: &Settings, started: f64) -> Vec<f64> {
+    let restarts = instance::load_restarts(settings, started);
+    if !restarts.is_empty() {
+        info!(
+            "{} restart(s) of nvidia-gridd by the agent's earlier run in this boot count against this hour's budget",
+            restarts.len()
+        );
+    }
+    restarts
+}
+
+/// The config again (SIGHUP), checked as at the start.
+fn reload(config_path: &Path) -> Result<Settings, crate::config::ConfigError> {
+    Settings::load(config_path).and_then(|s| {
+        s.check_outputs_on_disk()
+            .map(|()| s)
+            .map_err(|message| crate::config::ConfigError {
+                file: config_path.to_path_buf(),
+                message,
+            })
+    })
 }
 
 /// How soon a report that could not be written is written again.
