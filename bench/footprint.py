@@ -275,10 +275,7 @@ def main():
     if a.minutes < 4:
         sys.exit("bench/footprint.py: --minutes must be 4 or more")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if a.binary is None:
-        cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-        subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent"], cwd=ROOT, check=True)
-        a.binary = os.path.join(ROOT, "target/release/vgpu-license-agent")
+    a.binary = svc.built(a.binary)
     lock = svc.hold_journal_lock()
     base = cgroup_base()
     journal = Journal()

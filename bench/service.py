@@ -351,6 +351,15 @@ def paired(name, pairs):
           f"agent - reader (the agent's own part): {quantiles([g - r for r, g in pairs])}")
 
 
+def built(binary):
+    """BINARY, or the release build of the agent, built first."""
+    if binary is not None:
+        return binary
+    cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+    subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent"], cwd=ROOT, check=True)
+    return os.path.join(ROOT, "target/release/vgpu-license-agent")
+
+
 def machine(binary):
     mem = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal:"))
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
@@ -367,10 +376,7 @@ def main():
         sys.exit("bench/service.py: run it as root: the agent believes only root's gridd lines")
     # A stop by signal still takes down what the run started (atexit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if a.binary is None:
-        cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-        subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent"], cwd=ROOT, check=True)
-        a.binary = os.path.join(ROOT, "target/release/vgpu-license-agent")
+    a.binary = built(a.binary)
     ensure_journald()
     lock = hold_journal_lock()  # held until the process exits
     print(f"machine: {machine(a.binary)}")
