@@ -243,6 +243,15 @@ struct GriddLine {
     what: Classified,
 }
 
+/// A line that is one journal JSON entry (it starts with `{`), read; `None` for any other,
+/// which is read as text.
+fn json_entry(line: &[u8], trust: Trust) -> Option<JsonEntry> {
+    let first = line.iter().find(|b| !b.is_ascii_whitespace());
+    (first == Some(&b'{'))
+        .then(|| read_entry(line, trust))
+        .flatten()
+}
+
 /// One line of journal JSON, read (`None`: it is not JSON). Pure: the threads of
 /// [`scan_file`] read their sections' lines with it.
 fn read_entry(line: &[u8], trust: Trust) -> Option<JsonEntry> {
@@ -364,16 +373,6 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
         Some(st)
     }
 
-    fn json_line(&mut self, line: &[u8]) -> bool {
-        match read_entry(line, self.trust) {
-            Some(entry) => {
-                self.entry(entry);
-                true
-            }
-            None => false,
-        }
-    }
-
     /// One journal entry read by [`read_entry`].
     fn entry(&mut self, entry: JsonEntry) {
         if entry.stamp.is_some() {
@@ -422,8 +421,8 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
     fn line(&mut self, line: &[u8], json: bool) {
         self.line_no += 1;
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let first = line.iter().position(|b| !b.is_ascii_whitespace());
-        if json && first.is_some_and(|i| line[i] == b'{') && self.json_line(line) {
+        if json && let Some(entry) = json_entry(line, self.trust) {
+            self.entry(entry);
             return;
         }
         // Text says nothing journald vouches for: `journalctl --output=json` prints none, so
@@ -633,8 +632,7 @@ impl Hit {
     /// As [`LineParser::line`] reads a line in JSON mode.
     fn read(line: &[u8]) -> Hit {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let json = line.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-        match json.then(|| read_entry(line, Trust::Export)).flatten() {
+        match json_entry(line, Trust::Export) {
             Some(entry) => Hit::Entry(entry),
             None => Hit::Other(line.to_vec()),
         }
