@@ -152,6 +152,26 @@ pub fn gridd_process_runs() -> bool {
         })
 }
 
+/// Whether process `pid` is still a running gridd (named `nvidia-gridd`, neither a zombie
+/// nor dead): the process of a line gridd logged, looked at again. One read of
+/// `/proc/PID/stat`; no question to systemd.
+pub fn still_runs(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `PID (COMM) STATE ...`: the name may hold spaces and parentheses, the state follows
+    // the last `)`.
+    let (Some(open), Some(close)) = (
+        stat.iter().position(|&b| b == b'('),
+        stat.iter().rposition(|&b| b == b')'),
+    ) else {
+        return false;
+    };
+    open < close
+        && &stat[open + 1..close] == b"nvidia-gridd"
+        && !matches!(stat.get(close + 2), Some(b'Z' | b'X' | b'x') | None)
+}
+
 /// Runs the configured restart command with the configured time limit.
 pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
     let cmd = &settings.commands.restart_gridd;
@@ -165,5 +185,39 @@ pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
                 .unwrap_or_default()
         )),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A process named nvidia-gridd runs; killed and not yet reaped (a zombie) it does not.
+    #[test]
+    fn a_gridd_runs_until_it_dies_zombie_or_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("nvidia-gridd");
+        std::fs::write(&bin, "#!/bin/sh\nwhile :; do sleep 1; done\n").unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut child = std::process::Command::new(&bin).spawn().unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !still_runs(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(still_runs(pid), "a running nvidia-gridd");
+        assert!(!still_runs(std::process::id()), "another name");
+        child.kill().unwrap();
+        let zombie = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "))
+            && std::time::Instant::now() < zombie
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!still_runs(pid), "a zombie is not running");
+        child.wait().unwrap();
+        assert!(!still_runs(pid), "gone");
     }
 }

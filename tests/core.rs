@@ -594,6 +594,61 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
     assert_eq!(gridd_not_running_counted(&sim), 1);
 }
 
+/// While systemd's last word is that gridd runs, the process of gridd's latest line stands for
+/// it (a periodic check looks at that process, not at systemd); a start or stop logged since,
+/// or a question on its way, and systemd is asked.
+#[test]
+fn gridd_running_is_the_process_systemd_last_saw_run() {
+    let mut sim = licensed_for_a_minute();
+    let now = sim.now();
+    let ask = |sim: &mut Sim, ev: Event| {
+        let fx = sim.core.handle(ev, now);
+        (fx.contains(&Effect::CheckUnit), sim.core.running_gridd())
+    };
+    let line = |pid, msg: &str| Event::Gridd(Box::new(gridd(pid, msg)));
+    assert_eq!(ask(&mut sim, inactive()), (false, None));
+    assert_eq!(
+        ask(&mut sim, line(100, "License renewed successfully.")),
+        (true, None),
+        "systemd's last word was 'not running'"
+    );
+    assert_eq!(ask(&mut sim, Event::Unit(Some(Ok(())))), (false, None));
+    assert_eq!(
+        ask(&mut sim, line(100, "License renewed successfully.")),
+        (false, None),
+        "nothing to ask"
+    );
+    let mut fx = Vec::new();
+    for _ in 0..900 {
+        sim.mono += S(1);
+        fx = sim.core.tick(sim.now());
+        if !fx.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        fx.contains(&Effect::CheckUnit),
+        "the periodic check: {fx:?}"
+    );
+    assert_eq!(
+        sim.core.running_gridd(),
+        Some(100),
+        "vouched for by gridd's process"
+    );
+    assert_eq!(ask(&mut sim, Event::Unit(Some(Ok(())))), (false, None));
+    assert_eq!(
+        ask(&mut sim, line(100, "Shutdown (100)")),
+        (true, None),
+        "a stop: systemd is asked"
+    );
+    assert_eq!(ask(&mut sim, inactive()), (false, None));
+    assert_eq!(
+        ask(&mut sim, line(101, "Started (101)")),
+        (true, None),
+        "a start: systemd is asked"
+    );
+}
+
 /// systemd said gridd was not running, and then gridd logs: that answer is old news.
 #[test]
 fn a_line_from_gridd_after_systemd_said_it_was_down_asks_again() {

@@ -96,6 +96,9 @@ pub enum Event {
     Node(Box<Node>),
     /// A write of the Node condition: done, or why not.
     NodeCondition(crate::kube::Outcome),
+    /// Answers that came together (a reading, where the driver runs, systemd's word), in
+    /// order: one batch, one report.
+    Together(Vec<Event>),
 }
 
 pub use crate::install::AdoptError;
@@ -169,6 +172,8 @@ struct UnitQuestion {
     wanted: u64,
     /// A question wanted once the agent's own work is over.
     wanted_after_own: u64,
+    /// The process whose life answers the question on its way (see [`Core::running_gridd`]).
+    vouched: Option<u32>,
 }
 
 impl UnitQuestion {
@@ -183,6 +188,12 @@ impl UnitQuestion {
             self.in_flight = true;
             true
         }
+    }
+
+    /// No answer is on its way or owed, and none was asked for since gridd last moved: the
+    /// last answer stands for the gridd running now.
+    fn settled(&self) -> bool {
+        !self.in_flight && self.asked >= self.fresh_from && self.wanted_after_own <= self.asked
     }
 
     /// gridd started, or the agent's own restart of it ended: from now on.
@@ -204,6 +215,7 @@ impl UnitQuestion {
     /// again now.
     fn answered(&mut self, not_running: bool, own_work: bool) -> (bool, bool) {
         self.in_flight = false;
+        self.vouched = None;
         let believed = !not_running || (!own_work && self.asked >= self.fresh_from);
         if !believed {
             self.after_own_work();
@@ -326,6 +338,8 @@ struct Seen {
     /// heartbeat's rewrites of status.json do not move.
     observed_at: Option<DateTime<Utc>>,
     unit: Option<Result<(), String>>,
+    /// The process that logged gridd's latest line (the journal's `_PID`).
+    gridd_pid: Option<u32>,
     token: Option<Result<Token, TokenProblem>>,
     legacy_server: Option<String>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
@@ -346,6 +360,7 @@ impl Seen {
             smi_unstarted: None,
             observed_at: None,
             unit: None,
+            gridd_pid: None,
             token: None,
             legacy_server: None,
             lease: None,
@@ -608,6 +623,13 @@ impl Core {
         self.published.ready
     }
 
+    /// The process that answers the question to systemd on its way, in systemd's stead, while
+    /// it still runs: gridd's, when systemd's last word before the question was that gridd
+    /// runs and no start or stop was logged since.
+    pub fn running_gridd(&self) -> Option<u32> {
+        self.busy.unit.vouched
+    }
+
     pub fn report(&self) -> Option<&Report> {
         self.published.report.as_ref()
     }
@@ -640,6 +662,11 @@ impl Core {
             Event::Reloaded(s) => self.reload(*s, now),
             Event::LastShutdown(record) => self.on_last_shutdown(record),
             Event::CloneDetected(c) => self.on_clone(*c),
+            Event::Together(events) => {
+                for e in events {
+                    fx.extend(self.handle(e, now));
+                }
+            }
         }
         fx
     }
@@ -660,6 +687,12 @@ impl Core {
             .and_then(|s| s.utc())
             .zip(self.schedule.smi_started)
             .is_some_and(|(said, read)| said + chrono::Duration::seconds(1) <= read);
+        // A process that said it shuts down stands for nothing until systemd was asked.
+        if kind == EventKind::Shutdown {
+            self.seen.gridd_pid = None;
+        } else if e.pid.is_some() {
+            self.seen.gridd_pid = e.pid;
+        }
         self.seen.fold.push(e);
         if !shown {
             self.schedule
@@ -974,7 +1007,11 @@ impl Core {
     }
 
     fn check_unit(&mut self, fx: &mut Vec<Effect>) {
+        let running = (matches!(self.seen.unit, Some(Ok(()))) && self.busy.unit.settled())
+            .then_some(self.seen.gridd_pid)
+            .flatten();
         if self.busy.unit.ask() {
+            self.busy.unit.vouched = running;
             fx.push(Effect::CheckUnit);
         }
     }

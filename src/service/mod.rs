@@ -7,6 +7,7 @@
 //! licensing logic.
 
 pub mod core;
+mod dir_watch;
 pub mod instance;
 pub mod memory;
 pub mod metrics_server;
@@ -106,41 +107,45 @@ struct Shell {
     /// Files whose last write failed (logged once until they are written again).
     failing: RefCell<HashSet<PathBuf>>,
     /// The token directory's watch (none where it cannot be watched).
-    watcher: RefCell<Option<notify::RecommendedWatcher>>,
+    watch: Option<dir_watch::Watch>,
     /// The Node condition for its writer (none when not on a Kubernetes node).
     condition: Option<watch::Sender<Option<crate::node_condition::Condition>>>,
 }
 
 impl Shell {
-    fn carry_out(&self, settings: &Settings, effects: Vec<Effect>) {
+    fn carry_out(&self, core: &Core, effects: Vec<Effect>) {
+        let settings = core.settings();
         // Before the token is read, the token directory is watched again if it was made anew
         // since: a watch ends with its directory, and the change that made the new one may
         // have been folded into an event the shell had already taken (while the directory was
         // still missing), so that only this read sees it.
-        if effects.contains(&Effect::ReadToken) {
-            rewatch(&mut self.watcher.borrow_mut(), &settings.paths.token_dir);
+        if effects.contains(&Effect::ReadToken)
+            && let Some(w) = &self.watch
+        {
+            w.again();
         }
+        // A reading and systemd's word asked together are one job on one thread, and come
+        // back as one batch.
+        let together = effects.contains(&Effect::ReadSmi) && effects.contains(&Effect::CheckUnit);
+        let running = core.running_gridd();
         for effect in effects {
             let settings = settings.clone();
             let tx = self.tx.clone();
             match effect {
-                Effect::ReadSmi => {
+                Effect::ReadSmi => blocking(tx, move || {
                     // Where the driver runs is looked at with each reading: a GPU Operator's
                     // driver pod comes and goes.
-                    let tx2 = tx.clone();
-                    blocking(tx, move || {
-                        let _ = tx2.send(Event::Node(Box::new(crate::node::detect(&settings))));
-                        Event::Smi(live::read_smi(&settings))
-                    })
-                }
-                Effect::CheckUnit => {
-                    blocking(tx, move || Event::Unit(live::gridd_running(&settings)))
-                }
+                    let node = Event::Node(Box::new(crate::node::detect(&settings)));
+                    let mut events = vec![node, Event::Smi(live::read_smi(&settings))];
+                    if together {
+                        events.push(unit_state(&settings, running));
+                    }
+                    Event::Together(events)
+                }),
+                Effect::CheckUnit if together => {}
+                Effect::CheckUnit => blocking(tx, move || unit_state(&settings, running)),
                 Effect::ReadToken => {
-                    // Changes from here on queue a new event; those before it are seen by
-                    // this read.
-                    DIR_CHANGE_QUEUED.store(false, std::sync::atomic::Ordering::Release);
-                    // gridd.conf with it: the watcher reports both as one change.
+                    // gridd.conf with it: the watch reports both as one change.
                     let tx2 = tx.clone();
                     blocking(tx, move || {
                         let _ = tx2.send(Event::LegacyServer(live::legacy_server(&settings)));
@@ -255,6 +260,15 @@ fn node_condition_writer(
     Some(cond_tx)
 }
 
+/// Whether gridd runs: while the process systemd last said runs (`running`) still does, that
+/// stands; else systemd is asked.
+fn unit_state(settings: &Settings, running: Option<u32>) -> Event {
+    if running.is_some_and(crate::gridd::still_runs) {
+        return Event::Unit(Some(Ok(())));
+    }
+    Event::Unit(live::gridd_running(settings))
+}
+
 /// Runs `job` off the loop; its result comes back as an event.
 fn blocking(tx: mpsc::UnboundedSender<Event>, job: impl FnOnce() -> Event + Send + 'static) {
     tokio::task::spawn_blocking(move || {
@@ -282,8 +296,8 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // token directory is not watched.
     let node = crate::node::detect(&settings);
     let condition = node_condition_writer(&settings, &tx, &stop_rx);
-    let watcher = if node.mode == crate::node::Mode::Manage {
-        watch_paths(&settings, tx.clone())
+    let watch = if node.mode == crate::node::Mode::Manage {
+        dir_watch::Watch::start(&settings)
     } else {
         None
     };
@@ -296,7 +310,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     });
     // A token source is also looked at on the short interval: virtiofs (how KubeVirt shares
     // a Secret) reports no changes made on the host.
-    let watched = watcher.is_some() && settings.paths.token_source.is_none();
+    let watched = watch.is_some() && settings.paths.token_source.is_none();
     remove_leftovers(&settings);
     let restarts = earlier_restarts(&settings, started);
     let mut core = Core::with_restarts(settings, heartbeat, watched, clock.now(), &restarts);
@@ -304,14 +318,14 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         tx,
         metrics_tx,
         failing: RefCell::default(),
-        watcher: RefCell::new(watcher),
+        watch,
         condition,
     };
     // Before the first effects: on a GPU Operator node they read under its driver root.
     let effects = core.handle(Event::Node(Box::new(node)), clock.now());
-    shell.carry_out(core.settings(), effects);
+    shell.carry_out(&core, effects);
     let effects = core.start(clock.now());
-    shell.carry_out(core.settings(), effects);
+    shell.carry_out(&core, effects);
 
     let alarm = Alarm::new();
     info!("vgpu-license-agent started");
@@ -333,7 +347,17 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
                     effects.extend(core.handle(event, clock.now()));
                     memory.events += 1;
                 }
-                shell.carry_out(core.settings(), effects);
+                shell.carry_out(&core, effects);
+            }
+            _ = async {
+                match &shell.watch {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let effects = core.handle(Event::TokenDirChanged, clock.now());
+                memory.events += 1;
+                shell.carry_out(&core, effects);
             }
             _ = alarm.until(wake) => {
                 if retrying {
@@ -345,7 +369,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
                 Ok(s) => {
                     info!("config reloaded from {}", crate::text::show_path(&config_path));
                     let effects = core.handle(Event::Reloaded(Box::new(s)), clock.now());
-                    shell.carry_out(core.settings(), effects);
+                    shell.carry_out(&core, effects);
                 }
                 Err(e) => error!("config not reloaded, keeping the last good one: {e}"),
             },
@@ -353,7 +377,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             _ = sigint.recv() => break,
         }
         let effects = core.tick(clock.now());
-        shell.carry_out(core.settings(), effects);
+        shell.carry_out(&core, effects);
         if let Some(restarts) = core.restarts_changed(clock.now())
             && let Err(e) = instance::save_restarts(core.settings(), started, &restarts)
         {
@@ -656,92 +680,6 @@ async fn follow_journal(
         }
         backoff = (backoff * 2).min(Duration::from_secs(30));
     }
-}
-
-/// Watches the token directory again after it was made anew (a watch ends with its
-/// directory; watching a watched one again changes nothing).
-fn rewatch(watcher: &mut Option<notify::RecommendedWatcher>, dir: &Path) {
-    use notify::{RecursiveMode, Watcher};
-    if let Some(w) = watcher.as_mut()
-        && dir.is_dir()
-    {
-        let _ = w.watch(dir, RecursiveMode::NonRecursive);
-    }
-}
-
-/// A [`Event::TokenDirChanged`] was sent and the token directory has not been read since:
-/// changes meanwhile need no event of their own (the next read sees them). Cleared when a
-/// read starts.
-static DIR_CHANGE_QUEUED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Watches the token directory (or, until it exists, its parent) and gridd.conf.
-fn watch_paths(
-    settings: &Settings,
-    tx: mpsc::UnboundedSender<Event>,
-) -> Option<notify::RecommendedWatcher> {
-    use notify::{RecursiveMode, Watcher};
-    let dir = settings.paths.token_dir.clone();
-    let conf = settings.paths.gridd_conf.clone();
-    let source = settings.paths.token_source.clone();
-    // gridd.conf's directory may hold other files (status.json, say, in a custom layout): only
-    // the token directory and gridd.conf itself matter; anything else would wake us for our
-    // own writes.
-    let relevant = move |p: &Path| {
-        p.starts_with(&dir)
-            || dir.starts_with(p)
-            || p == conf
-            || source
-                .as_ref()
-                .is_some_and(|s| p.starts_with(s) || s.starts_with(p))
-    };
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        let wanted = match ev {
-            Ok(e) => {
-                !e.kind.is_access() && (e.paths.is_empty() || e.paths.iter().any(|p| relevant(p)))
-            }
-            // Events were lost (queue overflow): look again.
-            Err(_) => true,
-        };
-        // One event waits in the queue at most: a burst of changes (a sync tool writing
-        // thousands of files) is one look at the directory, not one per change.
-        if wanted && !DIR_CHANGE_QUEUED.swap(true, std::sync::atomic::Ordering::AcqRel) {
-            let _ = tx.send(Event::TokenDirChanged);
-        }
-    })
-    .map_err(|e| warn!("cannot watch the token directory: {e}; checking it on each tick"))
-    .ok()?;
-    // The token directory, and its parent for the directory being removed and made again (by
-    // cloud-init, by hand): a watch ends with its directory, so the shell watches a new one
-    // again when it appears ([`rewatch`]). Not recursive: the parent may hold the agent's own
-    // files (status.json in a custom layout), whose writes must not wake it.
-    let dir = &settings.paths.token_dir;
-    let parent = dir.parent().filter(|p| *p != Path::new("/"));
-    for p in parent.into_iter().chain([dir.as_path()]) {
-        if p.is_dir()
-            && let Err(e) = watcher.watch(p, RecursiveMode::NonRecursive)
-        {
-            warn!("cannot watch {}: {e}", crate::text::show_path(p));
-        }
-    }
-    let conf_dir = settings.paths.gridd_conf.parent().unwrap_or(Path::new("/"));
-    if parent != Some(conf_dir)
-        && conf_dir != dir.as_path()
-        && let Err(e) = watcher.watch(conf_dir, RecursiveMode::NonRecursive)
-    {
-        warn!("cannot watch {}: {e}", crate::text::show_path(conf_dir));
-    }
-    if let Some(source) = &settings.paths.token_source {
-        // A directory (a Secret volume swaps a `..data` link inside it) or a file's directory.
-        let at = if source.is_dir() {
-            source.as_path()
-        } else {
-            source.parent().unwrap_or(Path::new("/"))
-        };
-        if let Err(e) = watcher.watch(at, RecursiveMode::NonRecursive) {
-            warn!("cannot watch {}: {e}", crate::text::show_path(at));
-        }
-    }
-    Some(watcher)
 }
 
 /// Serves `GET /metrics` on the configured Unix socket and TCP address
