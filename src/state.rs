@@ -83,11 +83,20 @@ impl LogFold {
     }
 
     pub fn push(&mut self, e: GriddEvent) {
-        use EventKind as K;
         self.total += 1;
+        self.note_path(&e);
+        self.follow_lease(&e);
+        self.keep_failure(&e);
+        self.keep_event(e);
+    }
+
+    /// What the line says of the licensing path: legacy, the platform's, the token path and
+    /// its server; and whether it says anything about the license.
+    fn note_path(&mut self, e: &GriddEvent) {
+        use EventKind as K;
         self.legacy |= e.what.legacy;
         self.cloud_provider |= e.what.cloud_provider;
-        if Self::says_anything(&e) {
+        if Self::says_anything(e) {
             self.license_lines += 1;
         }
         // `NLS initialized`, token errors and the `(Info: server; ...)` lines exist only on
@@ -102,6 +111,11 @@ impl LogFold {
         {
             self.nls_server = Some(server.clone());
         }
+    }
+
+    /// The lease held, as the line changes it.
+    fn follow_lease(&mut self, e: &GriddEvent) {
+        use EventKind as K;
         match e.what.kind {
             K::Acquired | K::Renewed => {
                 self.failure = None;
@@ -115,6 +129,10 @@ impl LogFold {
             K::Unsupported => self.unsupported = true,
             _ => {}
         }
+    }
+
+    /// The line's failure, where it is the most telling one.
+    fn keep_failure(&mut self, e: &GriddEvent) {
         if let Some(new) = e.what.reason {
             // The most telling failure: a generic line after a specific one from the same
             // gridd process (its housekeeping as it gives up, a bare retry) does not hide it.
@@ -129,6 +147,10 @@ impl LogFold {
                 self.failure = Some(e.clone());
             }
         }
+    }
+
+    /// The event among the latest `max_events`, the oldest counted out.
+    fn keep_event(&mut self, e: GriddEvent) {
         if self.max_events == 0 {
             self.omitted += 1;
             return;
@@ -467,40 +489,63 @@ fn legacy_advice(reason: Reason, server: Option<&str>) -> Option<String> {
 const LEGACY_EOL: &str = "NVIDIA's legacy license server is end of life: move to a DLS (a guest driver of vGPU 14 or later, a DLS instance, and its client configuration token installed with `vgpu-license-agent install --token-file FILE`); the legacy keys are then ignored and may stay in gridd.conf.";
 
 /// Observations -> report.
-pub fn evaluate(obs: Observations) -> Report {
-    let mut notes = Vec::new();
-    // The observation's time, where it is exact: what the agent's own findings are dated.
-    let exact_at = obs.at.filter(|_| obs.at_is_exact).map(rfc3339);
-    let gpus = gpus_of(obs.smi.as_ref());
-    let profile = gpus.iter().find_map(|g| g.profile.clone());
+pub fn evaluate(mut obs: Observations) -> Report {
     let mode = licensing_mode(
         obs.token.as_ref(),
         obs.log.as_ref().map(|(f, _)| f),
         obs.smi.as_ref(),
         obs.legacy_server.as_deref(),
     );
-    // Where the platform or the legacy server licenses the guest, a missing token is no
-    // failure: asking for one would be wrong advice.
-    let conf_server = obs.legacy_server.clone();
-    let token_needed = !matches!(mode, LicensingMode::CloudProvider | LicensingMode::Legacy);
+    let mut log = LogView::of(obs.log.take());
+    let mut notes = observation_notes(&obs, mode, &log.events);
+    let grounds = Grounds::of(&obs, mode, log.state);
+    let state = grounds.state;
+    let failure = grounds.chosen_failure(&obs, &mut log);
+    let failure = blocking_first(
+        state,
+        failure,
+        obs.smi.as_ref(),
+        grounds.exact_at.clone(),
+        &mut notes,
+    );
+    let failure = grounds.refined(failure, &obs);
+    notes.extend(obs.token_notes.iter().cloned());
+    if let Some(node) = &obs.node {
+        notes.extend(node_notes(node));
+    }
+    let license = smi_license(obs.smi.as_ref()).or(log.license);
+    let expiring = expiry_notes(&obs, state, license.as_ref(), &mut notes);
+    Report {
+        schema: SCHEMA.to_string(),
+        state,
+        observed_at: grounds.exact_at,
+        license,
+        gpus: gpus_of(obs.smi.as_ref()),
+        events: log.events.iter().map(event_of).collect(),
+        exit_code: exit_code_of(state, failure.is_some(), expiring),
+        failure,
+        dls: obs.token.as_ref().map(dls_of),
+        licensing_mode: Some(mode),
+        events_omitted: log.omitted,
+        notes,
+        agent_pid: None,
+        last_shutdown: None,
+        mode: obs
+            .node
+            .as_ref()
+            .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
+        driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
+    }
+}
 
-    // The log: events, the held lease, the failure.
-    let LogView {
-        events: mut log_events,
-        state: log_state,
-        failure: log_failure,
-        license: log_license,
-        omitted,
-    } = LogView::of(obs.log);
-    let log_failure =
-        log_failure.filter(|f| token_needed || f.what.reason != Some(Reason::TokenMissing));
-    let log_failure = log_failure.filter(|f| {
-        let before_the_lease = obs
-            .lease_since
-            .zip(f.stamp.and_then(|s| s.utc()))
-            .is_some_and(|(since, at)| at < since);
-        !before_the_lease
-    });
+/// What the report says of the observation itself and of how the guest is licensed, before
+/// any verdict.
+fn observation_notes(
+    obs: &Observations,
+    mode: LicensingMode,
+    events: &[GriddEvent],
+) -> Vec<String> {
+    let mut notes = Vec::new();
     if let Some(why) = obs.smi.as_ref().and_then(|s| s.unanswered.as_ref()) {
         notes.push(format!("nvidia-smi did not answer: {why}"));
     }
@@ -512,111 +557,180 @@ pub fn evaluate(obs: Observations) -> Report {
         LicensingMode::CloudProvider => notes.push("The cloud platform licenses this guest's GPU itself: no client configuration token or license server is needed, and installing a token is not a fix here.".into()),
         _ => {}
     }
-    if log_events.iter().any(|e| {
+    if events.iter().any(|e| {
         e.stamp
             .is_some_and(|s| s.year.is_some() && s.utc().is_none())
     }) {
         notes.push("The log's times carry no time zone: they are shown as the logging host's local time, without an offset.".into());
     }
+    notes
+}
 
-    // nvidia-smi, where it was read, decides the state.
-    let smi_state = obs.smi.as_ref().map(smi_state);
-    let state = match (smi_state, log_state) {
+/// The state: nvidia-smi, where it was read, decides it; the log where nvidia-smi cannot.
+fn state_of(smi: Option<&SmiSnapshot>, log_state: Option<State>) -> State {
+    match (smi.map(smi_state), log_state) {
         (Some(State::Unknown), Some(l)) => l,
         (Some(s), _) => s,
         (None, Some(l)) => l,
         (None, None) => State::Unknown,
-    };
-    let license = smi_license(obs.smi.as_ref()).or(log_license);
+    }
+}
 
-    let dls_host = obs
-        .token
-        .as_ref()
-        .and_then(|t| t.nodes.first())
-        .map(|n| n.host.clone());
-    // A refused rotation is why no token is installed; with one installed, a warning (below).
-    let source_rejected = obs.source_rejected.clone();
-    let own_failure = match (obs.own_failure, &source_rejected) {
-        (Some((Reason::TokenMissing, _)), Some(why)) => {
-            Some((Reason::TokenSourceRejected, why.clone()))
+/// What the report's failure and its advice rest on, besides the observations.
+struct Grounds {
+    /// The observation's time, where it is exact: what the agent's own findings are dated.
+    exact_at: Option<String>,
+    /// The vGPU profile of the first GPU that shows one.
+    profile: Option<String>,
+    mode: LicensingMode,
+    /// Where the platform or the legacy server licenses the guest, a missing token is no
+    /// failure: asking for one would be wrong advice.
+    token_needed: bool,
+    /// The first DLS the token names.
+    dls_host: Option<String>,
+    state: State,
+}
+
+impl Grounds {
+    fn of(obs: &Observations, mode: LicensingMode, log_state: Option<State>) -> Grounds {
+        Grounds {
+            exact_at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+            profile: obs
+                .smi
+                .as_ref()
+                .and_then(|s| s.gpus.iter().find_map(|g| g.profile.clone())),
+            mode,
+            token_needed: !matches!(mode, LicensingMode::CloudProvider | LicensingMode::Legacy),
+            dls_host: obs
+                .token
+                .as_ref()
+                .and_then(|t| t.nodes.first())
+                .map(|n| n.host.clone()),
+            state: state_of(obs.smi.as_ref(), log_state),
         }
-        (own, _) => own,
-    };
-    // Nothing here needs a license: the agent's token and gridd findings do not matter.
-    let own_failure = own_failure.filter(|(r, _)| token_needed || *r != Reason::TokenMissing);
-    let licensable = |_: &Finding| state != State::NotLicensable;
-    let chosen = crate::policy::most_telling(
-        own_failure.filter(licensable).map(Chosen::Own),
-        obs.probe_failure.filter(licensable).map(Chosen::Own),
-        log_failure.map(|f| (f.what.reason.unwrap_or(Reason::Other), Chosen::Log(f))),
-    );
-    let failure = match chosen {
-        Some(Chosen::Own((reason, message))) => Some(Failure {
+    }
+
+    /// gridd's failure, unless it is a missing token where none is needed or it came before
+    /// the lease the service saw come.
+    fn log_failure(
+        &self,
+        failure: Option<GriddEvent>,
+        lease_since: Option<DateTime<Utc>>,
+    ) -> Option<GriddEvent> {
+        let failure =
+            failure.filter(|f| self.token_needed || f.what.reason != Some(Reason::TokenMissing));
+        failure.filter(|f| {
+            let before_the_lease = lease_since
+                .zip(f.stamp.and_then(|s| s.utc()))
+                .is_some_and(|(since, at)| at < since);
+            !before_the_lease
+        })
+    }
+
+    /// The most telling failure of the agent's own, its probe's and gridd's log's.
+    fn chosen_failure(&self, obs: &Observations, log: &mut LogView) -> Option<Failure> {
+        let log_failure = self.log_failure(log.failure.take(), obs.lease_since);
+        // A refused rotation is why no token is installed; with one installed, a warning
+        // ([`Grounds::refined`]).
+        let own_failure = match (obs.own_failure.clone(), &obs.source_rejected) {
+            (Some((Reason::TokenMissing, _)), Some(why)) => {
+                Some((Reason::TokenSourceRejected, why.clone()))
+            }
+            (own, _) => own,
+        };
+        // Nothing here needs a license: the agent's token and gridd findings do not matter.
+        let own_failure =
+            own_failure.filter(|(r, _)| self.token_needed || *r != Reason::TokenMissing);
+        let licensable = |_: &Finding| self.state != State::NotLicensable;
+        let chosen = crate::policy::most_telling(
+            own_failure.filter(licensable).map(Chosen::Own),
+            obs.probe_failure
+                .clone()
+                .filter(licensable)
+                .map(Chosen::Own),
+            log_failure.map(|f| (f.what.reason.unwrap_or(Reason::Other), Chosen::Log(f))),
+        );
+        Some(match chosen? {
+            Chosen::Own(finding) => self.own_failure(finding),
+            Chosen::Log(f) => log_failure_of(f, &log.events, self.profile.as_deref()),
+        })
+    }
+
+    /// A finding of the agent's own as the report's failure.
+    fn own_failure(&self, (reason, message): Finding) -> Failure {
+        Failure {
             reason,
             advice: if reason == Reason::GriddNotRunning && crate::policy::unit_missing(&message) {
                 GRIDD_MISSING_ADVICE.into()
             } else {
-                advice(reason, dls_host.as_deref(), None, profile.as_deref())
+                advice(
+                    reason,
+                    self.dls_host.as_deref(),
+                    None,
+                    self.profile.as_deref(),
+                )
             },
             message,
-            at: exact_at.clone(),
-        }),
-        Some(Chosen::Log(f)) => Some(log_failure_of(f, &log_events, profile.as_deref())),
-        None => None,
-    };
-    let failure = blocking_first(
-        state,
-        failure,
-        obs.smi.as_ref(),
-        exact_at.clone(),
-        &mut notes,
-    );
-    let failure = failure.map(|mut f| {
-        if mode == LicensingMode::Legacy
-            && let Some(a) = legacy_advice(f.reason, conf_server.as_deref())
-        {
-            f.advice = a;
+            at: self.exact_at.clone(),
         }
-        f
-    });
-    // A bad rotation while the installed token still holds: a warning, so that a fleet sees
-    // it before the old token runs out.
-    let failure = failure.or_else(|| {
-        let why =
-            source_rejected.filter(|_| !matches!(state, State::NoGpu | State::NotLicensable))?;
-        Some(warning(Reason::TokenSourceRejected, why, exact_at.clone()))
-    });
-    // A file meant as a new token, refused while the installed token holds: a warning, so
-    // that the operator who copied it does not believe the rotation went through.
-    let failure = failure.or_else(|| {
-        let why = obs
-            .token_rejected
-            .clone()
-            .filter(|_| !matches!(state, State::NoGpu | State::NotLicensable))?;
-        Some(warning(Reason::TokenRejected, why, exact_at.clone()))
-    });
-    notes.extend(obs.token_notes.iter().cloned());
-    let failure = failure.map(|mut f| {
-        if let Some(node) = obs.node.as_ref().filter(|n| n.driver_root.is_some()) {
-            operator_advice(&mut f, state, node);
-        }
-        f
-    });
-    if let Some(node) = &obs.node {
-        notes.extend(node_notes(node));
     }
-    // A lease held whose renewals have stalled: a warning while it still holds.
-    let failure = failure.or_else(|| {
-        let (since, message) = obs.renewal_stalled.filter(|_| state == State::Licensed)?;
+
+    /// The failure with the advice of this guest's licensing (the legacy server's, the GPU
+    /// Operator's), or without one the warnings of a license that still holds.
+    fn refined(&self, failure: Option<Failure>, obs: &Observations) -> Option<Failure> {
+        let failure = failure.map(|mut f| {
+            if self.mode == LicensingMode::Legacy
+                && let Some(a) = legacy_advice(f.reason, obs.legacy_server.as_deref())
+            {
+                f.advice = a;
+            }
+            f
+        });
+        // A bad rotation while the installed token still holds: a warning, so that a fleet sees
+        // it before the old token runs out.
+        let failure = failure
+            .or_else(|| self.token_warning(Reason::TokenSourceRejected, &obs.source_rejected));
+        // A file meant as a new token, refused while the installed token holds: a warning, so
+        // that the operator who copied it does not believe the rotation went through.
+        let failure =
+            failure.or_else(|| self.token_warning(Reason::TokenRejected, &obs.token_rejected));
+        let failure = failure.map(|mut f| {
+            if let Some(node) = obs.node.as_ref().filter(|n| n.driver_root.is_some()) {
+                operator_advice(&mut f, self.state, node);
+            }
+            f
+        });
+        failure.or_else(|| self.renewal_warning(obs.renewal_stalled.clone()))
+    }
+
+    /// A refused token or rotation as a warning, where there is a license to hold.
+    fn token_warning(&self, reason: Reason, why: &Option<String>) -> Option<Failure> {
+        let why = why
+            .clone()
+            .filter(|_| !matches!(self.state, State::NoGpu | State::NotLicensable))?;
+        Some(warning(reason, why, self.exact_at.clone()))
+    }
+
+    /// A lease held whose renewals have stalled: a warning while it still holds.
+    fn renewal_warning(&self, stalled: Option<(DateTime<Utc>, String)>) -> Option<Failure> {
+        let (since, message) = stalled.filter(|_| self.state == State::Licensed)?;
         Some(Failure {
             reason: Reason::RenewalStalled,
-            advice: advice(Reason::RenewalStalled, dls_host.as_deref(), None, None),
+            advice: advice(Reason::RenewalStalled, self.dls_host.as_deref(), None, None),
             message,
             at: Some(rfc3339(since)),
         })
-    });
+    }
+}
 
-    let expiring_soon = lease_expiring_soon(state, license.as_ref(), obs.at, obs.expiry_warning);
+/// Notes on a lease, or the token, that runs out soon; whether either does.
+fn expiry_notes(
+    obs: &Observations,
+    state: State,
+    license: Option<&License>,
+    notes: &mut Vec<String>,
+) -> bool {
+    let expiring_soon = lease_expiring_soon(state, license, obs.at, obs.expiry_warning);
     // The token's own expiry: the next acquisition or renewal after it fails.
     let token_soon = obs
         .token
@@ -630,38 +744,13 @@ pub fn evaluate(obs: Observations) -> Report {
             crate::token::EXPIRY_WARNING_DAYS
         ));
     }
-    let exit_code = exit_code_of(
-        state,
-        failure.is_some(),
-        expiring_soon || token_soon.is_some(),
-    );
     if expiring_soon {
         notes.push(format!(
             "The lease expires within {} hours and has not been renewed.",
             obs.expiry_warning.num_hours()
         ));
     }
-    Report {
-        schema: SCHEMA.to_string(),
-        state,
-        observed_at: exact_at.clone(),
-        license,
-        gpus,
-        events: log_events.drain(..).map(|e| event_of(&e)).collect(),
-        failure,
-        dls: obs.token.as_ref().map(dls_of),
-        licensing_mode: Some(mode),
-        events_omitted: omitted,
-        notes,
-        exit_code,
-        agent_pid: None,
-        last_shutdown: None,
-        mode: obs
-            .node
-            .as_ref()
-            .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
-        driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
-    }
+    expiring_soon || token_soon.is_some()
 }
 
 /// What blocks what: no device, then the driver, then gridd, the token and the DLS. Without
@@ -907,31 +996,7 @@ pub fn smi_state(s: &SmiSnapshot) -> State {
         .filter_map(|g| g.license_status.as_deref().map(classify_status))
         .collect();
     if statuses.is_empty() {
-        // A vGPU profile always has a licence section: an output without one was cut.
-        if s.gpus.iter().any(|g| {
-            g.profile
-                .as_deref()
-                .is_some_and(crate::observe::smi::is_vgpu_profile)
-        }) {
-            return State::Unknown;
-        }
-        let passthrough = s.gpus.iter().all(|g| {
-            g.virtualization_mode
-                .as_deref()
-                .is_some_and(|m| !m.eq_ignore_ascii_case("VGPU"))
-        });
-        let any_vgpu = s.gpus.iter().any(|g| {
-            g.virtualization_mode
-                .as_deref()
-                .is_some_and(|m| m.eq_ignore_ascii_case("VGPU"))
-        });
-        // No licence section: nothing to license on passthrough or bare metal; an excerpt
-        // that cut the section off says nothing.
-        return if passthrough || (s.whole && !any_vgpu) {
-            State::NotLicensable
-        } else {
-            State::Unknown
-        };
+        return without_license_section(s);
     }
     if statuses.contains(&LicenseStatus::Restricted) {
         State::Restricted
@@ -941,6 +1006,35 @@ pub fn smi_state(s: &SmiSnapshot) -> State {
         State::Unknown
     } else {
         State::Licensed
+    }
+}
+
+/// The state of GPUs that show no license section.
+fn without_license_section(s: &SmiSnapshot) -> State {
+    // A vGPU profile always has a licence section: an output without one was cut.
+    if s.gpus.iter().any(|g| {
+        g.profile
+            .as_deref()
+            .is_some_and(crate::observe::smi::is_vgpu_profile)
+    }) {
+        return State::Unknown;
+    }
+    let passthrough = s.gpus.iter().all(|g| {
+        g.virtualization_mode
+            .as_deref()
+            .is_some_and(|m| !m.eq_ignore_ascii_case("VGPU"))
+    });
+    let any_vgpu = s.gpus.iter().any(|g| {
+        g.virtualization_mode
+            .as_deref()
+            .is_some_and(|m| m.eq_ignore_ascii_case("VGPU"))
+    });
+    // No licence section: nothing to license on passthrough or bare metal; an excerpt
+    // that cut the section off says nothing.
+    if passthrough || (s.whole && !any_vgpu) {
+        State::NotLicensable
+    } else {
+        State::Unknown
     }
 }
 
