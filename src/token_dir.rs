@@ -234,31 +234,69 @@ pub fn scan(
         dir: dir.to_path_buf(),
         ..Listing::default()
     };
+    let Some(m) = dir_meta(dir)? else {
+        return Ok(out);
+    };
+    out.exists = true;
+    out.mode = Some(m.mode() & 0o7777);
+    out.uid = Some(m.uid());
+    out.dev = Some(m.dev());
+    let entries = entries(dir, token_file, &mut out.uncounted)?;
+    let mut sorting = Sorting {
+        token_file,
+        gridd_conf,
+        conf_here: gridd_conf.parent() == Some(dir),
+        crowded: entries.len() > MAX_ENTRIES,
+        out,
+        wrong: Vec::new(),
+        link_at_token: None,
+        candidates: Vec::new(),
+    };
+    for (name, path) in entries {
+        sorting.entry(name, path)?;
+    }
+    let Sorting {
+        mut out,
+        crowded,
+        wrong,
+        link_at_token,
+        candidates,
+        ..
+    } = sorting;
+    choose(&mut out, candidates, token_file, now);
+    out.refusal = refusal(dir, crowded, wrong, link_at_token);
+    Ok(out)
+}
+
+/// The directory's own metadata; `None` where it does not exist.
+fn dir_meta(dir: &Path) -> Result<Option<fs::Metadata>, ScanError> {
     match fs::symlink_metadata(dir) {
         Ok(m) if m.file_type().is_symlink() => {
-            return Err(ScanError::Symlink(fs::read_link(dir).unwrap_or_default()));
+            Err(ScanError::Symlink(fs::read_link(dir).unwrap_or_default()))
         }
-        Ok(m) if !m.is_dir() => return Err(ScanError::NotDir),
-        Ok(m) => {
-            out.exists = true;
-            out.mode = Some(m.mode() & 0o7777);
-            out.uid = Some(m.uid());
-            out.dev = Some(m.dev());
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(ScanError::Io(e)),
+        Ok(m) if !m.is_dir() => Err(ScanError::NotDir),
+        Ok(m) => Ok(Some(m)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ScanError::Io(e)),
     }
-    // A directory with more entries than a token directory ever has (a sync tool's 20,000
-    // files, `/etc` by mistake) is not read whole: its first entries and the token's own
-    // path are looked at, the rest only counted, so that a look costs the same whatever the
-    // directory holds.
+}
+
+/// The entries to look at, sorted: their names and paths. A directory with more entries
+/// than a token directory ever has (a sync tool's 20,000 files, `/etc` by mistake) is not
+/// read whole: its first entries and the token's own path are looked at, the rest only
+/// counted (in `uncounted`), so that a look costs the same whatever the directory holds.
+fn entries(
+    dir: &Path,
+    token_file: &str,
+    uncounted: &mut usize,
+) -> Result<Vec<(OsString, PathBuf)>, ScanError> {
     let mut entries = Vec::new();
     for e in fs::read_dir(dir).map_err(ScanError::Io)? {
         let e = e.map_err(ScanError::Io)?;
         if entries.len() <= MAX_ENTRIES {
             entries.push((e.file_name(), e.path()));
         } else {
-            out.uncounted += 1;
+            *uncounted += 1;
         }
     }
     let crowded = entries.len() > MAX_ENTRIES;
@@ -266,113 +304,169 @@ pub fn scan(
         let token_path = dir.join(token_file);
         if fs::symlink_metadata(&token_path).is_ok() {
             entries.push((token_file.into(), token_path));
-            out.uncounted = out.uncounted.saturating_sub(1);
+            *uncounted = uncounted.saturating_sub(1);
         }
     }
     entries.sort();
-    let mut wrong: Vec<String> = Vec::new();
-    let mut link_at_token: Option<String> = None;
-    let conf_here = gridd_conf.parent() == Some(dir);
-    let mut candidates: Vec<(Installed, i128)> = Vec::new();
-    for (name, path) in entries {
+    Ok(entries)
+}
+
+/// What each entry of the directory is, as [`scan`] goes through them.
+struct Sorting<'a> {
+    token_file: &'a str,
+    gridd_conf: &'a Path,
+    /// The configured gridd.conf is in this directory.
+    conf_here: bool,
+    /// More entries than a token directory ever has: only the token's path is read.
+    crowded: bool,
+    out: Listing,
+    /// What shows this is not a token directory.
+    wrong: Vec<String>,
+    /// Why the token's own path cannot be written through, where it cannot.
+    link_at_token: Option<String>,
+    /// The regular files, and when each appeared.
+    candidates: Vec<(Installed, i128)>,
+}
+
+impl Sorting<'_> {
+    fn entry(&mut self, name: OsString, path: PathBuf) -> Result<(), ScanError> {
         let shown = name.to_string_lossy().into_owned();
         let meta = match fs::symlink_metadata(&path) {
             Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(ScanError::Io(e)),
         };
         let ft = meta.file_type();
         if crate::fsutil::is_temp_name(&shown) && ft.is_file() {
-            out.temps.push(path);
-            continue;
+            self.out.temps.push(path);
+        } else if let Some(wrong) = self.not_of_a_token_dir(&name, &path, &shown, ft) {
+            self.wrong.push(wrong);
+        } else if name == self.token_file && (ft.is_symlink() || ft.is_fifo() || ft.is_socket()) {
+            self.at_token_path(&name, &path, &meta);
+        } else if ft.is_symlink() {
+            self.out
+                .strays
+                .push(Stray::plain(path, name, StrayKind::Link, Some(&meta)));
+        } else if ft.is_fifo() || ft.is_socket() {
+            self.out
+                .strays
+                .push(Stray::plain(path, name, StrayKind::Special, Some(&meta)));
+        } else {
+            self.regular(name, path, &meta);
         }
-        if conf_here && Some(name.as_os_str()) == gridd_conf.file_name() {
-            wrong.push(format!("the configured gridd.conf {}", show_path(&path)));
-            continue;
+        Ok(())
+    }
+
+    /// An entry that shows this is not a token directory: the configured gridd.conf, a
+    /// directory, a device.
+    fn not_of_a_token_dir(
+        &self,
+        name: &OsString,
+        path: &Path,
+        shown: &str,
+        ft: fs::FileType,
+    ) -> Option<String> {
+        if self.conf_here && Some(name.as_os_str()) == self.gridd_conf.file_name() {
+            Some(format!("the configured gridd.conf {}", show_path(path)))
+        } else if ft.is_dir() {
+            Some(format!("the directory {}", crate::text::escape(shown)))
+        } else if ft.is_block_device() || ft.is_char_device() {
+            Some(format!("the device {}", crate::text::escape(shown)))
+        } else {
+            None
         }
-        if ft.is_dir() {
-            wrong.push(format!("the directory {}", crate::text::escape(&shown)));
-            continue;
-        }
-        if ft.is_block_device() || ft.is_char_device() {
-            wrong.push(format!("the device {}", crate::text::escape(&shown)));
-            continue;
-        }
-        if (ft.is_fifo() || ft.is_socket()) && name == token_file {
-            // At the token's own path: it is what gridd reads as the token, reported as
-            // such, and never opened or moved (a FIFO would block whoever reads it).
+    }
+
+    /// A FIFO, a socket or a symlink at the token's own path: what gridd reads as the token,
+    /// and never written through.
+    fn at_token_path(&mut self, name: &OsString, path: &Path, meta: &fs::Metadata) {
+        let ft = meta.file_type();
+        if ft.is_fifo() || ft.is_socket() {
+            // Reported as the token, and never opened or moved (a FIFO would block whoever
+            // reads it).
             let kind = if ft.is_fifo() { "a FIFO" } else { "a socket" };
-            out.token = Some(installed(
-                &path,
-                &name,
-                &meta,
+            self.out.token = Some(installed(
+                path,
+                name,
+                meta,
                 Vec::new(),
                 Content::Unreadable(format!("not a regular file but {kind}")),
             ));
-            link_at_token = Some(format!(
+            self.link_at_token = Some(format!(
                 "the token path {} is not a regular file but {kind}; remove it (rm {}) and run install again",
-                show_path(&path),
-                show_path(&path)
+                show_path(path),
+                show_path(path)
             ));
-            continue;
-        }
-        if ft.is_symlink() && name == token_file {
-            // At the token's own path: refused, as every symlink the agent would write
-            // through (a link elsewhere in the directory is moved aside as a link).
-            let to = fs::read_link(&path)
+        } else {
+            // Refused, as every symlink the agent would write through (a link elsewhere in
+            // the directory is moved aside as a link).
+            let to = fs::read_link(path)
                 .map(|t| format!(" (pointing to {})", show_path(&t)))
                 .unwrap_or_default();
-            link_at_token = Some(format!(
+            self.link_at_token = Some(format!(
                 "the token {} is a symlink{to}; the agent never writes through a symlink: remove it (rm {}) and run install again",
-                show_path(&path),
-                show_path(&path)
+                show_path(path),
+                show_path(path)
             ));
-            continue;
         }
-        let stray = |kind| Stray::plain(path.clone(), name.clone(), kind, Some(&meta));
-        if ft.is_symlink() {
-            out.strays.push(stray(StrayKind::Link));
-            continue;
-        }
-        if ft.is_fifo() || ft.is_socket() {
-            out.strays.push(stray(StrayKind::Special));
-            continue;
-        }
-        // A regular file: read it only if it may be a token.
-        let worth_reading = !crowded || name == token_file;
-        let content = if !worth_reading {
-            Content::Invalid(TokenError::TooLarge(0))
-        } else if meta.len() > MAX_TOKEN_BYTES as u64 {
-            Content::Invalid(TokenError::TooLarge(meta.len() as usize))
-        } else {
-            match input::open_regular(&path, Links::Refuse)
-                .and_then(|f| input::read_capped(f, MAX_TOKEN_BYTES))
-            {
-                Ok(bytes) => {
-                    let c = match Token::decode(&bytes) {
-                        Ok(t) => Content::Token(t),
-                        Err(e) => {
-                            out.last_change = out.last_change.max(Some(appeared(&meta)));
-                            Content::Invalid(e)
-                        }
-                    };
-                    candidates.push((installed(&path, &name, &meta, bytes, c), appeared(&meta)));
-                    continue;
-                }
-                Err(ReadError::TooLarge(_)) => {
-                    Content::Invalid(TokenError::TooLarge(MAX_TOKEN_BYTES + 1))
-                }
-                Err(e) if e.is_not_found() => continue,
-                Err(e) => Content::Unreadable(e.to_string()),
-            }
+    }
+
+    /// A regular file: a candidate for the token, read only if it may be one.
+    fn regular(&mut self, name: OsString, path: PathBuf, meta: &fs::Metadata) {
+        let worth_reading = !self.crowded || name == self.token_file;
+        let Some((bytes, content)) = regular_content(&path, meta, worth_reading) else {
+            return;
         };
-        out.last_change = out.last_change.max(Some(appeared(&meta)));
-        candidates.push((
-            installed(&path, &name, &meta, Vec::new(), content),
-            appeared(&meta),
+        if !matches!(content, Content::Token(_)) {
+            self.out.last_change = self.out.last_change.max(Some(appeared(meta)));
+        }
+        self.candidates.push((
+            installed(&path, &name, meta, bytes, content),
+            appeared(meta),
         ));
     }
-    choose(&mut out, candidates, token_file, now);
+}
+
+/// What a regular file holds: its bytes where they were read, and what they are; `None`
+/// where it is gone.
+fn regular_content(
+    path: &Path,
+    meta: &fs::Metadata,
+    worth_reading: bool,
+) -> Option<(Vec<u8>, Content)> {
+    if !worth_reading {
+        return Some((Vec::new(), Content::Invalid(TokenError::TooLarge(0))));
+    }
+    if meta.len() > MAX_TOKEN_BYTES as u64 {
+        let too_large = TokenError::TooLarge(meta.len() as usize);
+        return Some((Vec::new(), Content::Invalid(too_large)));
+    }
+    match input::open_regular(path, Links::Refuse)
+        .and_then(|f| input::read_capped(f, MAX_TOKEN_BYTES))
+    {
+        Ok(bytes) => {
+            let c = match Token::decode(&bytes) {
+                Ok(t) => Content::Token(t),
+                Err(e) => Content::Invalid(e),
+            };
+            Some((bytes, c))
+        }
+        Err(ReadError::TooLarge(_)) => Some((
+            Vec::new(),
+            Content::Invalid(TokenError::TooLarge(MAX_TOKEN_BYTES + 1)),
+        )),
+        Err(e) if e.is_not_found() => None,
+        Err(e) => Some((Vec::new(), Content::Unreadable(e.to_string()))),
+    }
+}
+
+/// Why this is not a token directory, or why its token's path cannot be written through.
+fn refusal(
+    dir: &Path,
+    crowded: bool,
+    mut wrong: Vec<String>,
+    link_at_token: Option<String>,
+) -> Option<String> {
     let dir_shown = show_path(dir);
     if crowded {
         wrong.insert(
@@ -381,14 +475,13 @@ pub fn scan(
         );
     }
     if !wrong.is_empty() {
-        out.refusal = Some(format!(
+        Some(format!(
             "the token directory {dir_shown} (paths.token_dir) is not a token directory: it holds {}; the agent changes nothing in it: point paths.token_dir at the directory gridd reads (/etc/nvidia/ClientConfigToken), or move those away",
             names(wrong.into_iter())
-        ));
-    } else if let Some(why) = link_at_token {
-        out.refusal = Some(why);
+        ))
+    } else {
+        link_at_token
     }
-    Ok(out)
 }
 
 /// When an entry appeared in the directory, as far as the file system tells: its inode's last
