@@ -12,7 +12,7 @@ use serde::Deserialize;
 pub const DEFAULT_CONFIG: &str = "/etc/vgpu-license-agent/config.toml";
 
 /// The validated settings every command works from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Settings {
     pub paths: Paths,
     pub commands: Commands,
@@ -155,66 +155,83 @@ impl ServiceMode {
     }
 }
 
-impl Default for Settings {
+impl Default for Kubernetes {
     fn default() -> Self {
-        Settings {
-            kubernetes: Kubernetes {
-                node_condition: Switch::Auto,
-                kubeconfig: None,
-                node_name: None,
-                service_account_dir: "/var/run/secrets/kubernetes.io/serviceaccount".into(),
-                heartbeat: Duration::from_secs(240),
-                taint_unlicensed: false,
-            },
-            paths: Paths {
-                token_dir: "/etc/nvidia/ClientConfigToken".into(),
-                token_file: "client_configuration_token.tok".into(),
-                gridd_conf: "/etc/nvidia/gridd.conf".into(),
-                state_dir: "/var/lib/vgpu-license-agent".into(),
-                status_file: "/run/vgpu-license-agent/status.json".into(),
-                metrics_textfile: "/var/lib/prometheus/node-exporter/vgpu_license_agent.prom"
-                    .into(),
-                gridd_client_state: vec![
-                    "/var/lib/nvidia/GridLicensing".into(),
-                    "/var/lib/nvidia/vGPULicensing".into(),
-                ],
-                token_source: None,
-                pci_devices: "/sys/bus/pci/devices".into(),
-                driver_root: "/run/nvidia/driver".into(),
-            },
-            commands: Commands {
-                nvidia_smi: "nvidia-smi".into(),
-                journalctl: "journalctl".into(),
-                systemctl: "systemctl".into(),
-                restart_gridd: vec![
-                    "systemctl".into(),
-                    "restart".into(),
-                    "nvidia-gridd.service".into(),
-                ],
-                timeout: Duration::from_secs(30),
-                smi_root: None,
-            },
-            gridd: Gridd {
-                feature_type: 1,
-                feature_type_configured: false,
-                unit: "nvidia-gridd.service".into(),
-            },
-            service: Service {
-                expiry_warning: Duration::from_secs(12 * 3600),
-                poll_unlicensed: Duration::from_secs(15),
-                poll_licensed: Duration::from_secs(300),
-                restart_grace: Duration::from_secs(120),
-                restart_backoff: Duration::from_secs(60),
-                restart_backoff_max: Duration::from_secs(1800),
-                restart_budget_per_hour: 4,
-                probe_timeout: Duration::from_secs(5),
-                clock_skew_max: Duration::from_secs(60),
-                metrics_socket: None,
-                metrics_listen: None,
-                webhook_url: None,
-                first_token_look: Duration::from_secs(30),
-                mode: ServiceMode::Auto,
-            },
+        Kubernetes {
+            node_condition: Switch::Auto,
+            kubeconfig: None,
+            node_name: None,
+            service_account_dir: "/var/run/secrets/kubernetes.io/serviceaccount".into(),
+            heartbeat: Duration::from_secs(240),
+            taint_unlicensed: false,
+        }
+    }
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            token_dir: "/etc/nvidia/ClientConfigToken".into(),
+            token_file: "client_configuration_token.tok".into(),
+            gridd_conf: "/etc/nvidia/gridd.conf".into(),
+            state_dir: "/var/lib/vgpu-license-agent".into(),
+            status_file: "/run/vgpu-license-agent/status.json".into(),
+            metrics_textfile: "/var/lib/prometheus/node-exporter/vgpu_license_agent.prom".into(),
+            gridd_client_state: vec![
+                "/var/lib/nvidia/GridLicensing".into(),
+                "/var/lib/nvidia/vGPULicensing".into(),
+            ],
+            token_source: None,
+            pci_devices: "/sys/bus/pci/devices".into(),
+            driver_root: "/run/nvidia/driver".into(),
+        }
+    }
+}
+
+impl Default for Commands {
+    fn default() -> Self {
+        Commands {
+            nvidia_smi: "nvidia-smi".into(),
+            journalctl: "journalctl".into(),
+            systemctl: "systemctl".into(),
+            restart_gridd: vec![
+                "systemctl".into(),
+                "restart".into(),
+                "nvidia-gridd.service".into(),
+            ],
+            timeout: Duration::from_secs(30),
+            smi_root: None,
+        }
+    }
+}
+
+impl Default for Gridd {
+    fn default() -> Self {
+        Gridd {
+            feature_type: 1,
+            feature_type_configured: false,
+            unit: "nvidia-gridd.service".into(),
+        }
+    }
+}
+
+impl Default for Service {
+    fn default() -> Self {
+        Service {
+            expiry_warning: Duration::from_secs(12 * 3600),
+            poll_unlicensed: Duration::from_secs(15),
+            poll_licensed: Duration::from_secs(300),
+            restart_grace: Duration::from_secs(120),
+            restart_backoff: Duration::from_secs(60),
+            restart_backoff_max: Duration::from_secs(1800),
+            restart_budget_per_hour: 4,
+            probe_timeout: Duration::from_secs(5),
+            clock_skew_max: Duration::from_secs(60),
+            metrics_socket: None,
+            metrics_listen: None,
+            webhook_url: None,
+            first_token_look: Duration::from_secs(30),
+            mode: ServiceMode::Auto,
         }
     }
 }
@@ -251,8 +268,12 @@ fn without_values(message: &str) -> String {
         let expected = rest.find(", expected ").map_or("", |i| &rest[i..]);
         return format!("unknown value{expected}");
     }
-    // Keys (`unknown field `x``) and punctuation (`expected `"``) are named; a quoted
-    // string is a value, and so is a "key" that is no key (`"https://u:p@h" = 1`).
+    keys_only(message)
+}
+
+/// A message with its keys (`unknown field `x``) and punctuation (`expected `"``) named; a
+/// quoted string is a value, and so is a "key" that is no key (`"https://u:p@h" = 1`).
+fn keys_only(message: &str) -> String {
     let shown = |tick: &str| {
         let key_like = tick.chars().count() <= 1
             || tick
@@ -408,6 +429,17 @@ macro_rules! merge {
     };
 }
 
+/// Sets each duration a fragment gives, once its number (of seconds, or of `unit` seconds)
+/// is in its range: `durations!(dst, src, "section.", field = key * unit in (min, max), ...)`.
+macro_rules! durations {
+    ($dst:expr, $src:expr, $section:literal, $($field:ident = $key:ident * $unit:literal in $range:expr),+ $(,)?) => {
+        $( if let Some(v) = $src.$key {
+            in_range(concat!($section, stringify!($key)), v, $range)?;
+            $dst.$field = Duration::from_secs(v * $unit);
+        } )+
+    };
+}
+
 impl Settings {
     /// Loads `main` (missing = defaults) and `<dir of main>/config.d/*.toml` in name order.
     pub fn load(main: &Path) -> Result<Settings, ConfigError> {
@@ -466,27 +498,7 @@ impl Settings {
     }
 
     fn merge_toml(&mut self, text: &str) -> Result<(), String> {
-        let frag: Fragment = toml::from_str(text).map_err(|e| {
-            // The line number and its key (a name says more than a number; the value is left
-            // out, a URL in it may hold credentials).
-            let line = e
-                .span()
-                .map(|s| {
-                    let n = text[..s.start].matches('\n').count();
-                    let line = text.lines().nth(n).unwrap_or("");
-                    let shown = line.split('=').next().unwrap_or("").trim();
-                    let key_like = shown
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "_-.[] \"'".contains(c));
-                    if shown.is_empty() || shown.len() > 120 || !key_like {
-                        format!("line {}: ", n + 1)
-                    } else {
-                        format!("line {} ({shown}): ", n + 1)
-                    }
-                })
-                .unwrap_or_default();
-            format!("{line}{}", without_values(&e.message().replace('\n', " ")))
-        })?;
+        let frag: Fragment = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
         let p = frag.paths;
         merge!(
             self.paths,
@@ -511,110 +523,10 @@ impl Settings {
             systemctl,
             restart_gridd
         );
-        if let Some(t) = c.timeout_seconds {
-            in_range("commands.timeout_seconds", t, RANGE_TIMEOUT)?;
-            self.commands.timeout = Duration::from_secs(t);
-        }
+        durations!(self.commands, c, "commands.", timeout = timeout_seconds * 1 in RANGE_TIMEOUT);
         self.gridd.feature_type_configured |= frag.gridd.feature_type.is_some();
         merge!(self.gridd, frag.gridd, feature_type, unit);
-        let sv = frag.service;
-        let svc = &mut self.service;
-        for (key, value, field, unit, range) in [
-            (
-                "service.expiry_warning_hours",
-                sv.expiry_warning_hours,
-                &mut svc.expiry_warning,
-                3600,
-                (0, 24 * 365),
-            ),
-            (
-                "service.poll_unlicensed_seconds",
-                sv.poll_unlicensed_seconds,
-                &mut svc.poll_unlicensed,
-                1,
-                (1, 3600),
-            ),
-            (
-                "service.poll_licensed_seconds",
-                sv.poll_licensed_seconds,
-                &mut svc.poll_licensed,
-                1,
-                (1, 86_400),
-            ),
-            (
-                "service.restart_grace_seconds",
-                sv.restart_grace_seconds,
-                &mut svc.restart_grace,
-                1,
-                (0, 3600),
-            ),
-            (
-                "service.restart_backoff_seconds",
-                sv.restart_backoff_seconds,
-                &mut svc.restart_backoff,
-                1,
-                (1, 86_400),
-            ),
-            (
-                "service.restart_backoff_max_seconds",
-                sv.restart_backoff_max_seconds,
-                &mut svc.restart_backoff_max,
-                1,
-                (1, 7 * 86_400),
-            ),
-            (
-                "service.probe_timeout_seconds",
-                sv.probe_timeout_seconds,
-                &mut svc.probe_timeout,
-                1,
-                (1, 300),
-            ),
-            (
-                "service.clock_skew_max_seconds",
-                sv.clock_skew_max_seconds,
-                &mut svc.clock_skew_max,
-                1,
-                (1, 86_400),
-            ),
-            (
-                "service.first_token_look_seconds",
-                sv.first_token_look_seconds,
-                &mut svc.first_token_look,
-                1,
-                (1, 3600),
-            ),
-        ] {
-            if let Some(v) = value {
-                in_range(key, v, range)?;
-                *field = Duration::from_secs(v * unit);
-            }
-        }
-        if let Some(n) = sv.restart_budget_per_hour {
-            in_range("service.restart_budget_per_hour", u64::from(n), (0, 60))?;
-            svc.restart_budget_per_hour = n;
-        }
-        if sv.metrics_socket.is_some() {
-            svc.metrics_socket = sv.metrics_socket;
-        }
-        if sv.metrics_listen.is_some() {
-            svc.metrics_listen = sv.metrics_listen;
-        }
-        if sv.webhook_url.is_some() {
-            svc.webhook_url = sv.webhook_url;
-        }
-        if let Some(m) = sv.mode {
-            svc.mode = match m.as_str() {
-                "auto" => ServiceMode::Auto,
-                "manage" => ServiceMode::Manage,
-                "observe" => ServiceMode::Observe,
-                _ => {
-                    return Err(format!(
-                        "service.mode = {}: expected \"auto\" (observe on a GPU Operator node, manage elsewhere), \"manage\" or \"observe\"",
-                        shown_value(&m)
-                    ));
-                }
-            };
-        }
+        self.service.merge(frag.service)?;
         self.merge_kubernetes(frag.kubernetes)?;
         self.validate()
     }
@@ -643,10 +555,7 @@ impl Settings {
         if let Some(d) = k.service_account_dir {
             kube.service_account_dir = d;
         }
-        if let Some(h) = k.heartbeat_seconds {
-            in_range("kubernetes.heartbeat_seconds", h, (5, 300))?;
-            kube.heartbeat = Duration::from_secs(h);
-        }
+        durations!(kube, k, "kubernetes.", heartbeat = heartbeat_seconds * 1 in (5, 300));
         if let Some(t) = k.taint_unlicensed {
             kube.taint_unlicensed = t;
         }
@@ -666,76 +575,11 @@ impl Settings {
                     .into(),
             );
         }
-        let svc = &self.service;
-        for (key, d) in [
-            ("service.poll_unlicensed_seconds", svc.poll_unlicensed),
-            ("service.poll_licensed_seconds", svc.poll_licensed),
-            ("service.restart_backoff_seconds", svc.restart_backoff),
-            ("service.probe_timeout_seconds", svc.probe_timeout),
-        ] {
-            if d.is_zero() {
-                return Err(format!("{key}: expected at least 1"));
-            }
-        }
-        if svc.restart_backoff_max < svc.restart_backoff {
-            return Err(
-                "service.restart_backoff_max_seconds: expected at least restart_backoff_seconds"
-                    .into(),
-            );
-        }
-        if let Some(addr) = &svc.metrics_listen
-            && crate::http::listen_address(addr).is_none()
-        {
-            return Err(format!(
-                "service.metrics_listen = {}: expected an address and port, e.g. \"127.0.0.1:9841\", or \":9841\" for every address",
-                shown_value(addr)
-            ));
-        }
-        if let Some(url) = &svc.webhook_url {
-            // The value is not shown: a webhook URL often carries its credentials.
-            crate::http::webhook_url(url)?;
-        }
+        self.service.validate()?;
         if self.commands.timeout.is_zero() {
             return Err("commands.timeout_seconds: expected at least 1".into());
         }
-        let f = &self.paths.token_file;
-        if f.is_empty() || f.contains('/') || f == "." || f == ".." {
-            return Err(format!(
-                "paths.token_file = {}: expected a file name without '/'",
-                shown_value(f)
-            ));
-        }
-        for (key, p) in [
-            ("paths.token_dir", &self.paths.token_dir),
-            ("paths.gridd_conf", &self.paths.gridd_conf),
-            ("paths.state_dir", &self.paths.state_dir),
-            ("paths.status_file", &self.paths.status_file),
-            ("paths.metrics_textfile", &self.paths.metrics_textfile),
-            ("paths.pci_devices", &self.paths.pci_devices),
-        ] {
-            if !p.is_absolute() {
-                return Err(format!(
-                    "{key} = {}: expected an absolute path",
-                    shown_value(&p.to_string_lossy())
-                ));
-            }
-        }
-        if let Some(p) = &self.paths.token_source
-            && (!p.is_absolute() || p.starts_with(&self.paths.token_dir))
-        {
-            return Err(format!(
-                "paths.token_source = {}: expected an absolute path outside paths.token_dir (the file or directory the token comes from, e.g. a mounted Kubernetes Secret)",
-                shown_value(&p.to_string_lossy())
-            ));
-        }
-        for p in &self.paths.gridd_client_state {
-            if !p.is_absolute() || p.parent().is_none() {
-                return Err(format!(
-                    "paths.gridd_client_state: {}: expected absolute paths of directories below /",
-                    shown_value(&p.to_string_lossy())
-                ));
-            }
-        }
+        self.paths.validate()?;
         self.check_output_overlap()
     }
 
@@ -855,6 +699,146 @@ fn normalize(p: &Path) -> PathBuf {
         }
     }
     out
+}
+
+impl Service {
+    /// Merges `[service]` over these settings.
+    fn merge(&mut self, sv: ServiceFragment) -> Result<(), String> {
+        durations!(
+            self,
+            sv,
+            "service.",
+            expiry_warning = expiry_warning_hours * 3600 in (0, 24 * 365),
+            poll_unlicensed = poll_unlicensed_seconds * 1 in (1, 3600),
+            poll_licensed = poll_licensed_seconds * 1 in (1, 86_400),
+            restart_grace = restart_grace_seconds * 1 in (0, 3600),
+            restart_backoff = restart_backoff_seconds * 1 in (1, 86_400),
+            restart_backoff_max = restart_backoff_max_seconds * 1 in (1, 7 * 86_400),
+            probe_timeout = probe_timeout_seconds * 1 in (1, 300),
+            clock_skew_max = clock_skew_max_seconds * 1 in (1, 86_400),
+            first_token_look = first_token_look_seconds * 1 in (1, 3600),
+        );
+        if let Some(n) = sv.restart_budget_per_hour {
+            in_range("service.restart_budget_per_hour", u64::from(n), (0, 60))?;
+            self.restart_budget_per_hour = n;
+        }
+        merge!(self, sv, metrics_socket, metrics_listen, webhook_url);
+        if let Some(m) = sv.mode {
+            self.mode = match m.as_str() {
+                "auto" => ServiceMode::Auto,
+                "manage" => ServiceMode::Manage,
+                "observe" => ServiceMode::Observe,
+                _ => {
+                    return Err(format!(
+                        "service.mode = {}: expected \"auto\" (observe on a GPU Operator node, manage elsewhere), \"manage\" or \"observe\"",
+                        shown_value(&m)
+                    ));
+                }
+            };
+        }
+        Ok(())
+    }
+
+    /// The checks of `[service]` that the ranges do not make.
+    fn validate(&self) -> Result<(), String> {
+        for (key, d) in [
+            ("service.poll_unlicensed_seconds", self.poll_unlicensed),
+            ("service.poll_licensed_seconds", self.poll_licensed),
+            ("service.restart_backoff_seconds", self.restart_backoff),
+            ("service.probe_timeout_seconds", self.probe_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{key}: expected at least 1"));
+            }
+        }
+        if self.restart_backoff_max < self.restart_backoff {
+            return Err(
+                "service.restart_backoff_max_seconds: expected at least restart_backoff_seconds"
+                    .into(),
+            );
+        }
+        if let Some(addr) = &self.metrics_listen
+            && crate::http::listen_address(addr).is_none()
+        {
+            return Err(format!(
+                "service.metrics_listen = {}: expected an address and port, e.g. \"127.0.0.1:9841\", or \":9841\" for every address",
+                shown_value(addr)
+            ));
+        }
+        if let Some(url) = &self.webhook_url {
+            // The value is not shown: a webhook URL often carries its credentials.
+            crate::http::webhook_url(url)?;
+        }
+        Ok(())
+    }
+}
+
+impl Paths {
+    /// `[paths]`: a token file name, absolute paths, a token source outside the token
+    /// directory.
+    fn validate(&self) -> Result<(), String> {
+        let f = &self.token_file;
+        if f.is_empty() || f.contains('/') || f == "." || f == ".." {
+            return Err(format!(
+                "paths.token_file = {}: expected a file name without '/'",
+                shown_value(f)
+            ));
+        }
+        for (key, p) in [
+            ("paths.token_dir", &self.token_dir),
+            ("paths.gridd_conf", &self.gridd_conf),
+            ("paths.state_dir", &self.state_dir),
+            ("paths.status_file", &self.status_file),
+            ("paths.metrics_textfile", &self.metrics_textfile),
+            ("paths.pci_devices", &self.pci_devices),
+        ] {
+            if !p.is_absolute() {
+                return Err(format!(
+                    "{key} = {}: expected an absolute path",
+                    shown_value(&p.to_string_lossy())
+                ));
+            }
+        }
+        if let Some(p) = &self.token_source
+            && (!p.is_absolute() || p.starts_with(&self.token_dir))
+        {
+            return Err(format!(
+                "paths.token_source = {}: expected an absolute path outside paths.token_dir (the file or directory the token comes from, e.g. a mounted Kubernetes Secret)",
+                shown_value(&p.to_string_lossy())
+            ));
+        }
+        for p in &self.gridd_client_state {
+            if !p.is_absolute() || p.parent().is_none() {
+                return Err(format!(
+                    "paths.gridd_client_state: {}: expected absolute paths of directories below /",
+                    shown_value(&p.to_string_lossy())
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A TOML error as one line: the line number and its key (a name says more than a number;
+/// the value is left out, a URL in it may hold credentials), and what is wrong.
+fn parse_error(text: &str, e: &toml::de::Error) -> String {
+    let line = e
+        .span()
+        .map(|s| {
+            let n = text[..s.start].matches('\n').count();
+            let line = text.lines().nth(n).unwrap_or("");
+            let shown = line.split('=').next().unwrap_or("").trim();
+            let key_like = shown
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.[] \"'".contains(c));
+            if shown.is_empty() || shown.len() > 120 || !key_like {
+                format!("line {}: ", n + 1)
+            } else {
+                format!("line {} ({shown}): ", n + 1)
+            }
+        })
+        .unwrap_or_default();
+    format!("{line}{}", without_values(&e.message().replace('\n', " ")))
 }
 
 fn default_output(key: &str) -> &'static str {
