@@ -152,13 +152,7 @@ impl Change {
 
     /// One line, in the past tense (`done`) or as a plan.
     pub fn describe(&self, done: bool) -> String {
-        let v = |past: &str, plan: &str| {
-            if done {
-                past.to_string()
-            } else {
-                format!("would {plan}")
-            }
-        };
+        let v = |past: &str, plan: &str| tense(done, past, plan);
         match self {
             Change::CreateDir { path, mode } => format!(
                 "{} directory {} (mode {mode:04o})",
@@ -175,26 +169,7 @@ impl Change {
                 v("removed", "remove"),
                 crate::text::show_path(path)
             ),
-            Change::MoveStray { from, to, why } => {
-                let (from, to) = (crate::text::show_path(from), crate::text::show_path(to));
-                match why {
-                    Aside::Stray => format!(
-                        "{} {from} to {to} (only the token may be in the token directory)",
-                        v("moved", "move")
-                    ),
-                    Aside::Previous => format!(
-                        "{} the previous token {from} to {to}: a newer token replaces it (to go back: vgpu-license-agent install --token-file {to})",
-                        v("moved", "move")
-                    ),
-                    Aside::Refused { why, valid: true } => format!(
-                        "{} {from} to {to}: {why}; to choose it instead: vgpu-license-agent install --token-file {to}",
-                        v("moved", "move")
-                    ),
-                    Aside::Refused { why, valid: false } => {
-                        format!("{} {from} to {to}: {why}", v("moved", "move"))
-                    }
-                }
-            }
+            Change::MoveStray { from, to, why } => why.describe(from, to, done),
             Change::SavePrevious { from, to } => format!(
                 "{} the previous token {} to {}",
                 v("saved", "save"),
@@ -216,20 +191,52 @@ impl Change {
                 created,
                 mode,
                 edits,
-            } => {
-                let edits: Vec<String> = edits.iter().map(Edit::to_string).collect();
-                let what = if *created {
-                    v("created", "create")
-                } else {
-                    v("edited", "edit")
-                };
-                format!(
-                    "{what} {} (mode {mode:04o}): {}",
-                    crate::text::show_path(path),
-                    edits.join("; ")
-                )
-            }
+            } => gridd_conf_line(path, *created, *mode, edits, done),
         }
+    }
+}
+
+/// The line of gridd.conf written, in the past tense (`done`) or as a plan.
+fn gridd_conf_line(path: &Path, created: bool, mode: u32, edits: &[Edit], done: bool) -> String {
+    let edits: Vec<String> = edits.iter().map(Edit::to_string).collect();
+    let what = if created {
+        tense(done, "created", "create")
+    } else {
+        tense(done, "edited", "edit")
+    };
+    format!(
+        "{what} {} (mode {mode:04o}): {}",
+        crate::text::show_path(path),
+        edits.join("; ")
+    )
+}
+
+impl Aside {
+    /// The line of a file moved from `from` to `to`, in the past tense (`done`) or as a plan.
+    fn describe(&self, from: &Path, to: &Path, done: bool) -> String {
+        let (from, to) = (crate::text::show_path(from), crate::text::show_path(to));
+        let moved = tense(done, "moved", "move");
+        match self {
+            Aside::Stray => {
+                format!("{moved} {from} to {to} (only the token may be in the token directory)")
+            }
+            Aside::Previous => format!(
+                "{moved} the previous token {from} to {to}: a newer token replaces it (to go back: vgpu-license-agent install --token-file {to})"
+            ),
+            Aside::Refused { why, valid: true } => format!(
+                "{moved} {from} to {to}: {why}; to choose it instead: vgpu-license-agent install --token-file {to}"
+            ),
+            Aside::Refused { why, valid: false } => format!("{moved} {from} to {to}: {why}"),
+        }
+    }
+}
+
+/// A verb in the past tense (`done`), or as a plan ("would ...").
+fn tense(done: bool, past: &str, plan: &str) -> String {
+    if done {
+        past.to_string()
+    } else {
+        format!("would {plan}")
     }
 }
 
@@ -508,69 +515,96 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
     let dir = &settings.paths.token_dir;
     check_state_dir(settings)?;
     let listing = scan_token_dir(settings)?;
-    let dir_mode = listing.mode;
     let me = nix::unistd::geteuid().as_raw();
-    if let Some(uid) = listing.uid.filter(|u| *u != 0 && *u != me) {
-        return Err(anyhow!(
-            "the token directory {} is owned by uid {uid}, who could replace the token gridd reads: make it root's (chown root:root {}) and run install again; {}",
-            show_path(dir),
-            show_path(dir),
-            nothing_changed()
-        ));
+    if let Some(uid) = listing.uid {
+        refuse_owner(
+            "the token directory",
+            dir,
+            uid,
+            me,
+            "replace the token gridd reads",
+        )?;
     }
     let mut strays = listing.strays;
     let mut temps = listing.temps;
     let token = match listing.token {
         None => None,
-        Some(t) => {
-            if let crate::token_dir::Content::Unreadable(why) = &t.content {
-                return Err(anyhow!(
-                    "cannot read the installed token {}: {why}; check its permissions; {}",
-                    show_path(&t.path),
-                    nothing_changed()
-                ));
-            }
-            if t.uid != 0 && t.uid != me {
-                return Err(anyhow!(
-                    "the token {} is owned by uid {}, who could rewrite it: make it root's (chown root:root {}) and run install again; {}",
-                    show_path(&t.path),
-                    t.uid,
-                    show_path(&t.path),
-                    nothing_changed()
-                ));
-            }
-            if t.bytes.is_empty() && !matches!(t.content, crate::token_dir::Content::Token(_)) {
-                // Too large to be a token, or empty: moved aside whole, never copied.
-                let meta = fs::symlink_metadata(&t.path).ok();
-                let verdict = match &t.content {
-                    crate::token_dir::Content::Invalid(e) => Some(e.to_string()),
-                    _ => None,
-                };
-                strays.push(crate::token_dir::Stray {
-                    verdict,
-                    ..crate::token_dir::Stray::plain(
-                        t.path,
-                        t.name,
-                        crate::token_dir::StrayKind::NotAToken,
-                        meta.as_ref(),
-                    )
-                });
-                None
-            } else {
-                Some(Previous {
-                    path: t.path,
-                    bytes: t.bytes,
-                    mode: t.mode,
-                    ino: t.ino,
-                })
-            }
-        }
+        Some(t) => previous_token(t, me, &mut strays)?,
     };
+    temps.extend(gridd_conf_temps(settings));
+    Ok(Current {
+        dir_mode: listing.mode,
+        token,
+        strays,
+        temps,
+        conf: read_gridd_conf(&settings.paths.gridd_conf)?,
+    })
+}
+
+/// Refused: `what` at `path` is owned by a user other than root and this one, who could
+/// `harm` it.
+fn refuse_owner(what: &str, path: &Path, uid: u32, me: u32, harm: &str) -> anyhow::Result<()> {
+    if uid == 0 || uid == me {
+        return Ok(());
+    }
+    Err(anyhow!(
+        "{what} {} is owned by uid {uid}, who could {harm}: make it root's (chown root:root {}) and run install again; {}",
+        show_path(path),
+        show_path(path),
+        nothing_changed()
+    ))
+}
+
+/// The installed token as the one this install replaces, once it can be read and no other
+/// user can rewrite it. One too large to be a token, or empty, is a stray instead: moved
+/// aside whole, never copied.
+fn previous_token(
+    t: crate::token_dir::Installed,
+    me: u32,
+    strays: &mut Vec<crate::token_dir::Stray>,
+) -> anyhow::Result<Option<Previous>> {
+    if let crate::token_dir::Content::Unreadable(why) = &t.content {
+        return Err(anyhow!(
+            "cannot read the installed token {}: {why}; check its permissions; {}",
+            show_path(&t.path),
+            nothing_changed()
+        ));
+    }
+    refuse_owner("the token", &t.path, t.uid, me, "rewrite it")?;
+    if t.bytes.is_empty() && !matches!(t.content, crate::token_dir::Content::Token(_)) {
+        let meta = fs::symlink_metadata(&t.path).ok();
+        let verdict = match &t.content {
+            crate::token_dir::Content::Invalid(e) => Some(e.to_string()),
+            _ => None,
+        };
+        strays.push(crate::token_dir::Stray {
+            verdict,
+            ..crate::token_dir::Stray::plain(
+                t.path,
+                t.name,
+                crate::token_dir::StrayKind::NotAToken,
+                meta.as_ref(),
+            )
+        });
+        return Ok(None);
+    }
+    Ok(Some(Previous {
+        path: t.path,
+        bytes: t.bytes,
+        mode: t.mode,
+        ino: t.ino,
+    }))
+}
+
+/// Temporary files of an interrupted write of gridd.conf, beside it (those in the token
+/// directory are the listing's).
+fn gridd_conf_temps(settings: &Settings) -> Vec<PathBuf> {
     let conf_path = &settings.paths.gridd_conf;
+    let mut temps = Vec::new();
     if let Some(name) = conf_path.file_name() {
         let prefix = fsutil::temp_prefix(&name.to_string_lossy());
         let conf_dir = conf_path.parent().unwrap_or(Path::new("/"));
-        if conf_dir != dir.as_path() {
+        if conf_dir != settings.paths.token_dir.as_path() {
             for (n, p) in fsutil::list_dir(conf_dir).unwrap_or_default() {
                 if n.to_string_lossy().starts_with(&prefix) {
                     temps.push(p);
@@ -578,49 +612,40 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
             }
         }
     }
-    let conf = match fs::symlink_metadata(conf_path) {
-        Ok(m) if m.file_type().is_symlink() => return Err(refuse_symlink(conf_path, "gridd.conf")),
-        Ok(m) if !m.is_file() => {
-            return Err(anyhow!(
-                "{} is not a regular file; move it away and run install again; {}",
-                crate::text::show_path(conf_path),
-                nothing_changed()
-            ));
-        }
-        Ok(m) if m.len() > MAX_GRIDD_CONF_BYTES as u64 => {
-            return Err(anyhow!(
-                "{} is {} bytes, larger than 1 MiB, which no gridd.conf is (the driver's template is about 2 KB); move it away (gridd works without a gridd.conf) and run install again; {}",
-                crate::text::show_path(conf_path),
-                m.len(),
-                nothing_changed()
-            ));
-        }
-        Ok(m) => {
-            let bytes = read_no_follow(conf_path, MAX_GRIDD_CONF_BYTES).map_err(|e| {
-                io_err(
-                    format!("cannot read {}", crate::text::show_path(conf_path)),
-                    e,
-                    "check its permissions",
-                )
-            })?;
-            Some((bytes, m))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(io_err(
-                format!("cannot read {}", crate::text::show_path(conf_path)),
-                e,
-                "check its directory",
-            ));
-        }
+    temps
+}
+
+/// gridd.conf's bytes and metadata, `None` where there is none; refused where it is a
+/// symlink, not a regular file, or larger than any gridd.conf.
+fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<(Vec<u8>, fs::Metadata)>> {
+    let cannot_read = |e: io::Error, fix: &str| {
+        io_err(
+            format!("cannot read {}", crate::text::show_path(conf_path)),
+            e,
+            fix,
+        )
     };
-    Ok(Current {
-        dir_mode,
-        token,
-        strays,
-        temps,
-        conf,
-    })
+    match fs::symlink_metadata(conf_path) {
+        Ok(m) if m.file_type().is_symlink() => Err(refuse_symlink(conf_path, "gridd.conf")),
+        Ok(m) if !m.is_file() => Err(anyhow!(
+            "{} is not a regular file; move it away and run install again; {}",
+            crate::text::show_path(conf_path),
+            nothing_changed()
+        )),
+        Ok(m) if m.len() > MAX_GRIDD_CONF_BYTES as u64 => Err(anyhow!(
+            "{} is {} bytes, larger than 1 MiB, which no gridd.conf is (the driver's template is about 2 KB); move it away (gridd works without a gridd.conf) and run install again; {}",
+            crate::text::show_path(conf_path),
+            m.len(),
+            nothing_changed()
+        )),
+        Ok(m) => {
+            let bytes = read_no_follow(conf_path, MAX_GRIDD_CONF_BYTES)
+                .map_err(|e| cannot_read(e, "check its permissions"))?;
+            Ok(Some((bytes, m)))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(cannot_read(e, "check its directory")),
+    }
 }
 
 /// What `install` and the service's adoption ask of their shared core ([`run_core`]): plan,
@@ -749,84 +774,105 @@ impl From<anyhow::Error> for CoreError {
 }
 
 fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, CoreError> {
-    let InstallRequest {
-        bytes,
-        feature_type,
-        dry_run,
-        restart,
-        licensed,
-        owe_restart,
-        summary,
-        mut warnings,
-        in_place,
-    } = core;
     // Both directories are checked before the lock is taken: taking it creates the state
     // directory, and a refused install changes nothing.
     token_dir_entries(settings)?;
     check_state_dir(settings)?;
-    let _lock = if dry_run {
+    let _lock = if core.dry_run {
         None
     } else {
         Some(take_lock(settings)?)
     };
-    let paths = &settings.paths;
     let cur = read_current(settings)?;
-    if in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(bytes) {
+    if core.in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(core.bytes) {
         // Another install replaced (or removed) the token between the read and the lock:
         // writing the bytes read before would put the old token back over the new one.
         return Err(CoreError::Superseded);
     }
-    let ft = feature_type_to_set(feature_type, &cur, settings, &mut warnings);
-    let conf = gridd_conf_with(&cur, ft, settings, &mut warnings);
-
-    // The plan.
-    let stamp = Utc::now().format(STAMP_FORMAT).to_string();
-    let replaced_root = paths.state_dir.join(REPLACED_DIR);
-    let mut state = InstallState::load(&paths.state_dir);
-    let (changes, kept_name) = plan_changes(
-        &cur,
-        bytes,
-        &conf,
-        &state,
-        settings,
-        &replaced_root.join(&stamp),
-    );
-    let sha = sha256_hex(bytes);
-    let reason = restart_reason(&changes, &state, &sha, licensed);
-    let mut outcome = Outcome {
-        dry_run,
-        token_summary: summary,
-        changes,
-        warnings,
-        restart: Restart::NotNeeded,
-        restart_reason: reason.clone(),
-        restart_command: settings.commands.restart_gridd.join(" "),
-        kept_name,
-    };
-    if dry_run {
-        outcome.restart = match (&reason, restart) {
-            (None, _) => Restart::NotNeeded,
-            (Some(_), true) => Restart::WouldRestart,
-            (Some(_), false) => Restart::Skipped,
-        };
-        return Ok(outcome);
+    let (bytes, restart, owe_restart) = (core.bytes, core.restart, core.owe_restart);
+    let mut plan = Plan::make(core, &cur, settings);
+    if plan.outcome.dry_run {
+        return Ok(plan.dry_run(restart));
     }
-
-    outcome.changes = apply(
-        &outcome.changes,
+    plan.outcome.changes = apply(
+        &plan.outcome.changes,
         cur.token.as_ref(),
         bytes,
-        &conf,
+        &plan.conf,
         settings,
-        &replaced_root,
-        &stamp,
+        &plan.replaced_root,
+        &plan.stamp,
     )?;
-    prune_replaced(&replaced_root, &stamp);
-    if reason.is_some() {
+    prune_replaced(&plan.replaced_root, &plan.stamp);
+    let Plan {
+        mut outcome,
+        mut state,
+        sha,
+        ..
+    } = plan;
+    if outcome.restart_reason.is_some() {
         state.token_sha256 = Some(sha);
         restart_for(&mut state, &mut outcome, restart, owe_restart, settings);
     }
     Ok(outcome)
+}
+
+/// An install's plan: the outcome it has (or in a dry run would have), gridd.conf as it
+/// leaves it, where it moves files aside, and what the agent remembers of earlier installs.
+struct Plan {
+    outcome: Outcome,
+    conf: ConfPlan,
+    /// `<state_dir>/replaced/`, and this run's directory in it.
+    replaced_root: PathBuf,
+    stamp: String,
+    state: InstallState,
+    /// The SHA-256 of the token's bytes.
+    sha: String,
+}
+
+impl Plan {
+    fn make(core: InstallRequest<'_>, cur: &Current, settings: &Settings) -> Plan {
+        let paths = &settings.paths;
+        let mut warnings = core.warnings;
+        let ft = feature_type_to_set(core.feature_type, cur, settings, &mut warnings);
+        let conf = gridd_conf_with(cur, ft, settings, &mut warnings);
+        let stamp = Utc::now().format(STAMP_FORMAT).to_string();
+        let replaced_root = paths.state_dir.join(REPLACED_DIR);
+        let state = InstallState::load(&paths.state_dir);
+        let planned_dir = replaced_root.join(&stamp);
+        let (changes, kept_name) =
+            plan_changes(cur, core.bytes, &conf, &state, settings, &planned_dir);
+        let sha = sha256_hex(core.bytes);
+        let reason = restart_reason(&changes, &state, &sha, core.licensed);
+        let outcome = Outcome {
+            dry_run: core.dry_run,
+            token_summary: core.summary,
+            changes,
+            warnings,
+            restart: Restart::NotNeeded,
+            restart_reason: reason,
+            restart_command: settings.commands.restart_gridd.join(" "),
+            kept_name,
+        };
+        Plan {
+            outcome,
+            conf,
+            replaced_root,
+            stamp,
+            state,
+            sha,
+        }
+    }
+
+    /// A dry run's outcome: the restart the plan would make.
+    fn dry_run(mut self, restart: bool) -> Outcome {
+        self.outcome.restart = match (&self.outcome.restart_reason, restart) {
+            (None, _) => Restart::NotNeeded,
+            (Some(_), true) => Restart::WouldRestart,
+            (Some(_), false) => Restart::Skipped,
+        };
+        self.outcome
+    }
 }
 
 /// The FeatureType to set. nvidia-smi is asked at most once, and only about a FeatureType
@@ -915,20 +961,9 @@ fn plan_changes(
     planned_dir: &Path,
 ) -> (Vec<Change>, Option<PathBuf>) {
     let paths = &settings.paths;
-    let target = paths.token_path();
-    let mut changes = Vec::new();
-    match cur.dir_mode {
-        None => changes.push(Change::CreateDir {
-            path: paths.token_dir.clone(),
-            mode: TOKEN_DIR_MODE,
-        }),
-        Some(m) if m != TOKEN_DIR_MODE => changes.push(Change::ChmodDir {
-            path: paths.token_dir.clone(),
-            from: m,
-            to: TOKEN_DIR_MODE,
-        }),
-        Some(_) => {}
-    }
+    let mut changes: Vec<Change> = dir_change(cur.dir_mode, &paths.token_dir)
+        .into_iter()
+        .collect();
     for t in &cur.temps {
         changes.push(Change::RemoveTemp { path: t.clone() });
     }
@@ -940,6 +975,45 @@ fn plan_changes(
             why: aside(s, state, &paths.token_file, installed_sha.as_deref()),
         });
     }
+    let kept_name = token_changes(cur, bytes, settings, planned_dir, &mut changes);
+    if cur.conf.as_ref().is_none_or(|(old, _)| *old != conf.bytes) {
+        changes.push(Change::WriteGriddConf {
+            path: paths.gridd_conf.clone(),
+            created: conf.created,
+            mode: conf.mode,
+            edits: conf.edits.clone(),
+        });
+    }
+    (changes, kept_name)
+}
+
+/// The token directory created, or its mode set, where it needs it.
+fn dir_change(mode: Option<u32>, token_dir: &Path) -> Option<Change> {
+    match mode {
+        None => Some(Change::CreateDir {
+            path: token_dir.to_path_buf(),
+            mode: TOKEN_DIR_MODE,
+        }),
+        Some(m) if m != TOKEN_DIR_MODE => Some(Change::ChmodDir {
+            path: token_dir.to_path_buf(),
+            from: m,
+            to: TOKEN_DIR_MODE,
+        }),
+        Some(_) => None,
+    }
+}
+
+/// The token written (the one it replaces kept aside), or the one in place kept, its mode
+/// set; the other name the same token keeps in place, if it has one.
+fn token_changes(
+    cur: &Current,
+    bytes: &[u8],
+    settings: &Settings,
+    planned_dir: &Path,
+    changes: &mut Vec<Change>,
+) -> Option<PathBuf> {
+    let paths = &settings.paths;
+    let target = paths.token_path();
     let write_token = cur.token.as_ref().is_none_or(|p| p.bytes != bytes);
     // The same token already in place under another name (the DLS's download name, a site's
     // own) stays as it is: gridd reads any file there, and a config tool that writes that name
@@ -975,15 +1049,7 @@ fn plan_changes(
             });
         }
     }
-    if cur.conf.as_ref().is_none_or(|(old, _)| *old != conf.bytes) {
-        changes.push(Change::WriteGriddConf {
-            path: paths.gridd_conf.clone(),
-            created: conf.created,
-            mode: conf.mode,
-            edits: conf.edits.clone(),
-        });
-    }
-    (changes, kept_name)
+    kept_name
 }
 
 /// The restart that the changes need, remembering that one is owed until it succeeds: made
@@ -1021,8 +1087,6 @@ fn restart_for(
 /// How many installs' worth of moved-aside files `replaced/` keeps: the oldest go first.
 pub const REPLACED_KEPT: usize = 20;
 
-/// Removes the oldest `replaced/<stamp>` directories beyond [`REPLACED_KEPT`] (only names of
-/// the stamp's form: anything else there is left alone).
 /// Why a stray is moved aside: the token that was in place (the one the agent last restarted
 /// gridd for, or under the standard name), a file meant as a token that is refused, or a
 /// plain stray.
@@ -1095,6 +1159,8 @@ fn restart_reason(
     }
 }
 
+/// Removes the oldest `replaced/<stamp>` directories beyond [`REPLACED_KEPT`] (only names of
+/// the stamp's form: anything else there is left alone).
 fn prune_replaced(root: &Path, this_run: &str) {
     let is_stamp = |n: &str| {
         let base = n.split('-').next().unwrap_or(n);
