@@ -163,6 +163,110 @@ fn port_of(set: Option<&Value>, service: &str) -> u16 {
         .unwrap_or(443)
 }
 
+/// A token file's text, trimmed, once it is not too large, is text, and is not something
+/// else a token is often confused with (a PEM file, a gridd.conf).
+fn token_text(bytes: &[u8]) -> Result<&str, TokenError> {
+    if bytes.len() > MAX_TOKEN_BYTES {
+        return Err(TokenError::TooLarge(bytes.len()));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| TokenError::NotUtf8)?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(TokenError::Empty);
+    }
+    if text.contains("-----BEGIN") {
+        return Err(TokenError::LooksLikePem);
+    }
+    let looks_like_conf = text.lines().any(|l| {
+        let l = l.trim_start();
+        l.starts_with('#')
+            || ["FeatureType", "ServerAddress", "ServerPort", "EnableUI"]
+                .iter()
+                .any(|k| l.starts_with(k))
+    });
+    if looks_like_conf {
+        return Err(TokenError::LooksLikeGriddConf);
+    }
+    Ok(text)
+}
+
+/// The JWS's header and payload, as JSON, once its three parts decode and its signature is
+/// an RSA signature's size.
+fn jws_parts(text: &str) -> Result<(Value, Value), TokenError> {
+    let parts: Vec<&str> = text.split('.').collect();
+    if parts.len() != 3 || parts.iter().any(|p| p.is_empty()) {
+        return Err(TokenError::NotJws(parts.len()));
+    }
+    let header = B64URL
+        .decode(parts[0])
+        .map_err(|_| TokenError::BadEncoding("header"))?;
+    let payload = B64URL
+        .decode(parts[1])
+        .map_err(|_| TokenError::BadEncoding("payload"))?;
+    let signature = B64URL
+        .decode(parts[2])
+        .map_err(|_| TokenError::BadEncoding("signature"))?;
+    let header: Value =
+        serde_json::from_slice(&header).map_err(|_| TokenError::BadJson("header"))?;
+    let payload: Value =
+        serde_json::from_slice(&payload).map_err(|_| TokenError::BadJson("payload"))?;
+    if !payload.is_object() {
+        return Err(TokenError::BadJson("payload"));
+    }
+    if !matches!(signature.len(), 128 | 256 | 384 | 512) {
+        return Err(TokenError::Truncated(signature.len()));
+    }
+    Ok((header, payload))
+}
+
+/// The DLS nodes the service instance's configuration names, each with its ports.
+fn dls_nodes(sic: &Value) -> Result<Vec<DlsNode>, TokenError> {
+    let node_list = sic
+        .get("node_url_list")
+        .and_then(Value::as_array)
+        .ok_or(TokenError::NotClientToken("no node_url_list"))?;
+    let port_sets = sic.get("svc_port_set_list").and_then(Value::as_array);
+    let mut nodes = Vec::new();
+    for node in node_list {
+        let Some(host) = node.get("url").and_then(Value::as_str) else {
+            continue;
+        };
+        let host = host.trim();
+        if host.is_empty() {
+            continue;
+        }
+        let idx = node
+            .get("svc_port_set_idx")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let set = port_sets.and_then(|sets| {
+            sets.iter()
+                .find(|s| s.get("idx").and_then(Value::as_u64) == Some(idx))
+                .or_else(|| sets.get(idx as usize))
+        });
+        nodes.push(DlsNode {
+            host: host.to_string(),
+            auth_port: port_of(set, "auth"),
+            lease_port: port_of(set, "lease"),
+        });
+    }
+    if nodes.is_empty() {
+        return Err(TokenError::NoDlsNode);
+    }
+    Ok(nodes)
+}
+
+/// A time that is there but cannot be a time (not a number, out of range) makes the token
+/// unusable: an `exp` read as absent would mean "never expires".
+fn check_times(payload: &Value) -> Result<(), TokenError> {
+    for key in ["iat", "nbf", "exp"] {
+        if payload.get(key).is_some_and(|v| !v.is_null()) && field_time(payload, key).is_none() {
+            return Err(TokenError::BadJson("payload's times"));
+        }
+    }
+    Ok(())
+}
+
 /// A token that expires sooner than this is a warning everywhere: `install`, the service's
 /// adoption, `status` and the report, `diagnose`, and the fleet's alert.
 pub const EXPIRY_WARNING_DAYS: i64 = 14;
@@ -176,88 +280,15 @@ impl Token {
 
     /// Decodes a token file's bytes. Surrounding whitespace is tolerated.
     pub fn decode(bytes: &[u8]) -> Result<Token, TokenError> {
-        if bytes.len() > MAX_TOKEN_BYTES {
-            return Err(TokenError::TooLarge(bytes.len()));
-        }
-        let text = std::str::from_utf8(bytes).map_err(|_| TokenError::NotUtf8)?;
-        let text = text.trim();
-        if text.is_empty() {
-            return Err(TokenError::Empty);
-        }
-        if text.contains("-----BEGIN") {
-            return Err(TokenError::LooksLikePem);
-        }
-        let looks_like_conf = text.lines().any(|l| {
-            let l = l.trim_start();
-            l.starts_with('#')
-                || ["FeatureType", "ServerAddress", "ServerPort", "EnableUI"]
-                    .iter()
-                    .any(|k| l.starts_with(k))
-        });
-        if looks_like_conf {
-            return Err(TokenError::LooksLikeGriddConf);
-        }
-        let parts: Vec<&str> = text.split('.').collect();
-        if parts.len() != 3 || parts.iter().any(|p| p.is_empty()) {
-            return Err(TokenError::NotJws(parts.len()));
-        }
-        let header = B64URL
-            .decode(parts[0])
-            .map_err(|_| TokenError::BadEncoding("header"))?;
-        let payload = B64URL
-            .decode(parts[1])
-            .map_err(|_| TokenError::BadEncoding("payload"))?;
-        let signature = B64URL
-            .decode(parts[2])
-            .map_err(|_| TokenError::BadEncoding("signature"))?;
-        let header: Value =
-            serde_json::from_slice(&header).map_err(|_| TokenError::BadJson("header"))?;
-        let payload: Value =
-            serde_json::from_slice(&payload).map_err(|_| TokenError::BadJson("payload"))?;
-        if !payload.is_object() {
-            return Err(TokenError::BadJson("payload"));
-        }
-        if !matches!(signature.len(), 128 | 256 | 384 | 512) {
-            return Err(TokenError::Truncated(signature.len()));
-        }
+        let text = token_text(bytes)?;
+        let (header, payload) = jws_parts(text)?;
         let sic =
             payload
                 .get("service_instance_configuration")
                 .ok_or(TokenError::NotClientToken(
                     "no service_instance_configuration",
                 ))?;
-        let node_list = sic
-            .get("node_url_list")
-            .and_then(Value::as_array)
-            .ok_or(TokenError::NotClientToken("no node_url_list"))?;
-        let port_sets = sic.get("svc_port_set_list").and_then(Value::as_array);
-        let mut nodes = Vec::new();
-        for node in node_list {
-            let Some(host) = node.get("url").and_then(Value::as_str) else {
-                continue;
-            };
-            let host = host.trim();
-            if host.is_empty() {
-                continue;
-            }
-            let idx = node
-                .get("svc_port_set_idx")
-                .and_then(Value::as_u64)
-                .unwrap_or(0);
-            let set = port_sets.and_then(|sets| {
-                sets.iter()
-                    .find(|s| s.get("idx").and_then(Value::as_u64) == Some(idx))
-                    .or_else(|| sets.get(idx as usize))
-            });
-            nodes.push(DlsNode {
-                host: host.to_string(),
-                auth_port: port_of(set, "auth"),
-                lease_port: port_of(set, "lease"),
-            });
-        }
-        if nodes.is_empty() {
-            return Err(TokenError::NoDlsNode);
-        }
+        let nodes = dls_nodes(sic)?;
         let scope_refs = payload
             .get("scope_ref_list")
             .and_then(Value::as_array)
@@ -267,14 +298,7 @@ impl Token {
                     .collect()
             })
             .unwrap_or_default();
-        // A time that is there but cannot be a time (not a number, out of range) makes the
-        // token unusable: an `exp` read as absent would mean "never expires".
-        for key in ["iat", "nbf", "exp"] {
-            if payload.get(key).is_some_and(|v| !v.is_null()) && field_time(&payload, key).is_none()
-            {
-                return Err(TokenError::BadJson("payload's times"));
-            }
-        }
+        check_times(&payload)?;
         Ok(Token {
             algorithm: field_str(&header, "alg"),
             issuer: field_str(&payload, "iss"),
