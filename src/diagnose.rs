@@ -193,84 +193,20 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     let smi = obs.smi.as_ref().unwrap_or(&empty);
     if smi.no_device {
         // Nothing to license: no check below applies, and none fails.
-        let report = state::evaluate(obs);
-        return Diagnosis {
-            checks: vec![check(
-                "gpu",
-                Status::Ok,
-                format!(
-                    "no NVIDIA device on this guest's PCI bus ({}): nothing to license",
-                    crate::text::show_path(&settings.paths.pci_devices)
-                ),
-            )],
-            probes: Vec::new(),
-            report,
-        };
+        return nothing_to_license(settings, obs);
     }
-    let token_read = obs.token.is_some();
-    let mut checks = vec![driver_check(smi)];
-    checks.push(vgpu_check(smi));
-    checks.push(if mode == LicensingMode::Unknown {
-        check(
-            "mode",
-            Status::Skip,
-            format!("licensing mode: {}", mode.describe_for(token_read)),
-        )
-    } else {
-        check(
-            "mode",
-            Status::Ok,
-            format!("licensing mode: {}", mode.describe_for(token_read)),
-        )
-    });
-    checks.extend(token_checks(settings, now, mode));
-    checks.push(gridd_conf_check(settings, smi, mode));
-    checks.push(gridd_check(settings));
-
+    let mut checks = local_checks(settings, now, smi, mode, obs.token.is_some());
     let targets = obs.token.as_ref().map(probe::targets).unwrap_or_default();
     let via = live::gridd_proxy(settings);
-    match &via {
-        Ok(Some(proxy)) => checks.push(check(
-            "proxy",
-            Status::Ok,
-            format!(
-                "gridd reaches its license service through proxy {proxy} (gridd.conf ProxyServerAddress{}); the checks below go the same way",
-                if proxy.user.is_some() { ", with ProxyUserName" } else { "" }
-            ),
-        )),
-        Ok(None) => {}
-        Err(e) => checks.push(
-            check("proxy", Status::Fail, e.clone())
-                .fix("fix the proxy keys in gridd.conf, then `systemctl restart nvidia-gridd`; the checks below go without a proxy"),
-        ),
-    }
+    checks.extend(proxy_check(&via));
     let via = via.ok().flatten();
     let probes = probe::probe_all(&targets, via.as_ref(), settings.service.probe_timeout);
     if obs.token.is_some() {
+        let driver = smi.driver_version.as_deref();
         for p in &probes {
-            checks.extend(probe_checks(
-                p,
-                settings,
-                now,
-                mode,
-                smi.driver_version.as_deref(),
-            ));
+            checks.extend(probe_checks(p, settings, now, mode, driver));
         }
-        let left = probe::not_probed(&targets);
-        if left > 0 {
-            checks.push(
-                check(
-                    "dls",
-                    Status::Warn,
-                    format!(
-                        "the token names {} DLS endpoints; the first {} were probed, {left} not",
-                        targets.len(),
-                        probe::MAX_PROBED
-                    ),
-                )
-                .fix("a DLS has one or two nodes: download the client configuration token again from the DLS"),
-            );
-        }
+        checks.extend(not_probed_check(&targets));
     } else {
         checks.push(check(
             "dls",
@@ -288,6 +224,85 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
         probes,
         report,
     }
+}
+
+/// No NVIDIA device on the guest: one check that says so, and the report.
+fn nothing_to_license(settings: &Settings, obs: state::Observations) -> Diagnosis {
+    Diagnosis {
+        checks: vec![check(
+            "gpu",
+            Status::Ok,
+            format!(
+                "no NVIDIA device on this guest's PCI bus ({}): nothing to license",
+                crate::text::show_path(&settings.paths.pci_devices)
+            ),
+        )],
+        probes: Vec::new(),
+        report: state::evaluate(obs),
+    }
+}
+
+/// The checks of this guest itself: the driver, the vGPU, the licensing mode, the token,
+/// gridd.conf and gridd.
+fn local_checks(
+    settings: &Settings,
+    now: DateTime<Utc>,
+    smi: &SmiSnapshot,
+    mode: LicensingMode,
+    token_read: bool,
+) -> Vec<Check> {
+    let mut checks = vec![driver_check(smi)];
+    checks.push(vgpu_check(smi));
+    let status = if mode == LicensingMode::Unknown {
+        Status::Skip
+    } else {
+        Status::Ok
+    };
+    checks.push(check(
+        "mode",
+        status,
+        format!("licensing mode: {}", mode.describe_for(token_read)),
+    ));
+    checks.extend(token_checks(settings, now, mode));
+    checks.push(gridd_conf_check(settings, smi, mode));
+    checks.push(gridd_check(settings));
+    checks
+}
+
+/// The proxy gridd.conf names, where it names one: the DLS checks go through it.
+fn proxy_check(via: &Result<Option<crate::gridd_conf::Proxy>, String>) -> Option<Check> {
+    match via {
+        Ok(Some(proxy)) => Some(check(
+            "proxy",
+            Status::Ok,
+            format!(
+                "gridd reaches its license service through proxy {proxy} (gridd.conf ProxyServerAddress{}); the checks below go the same way",
+                if proxy.user.is_some() { ", with ProxyUserName" } else { "" }
+            ),
+        )),
+        Ok(None) => None,
+        Err(e) => Some(
+            check("proxy", Status::Fail, e.clone())
+                .fix("fix the proxy keys in gridd.conf, then `systemctl restart nvidia-gridd`; the checks below go without a proxy"),
+        ),
+    }
+}
+
+/// A token that names more DLS endpoints than are probed: a warning.
+fn not_probed_check(targets: &[(String, u16)]) -> Option<Check> {
+    let left = probe::not_probed(targets);
+    (left > 0).then(|| {
+        check(
+            "dls",
+            Status::Warn,
+            format!(
+                "the token names {} DLS endpoints; the first {} were probed, {left} not",
+                targets.len(),
+                probe::MAX_PROBED
+            ),
+        )
+        .fix("a DLS has one or two nodes: download the client configuration token again from the DLS")
+    })
 }
 
 fn driver_check(smi: &SmiSnapshot) -> Check {
@@ -371,33 +386,8 @@ const INSTALL_FIX: &str = "generate a client configuration token on the DLS (Ser
 fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) -> Vec<Check> {
     let ts = live::token_state(settings, now);
     let path = crate::text::show_path(&ts.path).to_string();
-    let judged = live::token_at(&ts.token, now);
-    let main = match &judged {
-        Ok(t) => {
-            let n = t.nodes.len();
-            let until = t
-                .expires
-                .map(|e| format!("valid until {}", both_times(&rfc3339(e))))
-                .unwrap_or_else(|| "no expiry".into());
-            let soon = t.expires_soon(now).is_some();
-            let msg = format!(
-                "{path}: decodes, {until}, {n} DLS node{}",
-                if n == 1 { "" } else { "s" }
-            );
-            if soon {
-                check(
-                    "token",
-                    Status::Warn,
-                    format!(
-                        "{msg}: expires within {} days",
-                        crate::token::EXPIRY_WARNING_DAYS
-                    ),
-                )
-                .fix(INSTALL_FIX)
-            } else {
-                check("token", Status::Ok, msg)
-            }
-        }
+    let main = match &live::token_at(&ts.token, now) {
+        Ok(t) => token_ok_check(t, &path, now),
         // The platform or the legacy server licenses this guest: no token is the normal case.
         Err(TokenProblem::Missing)
             if matches!(mode, LicensingMode::CloudProvider | LicensingMode::Legacy) =>
@@ -411,27 +401,67 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
                 ),
             )
         }
-        Err(p) => {
-            let fix = match p {
-                TokenProblem::Missing
-                | TokenProblem::Invalid(_)
-                | TokenProblem::Untimely(Untimely::Expired(_)) => {
-                    INSTALL_FIX.to_string()
-                }
-                TokenProblem::Unreadable(_) => format!(
-                    "check the file's permissions (`ls -l {}`); `vgpu-license-agent install` sets them",
-                    crate::text::show_path(&settings.paths.token_dir)
-                ),
-                TokenProblem::Untimely(Untimely::NotYetValid(_)) => "check this guest's clock (`timedatectl`); a DLS whose clock is ahead issues tokens that are not valid yet".into(),
-            };
-            let msg = match p {
-                TokenProblem::Missing => format!("no token at {path}"),
-                p => format!("{path}: {p}"),
-            };
-            check("token", Status::Fail, msg).fix(fix)
-        }
+        Err(p) => token_problem_check(p, &path, settings),
     };
-    let mode = match ts.mode {
+    let mode = token_mode_check(ts.mode, &path);
+    let dir = crate::text::show_path(&settings.paths.token_dir);
+    let strays = token_dir_check(settings, &ts, &dir);
+    let owner = token_owner_check(&ts, &dir);
+    let mut checks = vec![main, mode, strays];
+    checks.extend(owner);
+    checks.extend(source_check(settings));
+    checks
+}
+
+/// A token valid now: its expiry and its DLS nodes; a warning when it expires soon.
+fn token_ok_check(t: &crate::token::Token, path: &str, now: DateTime<Utc>) -> Check {
+    let n = t.nodes.len();
+    let until = t
+        .expires
+        .map(|e| format!("valid until {}", both_times(&rfc3339(e))))
+        .unwrap_or_else(|| "no expiry".into());
+    let soon = t.expires_soon(now).is_some();
+    let msg = format!(
+        "{path}: decodes, {until}, {n} DLS node{}",
+        if n == 1 { "" } else { "s" }
+    );
+    if soon {
+        check(
+            "token",
+            Status::Warn,
+            format!(
+                "{msg}: expires within {} days",
+                crate::token::EXPIRY_WARNING_DAYS
+            ),
+        )
+        .fix(INSTALL_FIX)
+    } else {
+        check("token", Status::Ok, msg)
+    }
+}
+
+/// No token usable now: why, and its fix.
+fn token_problem_check(p: &TokenProblem, path: &str, settings: &Settings) -> Check {
+    let fix = match p {
+        TokenProblem::Missing
+        | TokenProblem::Invalid(_)
+        | TokenProblem::Untimely(Untimely::Expired(_)) => INSTALL_FIX.to_string(),
+        TokenProblem::Unreadable(_) => format!(
+            "check the file's permissions (`ls -l {}`); `vgpu-license-agent install` sets them",
+            crate::text::show_path(&settings.paths.token_dir)
+        ),
+        TokenProblem::Untimely(Untimely::NotYetValid(_)) => "check this guest's clock (`timedatectl`); a DLS whose clock is ahead issues tokens that are not valid yet".into(),
+    };
+    let msg = match p {
+        TokenProblem::Missing => format!("no token at {path}"),
+        p => format!("{path}: {p}"),
+    };
+    check("token", Status::Fail, msg).fix(fix)
+}
+
+/// The token file's mode: NVIDIA asks for 0744.
+fn token_mode_check(mode: Option<u32>, path: &str) -> Check {
+    match mode {
         None => check("token-mode", Status::Skip, "no token file"),
         Some(0o744) => check("token-mode", Status::Ok, "mode 0744"),
         Some(m) => check(
@@ -444,14 +474,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
         .fix(format!(
             "chmod 0744 {path} (`vgpu-license-agent install` sets it)"
         )),
-    };
-    let dir = crate::text::show_path(&settings.paths.token_dir);
-    let strays = token_dir_check(settings, &ts, &dir);
-    let owner = token_owner_check(&ts, &dir);
-    let mut checks = vec![main, mode, strays];
-    checks.extend(owner);
-    checks.extend(source_check(settings));
-    checks
+    }
 }
 
 /// The platform's token source, as the service would take it: a token there that the agent
@@ -501,6 +524,22 @@ fn token_dir_check(settings: &Settings, ts: &live::TokenState, dir: &str) -> Che
             "point paths.token_dir at the directory gridd reads, or move what is not a token out of {dir}"
         ));
     }
+    if let Some(c) = strays_check(settings, listing, dir) {
+        return c;
+    }
+    match &listing.token {
+        Some(_) => check("token-dir", Status::Ok, format!("only the token in {dir}")),
+        None => check("token-dir", Status::Ok, format!("{dir} is empty")),
+    }
+}
+
+/// Strays in the token directory: a failure where one is no token (gridd may exit on it), a
+/// warning where they are old tokens.
+fn strays_check(
+    settings: &Settings,
+    listing: &crate::token_dir::Listing,
+    dir: &str,
+) -> Option<Check> {
     let moved = format!(
         "move them out of {dir} (the running service moves strays to {}/replaced/ at its next look; `vgpu-license-agent install --token-file FILE` does too)",
         crate::text::show_path(&settings.paths.state_dir)
@@ -516,28 +555,29 @@ fn token_dir_check(settings: &Settings, ts: &live::TokenState, dir: &str) -> Che
         } else {
             "nvidia-gridd reads every file there and may fail to decode them and exit"
         };
-        return check(
-            "token-dir",
-            Status::Fail,
-            format!("{dir} also holds {}: {what}", listing.stray_names()),
-        )
-        .fix(moved);
+        return Some(
+            check(
+                "token-dir",
+                Status::Fail,
+                format!("{dir} also holds {}: {what}", listing.stray_names()),
+            )
+            .fix(moved),
+        );
     }
     if !listing.strays.is_empty() {
-        return check(
-            "token-dir",
-            Status::Warn,
-            format!(
-                "{dir} also holds old tokens ({}): which one nvidia-gridd uses is not known",
-                listing.stray_names()
-            ),
-        )
-        .fix(moved);
+        return Some(
+            check(
+                "token-dir",
+                Status::Warn,
+                format!(
+                    "{dir} also holds old tokens ({}): which one nvidia-gridd uses is not known",
+                    listing.stray_names()
+                ),
+            )
+            .fix(moved),
+        );
     }
-    match &listing.token {
-        Some(_) => check("token-dir", Status::Ok, format!("only the token in {dir}")),
-        None => check("token-dir", Status::Ok, format!("{dir} is empty")),
-    }
+    None
 }
 
 /// The token directory and the token must be root's and writable by root alone: anyone else
@@ -596,74 +636,13 @@ fn token_owner_check(ts: &live::TokenState, dir: &str) -> Option<Check> {
 fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode) -> Check {
     let path = &settings.paths.gridd_conf;
     let shown = crate::text::show_path(path);
-    let bytes = match crate::input::read_file(
-        path,
-        crate::install::MAX_GRIDD_CONF_BYTES,
-        crate::input::Links::Refuse,
-    ) {
+    let bytes = match gridd_conf_bytes(path, &shown) {
         Ok(b) => b,
-        Err(e) if e.is_not_found() => {
-            return check(
-                "gridd.conf",
-                Status::Ok,
-                format!(
-                    "{shown} is absent: nvidia-gridd runs on its defaults (it logs that it cannot open the file, harmlessly)"
-                ),
-            );
-        }
-        Err(e @ crate::input::ReadError::NotRegular(_)) => {
-            return check(
-                "gridd.conf",
-                Status::Fail,
-                format!("{shown} cannot be read: {e}"),
-            )
-            .fix(format!(
-                "nvidia-gridd reads a regular file there: remove it (`rm {shown}`) and write the file (`vgpu-license-agent install` does)"
-            ));
-        }
-        Err(e) => {
-            return check(
-                "gridd.conf",
-                Status::Warn,
-                format!("{shown} cannot be read: {e}"),
-            )
-            .fix(format!("check its permissions: 0644 (`ls -l {shown}`)"));
-        }
+        Err(c) => return c,
     };
     let conf = GriddConf::parse(&bytes);
-    let restart = "then `systemctl restart nvidia-gridd`";
-    let ft_fix = format!(
-        "set FeatureType=1 in {shown} (`vgpu-license-agent install --feature-type 1` does it), {restart}"
-    );
-    let mut findings: Vec<(Status, String, Option<String>)> = Vec::new();
-    let ft_note = match conf.get("FeatureType") {
-        None => "FeatureType not set".to_string(),
-        Some(e) => match e.value.parse::<u8>() {
-            Err(_) => {
-                findings.push((
-                    Status::Fail,
-                    format!(
-                        "line {}: FeatureType={} is not a number gridd knows",
-                        e.line, e.value
-                    ),
-                    Some(ft_fix.clone()),
-                ));
-                String::new()
-            }
-            Ok(ft) => {
-                if let Some(advice) = feature_type_advice(ft, &smi.gpus) {
-                    findings.push((Status::Fail, advice, Some(ft_fix.clone())));
-                } else if !matches!(ft, 0 | 1 | 2 | 4) {
-                    findings.push((
-                        Status::Warn,
-                        format!("FeatureType={ft} is not a value gridd knows (0, 1, 2 or 4)"),
-                        Some(ft_fix.clone()),
-                    ));
-                }
-                format!("FeatureType={ft}")
-            }
-        },
-    };
+    let mut findings: Vec<ConfFinding> = Vec::new();
+    let ft_note = feature_type_findings(&conf, smi, &shown, &mut findings);
     for w in conf.warnings(&settings.paths.token_dir) {
         // A token path gridd will not find is fatal; legacy keys are only confusing, except
         // on a guest of the legacy server, where they are what licenses it: keep them.
@@ -676,19 +655,97 @@ fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode)
         };
         findings.push((status, w, None));
     }
-    let Some(worst) = findings.iter().map(|f| f.0).max() else {
+    findings_check(&shown, &findings).unwrap_or_else(|| {
         let fits = smi
             .gpus
             .iter()
             .find_map(|g| g.profile.as_deref())
             .map(|p| format!(", which fits the profile {p}"))
             .unwrap_or_default();
-        return check(
+        check(
             "gridd.conf",
             Status::Ok,
             format!("{shown}: {ft_note}{fits}"),
-        );
+        )
+    })
+}
+
+/// What is wrong in gridd.conf: how bad, what, and its fix where it has one.
+type ConfFinding = (Status, String, Option<String>);
+
+/// gridd.conf's bytes, or the check that says why there are none to look at.
+fn gridd_conf_bytes(path: &std::path::Path, shown: &str) -> Result<Vec<u8>, Check> {
+    match crate::input::read_file(
+        path,
+        crate::install::MAX_GRIDD_CONF_BYTES,
+        crate::input::Links::Refuse,
+    ) {
+        Ok(b) => Ok(b),
+        Err(e) if e.is_not_found() => Err(check(
+            "gridd.conf",
+            Status::Ok,
+            format!(
+                "{shown} is absent: nvidia-gridd runs on its defaults (it logs that it cannot open the file, harmlessly)"
+            ),
+        )),
+        Err(e @ crate::input::ReadError::NotRegular(_)) => Err(check(
+            "gridd.conf",
+            Status::Fail,
+            format!("{shown} cannot be read: {e}"),
+        )
+        .fix(format!(
+            "nvidia-gridd reads a regular file there: remove it (`rm {shown}`) and write the file (`vgpu-license-agent install` does)"
+        ))),
+        Err(e) => Err(check(
+            "gridd.conf",
+            Status::Warn,
+            format!("{shown} cannot be read: {e}"),
+        )
+        .fix(format!("check its permissions: 0644 (`ls -l {shown}`)"))),
+    }
+}
+
+/// What is wrong with gridd.conf's FeatureType, into `findings`; what it is, for a
+/// gridd.conf with nothing wrong.
+fn feature_type_findings(
+    conf: &GriddConf,
+    smi: &SmiSnapshot,
+    shown: &str,
+    findings: &mut Vec<ConfFinding>,
+) -> String {
+    let restart = "then `systemctl restart nvidia-gridd`";
+    let ft_fix = format!(
+        "set FeatureType=1 in {shown} (`vgpu-license-agent install --feature-type 1` does it), {restart}"
+    );
+    let Some(e) = conf.get("FeatureType") else {
+        return "FeatureType not set".to_string();
     };
+    let Ok(ft) = e.value.parse::<u8>() else {
+        findings.push((
+            Status::Fail,
+            format!(
+                "line {}: FeatureType={} is not a number gridd knows",
+                e.line, e.value
+            ),
+            Some(ft_fix),
+        ));
+        return String::new();
+    };
+    if let Some(advice) = feature_type_advice(ft, &smi.gpus) {
+        findings.push((Status::Fail, advice, Some(ft_fix)));
+    } else if !matches!(ft, 0 | 1 | 2 | 4) {
+        findings.push((
+            Status::Warn,
+            format!("FeatureType={ft} is not a value gridd knows (0, 1, 2 or 4)"),
+            Some(ft_fix),
+        ));
+    }
+    format!("FeatureType={ft}")
+}
+
+/// The check of gridd.conf's findings, as bad as the worst; `None` without any.
+fn findings_check(shown: &str, findings: &[ConfFinding]) -> Option<Check> {
+    let worst = findings.iter().map(|f| f.0).max()?;
     let msg = findings
         .iter()
         .map(|f| f.1.as_str())
@@ -696,11 +753,11 @@ fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode)
         .join("; ");
     let fixes: Vec<String> = findings.iter().filter_map(|f| f.2.clone()).collect();
     let c = check("gridd.conf", worst, format!("{shown}: {msg}"));
-    if fixes.is_empty() {
+    Some(if fixes.is_empty() {
         c
     } else {
         c.fix(fixes.join("; "))
-    }
+    })
 }
 
 fn gridd_check(settings: &Settings) -> Check {
@@ -756,30 +813,8 @@ fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode, driver: Option<&
     if step == StepName::Dns && !crate::probe::is_host_name(&p.host) {
         return "the token names a DLS that is no host name: download a new token from the DLS (and check that nothing edited this one)".into();
     }
-    match (step, &p.proxy) {
-        (StepName::Dns, Some(proxy)) => {
-            return format!(
-                "check the proxy's name in gridd.conf's ProxyServerAddress ({proxy}) and /etc/resolv.conf"
-            );
-        }
-        (StepName::Tcp, Some(proxy)) if p.inconclusive => {
-            return format!(
-                "read `journalctl -u nvidia-gridd` to see whether gridd gets through proxy {proxy}; `curl --proxy {proxy} --proxy-user USER https://{}/` checks the credentials by hand",
-                p.endpoint()
-            );
-        }
-        (StepName::Tcp, Some(proxy)) => {
-            return format!(
-                "check that proxy {proxy} is up and allows CONNECT to {} (its access rules), and that gridd.conf names the right proxy",
-                p.endpoint()
-            );
-        }
-        (StepName::Dns | StepName::Tcp, None) if mode == LicensingMode::Cls => {
-            return format!(
-                "NVIDIA's Cloud License Service is on the internet: allow TCP {port} from this guest to {host}; where the guest reaches the internet only through a proxy, set ProxyServerAddress and ProxyServerPort in gridd.conf (and ProxyUserName, ProxyCredentialsFilePath for one that asks for credentials), then `systemctl restart nvidia-gridd`"
-            );
-        }
-        _ => {}
+    if let Some(fix) = way_fix(step, p, mode) {
+        return fix;
     }
     match step {
         StepName::Dns => format!(
@@ -801,6 +836,29 @@ fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode, driver: Option<&
             fix
         }
         StepName::Https => "the DLS took the TLS connection but did not answer HTTP: check the appliance's health (its web console) and any proxy on the way".into(),
+    }
+}
+
+/// The fix of a failed DNS or TCP step where the way to the license service is the cause:
+/// gridd.conf's proxy, or the internet to NVIDIA's Cloud License Service.
+fn way_fix(step: StepName, p: &NodeProbe, mode: LicensingMode) -> Option<String> {
+    let (host, port) = (crate::text::escape(&p.host), p.port);
+    match (step, &p.proxy) {
+        (StepName::Dns, Some(proxy)) => Some(format!(
+            "check the proxy's name in gridd.conf's ProxyServerAddress ({proxy}) and /etc/resolv.conf"
+        )),
+        (StepName::Tcp, Some(proxy)) if p.inconclusive => Some(format!(
+            "read `journalctl -u nvidia-gridd` to see whether gridd gets through proxy {proxy}; `curl --proxy {proxy} --proxy-user USER https://{}/` checks the credentials by hand",
+            p.endpoint()
+        )),
+        (StepName::Tcp, Some(proxy)) => Some(format!(
+            "check that proxy {proxy} is up and allows CONNECT to {} (its access rules), and that gridd.conf names the right proxy",
+            p.endpoint()
+        )),
+        (StepName::Dns | StepName::Tcp, None) if mode == LicensingMode::Cls => Some(format!(
+            "NVIDIA's Cloud License Service is on the internet: allow TCP {port} from this guest to {host}; where the guest reaches the internet only through a proxy, set ProxyServerAddress and ProxyServerPort in gridd.conf (and ProxyUserName, ProxyCredentialsFilePath for one that asks for credentials), then `systemctl restart nvidia-gridd`"
+        )),
+        _ => None,
     }
 }
 
@@ -837,25 +895,36 @@ fn probe_checks(
             );
             continue;
         }
-        let mut c = check(cn, Status::Ok, format!("{ep}: {}", s.detail));
-        if name == StepName::Tls
-            && let Some(cert) = &p.certificate
-            && !cert.valid_at(now)
-        {
-            c = check(
-                cn,
-                Status::Warn,
-                format!(
-                    "{ep}: {}; the certificate is not valid now (valid {} to {}), nvidia-gridd may refuse it",
-                    s.detail, cert.not_before, cert.not_after
-                ),
-            )
-            .fix("renew the DLS appliance's certificate");
-        }
-        out.push(c);
+        out.push(passed_step_check(p, s, now));
     }
-    let max = settings.service.clock_skew_max;
-    let clock = match p.clock_skew_seconds {
+    out.push(clock_check(p, settings.service.clock_skew_max));
+    out
+}
+
+/// A step that passed; a warning where it is TLS and the certificate is not valid now.
+fn passed_step_check(p: &NodeProbe, s: &probe::Step, now: DateTime<Utc>) -> Check {
+    let (cn, ep) = (step_check_name(s.name), p.endpoint());
+    if s.name == StepName::Tls
+        && let Some(cert) = &p.certificate
+        && !cert.valid_at(now)
+    {
+        return check(
+            cn,
+            Status::Warn,
+            format!(
+                "{ep}: {}; the certificate is not valid now (valid {} to {}), nvidia-gridd may refuse it",
+                s.detail, cert.not_before, cert.not_after
+            ),
+        )
+        .fix("renew the DLS appliance's certificate");
+    }
+    check(cn, Status::Ok, format!("{ep}: {}", s.detail))
+}
+
+/// The guest's clock against the DLS's `Date`, within `max`.
+fn clock_check(p: &NodeProbe, max: std::time::Duration) -> Check {
+    let ep = p.endpoint();
+    match p.clock_skew_seconds {
         Some(skew) if skew.abs() <= max.as_secs_f64() => check(
             "clock",
             Status::Ok,
@@ -887,9 +956,7 @@ fn probe_checks(
             Status::Skip,
             format!("{ep}: skipped, no HTTPS answer"),
         ),
-    };
-    out.push(clock);
-    out
+    }
 }
 
 /// The license itself, as the report has it (its exit code gives the status, as `status`'s
