@@ -76,6 +76,15 @@ pub fn summary_line(r: &Report) -> String {
 /// Renders the report for a terminal.
 pub fn render(r: &Report) -> String {
     let mut o = String::new();
+    license_lines(&mut o, r);
+    where_lines(&mut o, r);
+    failure_lines(&mut o, r);
+    event_lines(&mut o, r);
+    o
+}
+
+/// The state, the licensing mode and the license held.
+fn license_lines(o: &mut String, r: &Report) {
     let _ = writeln!(o, "State:    {}", describe(r.state));
     if let Some(mode) = r.licensing_mode {
         let _ = writeln!(o, "Mode:     {}", mode.describe_for(r.dls.is_some()));
@@ -91,6 +100,10 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(o, "Expires:  {}", both_times(exp));
         }
     }
+}
+
+/// The GPUs, the DLS nodes the token names, and the server gridd last named.
+fn where_lines(o: &mut String, r: &Report) {
     for g in &r.gpus {
         let _ = writeln!(
             o,
@@ -118,6 +131,10 @@ pub fn render(r: &Report) -> String {
                 .unwrap_or_default()
         );
     }
+}
+
+/// The failure and its fix, and the notes.
+fn failure_lines(o: &mut String, r: &Report) {
     if let Some(f) = &r.failure {
         let at =
             f.at.as_deref()
@@ -134,25 +151,29 @@ pub fn render(r: &Report) -> String {
     for n in &r.notes {
         let _ = writeln!(o, "Note:     {}", escape(n));
     }
-    if !r.events.is_empty() {
+}
+
+/// How many events gridd's log gave, and the last five.
+fn event_lines(o: &mut String, r: &Report) {
+    if r.events.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "Events:   {} from gridd's log{}; the last ones:",
+        r.events.len(),
+        if r.events_omitted > 0 {
+            format!(" (and {} older ones left out)", r.events_omitted)
+        } else {
+            String::new()
+        }
+    );
+    for e in r.events.iter().rev().take(5).rev() {
         let _ = writeln!(
             o,
-            "Events:   {} from gridd's log{}; the last ones:",
-            r.events.len(),
-            if r.events_omitted > 0 {
-                format!(" (and {} older ones left out)", r.events_omitted)
-            } else {
-                String::new()
-            }
+            "  {}  {}",
+            e.at.as_deref().unwrap_or("(no time)"),
+            escape(&e.message)
         );
-        for e in r.events.iter().rev().take(5).rev() {
-            let _ = writeln!(
-                o,
-                "  {}  {}",
-                e.at.as_deref().unwrap_or("(no time)"),
-                escape(&e.message)
-            );
-        }
     }
-    o
 }

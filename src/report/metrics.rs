@@ -135,42 +135,8 @@ pub fn render(report: &Report, c: &Counters) -> String {
         "Restarts of nvidia-gridd made by the agent.",
         c.gridd_restarts,
     );
-    if let Some(skew) = c.clock_skew_seconds {
-        one(
-            &mut o,
-            "vgpu_license_dls_clock_skew_seconds",
-            "gauge",
-            "Guest clock minus the DLS's clock, last measured, in seconds.",
-            skew,
-        );
-    }
-    if let Some(last) = &report.last_shutdown {
-        last_shutdown(&mut o, last);
-    }
-    if let Some(exp) = c.token_expiry {
-        one(
-            &mut o,
-            "vgpu_license_token_expiry_timestamp_seconds",
-            "gauge",
-            "The installed client configuration token's expiry (exp), Unix time.",
-            exp,
-        );
-    }
-    if !c.mode.is_empty() {
-        header(
-            &mut o,
-            "vgpu_license_agent_info",
-            "gauge",
-            "Always 1; the agent's version, whether it manages or only observes, and where the driver runs (host or gpu_operator).",
-        );
-        let _ = writeln!(
-            o,
-            "vgpu_license_agent_info{{version=\"{}\",mode=\"{}\",driver=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION"),
-            c.mode,
-            c.driver
-        );
-    }
+    where_known(&mut o, report, c);
+    agent_info(&mut o, c);
     one(
         &mut o,
         "vgpu_license_node_condition_errors_total",
@@ -186,8 +152,60 @@ pub fn render(report: &Report, c: &Counters) -> String {
         u8::from(c.token_rejected),
     );
     per_gpu(&mut o, report);
+    guest_info(&mut o, report, c);
+    o
+}
+
+/// The metrics shown only where known: the clock's skew against the DLS, the last shutdown,
+/// the token's expiry.
+fn where_known(o: &mut String, report: &Report, c: &Counters) {
+    if let Some(skew) = c.clock_skew_seconds {
+        one(
+            o,
+            "vgpu_license_dls_clock_skew_seconds",
+            "gauge",
+            "Guest clock minus the DLS's clock, last measured, in seconds.",
+            skew,
+        );
+    }
+    if let Some(last) = &report.last_shutdown {
+        last_shutdown(o, last);
+    }
+    if let Some(exp) = c.token_expiry {
+        one(
+            o,
+            "vgpu_license_token_expiry_timestamp_seconds",
+            "gauge",
+            "The installed client configuration token's expiry (exp), Unix time.",
+            exp,
+        );
+    }
+}
+
+/// The agent's own info, where the service gives its mode.
+fn agent_info(o: &mut String, c: &Counters) {
+    if c.mode.is_empty() {
+        return;
+    }
     header(
-        &mut o,
+        o,
+        "vgpu_license_agent_info",
+        "gauge",
+        "Always 1; the agent's version, whether it manages or only observes, and where the driver runs (host or gpu_operator).",
+    );
+    let _ = writeln!(
+        o,
+        "vgpu_license_agent_info{{version=\"{}\",mode=\"{}\",driver=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION"),
+        c.mode,
+        c.driver
+    );
+}
+
+/// What only the guest knows, as the labels of one series.
+fn guest_info(o: &mut String, report: &Report, c: &Counters) {
+    header(
+        o,
         GUEST_INFO,
         "gauge",
         "Always 1; its labels say what only the guest knows: vGPU profile, driver version, edition, licensing (dls, cls, cloud_provider or legacy).",
@@ -197,7 +215,6 @@ pub fn render(report: &Report, c: &Counters) -> String {
         .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
         .collect();
     let _ = writeln!(o, "{GUEST_INFO}{{{}}} 1", labels.join(","));
-    o
 }
 
 /// The state, one series each, and the lease's expiry.
