@@ -66,23 +66,30 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
     if k.node_condition == Switch::Off {
         return Ok(None);
     }
-    let node = || {
-        k.node_name
-            .clone()
-            .or_else(crate::node::node_name)
-            .context("no node name: set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)")
+    let (base, ca_pem, token) = match &k.kubeconfig {
+        Some(path) => from_kubeconfig(path)?,
+        None => match in_cluster(k)? {
+            Some(found) => found,
+            None => return Ok(None),
+        },
     };
-    if let Some(path) = &k.kubeconfig {
-        let (base, ca_pem, token) = from_kubeconfig(path)?;
-        return Ok(Some(Api {
-            base,
-            ca_pem,
-            token,
-            node: node()?,
-            heartbeat: k.heartbeat,
-            taint: k.taint_unlicensed,
-        }));
-    }
+    let node = k.node_name
+        .clone()
+        .or_else(crate::node::node_name)
+        .context("no node name: set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)")?;
+    Ok(Some(Api {
+        base,
+        ca_pem,
+        token,
+        node,
+        heartbeat: k.heartbeat,
+        taint: k.taint_unlicensed,
+    }))
+}
+
+/// The in-cluster API, its CA and the service account's token, where the agent runs in a
+/// pod with a service account; `None` elsewhere (an error where `node_condition = "on"`).
+fn in_cluster(k: &crate::config::Kubernetes) -> anyhow::Result<Option<(Url, Vec<u8>, Bearer)>> {
     let sa = &k.service_account_dir;
     let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
     let in_pod = host.is_some() && sa.join("token").exists();
@@ -107,14 +114,7 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
         .map_err(|e| anyhow!("KUBERNETES_SERVICE_HOST/PORT make no URL: {e}"))?;
     let ca_pem = input::read_file(&sa.join("ca.crt"), MAX_FILE, Links::Follow)
         .map_err(|e| anyhow!("cannot read {}: {e}", show_path(&sa.join("ca.crt"))))?;
-    Ok(Some(Api {
-        base,
-        ca_pem,
-        token: Bearer::File(sa.join("token")),
-        node: node()?,
-        heartbeat: k.heartbeat,
-        taint: k.taint_unlicensed,
-    }))
+    Ok(Some((base, ca_pem, Bearer::File(sa.join("token")))))
 }
 
 /// A kubeconfig's current context: its server, CA and bearer token. Its JSON form only (a
@@ -151,9 +151,16 @@ fn from_kubeconfig(path: &Path) -> anyhow::Result<(Url, Vec<u8>, Bearer)> {
         .with_context(|| {
             format!("kubernetes.kubeconfig {shown}: the cluster's server is not an https URL")
         })?;
-    let ca_pem = match (
-        cluster["cluster"]["certificate-authority-data"].as_str(),
-        cluster["cluster"]["certificate-authority"].as_str(),
+    let ca_pem = kubeconfig_ca(&cluster["cluster"], &shown)?;
+    let token = kubeconfig_token(&user["user"], &shown)?;
+    Ok((base, ca_pem, token))
+}
+
+/// The cluster's certificate authority, as a kubeconfig gives it: its data, or its file.
+fn kubeconfig_ca(cluster: &Value, shown: &str) -> anyhow::Result<Vec<u8>> {
+    Ok(match (
+        cluster["certificate-authority-data"].as_str(),
+        cluster["certificate-authority"].as_str(),
     ) {
         (Some(data), _) => base64::engine::general_purpose::STANDARD
             .decode(data.trim())
@@ -161,18 +168,18 @@ fn from_kubeconfig(path: &Path) -> anyhow::Result<(Url, Vec<u8>, Bearer)> {
         (None, Some(file)) => input::read_file(Path::new(file), MAX_FILE, Links::Follow)
             .map_err(|e| anyhow!("kubernetes.kubeconfig {shown}: cannot read its certificate-authority {file}: {e}"))?,
         (None, None) => bail!("kubernetes.kubeconfig {shown}: the cluster names no certificate authority (certificate-authority-data)"),
-    };
-    let token = match (
-        user["user"]["token"].as_str(),
-        user["user"]["tokenFile"].as_str(),
-    ) {
+    })
+}
+
+/// The user's bearer token, as a kubeconfig gives it: the token, or its file.
+fn kubeconfig_token(user: &Value, shown: &str) -> anyhow::Result<Bearer> {
+    Ok(match (user["token"].as_str(), user["tokenFile"].as_str()) {
         (Some(t), _) if !t.is_empty() => Bearer::Literal(t.to_string()),
         (_, Some(f)) => Bearer::File(PathBuf::from(f)),
         _ => bail!(
             "kubernetes.kubeconfig {shown}: the user has no bearer token (token or tokenFile); client certificates and exec plugins are not read: give it a service account's token"
         ),
-    };
-    Ok((base, ca_pem, token))
+    })
 }
 
 impl Api {
@@ -384,18 +391,17 @@ pub async fn write_condition(
             return;
         }
     };
-    // What the Node has: its condition's status and last transition (read once, then kept).
-    let mut written: Option<(Condition, String)> = None;
-    let mut known: Option<Option<(String, String)>> = None;
-    // Whether the Node carries the taint, as the agent last made it (`None`: not known).
-    let mut tainted: Option<bool> = None;
-    let mut backoff = Duration::from_secs(5);
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut node = NodeWriter {
+        api,
+        client,
+        written: None,
+        known: None,
+        tainted: None,
+        backoff: Duration::from_secs(5),
+        retry_at: None,
+    };
     loop {
-        let wait = match retry_at {
-            Some(t) => t,
-            None => tokio::time::Instant::now() + api.heartbeat,
-        };
+        let wait = node.next_write();
         let changed = tokio::select! {
             r = rx.changed() => {
                 if r.is_err() {
@@ -409,52 +415,95 @@ pub async fn write_condition(
         let Some(cond) = rx.borrow_and_update().clone() else {
             continue;
         };
-        let same = written.as_ref().is_some_and(|(w, _)| *w == cond);
-        if changed && same && retry_at.is_none() {
+        if changed && node.holds(&cond) {
             continue;
         }
-        let now = rfc3339(Utc::now());
-        let result = async {
-            if known.is_none() {
-                known = Some(api.current(&client).await?);
-            }
-            // lastTransitionTime moves only when the status does.
-            let transition = match (&written, known.as_ref().and_then(|k| k.as_ref())) {
-                (Some((w, t)), _) if w.status == cond.status => t.clone(),
-                (None, Some((status, t))) if status == cond.status && !t.is_empty() => t.clone(),
-                _ => now.clone(),
-            };
-            api.patch(&client, &body(&cond, &transition, &now)).await?;
-            // Only when what it should be changed: a taint taken off by hand stays off
-            // until the license changes again.
-            let want = api.taint && crate::node_condition::wants_taint(&cond, uptime());
-            if api.taint && tainted != Some(want) {
-                if api.sync_taint(&client, want).await? {
-                    tracing::info!(
-                        "{} the taint {}:{} {} node {}",
-                        if want { "put" } else { "took" },
-                        crate::node_condition::TAINT_KEY,
-                        crate::node_condition::TAINT_EFFECT,
-                        if want { "on" } else { "off" },
-                        crate::text::escape(&api.node)
-                    );
-                }
-                tainted = Some(want);
-            }
-            anyhow::Ok(transition)
+        let result = node.write(&cond).await;
+        tell(node.settle(cond, result));
+    }
+}
+
+/// The writer's view of its Node: what it wrote, what the Node had, and when to try again.
+struct NodeWriter {
+    api: Api,
+    client: Client,
+    /// The condition last written, and its last transition.
+    written: Option<(Condition, String)>,
+    /// What the Node has: its condition's status and last transition (read once, then kept).
+    known: Option<Option<(String, String)>>,
+    /// Whether the Node carries the taint, as the agent last made it (`None`: not known).
+    tainted: Option<bool>,
+    backoff: Duration,
+    retry_at: Option<tokio::time::Instant>,
+}
+
+impl NodeWriter {
+    /// When to write next without a change: the retry after a failure, else the heartbeat.
+    fn next_write(&self) -> tokio::time::Instant {
+        match self.retry_at {
+            Some(t) => t,
+            None => tokio::time::Instant::now() + self.api.heartbeat,
         }
-        .await;
+    }
+
+    /// Whether the Node holds this condition already, with no retry owed.
+    fn holds(&self, cond: &Condition) -> bool {
+        let same = self.written.as_ref().is_some_and(|(w, _)| w == cond);
+        same && self.retry_at.is_none()
+    }
+
+    /// Writes the condition (and the taint, where it is kept): its transition time.
+    async fn write(&mut self, cond: &Condition) -> anyhow::Result<String> {
+        let now = rfc3339(Utc::now());
+        if self.known.is_none() {
+            self.known = Some(self.api.current(&self.client).await?);
+        }
+        // lastTransitionTime moves only when the status does.
+        let transition = match (&self.written, self.known.as_ref().and_then(|k| k.as_ref())) {
+            (Some((w, t)), _) if w.status == cond.status => t.clone(),
+            (None, Some((status, t))) if *status == cond.status && !t.is_empty() => t.clone(),
+            _ => now.clone(),
+        };
+        self.api
+            .patch(&self.client, &body(cond, &transition, &now))
+            .await?;
+        self.keep_taint(cond).await?;
+        Ok(transition)
+    }
+
+    /// The taint, only when what it should be changed: a taint taken off by hand stays off
+    /// until the license changes again.
+    async fn keep_taint(&mut self, cond: &Condition) -> anyhow::Result<()> {
+        let want = self.api.taint && crate::node_condition::wants_taint(cond, uptime());
+        if self.api.taint && self.tainted != Some(want) {
+            if self.api.sync_taint(&self.client, want).await? {
+                tracing::info!(
+                    "{} the taint {}:{} {} node {}",
+                    if want { "put" } else { "took" },
+                    crate::node_condition::TAINT_KEY,
+                    crate::node_condition::TAINT_EFFECT,
+                    if want { "on" } else { "off" },
+                    crate::text::escape(&self.api.node)
+                );
+            }
+            self.tainted = Some(want);
+        }
+        Ok(())
+    }
+
+    /// What a write leaves: the condition written, or a try again after the backoff.
+    fn settle(&mut self, cond: Condition, result: anyhow::Result<String>) -> Outcome {
         match result {
             Ok(transition) => {
-                written = Some((cond, transition));
-                backoff = Duration::from_secs(5);
-                retry_at = None;
-                tell(Ok(()));
+                self.written = Some((cond, transition));
+                self.backoff = Duration::from_secs(5);
+                self.retry_at = None;
+                Ok(())
             }
             Err(e) => {
-                retry_at = Some(tokio::time::Instant::now() + backoff);
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                tell(Err(format!("{e:#}")));
+                self.retry_at = Some(tokio::time::Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                Err(format!("{e:#}"))
             }
         }
     }
