@@ -79,12 +79,32 @@ pub struct Prepared {
 impl Prepared {
     /// The lines printed on standard output.
     pub fn lines(&self) -> Vec<String> {
-        let (stop, remove, run, record) = if self.dry_run {
-            ("would stop", "would remove", "would run", "would record")
-        } else {
-            ("stopped", "removed", "ran", "recorded")
-        };
         let mut out: Vec<String> = Vec::new();
+        self.done_lines(&mut out);
+        self.kept_lines(&mut out);
+        if let Some(m) = &self.marker {
+            out.push(format!(
+                "{} {}: a clone's first boot does not report this machine's last shutdown as its own",
+                self.tense("recorded", "would record"),
+                show_path(m)
+            ));
+        }
+        self.sealing_lines(&mut out);
+        out
+    }
+
+    /// `past`, or in a dry run `plan`.
+    fn tense(&self, past: &'static str, plan: &'static str) -> &'static str {
+        if self.dry_run { plan } else { past }
+    }
+
+    /// The units stopped, the files removed, the journal's commands run.
+    fn done_lines(&self, out: &mut Vec<String>) {
+        let (stop, remove, run) = (
+            self.tense("stopped", "would stop"),
+            self.tense("removed", "would remove"),
+            self.tense("ran", "would run"),
+        );
         for u in &self.stopped {
             out.push(format!(
                 "{stop} {u}: what it writes after the cleaning would be sealed into the image"
@@ -99,6 +119,10 @@ impl Prepared {
             out.push("no token and no agent state to remove".into());
         }
         out.extend(self.ran.iter().map(|c| format!("{run} {c}")));
+    }
+
+    /// What was left in place: gridd's client state, the config's drop-ins, the journal.
+    fn kept_lines(&self, out: &mut Vec<String>) {
         for (dir, n) in &self.client_state_left {
             out.push(format!(
                 "left in place: nvidia-gridd's client state {} ({n} entries); clones must not share it: run again with --purge-client-state",
@@ -117,12 +141,11 @@ impl Prepared {
                 self.journal_kept
             ));
         }
-        if let Some(m) = &self.marker {
-            out.push(format!(
-                "{record} {}: a clone's first boot does not report this machine's last shutdown as its own",
-                show_path(m)
-            ));
-        }
+    }
+
+    /// What stands between this machine and a sealed image: files that still hold a token,
+    /// the machine ID.
+    fn sealing_lines(&self, out: &mut Vec<String>) {
         if self.tokens_known == 0 {
             out.push(
                 "no token found on this machine to search for; searched for any client configuration token's payload".into(),
@@ -140,7 +163,6 @@ impl Prepared {
                 "before sealing the image: reset /etc/machine-id with your sealing tool (virt-sysprep --operations machine-id, or truncate -s 0 /etc/machine-id)".into(),
             );
         }
-        out
     }
 }
 
@@ -192,13 +214,21 @@ fn no_link_on_the_way(root: &Path, p: &Path) -> anyhow::Result<()> {
 /// The settings for `--root DIR`: the config read below DIR (`config` taken below it), every
 /// path of it taken below DIR.
 pub fn settings_under(root: &Path, config: &Path) -> anyhow::Result<Settings> {
+    check_root(root)?;
+    let mut s = Settings::load(&under(root, config))?;
+    paths_under(root, &mut s.paths)?;
+    Ok(s)
+}
+
+/// `--root DIR` is a directory, and not the running system: its journal is live, not files
+/// to remove.
+fn check_root(root: &Path) -> anyhow::Result<()> {
     if !root.is_dir() {
         return Err(anyhow!(
             "--root {}: not a directory; give the directory the image is mounted on",
             show_path(root)
         ));
     }
-    // The running system is no offline image: its journal is live, not files to remove.
     let same = |a: &Path, b: &Path| {
         use std::os::unix::fs::MetadataExt;
         matches!((std::fs::metadata(a), std::fs::metadata(b)), (Ok(x), Ok(y)) if (x.dev(), x.ino()) == (y.dev(), y.ino()))
@@ -209,8 +239,11 @@ pub fn settings_under(root: &Path, config: &Path) -> anyhow::Result<Settings> {
             show_path(root)
         ));
     }
-    let mut s = Settings::load(&under(root, config))?;
-    let p = &mut s.paths;
+    Ok(())
+}
+
+/// Every path of the config taken below `root`, none reached through a symlink.
+fn paths_under(root: &Path, p: &mut crate::config::Paths) -> anyhow::Result<()> {
     for path in [
         &mut p.token_dir,
         &mut p.gridd_conf,
@@ -241,7 +274,7 @@ pub fn settings_under(root: &Path, config: &Path) -> anyhow::Result<Settings> {
     for path in &all {
         no_link_on_the_way(root, path)?;
     }
-    Ok(s)
+    Ok(())
 }
 
 /// Where the system's files are: `/`, or the image's root.
@@ -458,34 +491,19 @@ struct Plan {
 
 fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
     let paths = &settings.paths;
-    let cannot = |what: &Path, e: io::Error| {
-        anyhow!(
-            "cannot read {}: {e}; check it and run prepare-image again",
-            show_path(what)
-        )
-    };
     let token_entries: Vec<PathBuf> = crate::install::token_dir_entries(settings)?
         .into_iter()
         .map(|(_, p)| p)
         .collect();
     let mut remove = token_entries.clone();
     crate::layout::check_state_dir(settings)?;
-    remove.extend(entries(&paths.state_dir).map_err(|e| cannot(&paths.state_dir, e))?);
-    for (key, f) in [
-        ("paths.status_file", &paths.status_file),
-        ("paths.metrics_textfile", &paths.metrics_textfile),
-    ] {
-        match f.symlink_metadata() {
-            Ok(m) if m.is_file() || m.file_type().is_symlink() => remove.push(f.clone()),
-            Ok(_) => {
-                return Err(anyhow!(
-                    "{} ({key}) is not a file; the agent removes only its own files: check the config; nothing was removed",
-                    show_path(f)
-                ));
-            }
-            Err(_) => {}
-        }
-    }
+    remove.extend(entries(&paths.state_dir).map_err(|e| {
+        anyhow!(
+            "cannot read {}: {e}; check it and run prepare-image again",
+            show_path(&paths.state_dir)
+        )
+    })?);
+    remove.extend(agent_outputs(paths)?);
     // A token source that is a file in the image is a copy of the token; a directory (a
     // mount point) is only searched.
     if let Some(src) = &paths.token_source
@@ -493,22 +511,7 @@ fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
     {
         remove.push(src.clone());
     }
-    let mut left = Vec::new();
-    for dir in &paths.gridd_client_state {
-        let inside: Vec<PathBuf> =
-            crate::identity::client_state_entries(dir, "nothing was removed")?
-                .into_iter()
-                .map(|(_, p)| p)
-                .collect();
-        if inside.is_empty() {
-            continue;
-        }
-        if req.purge_client_state {
-            remove.extend(inside);
-        } else {
-            left.push((dir.clone(), inside.len()));
-        }
-    }
+    let left = client_state(paths, req.purge_client_state, &mut remove)?;
     if req.cloud_init {
         remove.extend(cloud_init_plan(req));
     }
@@ -529,6 +532,53 @@ fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
         remove,
         client_state_left: left,
     })
+}
+
+/// The agent's status file and metrics textfile, where they are files (or links).
+fn agent_outputs(paths: &crate::config::Paths) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for (key, f) in [
+        ("paths.status_file", &paths.status_file),
+        ("paths.metrics_textfile", &paths.metrics_textfile),
+    ] {
+        match f.symlink_metadata() {
+            Ok(m) if m.is_file() || m.file_type().is_symlink() => out.push(f.clone()),
+            Ok(_) => {
+                return Err(anyhow!(
+                    "{} ({key}) is not a file; the agent removes only its own files: check the config; nothing was removed",
+                    show_path(f)
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// gridd's client state: its entries go to `remove` with `purge`; otherwise the directories
+/// that hold something are left, with their number of entries.
+fn client_state(
+    paths: &crate::config::Paths,
+    purge: bool,
+    remove: &mut Vec<PathBuf>,
+) -> anyhow::Result<Vec<(PathBuf, usize)>> {
+    let mut left = Vec::new();
+    for dir in &paths.gridd_client_state {
+        let inside: Vec<PathBuf> =
+            crate::identity::client_state_entries(dir, "nothing was removed")?
+                .into_iter()
+                .map(|(_, p)| p)
+                .collect();
+        if inside.is_empty() {
+            continue;
+        }
+        if purge {
+            remove.extend(inside);
+        } else {
+            left.push((dir.clone(), inside.len()));
+        }
+    }
+    Ok(left)
 }
 
 /// The files searched for the token's bytes once the cleaning is done.
@@ -559,7 +609,6 @@ fn search_places(settings: &Settings, req: &Request, config: &Path) -> Vec<PathB
 /// Readies the image. `config` is the agent's config file (already below the root for
 /// `--root`), for its drop-ins.
 pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Result<Prepared> {
-    let paths = &settings.paths;
     let first = plan(settings, req)?;
     let tokens = known_tokens(settings, &first.token_entries);
     let mut needles: Vec<Vec<u8>> = tokens.iter().flat_map(|t| needles_of(t)).collect();
@@ -594,22 +643,33 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
             &finders,
         ));
     }
-    // Hold the install lock, so that no install or adopt runs meanwhile.
-    let lock_path = paths.state_dir.join("install.lock");
-    let _lock = prepare_lock(settings, &lock_path)?;
-    // Again under the lock: the services may have written more before they stopped.
-    done.removed = remove_all(plan(settings, req)?.remove)?;
-    let _ = fs::remove_file(&lock_path);
-    done.ran = run_journal_commands(settings, &journal_cmds)?;
-    if !req.journal {
-        done.journal_kept = journal_files(req).len();
-    }
+    let _lock = clean(settings, req, &journal_cmds, &mut done)?;
     done.holding = search_places(settings, req, config)
         .into_iter()
         .filter(|f| holds(f, &finders).unwrap_or(false))
         .collect();
     done.marker = record_prepared(settings, req)?;
     Ok(done)
+}
+
+/// The cleaning, under install's lock, which it returns to be held until the end (no install
+/// or adopt runs meanwhile): what the plan removes, planned again (the services may have
+/// written more before they stopped), then the journal's commands.
+fn clean(
+    settings: &Settings,
+    req: &Request,
+    journal_cmds: &[Vec<String>],
+    done: &mut Prepared,
+) -> anyhow::Result<Option<fsutil::Lock>> {
+    let lock_path = settings.paths.state_dir.join("install.lock");
+    let lock = prepare_lock(settings, &lock_path)?;
+    done.removed = remove_all(plan(settings, req)?.remove)?;
+    let _ = fs::remove_file(&lock_path);
+    done.ran = run_journal_commands(settings, journal_cmds)?;
+    if !req.journal {
+        done.journal_kept = journal_files(req).len();
+    }
+    Ok(lock)
 }
 
 /// Whether the image's /etc/machine-id holds an ID. Empty (or missing) is how a sealed image
