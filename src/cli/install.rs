@@ -20,8 +20,25 @@ pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
         .map(Duration::from_secs)
         .unwrap_or(settings.commands.timeout);
     let token = source::read(&args.source, args.ca_file.as_deref(), timeout, args.retries)?;
-    // A guest its cloud platform licenses (nvidia-smi: `Licensed (Expiry: N/A)` and no token)
-    // needs no token, and one installed there makes gridd go to a DLS instead.
+    refuse_where_the_platform_licenses(args, settings)?;
+    let req = Request {
+        token,
+        feature_type,
+        force: args.force,
+        dry_run: args.dry_run,
+        restart: !args.no_restart,
+    };
+    let outcome = install(&req, settings)?;
+    tell(&outcome)
+}
+
+/// A guest its cloud platform licenses (nvidia-smi: `Licensed (Expiry: N/A)` and no token)
+/// needs no token, and one installed there makes gridd go to a DLS instead: refused, unless
+/// `--force`.
+fn refuse_where_the_platform_licenses(
+    args: &InstallArgs,
+    settings: &Settings,
+) -> anyhow::Result<()> {
     if !args.force
         && let crate::live::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
         && crate::state::licensing_mode(None, None, Some(&smi), None)
@@ -32,14 +49,12 @@ pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
             nothing_changed()
         ));
     }
-    let req = Request {
-        token,
-        feature_type,
-        force: args.force,
-        dry_run: args.dry_run,
-        restart: !args.no_restart,
-    };
-    let outcome = install(&req, settings)?;
+    Ok(())
+}
+
+/// The install's warnings on standard error, its lines on standard output; a failed restart
+/// is an error.
+fn tell(outcome: &crate::install::Outcome) -> anyhow::Result<()> {
     for w in &outcome.warnings {
         eprintln!(
             "vgpu-license-agent: warning: {}",

@@ -12,24 +12,7 @@ use crate::status::{Source, current};
 
 /// The `status` command.
 pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
-    let deadline = args.wait.map(|s| Instant::now() + Duration::from_secs(s));
-    // What ends the wait: a license, or (for --require-licensed, which gates workloads) a GPU
-    // that needs none.
-    let done = |state: State| {
-        state == State::Licensed
-            || (args.require_licensed && matches!(state, State::NotLicensable | State::NoGpu))
-    };
-    let (report, source) = loop {
-        let (report, source) = current(settings);
-        match deadline {
-            Some(d) if !done(report.state) && Instant::now() < d => {
-                std::thread::sleep(
-                    Duration::from_secs(1).min(d.saturating_duration_since(Instant::now())),
-                );
-            }
-            _ => break (report, source),
-        }
-    };
+    let (report, source) = wait(args, settings);
     // A report whose observation is older than the service's cadence allows says nothing
     // about now: a starved or hung service keeps rewriting it.
     let stale = match source {
@@ -42,37 +25,10 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        match &stale {
-            Some(age) => println!(
-                "UNKNOWN: the service's report is stale: its observation is {age} s old, more than its cadence allows; the service may be hung or starved (`systemctl status vgpu-license-agent`)"
-            ),
-            None => println!(
-                "{}",
-                crate::text::for_terminal(&human::summary_line(&report))
-            ),
-        }
-        match source {
-            Source::Service(age) => println!(
-                "From the running service's report ({} s old).",
-                age.as_secs()
-            ),
-            Source::Observed => println!("The service is not running: observed now."),
-        }
-        print!("{}", crate::text::for_terminal(&human::render(&report)));
-        if args.wait.is_some() && !done(report.state) {
-            println!(
-                "Not licensed after waiting {} s{}",
-                args.wait.unwrap_or_default(),
-                report
-                    .failure
-                    .as_ref()
-                    .map(|f| format!(": {}", f.reason.as_str()))
-                    .unwrap_or_default()
-            );
-        }
+        print_human(args, &report, source, stale);
     }
     if args.require_licensed {
-        return Ok(if done(report.state) {
+        return Ok(if done(args, report.state) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
@@ -83,6 +39,68 @@ pub fn run(args: &StatusArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
     }
     // 0-3 whatever a status.json says: a monitoring system reads anything else as a crash.
     Ok(ExitCode::from(report.exit_code.min(3)))
+}
+
+/// What ends the wait: a license, or (for --require-licensed, which gates workloads) a GPU
+/// that needs none.
+fn done(args: &StatusArgs, state: State) -> bool {
+    state == State::Licensed
+        || (args.require_licensed && matches!(state, State::NotLicensable | State::NoGpu))
+}
+
+/// The current report and where it comes from, with `--wait` once the wait is [`done`] or
+/// over.
+fn wait(args: &StatusArgs, settings: &Settings) -> (crate::report::Report, Source) {
+    let deadline = args.wait.map(|s| Instant::now() + Duration::from_secs(s));
+    loop {
+        let (report, source) = current(settings);
+        match deadline {
+            Some(d) if !done(args, report.state) && Instant::now() < d => {
+                std::thread::sleep(
+                    Duration::from_secs(1).min(d.saturating_duration_since(Instant::now())),
+                );
+            }
+            _ => break (report, source),
+        }
+    }
+}
+
+/// The report for a person: its summary (or that it is stale), where it comes from, the
+/// report, and what a wait ended without.
+fn print_human(
+    args: &StatusArgs,
+    report: &crate::report::Report,
+    source: Source,
+    stale: Option<i64>,
+) {
+    match &stale {
+        Some(age) => println!(
+            "UNKNOWN: the service's report is stale: its observation is {age} s old, more than its cadence allows; the service may be hung or starved (`systemctl status vgpu-license-agent`)"
+        ),
+        None => println!(
+            "{}",
+            crate::text::for_terminal(&human::summary_line(report))
+        ),
+    }
+    match source {
+        Source::Service(age) => println!(
+            "From the running service's report ({} s old).",
+            age.as_secs()
+        ),
+        Source::Observed => println!("The service is not running: observed now."),
+    }
+    print!("{}", crate::text::for_terminal(&human::render(report)));
+    if args.wait.is_some() && !done(args, report.state) {
+        println!(
+            "Not licensed after waiting {} s{}",
+            args.wait.unwrap_or_default(),
+            report
+                .failure
+                .as_ref()
+                .map(|f| format!(": {}", f.reason.as_str()))
+                .unwrap_or_default()
+        );
+    }
 }
 
 /// How old the report's observation is (seconds), when that is older than the service's
