@@ -79,21 +79,7 @@ pub fn stage(
     if fault("erofs") {
         return Err(io::Error::from_raw_os_error(nix::libc::EROFS));
     }
-    let mut attempt = 0;
-    let (temp, mut file) = loop {
-        let temp = dir.join(format!("{}{}", temp_prefix(&name), unique()));
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .open(&temp)
-        {
-            Ok(f) => break (temp, f),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 5 => attempt += 1,
-            Err(e) => return Err(e),
-        }
-    };
+    let (temp, mut file) = create_temp(dir, &name)?;
     let staged = Staged {
         temp: Some(temp),
         target: target.to_path_buf(),
@@ -115,6 +101,26 @@ pub fn stage(
     file.set_permissions(fs::Permissions::from_mode(mode))?;
     file.sync_all()?;
     Ok(staged)
+}
+
+/// A new temporary file for `name` in `dir`, created exclusively (never through a link),
+/// mode 0600; a name taken is tried again with another, a few times.
+fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
+    let mut attempt = 0;
+    loop {
+        let temp = dir.join(format!("{}{}", temp_prefix(name), unique()));
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .open(&temp)
+        {
+            Ok(f) => return Ok((temp, f)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 5 => attempt += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 impl Staged {
@@ -587,60 +593,88 @@ pub fn move_out(from_dir: &File, from: &Path, to_dir: &File, to: &Path) -> io::R
         Err(nix::errno::Errno::EXDEV) => {}
         Err(e) => return Err(e.into()),
     }
-    let st = nix::sys::stat::fstatat(
-        from_dir.as_fd(),
-        src,
-        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-    )?;
-    let kind = st.st_mode & nix::libc::S_IFMT;
-    if kind == nix::libc::S_IFLNK {
-        let target = nix::fcntl::readlinkat(from_dir.as_fd(), src)?;
-        nix::unistd::symlinkat(target.as_os_str(), to_dir.as_fd(), dst)?;
-    } else if kind == nix::libc::S_IFREG {
-        if st.st_size as u64 > MAX_STRAY_COPY_BYTES {
-            return Err(io::Error::other(NotCopied {
-                path: from.to_path_buf(),
-                size: Some(st.st_size as u64),
-            }));
-        }
-        let file = open_in(from_dir, src, nix::fcntl::OFlag::O_NONBLOCK)?;
-        let m = file.metadata()?;
-        if !m.is_file() || m.ino() != st.st_ino {
-            return Err(io::Error::other(
-                "it was replaced by something else while it was being moved",
-            ));
-        }
-        let bytes = crate::input::read_capped(file, MAX_STRAY_COPY_BYTES as usize)
-            .map_err(|e| io::Error::other(e.to_string()))?;
-        let written = if fault("copy-enospc") {
-            // Half a copy, then a full disk.
-            let _ = write_new_in(
-                to_dir,
-                &dst.to_string_lossy(),
-                &bytes[..bytes.len() / 2],
-                0o600,
-            );
-            Err(io::Error::from_raw_os_error(nix::libc::ENOSPC))
-        } else {
-            write_new_in(to_dir, &dst.to_string_lossy(), &bytes, m.mode() & 0o7777)
-        };
-        if let Err(e) = written {
-            let _ =
-                nix::unistd::unlinkat(to_dir.as_fd(), dst, nix::unistd::UnlinkatFlags::NoRemoveDir);
-            return Err(e);
-        }
-    } else {
-        return Err(io::Error::other(NotCopied {
-            path: from.to_path_buf(),
-            size: None,
-        }));
-    }
+    copy_across(from_dir, src, to_dir, dst, from)?;
     nix::unistd::unlinkat(
         from_dir.as_fd(),
         src,
         nix::unistd::UnlinkatFlags::NoRemoveDir,
     )
     .map_err(io::Error::from)
+}
+
+/// The entry `src` of `from_dir` (shown as `from`) copied to `dst` in `to_dir`, on another
+/// file system: a link as a link, a regular file up to [`MAX_STRAY_COPY_BYTES`]; anything
+/// else is [`NotCopied`].
+fn copy_across(
+    from_dir: &File,
+    src: &std::ffi::OsStr,
+    to_dir: &File,
+    dst: &std::ffi::OsStr,
+    from: &Path,
+) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let st = nix::sys::stat::fstatat(
+        from_dir.as_fd(),
+        src,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )?;
+    let not_copied = |size| {
+        io::Error::other(NotCopied {
+            path: from.to_path_buf(),
+            size,
+        })
+    };
+    let kind = st.st_mode & nix::libc::S_IFMT;
+    if kind == nix::libc::S_IFLNK {
+        let target = nix::fcntl::readlinkat(from_dir.as_fd(), src)?;
+        nix::unistd::symlinkat(target.as_os_str(), to_dir.as_fd(), dst)?;
+        Ok(())
+    } else if kind == nix::libc::S_IFREG {
+        if st.st_size as u64 > MAX_STRAY_COPY_BYTES {
+            return Err(not_copied(Some(st.st_size as u64)));
+        }
+        copy_regular(from_dir, src, st.st_ino, to_dir, dst)
+    } else {
+        Err(not_copied(None))
+    }
+}
+
+/// A regular file copied, once it is still the file `ino` that was looked at; a copy cut
+/// short is removed.
+fn copy_regular(
+    from_dir: &File,
+    src: &std::ffi::OsStr,
+    ino: u64,
+    to_dir: &File,
+    dst: &std::ffi::OsStr,
+) -> io::Result<()> {
+    use std::os::fd::AsFd;
+    let file = open_in(from_dir, src, nix::fcntl::OFlag::O_NONBLOCK)?;
+    let m = file.metadata()?;
+    if !m.is_file() || m.ino() != ino {
+        return Err(io::Error::other(
+            "it was replaced by something else while it was being moved",
+        ));
+    }
+    let bytes = crate::input::read_capped(file, MAX_STRAY_COPY_BYTES as usize)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let written = if fault("copy-enospc") {
+        // Half a copy, then a full disk.
+        let _ = write_new_in(
+            to_dir,
+            &dst.to_string_lossy(),
+            &bytes[..bytes.len() / 2],
+            0o600,
+        );
+        Err(io::Error::from_raw_os_error(nix::libc::ENOSPC))
+    } else {
+        write_new_in(to_dir, &dst.to_string_lossy(), &bytes, m.mode() & 0o7777)
+    };
+    if let Err(e) = written {
+        let _ = nix::unistd::unlinkat(to_dir.as_fd(), dst, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// Makes directory `name` in the directory open as `parent` (mode `mode`) when it is not
