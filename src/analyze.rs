@@ -74,56 +74,17 @@ fn scan_journal(
 
 /// Builds the report from saved outputs.
 pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
-    if args.smi.is_none() && args.journal.is_none() {
-        return Err(InputError(
-            "nothing to analyze: give --smi FILE (saved `nvidia-smi -q`) and/or --journal FILE (gridd's log); `-` reads standard input".into(),
-        ));
-    }
-    if args.smi.as_deref() == Some(Path::new("-"))
-        && args.journal.as_deref() == Some(Path::new("-"))
-    {
-        return Err(InputError(
-            "--smi and --journal cannot both read standard input: save one of them to a file"
-                .into(),
-        ));
-    }
+    check_inputs(args)?;
     let mut obs = Observations {
         expiry_warning: chrono::Duration::hours(12),
         ..Observations::default()
     };
     let mut notes = Vec::new();
     if let Some(path) = &args.smi {
-        let snap = read_smi(path)?;
-        if snap.gpus.is_empty() && snap.driver_error.is_none() && !snap.whole && !snap.host_view {
-            notes.push(format!(
-                "{}: no nvidia-smi -q output found (no `GPU ...` section, no `License Status` line)",
-                crate::text::show_path(path)
-            ));
-        }
-        notes.extend(smi_notes(&snap));
-        obs.at = snap.timestamp.map(|t| t.and_utc());
-        obs.smi = Some(snap);
+        add_smi(path, &mut obs, &mut notes)?;
     }
     if let Some(path) = &args.journal {
-        let mut fold = LogFold::new(args.max_events);
-        let stats = scan_journal(path, |e| fold.push(e))?;
-        if fold.total() == 0 {
-            notes.push(format!(
-                "{}: no nvidia-gridd lines found",
-                crate::text::show_path(path)
-            ));
-        }
-        if fold.total() > 0 && stats.last_stamp.is_none() {
-            notes.push(format!(
-                "{}: gridd's lines carry no time (`journalctl -o cat`?), so no event has a time and a lease cannot be judged against the clock: save the log with `journalctl -u nvidia-gridd -o json` (or `-o short-iso`)",
-                crate::text::show_path(path)
-            ));
-        }
-        if let Some(last) = stats.last_stamp.filter(|_| obs.at.is_none()) {
-            obs.at_is_exact = last.utc().is_some();
-            obs.at = last.utc().or_else(|| last.naive_as_utc());
-        }
-        obs.log = Some((fold, stats));
+        add_journal(path, args.max_events, &mut obs, &mut notes)?;
     }
     if let Some(path) = &args.token {
         let bytes = read_all(
@@ -138,6 +99,69 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     let mut report = evaluate(obs);
     report.notes.extend(notes);
     Ok(report)
+}
+
+/// Something to analyze, and standard input read for one of them at most.
+fn check_inputs(args: &AnalyzeArgs) -> Result<(), InputError> {
+    if args.smi.is_none() && args.journal.is_none() {
+        return Err(InputError(
+            "nothing to analyze: give --smi FILE (saved `nvidia-smi -q`) and/or --journal FILE (gridd's log); `-` reads standard input".into(),
+        ));
+    }
+    if args.smi.as_deref() == Some(Path::new("-"))
+        && args.journal.as_deref() == Some(Path::new("-"))
+    {
+        return Err(InputError(
+            "--smi and --journal cannot both read standard input: save one of them to a file"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A saved `nvidia-smi -q`: the snapshot and its time, and notes on what it lacks.
+fn add_smi(path: &Path, obs: &mut Observations, notes: &mut Vec<String>) -> Result<(), InputError> {
+    let snap = read_smi(path)?;
+    if snap.gpus.is_empty() && snap.driver_error.is_none() && !snap.whole && !snap.host_view {
+        notes.push(format!(
+            "{}: no nvidia-smi -q output found (no `GPU ...` section, no `License Status` line)",
+            crate::text::show_path(path)
+        ));
+    }
+    notes.extend(smi_notes(&snap));
+    obs.at = snap.timestamp.map(|t| t.and_utc());
+    obs.smi = Some(snap);
+    Ok(())
+}
+
+/// gridd's saved log: its events, folded, and its last time where nvidia-smi's output gave
+/// none; notes on a log without gridd's lines or without times.
+fn add_journal(
+    path: &Path,
+    max_events: usize,
+    obs: &mut Observations,
+    notes: &mut Vec<String>,
+) -> Result<(), InputError> {
+    let mut fold = LogFold::new(max_events);
+    let stats = scan_journal(path, |e| fold.push(e))?;
+    if fold.total() == 0 {
+        notes.push(format!(
+            "{}: no nvidia-gridd lines found",
+            crate::text::show_path(path)
+        ));
+    }
+    if fold.total() > 0 && stats.last_stamp.is_none() {
+        notes.push(format!(
+            "{}: gridd's lines carry no time (`journalctl -o cat`?), so no event has a time and a lease cannot be judged against the clock: save the log with `journalctl -u nvidia-gridd -o json` (or `-o short-iso`)",
+            crate::text::show_path(path)
+        ));
+    }
+    if let Some(last) = stats.last_stamp.filter(|_| obs.at.is_none()) {
+        obs.at_is_exact = last.utc().is_some();
+        obs.at = last.utc().or_else(|| last.naive_as_utc());
+    }
+    obs.log = Some((fold, stats));
+    Ok(())
 }
 
 /// What a saved nvidia-smi output is, where it is not a guest's whole `nvidia-smi -q`: the
