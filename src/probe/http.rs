@@ -28,23 +28,7 @@ pub(super) fn get_head(
     let mut head = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        let mut eof = false;
-        loop {
-            match conn.reader().read(&mut buf) {
-                Ok(0) => {
-                    eof = true;
-                    break;
-                }
-                Ok(n) => head.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                // Closed without close_notify: what was read still counts.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    eof = true;
-                    break;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let eof = take_plaintext(conn, &mut head, &mut buf)?;
         if find(&head, b"\r\n\r\n").is_some() || head.len() >= MAX_HEAD {
             return Ok(head);
         }
@@ -58,6 +42,24 @@ pub(super) fn get_head(
         // At the end of the stream the reader says so above, on the next round.
         read_some(conn, sock, deadline)?;
         flush(conn, sock)?;
+    }
+}
+
+/// Appends to `head` what the connection has decrypted so far; whether the stream ended.
+fn take_plaintext(
+    conn: &mut ClientConnection,
+    head: &mut Vec<u8>,
+    buf: &mut [u8],
+) -> io::Result<bool> {
+    loop {
+        match conn.reader().read(buf) {
+            Ok(0) => return Ok(true),
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            // Closed without close_notify: what was read still counts.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(true),
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -533,14 +533,7 @@ fn tls_step(
             .supported_schemes(),
         chain: Mutex::new(Vec::new()),
     });
-    let setup = tls_config(recorder.clone())
-        .map_err(|e| e.to_string())
-        .and_then(|cfg| {
-            let name = ServerName::try_from(host.to_string())
-                .map_err(|_| format!("{host:?} is not a valid server name"))?;
-            ClientConnection::new(cfg, name).map_err(|e| e.to_string())
-        });
-    let mut conn = match setup {
+    let mut conn = match tls_connection(host, recorder.clone()) {
         Ok(c) => c,
         Err(e) => {
             p.push(StepName::Tls, t, Err(e));
@@ -560,27 +553,46 @@ fn tls_step(
             None
         }
         Ok(()) => {
-            let version = conn
-                .protocol_version()
-                .map(|v| format!("{v:?}"))
-                .unwrap_or_else(|| "TLS".into());
-            p.tls_version = Some(version.clone());
-            let cipher = conn
-                .negotiated_cipher_suite()
-                .map(|s| format!(" {:?}", s.suite()))
-                .unwrap_or_default();
-            let about = match cert {
-                Some(Ok(c)) => format!(
-                    "certificate {} issued by {}, valid {} to {}",
-                    c.subject, c.issuer, c.not_before, c.not_after
-                ),
-                Some(Err(e)) => e,
-                None => "no certificate".into(),
-            };
-            p.push(StepName::Tls, t, Ok(format!("{version}{cipher}, {about}")));
+            let agreed = agreed(p, &conn, cert);
+            p.push(StepName::Tls, t, Ok(agreed));
             Some(conn)
         }
     }
+}
+
+/// A client connection to `host`, its certificates shown to `recorder`.
+fn tls_connection(host: &str, recorder: Arc<Recorder>) -> Result<ClientConnection, String> {
+    let cfg = tls_config(recorder).map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|_| format!("{host:?} is not a valid server name"))?;
+    ClientConnection::new(cfg, name).map_err(|e| e.to_string())
+}
+
+/// What a handshake agreed: the protocol version (kept in the probe), the cipher suite, the
+/// certificate.
+fn agreed(
+    p: &mut NodeProbe,
+    conn: &ClientConnection,
+    cert: Option<Result<CertInfo, String>>,
+) -> String {
+    let version = conn
+        .protocol_version()
+        .map(|v| format!("{v:?}"))
+        .unwrap_or_else(|| "TLS".into());
+    p.tls_version = Some(version.clone());
+    let cipher = conn
+        .negotiated_cipher_suite()
+        .map(|s| format!(" {:?}", s.suite()))
+        .unwrap_or_default();
+    let about = match cert {
+        Some(Ok(c)) => format!(
+            "certificate {} issued by {}, valid {} to {}",
+            c.subject, c.issuer, c.not_before, c.not_after
+        ),
+        Some(Err(e)) => e,
+        None => "no certificate".into(),
+    };
+    format!("{version}{cipher}, {about}")
 }
 
 /// The HTTPS request, and the DLS's clock from its Date header (recorded in `p`).
@@ -597,46 +609,47 @@ fn https_step(
     let sent_utc = Utc::now();
     let head = get_head(conn, sock, host, port, deadline);
     let rtt = t.elapsed();
-    match head {
-        Err(Stop::Closed) => Err("the server closed the connection without answering".into()),
-        Err(e) => Err(e.text(timeout)),
-        Ok(head) => match parse_head(&head) {
-            Err(e) => Err(e),
-            Ok((code, reason, date)) => {
-                p.http_status = Some(code);
-                let status = format!("HTTP {code} {reason}").trim_end().to_string();
-                match date.as_deref().map(|d| (d, parse_http_date(d))) {
-                    // A gateway's own answer (a reverse proxy or load balancer in front of the
-                    // DLS that cannot reach it): the path ends there, and its Date is its own.
-                    _ if matches!(code, 502..=504) => Err(format!(
-                        "{status}: a proxy or load balancer in front of the DLS answered, not the DLS (it cannot reach the DLS behind it)"
-                    )),
-                    None => Ok(format!(
-                        "{status}, no Date header: the clock cannot be compared"
-                    )),
-                    Some((d, None)) => Ok(format!(
-                        "{status}, Date {d:?} does not parse: the clock cannot be compared"
-                    )),
-                    Some((_, Some(dls))) => {
-                        p.dls_date = Some(rfc3339(dls));
-                        // The guest's clock at the middle of the round trip against the DLS's,
-                        // whose Date is truncated to the second (so half a second later on
-                        // average).
-                        let half = chrono::Duration::from_std(rtt / 2).unwrap_or_default();
-                        let guest = sent_utc + half;
-                        let skew = (guest - dls).as_seconds_f64() - 0.5;
-                        let skew = (skew * 1000.0).round() / 1000.0;
-                        p.clock_skew_seconds = Some(skew);
-                        Ok(format!(
-                            "{status}, Date {} (round trip {} ms)",
-                            rfc3339(dls),
-                            rtt.as_millis()
-                        ))
-                    }
-                }
-            }
-        },
+    let head = match head {
+        Err(Stop::Closed) => {
+            return Err("the server closed the connection without answering".into());
+        }
+        Err(e) => return Err(e.text(timeout)),
+        Ok(head) => head,
+    };
+    let (code, reason, date) = parse_head(&head)?;
+    p.http_status = Some(code);
+    let status = format!("HTTP {code} {reason}").trim_end().to_string();
+    match date.as_deref().map(|d| (d, parse_http_date(d))) {
+        // A gateway's own answer (a reverse proxy or load balancer in front of the
+        // DLS that cannot reach it): the path ends there, and its Date is its own.
+        _ if matches!(code, 502..=504) => Err(format!(
+            "{status}: a proxy or load balancer in front of the DLS answered, not the DLS (it cannot reach the DLS behind it)"
+        )),
+        None => Ok(format!(
+            "{status}, no Date header: the clock cannot be compared"
+        )),
+        Some((d, None)) => Ok(format!(
+            "{status}, Date {d:?} does not parse: the clock cannot be compared"
+        )),
+        Some((_, Some(dls))) => {
+            p.dls_date = Some(rfc3339(dls));
+            p.clock_skew_seconds = Some(skew(sent_utc, rtt, dls));
+            Ok(format!(
+                "{status}, Date {} (round trip {} ms)",
+                rfc3339(dls),
+                rtt.as_millis()
+            ))
+        }
     }
+}
+
+/// The guest's clock at the middle of the round trip against the DLS's, whose Date is
+/// truncated to the second (so half a second later on average): seconds, to the millisecond.
+fn skew(sent_utc: DateTime<Utc>, rtt: Duration, dls: DateTime<Utc>) -> f64 {
+    let half = chrono::Duration::from_std(rtt / 2).unwrap_or_default();
+    let guest = sent_utc + half;
+    let skew = (guest - dls).as_seconds_f64() - 0.5;
+    (skew * 1000.0).round() / 1000.0
 }
 
 /// The measured clock skew worth reporting: the largest in size among the nodes that gave

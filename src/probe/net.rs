@@ -23,12 +23,34 @@ pub(super) fn tunnel(
         "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nUser-Agent: vgpu-license-agent/{}\r\n\r\n",
         env!("CARGO_PKG_VERSION")
     );
+    let head = connect_head(sock, request.as_bytes(), deadline)?;
+    let (code, reason, _) = parse_head(&head).map_err(Tunnel::Broken)?;
+    let reason: String = reason
+        .chars()
+        .take(60)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    let status = format!("HTTP {code} {reason}").trim_end().to_string();
+    if (200..300).contains(&code) {
+        Ok(status)
+    } else {
+        Err(Tunnel::Refused(code, status))
+    }
+}
+
+/// Sends the CONNECT request and reads the head of the proxy's answer, a byte at a time:
+/// what follows it is the tunnel's.
+fn connect_head(
+    sock: &mut TcpStream,
+    request: &[u8],
+    deadline: Instant,
+) -> Result<Vec<u8>, Tunnel> {
     let left = || deadline.saturating_duration_since(Instant::now());
     let timeout = left();
     let broken = |e: io::Error| Tunnel::Broken(io_text(&e, timeout));
     sock.set_write_timeout(Some(left().max(Duration::from_millis(1))))
         .map_err(broken)?;
-    sock.write_all(request.as_bytes()).map_err(broken)?;
+    sock.write_all(request).map_err(broken)?;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -55,18 +77,7 @@ pub(super) fn tunnel(
             Err(e) => return Err(broken(e)),
         }
     }
-    let (code, reason, _) = parse_head(&head).map_err(Tunnel::Broken)?;
-    let reason: String = reason
-        .chars()
-        .take(60)
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
-    let status = format!("HTTP {code} {reason}").trim_end().to_string();
-    if (200..300).contains(&code) {
-        Ok(status)
-    } else {
-        Err(Tunnel::Refused(code, status))
-    }
+    Ok(head)
 }
 
 /// Resolves `host`, giving up after `timeout` (the lookup thread is left to finish alone).

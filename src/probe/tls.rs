@@ -57,63 +57,69 @@ impl ServerCertVerifier for Recorder {
 /// common attribute names and dotted OIDs for the others. Written here rather than with
 /// x509-cert's `Display`, which links a database of every OID known (a quarter of a MiB).
 pub(super) fn name_text(name: &x509_cert::name::Name) -> String {
-    use x509_cert::der::Tag;
     let mut rdns = Vec::new();
     for rdn in name.iter_rdn() {
-        let atvs: Vec<String> = rdn
-            .iter()
-            .map(|atv| {
-                let oid = atv.oid.to_string();
-                let key = match oid.as_str() {
-                    "2.5.4.3" => "CN",
-                    "2.5.4.5" => "serialNumber",
-                    "2.5.4.6" => "C",
-                    "2.5.4.7" => "L",
-                    "2.5.4.8" => "ST",
-                    "2.5.4.10" => "O",
-                    "2.5.4.11" => "OU",
-                    "1.2.840.113549.1.9.1" => "emailAddress",
-                    "0.9.2342.19200300.100.1.25" => "DC",
-                    _ => oid.as_str(),
-                };
-                let bytes = atv.value.value();
-                let value = match x509_cert::der::Tagged::tag(&atv.value) {
-                    Tag::BmpString => {
-                        let units: Vec<u16> = bytes
-                            .chunks_exact(2)
-                            .map(|c| u16::from_be_bytes([c[0], c[1]]))
-                            .collect();
-                        String::from_utf16_lossy(&units)
-                    }
-                    Tag::Utf8String
-                    | Tag::PrintableString
-                    | Tag::Ia5String
-                    | Tag::TeletexString
-                    | Tag::VisibleString => String::from_utf8_lossy(bytes).into_owned(),
-                    _ => bytes.iter().fold("#".to_string(), |mut h, b| {
-                        use fmt::Write as _;
-                        let _ = write!(h, "{b:02x}");
-                        h
-                    }),
-                };
-                let mut escaped = String::with_capacity(value.len());
-                for c in value.chars() {
-                    match c {
-                        ',' | '+' | '"' | '\\' | '<' | '>' | ';' => {
-                            escaped.push('\\');
-                            escaped.push(c);
-                        }
-                        c if c.is_control() => escaped.push('?'),
-                        c => escaped.push(c),
-                    }
-                }
-                format!("{key}={escaped}")
-            })
-            .collect();
+        let atvs: Vec<String> = rdn.iter().map(attribute_text).collect();
         rdns.push(atvs.join("+"));
     }
     rdns.reverse();
     rdns.join(",")
+}
+
+/// One attribute of a name as `KEY=value`: the usual short key where there is one, else the
+/// OID; the value escaped.
+fn attribute_text(atv: &x509_cert::attr::AttributeTypeAndValue) -> String {
+    let oid = atv.oid.to_string();
+    let key = match oid.as_str() {
+        "2.5.4.3" => "CN",
+        "2.5.4.5" => "serialNumber",
+        "2.5.4.6" => "C",
+        "2.5.4.7" => "L",
+        "2.5.4.8" => "ST",
+        "2.5.4.10" => "O",
+        "2.5.4.11" => "OU",
+        "1.2.840.113549.1.9.1" => "emailAddress",
+        "0.9.2342.19200300.100.1.25" => "DC",
+        _ => oid.as_str(),
+    };
+    let value = attribute_value(atv);
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            ',' | '+' | '"' | '\\' | '<' | '>' | ';' => {
+                escaped.push('\\');
+                escaped.push(c);
+            }
+            c if c.is_control() => escaped.push('?'),
+            c => escaped.push(c),
+        }
+    }
+    format!("{key}={escaped}")
+}
+
+/// An attribute's value as text: a string type decoded, anything else as `#` and hex.
+fn attribute_value(atv: &x509_cert::attr::AttributeTypeAndValue) -> String {
+    use x509_cert::der::Tag;
+    let bytes = atv.value.value();
+    match x509_cert::der::Tagged::tag(&atv.value) {
+        Tag::BmpString => {
+            let units: Vec<u16> = bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]))
+                .collect();
+            String::from_utf16_lossy(&units)
+        }
+        Tag::Utf8String
+        | Tag::PrintableString
+        | Tag::Ia5String
+        | Tag::TeletexString
+        | Tag::VisibleString => String::from_utf8_lossy(bytes).into_owned(),
+        _ => bytes.iter().fold("#".to_string(), |mut h, b| {
+            use fmt::Write as _;
+            let _ = write!(h, "{b:02x}");
+            h
+        }),
+    }
 }
 
 /// The leaf certificate's names and validity. `Err` with a one-line reason when it does not
