@@ -234,32 +234,9 @@ impl GriddConf {
         // credentials too (`http://user:password@proxy:3128`, as `http_proxy` is written):
         // the host is what follows them, and they are never shown.
         let shown = redact_address(&address);
-        let a = address.trim();
-        let a = a
-            .strip_prefix("http://")
-            .or_else(|| a.strip_prefix("https://"))
-            .unwrap_or(a);
-        let a = a.split('/').next().unwrap_or(a);
-        let (url_user, a) = match a.rsplit_once('@') {
-            Some((userinfo, rest)) => (
-                Some(userinfo.split(':').next().unwrap_or_default().to_string())
-                    .filter(|u| !u.is_empty()),
-                rest,
-            ),
-            None => (None, a),
-        };
+        let (url_user, host, port_in_address) = address_parts(&address);
         // From here on, the address is only shown.
         let address = &shown;
-        let (host, port_in_address) = match a.strip_prefix('[') {
-            Some(rest) => match rest.split_once(']') {
-                Some((h, p)) => (h, p.strip_prefix(':')),
-                None => (rest, None),
-            },
-            None => match a.rsplit_once(':') {
-                Some((h, p)) if !h.contains(':') => (h, Some(p)),
-                _ => (a, None),
-            },
-        };
         if host.is_empty() {
             return Err(format!(
                 "gridd.conf sets ProxyServerAddress={address}, which names no host: set it to the proxy's host name or IP address"
@@ -314,6 +291,36 @@ impl GriddConf {
         }
         out
     }
+}
+
+/// What a ProxyServerAddress holds: the user of a URL's credentials (never the password),
+/// the host, and a port written after it.
+fn address_parts(address: &str) -> (Option<String>, &str, Option<&str>) {
+    let a = address.trim();
+    let a = a
+        .strip_prefix("http://")
+        .or_else(|| a.strip_prefix("https://"))
+        .unwrap_or(a);
+    let a = a.split('/').next().unwrap_or(a);
+    let (url_user, a) = match a.rsplit_once('@') {
+        Some((userinfo, rest)) => (
+            Some(userinfo.split(':').next().unwrap_or_default().to_string())
+                .filter(|u| !u.is_empty()),
+            rest,
+        ),
+        None => (None, a),
+    };
+    let (host, port_in_address) = match a.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((h, p)) => (h, p.strip_prefix(':')),
+            None => (rest, None),
+        },
+        None => match a.rsplit_once(':') {
+            Some((h, p)) if !h.contains(':') => (h, Some(p)),
+            _ => (a, None),
+        },
+    };
+    (url_user, host, port_in_address)
 }
 
 /// A warning, with the right value, when `feature_type` does not fit the vGPUs nvidia-smi

@@ -119,27 +119,7 @@ pub fn client(url: &Url, ca_file: Option<&Path>, timeout: Duration) -> anyhow::R
     };
     let certs = match ca_file {
         None => Vec::new(),
-        Some(path) => {
-            let pem = input::read_file(path, MAX_CA_BYTES, Links::Follow).map_err(|e| {
-                anyhow!(
-                    "cannot read --ca-file {}: {e}; give the PEM file of the CA that signed the server's certificate",
-                    show_path(path)
-                )
-            })?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|_| {
-                anyhow!(
-                    "--ca-file {} is not a PEM certificate bundle; give the CA certificate in PEM form (-----BEGIN CERTIFICATE-----)",
-                    show_path(path)
-                )
-            })?;
-            if certs.is_empty() {
-                bail!(
-                    "--ca-file {} holds no certificate; give the CA certificate in PEM form (-----BEGIN CERTIFICATE-----)",
-                    show_path(path)
-                );
-            }
-            certs
-        }
+        Some(path) => ca_certs(path)?,
     };
     let built = if url.scheme() == "http" {
         // Loopback only: no certificate is ever checked, so no trust store is needed.
@@ -158,6 +138,29 @@ pub fn client(url: &Url, ca_file: Option<&Path>, timeout: Duration) -> anyhow::R
             chain(e)
         )
     })
+}
+
+/// The certificates of `--ca-file`: a PEM bundle of at least one.
+fn ca_certs(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let pem = input::read_file(path, MAX_CA_BYTES, Links::Follow).map_err(|e| {
+        anyhow!(
+            "cannot read --ca-file {}: {e}; give the PEM file of the CA that signed the server's certificate",
+            show_path(path)
+        )
+    })?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|_| {
+        anyhow!(
+            "--ca-file {} is not a PEM certificate bundle; give the CA certificate in PEM form (-----BEGIN CERTIFICATE-----)",
+            show_path(path)
+        )
+    })?;
+    if certs.is_empty() {
+        bail!(
+            "--ca-file {} holds no certificate; give the CA certificate in PEM form (-----BEGIN CERTIFICATE-----)",
+            show_path(path)
+        );
+    }
+    Ok(certs)
 }
 
 /// Runs `fut` to its end on a runtime of its own (the commands other than `run` have none).
