@@ -165,50 +165,14 @@ pub fn check_source(settings: &Settings) -> Option<Result<String, String>> {
 /// regular file.
 fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected> {
     let shown = show_path(source);
-    let gone = |e: &dyn std::fmt::Display| {
-        TokenRejected::Source(format!(
-            "the token source {shown} (paths.token_source) cannot be read: {e}"
-        ))
-    };
+    let gone = |e: &dyn std::fmt::Display| source_gone(&shown, e);
     let file = match fs::metadata(source) {
         Ok(m) if m.is_dir() => {
             let named = source.join(token_file);
             if named.exists() {
                 named
             } else {
-                // A Secret volume's own entries (`..data`, `..2026_12_03...`) are dot files.
-                let files: Vec<(String, PathBuf)> = fsutil::list_dir(source)
-                    .map_err(|e| gone(&e))?
-                    .into_iter()
-                    .map(|(n, p)| (n.to_string_lossy().into_owned(), p))
-                    .filter(|(n, _)| !n.starts_with('.'))
-                    .collect();
-                let toks: Vec<PathBuf> = files
-                    .iter()
-                    .filter(|(n, _)| n.ends_with(".tok"))
-                    .map(|(_, p)| p.clone())
-                    .collect();
-                match (toks.as_slice(), files.as_slice()) {
-                    ([one], _) | ([], [(_, one)]) => one.clone(),
-                    ([], []) if !is_mount_point(source) => {
-                        return Err(gone(
-                            &"it is an empty directory of the file system above it, not a mounted share: the share that brings the token (a KubeVirt virtiofs Secret) did not mount here; see `findmnt` and `systemctl --failed` for its mount unit (the Secret itself may be fine)",
-                        ));
-                    }
-                    ([], []) => return Err(gone(&"it holds no file")),
-                    ([], _) => {
-                        return Err(gone(&format!(
-                            "it holds {} files, none named {token_file} or *.tok",
-                            files.len()
-                        )));
-                    }
-                    _ => {
-                        return Err(gone(&format!(
-                            "it holds {} *.tok files and none named {token_file}",
-                            toks.len()
-                        )));
-                    }
-                }
+                file_in(source, token_file, &shown)?
             }
         }
         Ok(_) => source.to_path_buf(),
@@ -220,6 +184,46 @@ fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected
         }
         e => gone(&e),
     })
+}
+
+/// The token source (shown as `shown`) gives no token: why.
+fn source_gone(shown: &str, e: &dyn std::fmt::Display) -> TokenRejected {
+    TokenRejected::Source(format!(
+        "the token source {shown} (paths.token_source) cannot be read: {e}"
+    ))
+}
+
+/// The token's file in a source directory without one named `token_file`: its only `*.tok`,
+/// or else its only file.
+fn file_in(source: &Path, token_file: &str, shown: &str) -> Result<PathBuf, TokenRejected> {
+    let gone = |e: &dyn std::fmt::Display| source_gone(shown, e);
+    // A Secret volume's own entries (`..data`, `..2026_12_03...`) are dot files.
+    let files: Vec<(String, PathBuf)> = fsutil::list_dir(source)
+        .map_err(|e| gone(&e))?
+        .into_iter()
+        .map(|(n, p)| (n.to_string_lossy().into_owned(), p))
+        .filter(|(n, _)| !n.starts_with('.'))
+        .collect();
+    let toks: Vec<PathBuf> = files
+        .iter()
+        .filter(|(n, _)| n.ends_with(".tok"))
+        .map(|(_, p)| p.clone())
+        .collect();
+    match (toks.as_slice(), files.as_slice()) {
+        ([one], _) | ([], [(_, one)]) => Ok(one.clone()),
+        ([], []) if !is_mount_point(source) => Err(gone(
+            &"it is an empty directory of the file system above it, not a mounted share: the share that brings the token (a KubeVirt virtiofs Secret) did not mount here; see `findmnt` and `systemctl --failed` for its mount unit (the Secret itself may be fine)",
+        )),
+        ([], []) => Err(gone(&"it holds no file")),
+        ([], _) => Err(gone(&format!(
+            "it holds {} files, none named {token_file} or *.tok",
+            files.len()
+        ))),
+        _ => Err(gone(&format!(
+            "it holds {} *.tok files and none named {token_file}",
+            toks.len()
+        ))),
+    }
 }
 
 /// How long a file in the token directory must have been still before the service judges

@@ -244,23 +244,7 @@ fn swap_in(
     }
     crash_point("crash-after-save");
     if let Some(stage) = token {
-        if fsutil::fault("token-commit-fails") {
-            drop(stage);
-            return Err(write_err(
-                "the new token",
-                dir,
-                io::Error::from_raw_os_error(nix::libc::EIO),
-            ));
-        }
-        stage
-            .commit()
-            .map_err(|e| write_err("the new token", dir, e))?;
-        // Taken back by putting the previous token's bytes back at its path, or by
-        // removing the new one where the path held none.
-        undo.push(match previous.filter(|p| p.path == target) {
-            Some(p) => Undo::Restore(target.clone(), p.bytes.clone(), p.mode),
-            None => Undo::RemoveFile(target.clone()),
-        });
+        undo.push(commit_token(stage, previous, &target, dir)?);
         done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
         crash_point("crash-after-commit");
     }
@@ -269,6 +253,31 @@ fn swap_in(
             .map_err(|e| aside_err(dir, replaced_root, e))?;
     }
     Ok(())
+}
+
+/// The staged token renamed into place; what takes it back: the previous token's bytes put
+/// back at its path, or the new one removed where the path held none.
+fn commit_token(
+    stage: fsutil::Staged,
+    previous: Option<&Previous>,
+    target: &Path,
+    dir: &Path,
+) -> anyhow::Result<Undo> {
+    if fsutil::fault("token-commit-fails") {
+        drop(stage);
+        return Err(write_err(
+            "the new token",
+            dir,
+            io::Error::from_raw_os_error(nix::libc::EIO),
+        ));
+    }
+    stage
+        .commit()
+        .map_err(|e| write_err("the new token", dir, e))?;
+    Ok(match previous.filter(|p| p.path == target) {
+        Some(p) => Undo::Restore(target.to_path_buf(), p.bytes.clone(), p.mode),
+        None => Undo::RemoveFile(target.to_path_buf()),
+    })
 }
 
 /// Once the token is in: its mode fixed (on the file that was read: one swapped for a link
