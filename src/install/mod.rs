@@ -895,6 +895,7 @@ fn feature_type_to_set(
         // A value that can serve this guest stays (2 or 4 on passthrough); none, 0 (the
         // driver's template: unlicensed) or one that does not fit the vGPU profile does not.
         FeatureType::Default(ft) => match present.as_deref().map(str::parse::<u8>) {
+            Some(Ok(1)) => 1,
             Some(Ok(v)) if v != 0 && gridd_conf::feature_type_advice(v, gpus()).is_none() => v,
             _ => ft,
         },

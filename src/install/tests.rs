@@ -160,6 +160,36 @@ fn adopt_keeps_the_feature_type_install_set_unless_the_config_names_one() {
     assert!(conf().contains("FeatureType=2") && !conf().contains("FeatureType=4"));
 }
 
+/// A look at a token already in place, with gridd.conf's FeatureType=1 (which fits every
+/// guest), runs no nvidia-smi: the service looks every few minutes.
+#[test]
+fn an_adoption_that_keeps_feature_type_1_asks_nvidia_smi_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let mut s = settings(d.path());
+    let smi = d.path().join("nvidia-smi");
+    fs::write(
+        &smi,
+        format!(
+            "#!/bin/sh\necho x >> {}\n",
+            d.path().join("smi-runs").display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    s.commands.nvidia_smi = smi.display().to_string();
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    fs::write(s.paths.token_path(), tok("a")).unwrap();
+    fs::write(&s.paths.gridd_conf, b"FeatureType=1\n").unwrap();
+    adopt_dropped_token(&s, false, true).unwrap();
+    let o = adopt_dropped_token(&s, true, false).unwrap();
+    assert!(!o.changed(), "{:?}", o.changes);
+    assert!(!d.path().join("smi-runs").exists(), "nvidia-smi was run");
+    // FeatureType=4 is looked at against the GPUs nvidia-smi shows.
+    fs::write(&s.paths.gridd_conf, b"FeatureType=4\n").unwrap();
+    adopt_dropped_token(&s, true, false).unwrap();
+    assert!(d.path().join("smi-runs").exists(), "nvidia-smi was not run");
+}
+
 #[test]
 fn adopt_refuses_a_bad_or_missing_token_and_changes_nothing() {
     let d = tempfile::tempdir().unwrap();
