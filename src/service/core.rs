@@ -26,11 +26,12 @@ use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, mess
 use crate::state::{LogFold, MAX_EVENTS, evaluate};
 use crate::token::Token;
 
-/// The service's slowest pace: status.json and the metrics are rewritten at least this often
-/// (`status` shows their age; whether the service lives it tells from the writer's pid), and
-/// nvidia-smi's and the token's turns ride on its wakeups. Under systemd's watchdog, half
-/// its interval when that is shorter. Each wakeup costs a guest a VM exit: a licensed, quiet
-/// agent wakes about once a heartbeat.
+/// The service's slowest pace: the report is remade at least this often (a state that changes
+/// with time alone), and nvidia-smi's and the token's turns ride on its wakeups. Under
+/// systemd's watchdog, half its interval when that is shorter. status.json and the metrics are
+/// written only when the report changed or holds a new observation (`status` tells a live
+/// service by the observation's age and the writer's pid). Each wakeup costs a guest a VM
+/// exit: a licensed, quiet agent wakes about once a heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(120);
 /// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
 /// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
@@ -132,8 +133,8 @@ pub struct Publication {
     /// status.json's content.
     pub json: Vec<u8>,
     pub metrics: String,
-    /// Write status.json, the metrics and systemd's status line (something changed, or the
-    /// heartbeat is due); else only the in-memory copy changed.
+    /// Write status.json, the metrics and systemd's status line (something changed, or a new
+    /// observation was made); else only the in-memory copy changed.
     pub write: bool,
     /// The state changed from an earlier one: tell the webhook.
     pub webhook: bool,
@@ -274,8 +275,9 @@ struct Published {
     report: Option<Report>,
     /// The metrics last written.
     metrics: String,
-    /// When status.json was last written.
-    written: Duration,
+    /// When the latest report was written or remade for the heartbeat, or the service started:
+    /// a report is remade at least every heartbeat, and the periodic turns ride on its beat.
+    beat: Duration,
     /// When the latest report was made.
     made: Option<Duration>,
     /// Something happened since the latest report.
@@ -287,9 +289,9 @@ struct Published {
 }
 
 impl Published {
-    /// status.json is rewritten at least every `heartbeat`: its age tells that the service lives.
+    /// The report is remade at least every `heartbeat` (a state that changes with time alone).
     fn heartbeat_due(&self, now: Duration, heartbeat: Duration) -> bool {
-        now >= self.written + heartbeat
+        now >= self.beat + heartbeat
     }
 
     /// A report is made at most every [`MIN_REPORT_GAP`].
@@ -298,7 +300,8 @@ impl Published {
     }
 
     /// A report made at `now`: whether status.json and the metrics are written (the report
-    /// changed, its metrics did, or the heartbeat is due); else only the copy in memory moves.
+    /// changed, its metrics did, or it holds a new observation: `status` tells a live service
+    /// by its `observed_at`); else only the copy in memory moves.
     fn made_at(
         &mut self,
         now: Duration,
@@ -306,16 +309,19 @@ impl Published {
         report: &Report,
         metrics: &str,
     ) -> bool {
-        let changed = self
-            .report
-            .as_ref()
-            .is_none_or(|old| !same_report(old, report));
-        let write = std::mem::take(&mut self.rewrite)
-            || changed
-            || self.heartbeat_due(now, heartbeat)
-            || self.metrics != metrics;
+        let (changed, observed) = match &self.report {
+            Some(old) => (
+                !same_report(old, report),
+                old.observed_at != report.observed_at,
+            ),
+            None => (true, true),
+        };
+        let write =
+            std::mem::take(&mut self.rewrite) || changed || observed || self.metrics != metrics;
+        if write || self.heartbeat_due(now, heartbeat) {
+            self.beat = now;
+        }
         if write {
-            self.written = now;
             self.metrics = metrics.to_string();
         }
         self.report = Some(report.clone());
@@ -334,8 +340,8 @@ struct Seen {
     /// Why the agent could not start the last reading at all (its own limits), while it
     /// cannot: the reading before stands.
     smi_unstarted: Option<String>,
-    /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which the
-    /// heartbeat's rewrites of status.json do not move.
+    /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which a
+    /// report remade on the heartbeat does not move.
     observed_at: Option<DateTime<Utc>>,
     unit: Option<Result<(), String>>,
     /// The process that logged gridd's latest line (the journal's `_PID`).
@@ -540,8 +546,8 @@ pub struct Core {
 }
 
 impl Core {
-    /// A core for `settings`. `heartbeat`: how often status.json is rewritten at least (and
-    /// the watchdog pinged); `watching`: whether the token directory is watched.
+    /// A core for `settings`. `heartbeat`: how often the report is remade at least (and the
+    /// watchdog pinged); `watching`: whether the token directory is watched.
     pub fn new(settings: Settings, heartbeat: Duration, watching: bool, now: Now) -> Core {
         Core::with_restarts(settings, heartbeat, watching, now, &[])
     }
@@ -589,7 +595,7 @@ impl Core {
             published: Published {
                 report: None,
                 metrics: String::new(),
-                written: now.mono,
+                beat: now.mono,
                 made: None,
                 dirty: false,
                 rewrite: false,
@@ -948,7 +954,7 @@ impl Core {
         }
         // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
         // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
-        let mut at = self.published.written + self.heartbeat;
+        let mut at = self.published.beat + self.heartbeat;
         // A reading something asked for (a gridd line, a restart) keeps its own time.
         if self.schedule.smi_for_event
             || self.settings.service.poll_licensed < self.heartbeat
@@ -1805,12 +1811,12 @@ mod tests {
     }
 
     #[test]
-    fn status_json_is_written_on_news_or_the_heartbeat_and_reports_keep_their_gap() {
+    fn status_json_is_written_on_news_or_a_new_observation_and_reports_keep_their_gap() {
         let heartbeat = secs(30);
         let mut p = Published {
             report: None,
             metrics: String::new(),
-            written: secs(0),
+            beat: secs(0),
             made: None,
             dirty: false,
             rewrite: false,
@@ -1827,10 +1833,13 @@ mod tests {
             State::Licensed
         };
         assert!(p.made_at(secs(4), heartbeat, &other, "m2"), "a new state");
-        assert!(!p.made_at(secs(33), heartbeat, &other, "m2"));
+        assert!(!p.made_at(secs(600), heartbeat, &other, "m2"), "time alone");
+        assert!(!p.heartbeat_due(secs(601), heartbeat), "just remade");
+        assert!(p.heartbeat_due(secs(630), heartbeat));
+        other.observed_at = Some("2026-12-03T12:00:00Z".into());
         assert!(
-            p.made_at(secs(34), heartbeat, &other, "m2"),
-            "the heartbeat"
+            p.made_at(secs(631), heartbeat, &other, "m2"),
+            "a new observation"
         );
         assert_eq!(p.report.as_ref().map(|r| r.state), Some(other.state));
         assert!(p.gap_over(secs(0)), "none made yet");

@@ -127,6 +127,9 @@ impl Shell {
         // A reading and systemd's word asked together are one job on one thread, and come
         // back as one batch.
         let together = effects.contains(&Effect::ReadSmi) && effects.contains(&Effect::CheckUnit);
+        // So are a look at the token and an adoption (the periodic look at the directory).
+        let adopting = effects.iter().any(|e| matches!(e, Effect::Adopt { .. }));
+        let reading_token = effects.contains(&Effect::ReadToken);
         let running = core.running_gridd();
         for effect in effects {
             let settings = settings.clone();
@@ -144,19 +147,20 @@ impl Shell {
                 }),
                 Effect::CheckUnit if together => {}
                 Effect::CheckUnit => blocking(tx, move || unit_state(&settings, running)),
-                Effect::ReadToken => {
-                    // gridd.conf with it: the watch reports both as one change.
-                    let tx2 = tx.clone();
-                    blocking(tx, move || {
-                        let _ = tx2.send(Event::LegacyServer(live::legacy_server(&settings)));
-                        Event::Token(live::token_state(&settings, Utc::now()).token)
-                    })
-                }
+                Effect::ReadToken if adopting => {}
+                Effect::ReadToken => blocking(tx, move || Event::Together(read_token(&settings))),
                 Effect::Adopt {
                     licensed,
                     retry_owed,
                 } => blocking(tx, move || {
-                    Event::Adopted(install::adopt(&settings, licensed, retry_owed).map(Box::new))
+                    let mut events = if reading_token {
+                        read_token(&settings)
+                    } else {
+                        Vec::new()
+                    };
+                    let adopted = install::adopt(&settings, licensed, retry_owed).map(Box::new);
+                    events.push(Event::Adopted(adopted));
+                    Event::Together(events)
                 }),
                 Effect::RestartGridd { .. } => blocking(tx, move || {
                     Event::Restarted(crate::live::restart_gridd(&settings))
@@ -267,6 +271,15 @@ fn unit_state(settings: &Settings, running: Option<u32>) -> Event {
         return Event::Unit(Some(Ok(())));
     }
     Event::Unit(live::gridd_running(settings))
+}
+
+/// The installed token, read again, and gridd.conf's legacy server with it (the watch
+/// reports both as one change).
+fn read_token(settings: &Settings) -> Vec<Event> {
+    vec![
+        Event::LegacyServer(live::legacy_server(settings)),
+        Event::Token(live::token_state(settings, Utc::now()).token),
+    ]
 }
 
 /// Runs `job` off the loop; its result comes back as an event.
