@@ -253,6 +253,16 @@ class Journal:
         open(f"{root}/config.toml", "w").write(conf)
 
 
+def run_status(root):
+    """status.json where the package keeps it: under /run, a tmpfs (the metrics textfile stays
+    on disk, as node-exporter's directory is). Returns the directory, removed at the end."""
+    d = tempfile.mkdtemp(prefix="vla-fp-status-", dir="/run")
+    conf = open(f"{root}/config.toml").read()
+    conf = conf.replace(f'status_file = "{root}/run/status.json"', f'status_file = "{d}/status.json"', 1)
+    open(f"{root}/config.toml", "w").write(conf)
+    return d
+
+
 def boot_lines():
     """gridd's lines of a guest's boot: the published log's messages."""
     path = os.path.join(ROOT, "tests/fixtures/samples/gridd-log-fastapi-dls-1.txt")
@@ -291,6 +301,8 @@ def main():
             svc.setup(root, 300)
             journal.wrapper(root)
             roots.append(root)
+            if who == "agent":
+                roots.append(run_status(root))
     atexit.register(lambda: [shutil.rmtree(r, ignore_errors=True) for r in roots])
     trees = []
     atexit.register(lambda: [t.stop() for t in trees])
@@ -299,7 +311,7 @@ def main():
     perf = Perf([t.cg_name for t in trees], os.path.join(roots[0], "perf.csv"))
     try:
         for i in range(a.runs):
-            ra, rl = roots[2 * i], roots[2 * i + 1]
+            ra, rl = roots[3 * i], roots[3 * i + 2]
             agent, loop = trees[2 * i], trees[2 * i + 1]
             agent.start([a.binary, "--config", f"{ra}/config.toml", "run"], env)
             loop.start(shell_loop_argv(rl, journal.ns), env)

@@ -369,6 +369,12 @@ fn smi_samples() {
     // nvidia-smi's Timestamp has no zone: not reported as an exact time.
     assert_eq!(r["observed_at"], Value::Null);
 
+    // Before 2020 the section was `GRID Licensed Product`: its Product Name is the edition.
+    let (r, code) = smi("smi-grid-licensed-product-aws-g4-windows.txt");
+    assert_eq!((r["state"].as_str(), code), (Some("licensed"), 0));
+    assert_eq!(r["license"]["edition"], "GRID vGaming");
+    assert_eq!(r["gpus"][0]["profile"], Value::Null);
+
     let (r, _) = smi("smi-fastapi-dls-1.txt");
     assert_eq!(r["state"], "licensed");
     assert_eq!(r["license"]["expiry"], "2023-01-14T12:59:52Z");

@@ -435,10 +435,7 @@ fn parse_line(
     let Some((key, value)) = line.split_once(':') else {
         // A section header.
         *section = Some((lower, indent));
-        if section
-            .as_ref()
-            .is_some_and(|s| s.0 == "vgpu software licensed product")
-        {
+        if section.as_ref().is_some_and(|s| is_license_section(&s.0)) {
             current(snap).has_license_section = true;
         }
         return;
@@ -452,9 +449,7 @@ fn parse_line(
     let key = key.trim();
     let value = value.trim();
     let value = (!value.is_empty()).then(|| value.to_string());
-    let in_license = section
-        .as_ref()
-        .is_some_and(|s| s.0 == "vgpu software licensed product");
+    let in_license = section.as_ref().is_some_and(|s| is_license_section(&s.0));
     if host_key(snap, key, value.clone()) {
         return;
     }
@@ -480,6 +475,15 @@ fn parse_line(
     } else if key.eq_ignore_ascii_case("Virtualization Mode") {
         current(snap).virtualization_mode = value;
     }
+}
+
+/// The license's section, as drivers since 2020 name it (`vGPU Software Licensed Product`) and
+/// as older ones did (`GRID Licensed Product`): its `Product Name` is the edition.
+fn is_license_section(lower: &str) -> bool {
+    matches!(
+        lower,
+        "vgpu software licensed product" | "grid licensed product"
+    )
 }
 
 /// The keys of the host's `nvidia-smi vgpu -q`: `true` when `key` was one (a VM's `License

@@ -175,6 +175,9 @@ struct UnitQuestion {
     wanted_after_own: u64,
     /// The process whose life answers the question on its way (see [`Core::running_gridd`]).
     vouched: Option<u32>,
+    /// When the newest question was sent: a line of gridd's logged well before it is in its
+    /// answer.
+    asked_at: Option<DateTime<Utc>>,
 }
 
 impl UnitQuestion {
@@ -609,7 +612,7 @@ impl Core {
     pub fn start(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = vec![Effect::ReadLastShutdown];
         self.read_token(&mut fx);
-        self.check_unit(&mut fx);
+        self.check_unit(now, &mut fx);
         self.read_smi(now, &mut fx);
         fx
     }
@@ -653,7 +656,7 @@ impl Core {
             Event::JournalRestarted => self.seen.fold = LogFold::new(MAX_EVENTS),
             Event::Gridd(e) => self.on_gridd(*e, now, &mut fx),
             Event::Smi(read) => self.on_smi(read, now),
-            Event::Unit(u) => self.on_unit(u, &mut fx),
+            Event::Unit(u) => self.on_unit(u, now, &mut fx),
             Event::Token(t) => self.on_token(t, now),
             Event::LegacyServer(s) => self.seen.legacy_server = s,
             Event::TokenDirChanged => {
@@ -688,11 +691,14 @@ impl Core {
         // Read nvidia-smi right after gridd says something (coalesced), unless a reading
         // started well after the line was logged: it shows what the line says (this boot's
         // journal, read at start, asks for nothing more).
-        let shown = e
-            .stamp
-            .and_then(|s| s.utc())
-            .zip(self.schedule.smi_started)
-            .is_some_and(|(said, read)| said + chrono::Duration::seconds(1) <= read);
+        let said = e.stamp.and_then(|s| s.utc());
+        let before = |asked: Option<DateTime<Utc>>| {
+            said.zip(asked)
+                .is_some_and(|(said, asked)| said + chrono::Duration::seconds(1) <= asked)
+        };
+        let shown = before(self.schedule.smi_started);
+        // Likewise systemd's answer to a question asked well after the line.
+        let unit_knows = before(self.busy.unit.asked_at);
         // A process that said it shuts down stands for nothing until systemd was asked.
         if kind == EventKind::Shutdown {
             self.seen.gridd_pid = None;
@@ -706,19 +712,22 @@ impl Core {
         }
         // A start or stop changes the unit's state; and a line from gridd while systemd was
         // last heard saying it is not running means that answer is old.
+        if unit_knows {
+            return;
+        }
         if kind == EventKind::Started {
             self.busy.unit.gridd_moved();
         }
         if matches!(kind, EventKind::Started | EventKind::Shutdown)
             || matches!(self.seen.unit, Some(Err(_)))
         {
-            self.check_unit(fx);
+            self.check_unit(now, fx);
         }
     }
 
     /// systemd's answer about gridd's unit: believed unless the agent's own work was under
     /// way, which asks again once it is over.
-    fn on_unit(&mut self, u: Option<Result<(), String>>, fx: &mut Vec<Effect>) {
+    fn on_unit(&mut self, u: Option<Result<(), String>>, now: Now, fx: &mut Vec<Effect>) {
         let own_work = self.busy.own_work();
         let not_running = matches!(u, Some(Err(_)));
         let (believed, again) = self.busy.unit.answered(not_running, own_work);
@@ -728,7 +737,7 @@ impl Core {
             self.seen.unit = u;
         }
         if again {
-            self.check_unit(fx);
+            self.check_unit(now, fx);
         }
     }
 
@@ -795,7 +804,7 @@ impl Core {
             .as_ref()
             .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
         self.adopted(result, now);
-        self.own_work_ended(restarted, fx);
+        self.own_work_ended(restarted, now, fx);
         if std::mem::take(&mut self.adoption.again) {
             self.adopt(now, fx);
         }
@@ -806,7 +815,7 @@ impl Core {
         self.busy.restart = false;
         // Whether gridd runs now is asked once the agent's own work is over.
         self.busy.unit.after_own_work();
-        self.own_work_ended(true, fx);
+        self.own_work_ended(true, now, fx);
         match result {
             Ok(()) => {
                 self.counters.gridd_restarts += 1;
@@ -902,7 +911,7 @@ impl Core {
             })
         {
             self.schedule.unit = now.mono + UNIT_CHECK;
-            self.check_unit(&mut fx);
+            self.check_unit(now, &mut fx);
         }
         let readable = self.readable();
         let gap_over = self.published.gap_over(now.mono);
@@ -1009,27 +1018,28 @@ impl Core {
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
-        self.check_unit(fx);
+        self.check_unit(now, fx);
     }
 
-    fn check_unit(&mut self, fx: &mut Vec<Effect>) {
+    fn check_unit(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let running = (matches!(self.seen.unit, Some(Ok(()))) && self.busy.unit.settled())
             .then_some(self.seen.gridd_pid)
             .flatten();
         if self.busy.unit.ask() {
             self.busy.unit.vouched = running;
+            self.busy.unit.asked_at = Some(now.wall);
             fx.push(Effect::CheckUnit);
         }
     }
 
     /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
     /// the attempt made): a "not running" answer set aside while it ran is checked again.
-    fn own_work_ended(&mut self, restarted: bool, fx: &mut Vec<Effect>) {
+    fn own_work_ended(&mut self, restarted: bool, now: Now, fx: &mut Vec<Effect>) {
         if restarted {
             self.busy.unit.gridd_moved();
         }
         if self.busy.unit.owed(self.busy.own_work()) {
-            self.check_unit(fx);
+            self.check_unit(now, fx);
         }
     }
 

@@ -115,53 +115,18 @@ struct Shell {
 impl Shell {
     fn carry_out(&self, core: &Core, effects: Vec<Effect>) {
         let settings = core.settings();
-        // Before the token is read, the token directory is watched again if it was made anew
-        // since: a watch ends with its directory, and the change that made the new one may
-        // have been folded into an event the shell had already taken (while the directory was
-        // still missing), so that only this read sees it.
-        if effects.contains(&Effect::ReadToken)
-            && let Some(w) = &self.watch
-        {
-            w.again();
-        }
-        // A reading and systemd's word asked together are one job on one thread, and come
-        // back as one batch.
-        let together = effects.contains(&Effect::ReadSmi) && effects.contains(&Effect::CheckUnit);
-        // So are a look at the token and an adoption (the periodic look at the directory).
-        let adopting = effects.iter().any(|e| matches!(e, Effect::Adopt { .. }));
-        let reading_token = effects.contains(&Effect::ReadToken);
-        let running = core.running_gridd();
+        let mut reads = Reads::default();
         for effect in effects {
             let settings = settings.clone();
             let tx = self.tx.clone();
             match effect {
-                Effect::ReadSmi => blocking(tx, move || {
-                    // Where the driver runs is looked at with each reading: a GPU Operator's
-                    // driver pod comes and goes.
-                    let node = Event::Node(Box::new(crate::node::detect(&settings)));
-                    let mut events = vec![node, Event::Smi(live::read_smi(&settings))];
-                    if together {
-                        events.push(unit_state(&settings, running));
-                    }
-                    Event::Together(events)
-                }),
-                Effect::CheckUnit if together => {}
-                Effect::CheckUnit => blocking(tx, move || unit_state(&settings, running)),
-                Effect::ReadToken if adopting => {}
-                Effect::ReadToken => blocking(tx, move || Event::Together(read_token(&settings))),
+                Effect::ReadSmi => reads.smi = true,
+                Effect::CheckUnit => reads.unit = true,
+                Effect::ReadToken => reads.token = true,
                 Effect::Adopt {
                     licensed,
                     retry_owed,
-                } => blocking(tx, move || {
-                    let mut events = if reading_token {
-                        read_token(&settings)
-                    } else {
-                        Vec::new()
-                    };
-                    let adopted = install::adopt(&settings, licensed, retry_owed).map(Box::new);
-                    events.push(Event::Adopted(adopted));
-                    Event::Together(events)
-                }),
+                } => reads.adopt = Some((licensed, retry_owed)),
                 Effect::RestartGridd { .. } => blocking(tx, move || {
                     Event::Restarted(crate::live::restart_gridd(&settings))
                 }),
@@ -169,23 +134,58 @@ impl Shell {
                     let (verdict, skew) = probe_dls(&settings, &nodes);
                     Event::Probed { verdict, skew }
                 }),
-                Effect::ReadLastShutdown => {
-                    let tx2 = tx.clone();
-                    let s2 = settings.clone();
-                    blocking(tx, move || {
-                        Event::LastShutdown(live::previous_boot_shutdown(&settings))
-                    });
-                    // What check-identity found at this boot, reported once.
-                    tokio::task::spawn_blocking(move || {
-                        if let Some(c) = crate::identity::take_unreported(&s2) {
-                            let _ = tx2.send(Event::CloneDetected(Box::new(c)));
-                        }
-                    });
-                }
+                Effect::ReadLastShutdown => blocking(tx, move || {
+                    // What check-identity found at this boot, reported once, with it.
+                    let clone = crate::identity::take_unreported(&settings)
+                        .map(|c| Event::CloneDetected(Box::new(c)));
+                    let last = Event::LastShutdown(live::previous_boot_shutdown(&settings));
+                    Event::Together(clone.into_iter().chain([last]).collect())
+                }),
                 Effect::Publish(p) => self.publish(&settings, *p),
                 Effect::Ready => notify(&[sd_notify::NotifyState::Ready]),
             }
         }
+        self.read(settings, reads, core.running_gridd());
+    }
+
+    /// Carries out a batch's reads as one job on one thread, whose answers come back as one
+    /// batch: the token, an adoption, nvidia-smi with where the driver runs, systemd's word,
+    /// in that order (a reading after an adoption shows what it did).
+    fn read(&self, settings: &Settings, reads: Reads, running: Option<u32>) {
+        if !(reads.token || reads.adopt.is_some() || reads.smi || reads.unit) {
+            return;
+        }
+        // Before the token is read, the token directory is watched again if it was made anew
+        // since: a watch ends with its directory, and the change that made the new one may
+        // have been folded into an event the shell had already taken (while the directory was
+        // still missing), so that only this read sees it.
+        if reads.token
+            && let Some(w) = &self.watch
+        {
+            w.again();
+        }
+        let settings = settings.clone();
+        blocking(self.tx.clone(), move || {
+            let mut events = Vec::new();
+            if reads.token {
+                events.push(Event::LegacyServer(live::legacy_server(&settings)));
+                events.push(Event::Token(live::token_state(&settings, Utc::now()).token));
+            }
+            if let Some((licensed, retry_owed)) = reads.adopt {
+                let adopted = install::adopt(&settings, licensed, retry_owed).map(Box::new);
+                events.push(Event::Adopted(adopted));
+            }
+            if reads.smi {
+                // Where the driver runs is looked at with each reading: a GPU Operator's
+                // driver pod comes and goes.
+                events.push(Event::Node(Box::new(crate::node::detect(&settings))));
+                events.push(Event::Smi(live::read_smi(&settings)));
+            }
+            if reads.unit {
+                events.push(unit_state(&settings, running));
+            }
+            Event::Together(events)
+        });
     }
 
     fn publish(&self, settings: &Settings, p: Publication) {
@@ -264,6 +264,16 @@ fn node_condition_writer(
     Some(cond_tx)
 }
 
+/// The reads one batch of effects asks for.
+#[derive(Debug, Default, Clone, Copy)]
+struct Reads {
+    smi: bool,
+    unit: bool,
+    token: bool,
+    /// An adoption: (licensed, retry_owed).
+    adopt: Option<(bool, bool)>,
+}
+
 /// Whether gridd runs: while the process systemd last said runs (`running`) still does, that
 /// stands; else systemd is asked.
 fn unit_state(settings: &Settings, running: Option<u32>) -> Event {
@@ -271,15 +281,6 @@ fn unit_state(settings: &Settings, running: Option<u32>) -> Event {
         return Event::Unit(Some(Ok(())));
     }
     Event::Unit(live::gridd_running(settings))
-}
-
-/// The installed token, read again, and gridd.conf's legacy server with it (the watch
-/// reports both as one change).
-fn read_token(settings: &Settings) -> Vec<Event> {
-    vec![
-        Event::LegacyServer(live::legacy_server(settings)),
-        Event::Token(live::token_state(settings, Utc::now()).token),
-    ]
 }
 
 /// Runs `job` off the loop; its result comes back as an event.
