@@ -457,7 +457,7 @@ fn reload(config_path: &Path) -> Result<Settings, crate::config::ConfigError> {
 const WRITE_RETRY: Duration = Duration::from_secs(30);
 
 /// When the loop gives memory back ([`memory::release`]): on a wakeup of the timer a minute
-/// or more after the start (start-up's pages, once the first report is out), then after a
+/// or more after the start (start-up's heap, once the first report is out), then after a
 /// burst of events, at most once a minute.
 struct MemoryRelease {
     events: usize,
