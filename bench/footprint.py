@@ -135,10 +135,20 @@ class Perf:
         self.proc = subprocess.Popen(["perf", "stat", "-a", "-x", ";", "-I", "1000", "-o", path, *events],
                                      stdout=subprocess.DEVNULL, stderr=self.err)
         self.t0 = time.monotonic()
-        time.sleep(1.5)
-        if self.proc.poll() is not None:
+        # perf counts from its first interval on: the trees start once it has printed one (a
+        # start it missed would read as a start that cost nothing).
+        deadline = time.monotonic() + 30
+        while not self.counting() and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.1)
+        if self.proc.poll() is not None or not self.counting():
             self.err.seek(0)
-            sys.exit(f"bench/footprint.py: perf stat stopped: {self.err.read().strip()}")
+            sys.exit(f"bench/footprint.py: perf stat is not counting: {self.err.read().strip()}")
+
+    def counting(self):
+        try:
+            return any(";" in line and not line.startswith("#") for line in open(self.path))
+        except FileNotFoundError:
+            return False
 
     def stop(self):
         self.proc.send_signal(signal.SIGINT)

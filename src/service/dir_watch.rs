@@ -162,3 +162,11 @@ impl Watch {
                 .is_some_and(|s| p.starts_with(s) || s.starts_with(p))
     }
 }
+
+/// The next change [`Watch::changed`] reports; never, without a watch.
+pub async fn changed(watch: Option<&Watch>) {
+    match watch {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
+}

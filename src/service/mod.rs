@@ -310,18 +310,15 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // token directory is not watched.
     let node = crate::node::detect(&settings);
     let condition = node_condition_writer(&settings, &tx, &stop_rx);
-    let watch = if node.mode == crate::node::Mode::Manage {
-        dir_watch::Watch::start(&settings)
-    } else {
-        None
-    };
+    let watch = (node.mode == crate::node::Mode::Manage)
+        .then(|| dir_watch::Watch::start(&settings))
+        .flatten();
     let servers = serve_metrics(&settings, metrics_rx).await;
     // Under systemd's watchdog, the ping rides on the heartbeat's wakeup (twice per period);
     // without one there is no watchdog timer at all.
     let watchdog = sd_notify::watchdog_enabled();
-    let heartbeat = watchdog.map_or(HEARTBEAT, |d| {
-        (d / 2).clamp(Duration::from_secs(1), HEARTBEAT)
-    });
+    let heartbeat = heartbeat_for(watchdog);
+    let watchdog = watchdog.is_some();
     // A token source is also looked at on the short interval: virtiofs (how KubeVirt shares
     // a Secret) reports no changes made on the host.
     let watched = watch.is_some() && settings.paths.token_source.is_none();
@@ -336,10 +333,12 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         condition,
     };
     // Before the first effects: on a GPU Operator node they read under its driver root.
-    let effects = core.handle(Event::Node(Box::new(node)), clock.now());
-    shell.carry_out(&core, effects);
-    let effects = core.start(clock.now());
-    shell.carry_out(&core, effects);
+    for effects in [
+        core.handle(Event::Node(Box::new(node)), clock.now()),
+        core.start(clock.now()),
+    ] {
+        shell.carry_out(&core, effects);
+    }
 
     let alarm = Alarm::new();
     info!("vgpu-license-agent started");
@@ -354,21 +353,16 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         }
         tokio::select! {
             Some(event) = rx.recv() => {
-                let mut effects = core.handle(event, clock.now());
-                memory.events += 1;
                 // A backlog (this boot's journal at start) makes one report, not one each.
-                while let Ok(event) = rx.try_recv() {
+                let events = std::iter::once(event).chain(std::iter::from_fn(|| rx.try_recv().ok()));
+                let mut effects = Vec::new();
+                for event in events {
                     effects.extend(core.handle(event, clock.now()));
                     memory.events += 1;
                 }
                 shell.carry_out(&core, effects);
             }
-            _ = async {
-                match &shell.watch {
-                    Some(w) => w.changed().await,
-                    None => std::future::pending().await,
-                }
-            } => {
+            _ = dir_watch::changed(shell.watch.as_ref()) => {
                 let effects = core.handle(Event::TokenDirChanged, clock.now());
                 memory.events += 1;
                 shell.carry_out(&core, effects);
@@ -390,17 +384,25 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
         }
-        let effects = core.tick(clock.now());
-        shell.carry_out(&core, effects);
-        if let Some(restarts) = core.restarts_changed(clock.now())
-            && let Err(e) = instance::save_restarts(core.settings(), started, &restarts)
-        {
-            warn!("cannot keep the restarts of nvidia-gridd for the agent's next run: {e}");
-        }
-        if watchdog.is_some() {
-            notify(&[sd_notify::NotifyState::Watchdog]);
-        }
+        after_wake(&mut core, &shell, clock.now(), started, watchdog);
     }
+    stop(stop_tx, follower, servers).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The heartbeat: under systemd's watchdog, half its interval where that is shorter.
+fn heartbeat_for(watchdog: Option<Duration>) -> Duration {
+    watchdog.map_or(HEARTBEAT, |d| {
+        (d / 2).clamp(Duration::from_secs(1), HEARTBEAT)
+    })
+}
+
+/// Stops the follower and the metrics servers.
+async fn stop(
+    stop_tx: watch::Sender<bool>,
+    follower: tokio::task::JoinHandle<()>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+) {
     info!("stopping");
     notify(&[sd_notify::NotifyState::Stopping]);
     let _ = stop_tx.send(true);
@@ -409,7 +411,21 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     for s in servers {
         s.abort();
     }
-    Ok(ExitCode::SUCCESS)
+}
+
+/// What follows each wakeup: what is due now, the restarts kept for the agent's next run, and
+/// the watchdog's ping.
+fn after_wake(core: &mut Core, shell: &Shell, now: Now, started: f64, watchdog: bool) {
+    let effects = core.tick(now);
+    shell.carry_out(core, effects);
+    if let Some(restarts) = core.restarts_changed(now)
+        && let Err(e) = instance::save_restarts(core.settings(), started, &restarts)
+    {
+        warn!("cannot keep the restarts of nvidia-gridd for the agent's next run: {e}");
+    }
+    if watchdog {
+        notify(&[sd_notify::NotifyState::Watchdog]);
+    }
 }
 
 /// Removes the temporary files that an interrupted write of status.json or the metrics left.
