@@ -228,7 +228,7 @@ fn move_client_state(settings: &Settings, stamp: &str) -> anyhow::Result<Option<
     if plan.is_empty() {
         return Ok(None);
     }
-    let replaced = settings.paths.state_dir.join("replaced");
+    let replaced = settings.paths.state_dir.join(crate::layout::REPLACED_DIR);
     fsutil::create_dir_mode(&replaced, 0o700)?;
     let into = fsutil::create_unique_dir(&replaced, &format!("{stamp}-clone"), 0o700)?;
     let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();

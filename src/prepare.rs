@@ -466,7 +466,10 @@ fn cloud_init_plan(req: &Request) -> Vec<PathBuf> {
 /// to search for.
 fn known_tokens(settings: &Settings, token_entries: &[PathBuf]) -> Vec<Vec<u8>> {
     let mut files: Vec<PathBuf> = token_entries.to_vec();
-    walk(&settings.paths.state_dir.join("replaced"), &mut files);
+    walk(
+        &settings.paths.state_dir.join(crate::layout::REPLACED_DIR),
+        &mut files,
+    );
     if let Some(src) = &settings.paths.token_source {
         walk(src, &mut files);
     }
@@ -519,7 +522,7 @@ fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
         remove.extend(journal_files(req));
     }
     // The lock file is no state: it is removed last and silently, held until the end.
-    let lock_path = paths.state_dir.join("install.lock");
+    let lock_path = paths.state_dir.join(crate::layout::LOCK_FILE);
     remove.retain(|p| *p != lock_path);
     // In an image, cloud-init's and the journal's places too must be the image's own.
     if let Some(root) = &req.root {
@@ -661,7 +664,7 @@ fn clean(
     journal_cmds: &[Vec<String>],
     done: &mut Prepared,
 ) -> anyhow::Result<Option<fsutil::Lock>> {
-    let lock_path = settings.paths.state_dir.join("install.lock");
+    let lock_path = settings.paths.state_dir.join(crate::layout::LOCK_FILE);
     let lock = prepare_lock(settings, &lock_path)?;
     done.removed = remove_all(plan(settings, req)?.remove)?;
     let _ = fs::remove_file(&lock_path);

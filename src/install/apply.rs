@@ -325,7 +325,8 @@ fn replaced_dir(
     undo: &mut Vec<Undo>,
 ) -> io::Result<(fs::File, PathBuf)> {
     let state_fd = fsutil::open_dir_no_follow(&paths.state_dir)?;
-    let (root_fd, created) = fsutil::make_dir_in(&state_fd, "replaced", REPLACED_MODE)?;
+    let (root_fd, created) =
+        fsutil::make_dir_in(&state_fd, crate::layout::REPLACED_DIR, REPLACED_MODE)?;
     if created {
         undo.push(Undo::RemoveDir(replaced_root.to_path_buf()));
     }
