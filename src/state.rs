@@ -123,6 +123,10 @@ impl LogFold {
                 self.holding = Some(e.clone());
             }
             K::Returned | K::Shutdown => self.holding = None,
+            // A gridd that starts has said nothing yet: the failures of the one before it
+            // (before an install, a rotation or a restart that fixed them) are history, kept
+            // in the events, not the state of the one now running.
+            K::Started => self.failure = None,
             // The legacy path's leases carry no expiry to judge them by; its failed
             // acquisition or renewal is gridd's word that the license is gone.
             K::AcquireFailed if e.what.legacy => self.holding = None,
@@ -1297,6 +1301,37 @@ mod tests {
         });
         assert_eq!((r.state, r.exit_code), (State::Unlicensed, 2));
         assert_eq!(r.licensing_mode, Some(LicensingMode::Legacy));
+    }
+
+    #[test]
+    fn a_failure_of_the_gridd_before_a_restart_is_history() {
+        // gridd failed for want of a token; a token was installed and gridd restarted: until
+        // the new gridd says something, the old failure is no verdict (it is in the events).
+        let before = "Jan 1 00:00:00 h nvidia-gridd[7]: Started (7)\n\
+             Jan 1 00:00:01 h nvidia-gridd[7]: Unable to fetch the client configuration token file\n";
+        let r = evaluate(Observations {
+            log: Some(fold_of(before)),
+            ..Default::default()
+        });
+        assert_eq!(r.failure.map(|f| f.reason), Some(Reason::TokenMissing));
+        let r = evaluate(Observations {
+            log: Some(fold_of(&format!(
+                "{before}Jan 1 00:05:00 h nvidia-gridd[7]: Shutdown (7)\n\
+                 Jan 1 00:05:01 h nvidia-gridd[9]: Started (9)\n"
+            ))),
+            ..Default::default()
+        });
+        assert_eq!(r.failure, None, "the failure of gridd 7 is not gridd 9's");
+        assert_eq!(r.events.len(), 4, "the old failure stays in the events");
+        // The new gridd's own failure is the failure again.
+        let r = evaluate(Observations {
+            log: Some(fold_of(&format!(
+                "{before}Jan 1 00:05:01 h nvidia-gridd[9]: Started (9)\n\
+                 Jan 1 00:05:02 h nvidia-gridd[9]: Failed to acquire license from d (Info: NVIDIA Virtual PC - Error: Clock windback has been detected)\n"
+            ))),
+            ..Default::default()
+        });
+        assert_eq!(r.failure.map(|f| f.reason), Some(Reason::ClockSkew));
     }
 
     #[test]

@@ -467,3 +467,60 @@ fn scenario_the_same_refusal_is_logged_once() {
     // Another file, refused for another reason: its own line, said once too.
     rewrite(b"aaaa.bbbb.cccc\n", 3, 2);
 }
+
+/// The first install on a guest whose gridd looked for a token and found none: until the
+/// restarted gridd says something, `status` does not show the old gridd's "no token" as if
+/// the install had failed; the new gridd's own failure is the failure again.
+#[test]
+fn scenario_the_failure_of_the_gridd_before_an_install_is_history() {
+    // The DLS accepts and never answers: the new gridd's first word comes after 6 s.
+    let m = Machine::new(sim::setup(|c| c.network_timeout_ms = 6000));
+    write_gridd_conf(&m);
+    m.start_gridd();
+    sim::wait_for(
+        "status: no token, from gridd's own line",
+        T,
+        || {
+            let (_, v) = status(&m);
+            (reason(&v) == Some("token_missing")).then_some(())
+        },
+        || status(&m).1.to_string(),
+    );
+    m.dls.set_mode(Mode::Blackhole);
+    let file = m.path("new.tok");
+    sim::write_mode(&file, &m.token(), 0o600);
+    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["install", "--token-file", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let at = Instant::now();
+    let v = sim::wait_for(
+        "gridd's restart in its journal",
+        T,
+        || {
+            let (_, v) = status(&m);
+            (v["events"].to_string().matches("Started").count() >= 2).then_some(v)
+        },
+        || status(&m).1.to_string(),
+    );
+    assert!(
+        at.elapsed() < Duration::from_secs(5),
+        "too slow to see the window"
+    );
+    assert_ne!(reason(&v), Some("token_missing"), "{v:#}");
+    assert!(v["failure"].is_null(), "{v:#}");
+    // The new gridd's failure, once it says it.
+    let v = sim::wait_for(
+        "the new gridd's failure",
+        T,
+        || {
+            let (_, v) = status(&m);
+            reason(&v).is_some().then_some(v)
+        },
+        || status(&m).1.to_string(),
+    );
+    assert_eq!(reason(&v), Some("dls_unreachable"), "{v:#}");
+}
