@@ -253,6 +253,62 @@ fn manifests_are_what_their_sources_make() {
     );
 }
 
+/// Where the fleet guide is published on a web server, one option points every alert's
+/// runbook_url and the dashboard's link there; by default the dashboard links nothing (the
+/// guide's installed path is on the guests' disks, not where a browser can open it).
+#[test]
+fn a_published_runbook_base_reaches_every_alert_and_the_dashboard() {
+    let py = match python() {
+        Ok(p) => p,
+        Err(why) => return skipped(&why),
+    };
+    let generate = |args: &[&str]| {
+        Command::new(&py)
+            .arg(Path::new(ROOT).join("deploy/kubernetes/generate.py"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let base = "https://wiki.example.com/vgpu/fleet.md";
+    let dir = tempfile::tempdir().unwrap();
+    let out = generate(&[
+        "--runbook-base",
+        base,
+        "--output",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    for rel in [
+        "prometheus-operator/prometheusrule.yaml",
+        "cozystack/vmrule.yaml",
+    ] {
+        let text = fs::read_to_string(dir.path().join(rel)).unwrap();
+        let urls: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("runbook_url: "))
+            .collect();
+        assert!(urls.len() >= 10, "{rel}: {urls:?}");
+        for u in urls {
+            assert!(u.starts_with(&format!("{base}#vgpu")), "{rel}: {u}");
+        }
+    }
+    let dashboard = fs::read_to_string(dir.path().join("grafana/grafanadashboard.yaml")).unwrap();
+    assert!(
+        dashboard.contains(&format!("\"url\": \"{base}#alerts\"")),
+        "{dashboard}"
+    );
+    // Unpublished: no link, and no other address than the data's.
+    let committed =
+        fs::read_to_string(Path::new(ROOT).join("deploy/kubernetes/grafana/grafanadashboard.yaml"))
+            .unwrap();
+    assert!(committed.contains("\"links\": []"), "{committed}");
+    assert!(!committed.contains("https://"), "{committed}");
+    // A runbook_url must be a web address.
+    let out = generate(&["--runbook-base", "/usr/share/doc", "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--runbook-base wants"));
+}
+
 #[test]
 fn manifests_validate_against_the_crd_schemas() {
     let py = match python() {

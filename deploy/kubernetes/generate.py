@@ -16,7 +16,11 @@ vgpu-license-agent/scrape=true (set in the VirtualMachine's spec.template.metada
 KubeVirt copies it to the pod). `--scrape-label KEY=VALUE` makes the manifests select another
 label; with `--output DIR` they are written there rather than over the committed ones.
 
-usage: python3 deploy/kubernetes/generate.py [--check] [--scrape-label KEY=VALUE] [--output DIR]
+`--runbook-base URL` points every alert's runbook_url, and the dashboard's link, at the fleet
+guide where you publish it.
+
+usage: python3 deploy/kubernetes/generate.py [--check] [--scrape-label KEY=VALUE]
+                                             [--runbook-base URL] [--output DIR]
 
 Needs PyYAML (Debian: python3-yaml).
 """
@@ -126,10 +130,31 @@ def metadata(name):
     return {"name": name, "labels": dict(LABELS)}
 
 
+# Where each alert's runbook_url points, before its `#ALERT`: the rules file's own (the fleet
+# guide as the package installs it), or --runbook-base.
+RUNBOOK_BASE = None
+
+
 def rules_groups():
     with open(RULES, encoding="utf-8") as f:
         rules = yaml.safe_load(f)
-    return rules["groups"]
+    groups = rules["groups"]
+    if RUNBOOK_BASE:
+        for rule in (r for g in groups for r in g["rules"]):
+            url = rule.get("annotations", {}).get("runbook_url")
+            if url:
+                rule["annotations"]["runbook_url"] = RUNBOOK_BASE + "#" + url.partition("#")[2]
+    return groups
+
+
+def runbook_base():
+    """The guide every runbook_url names (one for all: the rules file says so)."""
+    bases = {r["annotations"]["runbook_url"].partition("#")[0]
+             for g in rules_groups() for r in g["rules"] if "runbook_url" in r.get("annotations", {})}
+    if len(bases) != 1:
+        sys.exit("generate.py: the alerts' runbook_url name %d guides, not one: %s"
+                 % (len(bases), ", ".join(sorted(bases))))
+    return bases.pop()
 
 
 def vmrule(_label):
@@ -206,6 +231,12 @@ def podmonitor(label):
 def grafanadashboard(_label):
     with open(DASHBOARD, encoding="utf-8") as f:
         dashboard = json.load(f)
+    # A browser opens the runbooks where they are on a web server: the dashboard links them
+    # there, never to a path on the guests' disks.
+    base = runbook_base()
+    if base.startswith(("https://", "http://")):
+        dashboard["links"] = [{"title": "Runbooks", "type": "link", "url": base + "#alerts",
+                               "targetBlank": True, "icon": "doc"}]
     return dump(generated("deploy/kubernetes/dashboard/vgpu-license-fleet.json",
                           "For the grafana-operator; Cozystack's Grafana carries the label\n"
                           "`dashboards: grafana`. The dashboard asks for its Prometheus-type data\n"
@@ -496,6 +527,14 @@ def parse_label(text):
     return key, value
 
 
+def parse_url(text):
+    if not re.match(r"^https?://[^/\s#]+(/[^\s#]*)?$", text):
+        raise argparse.ArgumentTypeError(
+            "--runbook-base wants the http(s) URL where docs/fleet.md is published, without a "
+            "#fragment (e.g. https://wiki.example.com/vgpu/fleet.md): %r is none" % text)
+    return text
+
+
 def main(argv):
     ap = argparse.ArgumentParser(prog="generate.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -505,7 +544,14 @@ def main(argv):
                     help="the pod label that opts a VM in (default %s=%s)" % SCRAPE_LABEL)
     ap.add_argument("--output", metavar="DIR", default=HERE,
                     help="where to write the manifests (default: deploy/kubernetes/)")
+    ap.add_argument("--runbook-base", type=parse_url, metavar="URL",
+                    help="where you publish docs/fleet.md (https://...): every alert's runbook_url "
+                         "becomes URL#ALERT and the dashboard links URL#alerts (default: the "
+                         "rules file's, the guide as the package installs it, which the dashboard "
+                         "does not link)")
     args = ap.parse_args(argv)
+    global RUNBOOK_BASE
+    RUNBOOK_BASE = args.runbook_base
     out = os.path.abspath(args.output)
     stale = 0
     for rel, make in OUTPUTS.items():
