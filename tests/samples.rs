@@ -272,6 +272,32 @@ fn legacy_failed_acquire_names_its_edition() {
 }
 
 #[test]
+fn a_failure_that_names_a_legacy_server_url_is_the_legacy_servers() {
+    // No published log shows a legacy failure line that names its server's URL; this one is
+    // FlexNet's `Failed to acquire license from` wording (flexnet-embedded-error-strings.txt)
+    // with the `(Info: http://HOST:7070/request; EDITION)` of the legacy lines that are
+    // published (gridd-log-legacy-flexnet-1.txt, domain.md). Whatever the wording, the URL
+    // says which path the line is on.
+    let (r, code) = analyze(
+        &["--journal", "-"],
+        Some(
+            b"Oct 5 15:04:45 localhost nvidia-gridd: Started (16224)\n\
+              Oct 5 15:05:16 localhost nvidia-gridd: Failed to acquire license from 10.0.0.7 (Info: http://10.0.0.7:7070/request; GRID-Virtual-WS,2.0 - Error: Connection refused)\n",
+        ),
+    );
+    assert_eq!((r["state"].as_str(), code), (Some("unlicensed"), 2));
+    assert_eq!(r["licensing_mode"], "legacy", "{r:#}");
+    let e = &r["events"][1];
+    assert_eq!(
+        (e["server"].as_str(), e["edition"].as_str()),
+        (Some("10.0.0.7"), Some("GRID-Virtual-WS,2.0"))
+    );
+    let advice = r["failure"]["advice"].as_str().unwrap();
+    assert!(advice.contains("legacy license server"), "{advice}");
+    assert!(!advice.contains("The DLS"), "{advice}");
+}
+
+#[test]
 fn a_log_that_says_nothing_of_a_license_proves_nothing() {
     // The first lines of gridd-log-legacy-flexnet-1.txt, before its acquisition: gridd has
     // not yet said anything about a license.

@@ -370,6 +370,35 @@ fn read_fields(fields: Fields, m: &str, rest: &str, c: &mut Classified) -> Optio
 /// ```
 pub fn classify(msg: &str) -> Option<Classified> {
     let m = msg.trim();
+    classify_wording(m).map(|c| legacy_by_url(m, c))
+}
+
+/// A line that names a legacy license server's URL (`http://HOST:7070/request`, as that
+/// path's lines name it) is the legacy path's, whatever its wording: its failure is the
+/// license server's, never a DLS's. The URL is not the line's edition or server.
+fn legacy_by_url(m: &str, mut c: Classified) -> Classified {
+    let url = m
+        .split(|ch: char| ch.is_whitespace() || matches!(ch, '(' | ')' | ';' | ','))
+        .find(|w| legacy_info(w).is_some());
+    if let Some(url) = url {
+        c.legacy = true;
+        let named_by_url = |v: &Option<String>| v.as_deref().is_some_and(|v| v.contains("://"));
+        if c.server.is_none() || named_by_url(&c.server) {
+            c.server = host_of_url(url);
+        }
+        if named_by_url(&c.edition) {
+            let after = c
+                .edition
+                .as_deref()
+                .and_then(|e| e.split_once(';'))
+                .map(|(_, e)| e);
+            c.edition = after.and_then(nonempty);
+        }
+    }
+    c
+}
+
+fn classify_wording(m: &str) -> Option<Classified> {
     for wording in WORDINGS {
         let Some(rest) = m.strip_prefix(wording.starts) else {
             continue;
