@@ -12,10 +12,11 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::assemble::{TokenProblem, token_at};
 use crate::config::Settings;
 use crate::gridd::UnitState;
 use crate::gridd_conf::{GriddConf, feature_type_advice};
-use crate::live::{self, TokenProblem};
+use crate::live;
 use crate::observe::smi::SmiSnapshot;
 use crate::probe::{self, NodeProbe, StepName};
 use crate::report::human::both_times;
@@ -158,7 +159,7 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
 /// and gridd.conf are the operator's Secret's, and a driver that does not answer is its
 /// driver pod. The token's mode is the entrypoint's copy of the Secret's (0644 as a Secret
 /// volume gives it), which gridd, as root, reads: nothing to fix.
-fn operator_fixes(checks: &mut [Check], node: &crate::node::Node) {
+fn operator_fixes(checks: &mut [Check], node: &crate::node_mode::Node) {
     let name = node.node_name.as_deref();
     for c in checks.iter_mut().filter(|c| c.fix.is_some()) {
         match c.name {
@@ -386,7 +387,7 @@ const INSTALL_FIX: &str = "generate a client configuration token on the DLS (Ser
 fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) -> Vec<Check> {
     let ts = live::token_state(settings, now);
     let path = crate::text::show_path(&ts.path).to_string();
-    let main = match &live::token_at(&ts.token, now) {
+    let main = match &token_at(&ts.token, now) {
         Ok(t) => token_ok_check(t, &path, now),
         // The platform or the legacy server licenses this guest: no token is the normal case.
         Err(TokenProblem::Missing)

@@ -5,6 +5,7 @@
 //! every command is a way through that flow.
 
 pub mod analyze;
+pub mod assemble;
 pub mod cli;
 pub mod command;
 pub mod config;
@@ -12,6 +13,7 @@ pub mod diagnose;
 pub mod fsutil;
 pub mod gridd;
 pub mod gridd_conf;
+pub mod guest_identity;
 pub mod http;
 pub mod identity;
 pub mod image_prepared;
@@ -23,8 +25,10 @@ pub mod layout;
 pub mod live;
 pub mod node;
 pub mod node_condition;
+pub mod node_mode;
 pub mod observe;
 pub mod outdir;
+pub mod plan;
 pub mod policy;
 pub mod prepare;
 pub mod probe;

@@ -11,47 +11,8 @@ use crate::config::Settings;
 use crate::journal_boot::this_boot_arg;
 use crate::observe::journal::{self, ScanStats};
 use crate::observe::smi::{self, SmiSnapshot};
-use crate::report::{Finding, Reason};
 use crate::state::{LogFold, Observations};
-use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Untimely};
-
-/// What running `nvidia-smi -q` gave.
-#[derive(Debug, Clone)]
-pub enum SmiRead {
-    Snapshot(SmiSnapshot),
-    /// It could not be run or failed: the one-line reason.
-    Failed(String),
-    /// It did not answer within the time limit and was killed: the one-line reason.
-    TimedOut(String),
-    /// The agent could not start it for want of its own resources (processes, descriptors,
-    /// memory under its limits): the agent's trouble, which says nothing of the GPU.
-    Unstarted(String),
-}
-
-impl SmiRead {
-    /// The one-line reason of a failed reading ("" for a snapshot).
-    pub fn reason(&self) -> &str {
-        match self {
-            SmiRead::Snapshot(_) => "",
-            SmiRead::Failed(why) | SmiRead::TimedOut(why) | SmiRead::Unstarted(why) => why,
-        }
-    }
-
-    /// The snapshot that stands for this reading in the observations.
-    pub fn into_snapshot(self) -> SmiSnapshot {
-        match self {
-            SmiRead::Snapshot(s) => s,
-            SmiRead::Failed(why) => SmiSnapshot {
-                driver_error: Some(why),
-                ..SmiSnapshot::default()
-            },
-            SmiRead::TimedOut(why) | SmiRead::Unstarted(why) => SmiSnapshot {
-                unanswered: Some(why),
-                ..SmiSnapshot::default()
-            },
-        }
-    }
-}
+use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
 /// Runs `nvidia-smi -q` with the configured time limit, once the PCI bus shows an NVIDIA
 /// device: with none (a VM of the image without a vGPU) there is nothing to ask.
@@ -215,44 +176,6 @@ impl TokenState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum TokenProblem {
-    Missing,
-    Unreadable(String),
-    Invalid(TokenError),
-    Untimely(Untimely),
-}
-
-impl TokenProblem {
-    pub fn reason(&self) -> Reason {
-        match self {
-            TokenProblem::Missing => Reason::TokenMissing,
-            TokenProblem::Unreadable(_) | TokenProblem::Invalid(_) => Reason::TokenInvalid,
-            TokenProblem::Untimely(_) => Reason::TokenExpired,
-        }
-    }
-}
-
-impl std::fmt::Display for TokenProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TokenProblem::Missing => f.write_str("no client configuration token is installed"),
-            TokenProblem::Unreadable(e) => write!(f, "the token cannot be read: {e}"),
-            TokenProblem::Invalid(e) => write!(f, "the installed token is unusable: {e}"),
-            TokenProblem::Untimely(Untimely::Expired(t)) => write!(
-                f,
-                "the installed token expired at {}",
-                crate::time::rfc3339(*t)
-            ),
-            TokenProblem::Untimely(Untimely::NotYetValid(t)) => write!(
-                f,
-                "the installed token is not valid before {} (is this guest's clock right?)",
-                crate::time::rfc3339(*t)
-            ),
-        }
-    }
-}
-
 /// Looks at the installed token and its directory. `now` only breaks ties between several
 /// tokens (one valid now is the token); the token's own validity is judged later, at each
 /// observation.
@@ -299,70 +222,8 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     }
 }
 
+use crate::assemble::{Parts, SmiRead, TokenProblem, assemble};
 pub use crate::gridd::{gridd_process_runs, gridd_running, restart_gridd};
-
-/// What was read, as values: the parts of an observation.
-pub struct Parts<'a> {
-    pub smi: SmiSnapshot,
-    /// gridd's log so far (live, it ends now).
-    pub fold: Option<LogFold>,
-    /// The installed token as last read (its validity is judged again at `now`).
-    pub token: &'a Result<Token, TokenProblem>,
-    /// Whether gridd's unit runs (`None`: systemd could not say).
-    pub unit: Option<&'a Result<(), String>>,
-    /// The DLS probe's finding, for `evaluate` to apply where gridd's failure is vague.
-    pub probe: Option<Finding>,
-}
-
-/// The one way observations are put together, for `run`, `status` and `diagnose`. No I/O.
-pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Observations {
-    let mut obs = Observations {
-        at: Some(now),
-        at_is_exact: true,
-        expiry_warning: chrono::Duration::from_std(settings.service.expiry_warning)
-            .unwrap_or(chrono::Duration::hours(12)),
-        smi: Some(parts.smi),
-        probe_failure: parts.probe,
-        ..Observations::default()
-    };
-    // gridd's own last words may say why it is not running (see `policy::own_failure`).
-    let log_reason = parts.fold.as_ref().and_then(|f| f.failure_reason());
-    if let Some(fold) = parts.fold {
-        // Live, the log ends now: a lease past its expiry is not held.
-        let stats = crate::observe::journal::ScanStats {
-            last_stamp: Some(crate::observe::journal::Stamp::from_utc(now)),
-            ..Default::default()
-        };
-        obs.log = Some((fold, stats));
-    }
-    let token_failure = match token_at(parts.token, now) {
-        Ok(t) => {
-            obs.token = Some(t);
-            None
-        }
-        Err(p) => Some((p.reason(), p.to_string())),
-    };
-    let unit_down = match parts.unit {
-        Some(Err(why)) => Some((Reason::GriddNotRunning, why.clone())),
-        _ => None,
-    };
-    obs.own_failure = crate::policy::own_failure(token_failure, unit_down, log_reason);
-    obs
-}
-
-/// A token read earlier, judged at `now`: one valid then may have expired since.
-pub fn token_at(
-    token: &Result<Token, TokenProblem>,
-    now: DateTime<Utc>,
-) -> Result<Token, TokenProblem> {
-    match token {
-        Ok(t) => t
-            .validity(now)
-            .map(|()| t.clone())
-            .map_err(TokenProblem::Untimely),
-        Err(p) => Err(p.clone()),
-    }
-}
 
 /// The license server gridd.conf names (`ServerAddress`, non-empty), if any: what tells a
 /// guest of the legacy licensing path where no token and no log says otherwise. An absent or

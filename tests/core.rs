@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
+use vgpu_license_agent::assemble::{SmiRead, TokenProblem};
 use vgpu_license_agent::config::Settings;
-use vgpu_license_agent::install::{Outcome, Restart};
-use vgpu_license_agent::live::{SmiRead, TokenProblem};
 use vgpu_license_agent::observe::journal::{self, GriddEvent};
 use vgpu_license_agent::observe::smi;
+use vgpu_license_agent::plan::{Outcome, Restart};
 use vgpu_license_agent::policy;
 use vgpu_license_agent::report::{Reason, State};
 use vgpu_license_agent::service::core::{

@@ -14,8 +14,13 @@ const GROUPED: [&str; 6] = ["report", "observe", "service", "install", "probe", 
 
 /// Modules that only compute. `report` and `observe` stand for their submodules too, except
 /// those named in [`IO`].
-const PURE: [&str; 12] = [
+const PURE: [&str; 17] = [
     "state",
+    "assemble",
+    "plan",
+    "node_mode",
+    "guest_identity",
+    "service/core",
     "node_condition",
     "report",
     "policy",
@@ -29,7 +34,9 @@ const PURE: [&str; 12] = [
     "userdata",
 ];
 
-/// Modules that read or change the machine; a name stands for its submodules too.
+/// Modules that read or change the machine; a name stands for its submodules too, except
+/// those named in [`PURE`] themselves: the service is here, but for its core (the state
+/// machine that the loop feeds with events).
 /// `layout` is here: besides the state directory's names it holds `check_state_dir`, which
 /// lists that directory.
 const IO: [&str; 20] = [
@@ -63,7 +70,7 @@ fn within(module: &str, name: &str) -> bool {
 }
 
 fn is_io(module: &str) -> bool {
-    IO.iter().any(|n| within(module, n))
+    !PURE.contains(&module) && IO.iter().any(|n| within(module, n))
 }
 
 fn is_pure(module: &str) -> bool {

@@ -6,7 +6,8 @@ use anyhow::anyhow;
 
 use crate::cli::InstallArgs;
 use crate::config::Settings;
-use crate::install::{Request, Restart, check_feature_type, install, nothing_changed, source};
+use crate::install::{Request, check_feature_type, install, nothing_changed, source};
+use crate::plan::{Outcome, Restart};
 
 /// `vgpu-license-agent install`.
 pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
@@ -40,7 +41,7 @@ fn refuse_where_the_platform_licenses(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     if !args.force
-        && let crate::live::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
+        && let crate::assemble::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
         && crate::state::licensing_mode(None, None, Some(&smi), None)
             == crate::report::LicensingMode::CloudProvider
     {
@@ -54,7 +55,7 @@ fn refuse_where_the_platform_licenses(
 
 /// The install's warnings on standard error, its lines on standard output; a failed restart
 /// is an error.
-fn tell(outcome: &crate::install::Outcome) -> anyhow::Result<()> {
+fn tell(outcome: &Outcome) -> anyhow::Result<()> {
     for w in &outcome.warnings {
         eprintln!(
             "vgpu-license-agent: warning: {}",

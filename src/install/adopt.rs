@@ -230,61 +230,6 @@ fn file_in(source: &Path, token_file: &str, shown: &str) -> Result<PathBuf, Toke
 /// it: longer than a copy's writes are apart.
 pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Why a token was not adopted; in each case nothing was changed.
-#[derive(Debug)]
-pub enum AdoptError {
-    /// A file in the token directory changed a moment ago and may still be being written:
-    /// looked at again after this long.
-    Settling(std::time::Duration),
-    /// There is no token in the token directory.
-    NoToken(PathBuf),
-    /// The token at the path changed while it was being adopted (an `install` ran
-    /// meanwhile): what is there now is adopted next, as it stands.
-    Superseded,
-    /// The token in the token directory does not decode or is not valid now.
-    Rejected(TokenRejected),
-    /// The platform's token source holds a token the agent refused (the whole line): nothing
-    /// was installed from it, and the installed token, if any, stays.
-    SourceRejected(String),
-    /// The token directory or the token in it is refused as it stands (a FIFO at the token
-    /// path, a subdirectory, an unreadable token): nothing was changed, one line.
-    Refused(String),
-    /// Anything else (the directory, the lock, a write): the error and its causes, one line.
-    Other(String),
-}
-
-impl std::fmt::Display for AdoptError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AdoptError::Settling(wait) => write!(
-                f,
-                "a file in the token directory is still being written; looked at again in {:.1} s",
-                wait.as_secs_f64()
-            ),
-            AdoptError::NoToken(dir) => write!(
-                f,
-                "no client configuration token in {}; install one with vgpu-license-agent install",
-                crate::text::show_path(dir)
-            ),
-            AdoptError::Superseded => f.write_str(
-                "the token was replaced while it was being adopted; nothing was changed",
-            ),
-            AdoptError::Rejected(r) => write!(f, "{r}"),
-            AdoptError::SourceRejected(why) | AdoptError::Refused(why) | AdoptError::Other(why) => {
-                f.write_str(why)
-            }
-        }
-    }
-}
-
-impl std::error::Error for AdoptError {}
-
-impl From<anyhow::Error> for AdoptError {
-    fn from(e: anyhow::Error) -> Self {
-        AdoptError::Other(format!("{e:#}"))
-    }
-}
-
 impl From<CoreError> for AdoptError {
     fn from(e: CoreError) -> Self {
         match e {

@@ -2,6 +2,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
 use super::*;
+use crate::token::Untimely;
 use crate::token::tests::make_token;
 
 fn payload(jti: &str, exp: i64) -> serde_json::Value {

@@ -13,12 +13,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::{error, info, warn};
 
+use crate::assemble::{self, Parts, SmiRead, TokenProblem};
 use crate::config::Settings;
-use crate::install::{Aside, Change, Outcome, Restart};
-use crate::live::{self, Parts, SmiRead, TokenProblem};
-use crate::node::{Mode, Node};
+use crate::node_mode::{Mode, Node};
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
+use crate::plan::{Aside, Change, Outcome, Restart};
 use crate::policy;
 use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
@@ -92,17 +92,17 @@ pub enum Event {
     /// What gridd did with its lease as the previous boot ended.
     LastShutdown(Option<crate::shutdown::LastShutdown>),
     /// A clone found at this boot, not reported before.
-    CloneDetected(Box<crate::identity::CloneDetected>),
+    CloneDetected(Box<crate::guest_identity::CloneDetected>),
     /// Where the driver runs, looked at again (a GPU Operator's driver pod comes and goes).
     Node(Box<Node>),
     /// A write of the Node condition: done, or why not.
-    NodeCondition(crate::kube::Outcome),
+    NodeCondition(Result<(), String>),
     /// Answers that came together (a reading, where the driver runs, systemd's word), in
     /// order: one batch, one report.
     Together(Vec<Event>),
 }
 
-pub use crate::install::AdoptError;
+pub use crate::plan::AdoptError;
 
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
@@ -357,7 +357,7 @@ struct Seen {
     /// saw come (gridd's failures since it came still count).
     lease_at_start: bool,
     last_shutdown: Option<crate::shutdown::LastShutdown>,
-    clone: Option<crate::identity::CloneDetected>,
+    clone: Option<crate::guest_identity::CloneDetected>,
 }
 
 impl Seen {
@@ -855,7 +855,7 @@ impl Core {
     }
 
     /// A clone found at boot: said once, and kept for the report.
-    fn on_clone(&mut self, c: crate::identity::CloneDetected) {
+    fn on_clone(&mut self, c: crate::guest_identity::CloneDetected) {
         warn!(
             message_id = message_ids::CLONE_DETECTED,
             "{}",
@@ -1079,7 +1079,7 @@ impl Core {
 
     /// A write of the Node condition: a failure is a warning and a count (once per streak in
     /// the journal), never more.
-    fn condition_written(&mut self, outcome: crate::kube::Outcome) {
+    fn condition_written(&mut self, outcome: Result<(), String>) {
         match outcome {
             Ok(()) => {
                 if std::mem::take(&mut self.condition_failing) {
@@ -1313,7 +1313,7 @@ impl Core {
             .seen
             .token
             .as_ref()
-            .map(|t| live::token_at(t, now.wall))
+            .map(|t| assemble::token_at(t, now.wall))
             .and_then(Result::err)
             .map(|p| p.reason());
         let unit = match &self.seen.unit {
@@ -1419,7 +1419,7 @@ impl Core {
             (None, None) => SmiSnapshot::default(),
         };
         let missing = Err(TokenProblem::Missing);
-        let obs = live::assemble(
+        let obs = assemble::assemble(
             &self.settings,
             now.wall,
             Parts {

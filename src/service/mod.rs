@@ -310,7 +310,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // token directory is not watched.
     let node = crate::node::detect(&settings);
     let condition = node_condition_writer(&settings, &tx, &stop_rx);
-    let watch = (node.mode == crate::node::Mode::Manage)
+    let watch = (node.mode == crate::node_mode::Mode::Manage)
         .then(|| dir_watch::Watch::start(&settings))
         .flatten();
     let servers = serve_metrics(&settings, metrics_rx).await;

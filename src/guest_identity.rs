@@ -1,0 +1,47 @@
+//! A guest's identity (what tells this machine from another) and the clone found at boot,
+//! as values. No I/O: [`crate::identity`] reads, records and compares them.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::text::show_path;
+
+/// What tells this machine from another.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Identity {
+    pub machine_id: Option<String>,
+    pub product_uuid: Option<String>,
+    pub macs: Vec<String>,
+}
+
+/// A clone found at boot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloneDetected {
+    pub at: String,
+    pub old: Identity,
+    pub new: Identity,
+    /// Where gridd's client state went.
+    pub moved_to: Option<PathBuf>,
+}
+
+impl CloneDetected {
+    /// The event's text.
+    pub fn message(&self) -> String {
+        let show = |o: &Option<String>| o.clone().unwrap_or_else(|| "unknown".into());
+        let moved = match &self.moved_to {
+            Some(p) => format!(
+                "nvidia-gridd's client state was moved aside to {}",
+                show_path(p)
+            ),
+            None => "nvidia-gridd had no client state to move aside".into(),
+        };
+        format!(
+            "this guest's identity changed since the last boot (product UUID {} -> {}, machine-id {} -> {}): a clone or a restored snapshot; {moved}, so that it registers with the DLS as a client of its own",
+            show(&self.old.product_uuid),
+            show(&self.new.product_uuid),
+            show(&self.old.machine_id),
+            show(&self.new.machine_id),
+        )
+    }
+}
