@@ -61,9 +61,14 @@ fn dls(offset: i64) -> u16 {
     port
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+/// A loopback port where a connection is refused, for as long as the socket lives: bound,
+/// never listening, so that no other test's server can take the port meanwhile.
+fn closed_port() -> (socket2::Socket, u16) {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let port = s.local_addr().unwrap().as_socket().unwrap().port();
+    (s, port)
 }
 
 /// The test token of `common`, naming `host:port` as its one DLS node.
@@ -312,7 +317,7 @@ fn a_skewed_dls_clock_is_a_failure_with_its_fix() {
 
 #[test]
 fn a_refused_dls_port_names_the_step_and_the_host() {
-    let port = free_port();
+    let (_closed, port) = closed_port();
     let g = Guest::new(Some(&token_for(
         "127.0.0.1",
         port,
@@ -809,7 +814,8 @@ fn a_proxy_that_refuses_the_tunnel_fails_the_tcp_step_and_says_so() {
     assert_eq!(v.0, Reason::DlsUnreachable);
 
     // A proxy that is not there.
-    let via = proxy_at(free_port(), None);
+    let (_closed, port) = closed_port();
+    let via = proxy_at(port, None);
     let p = probe_node_via("api.cls.licensing.nvidia.com", 443, Some(&via), T);
     assert_eq!(names(&p), [(StepName::Dns, true), (StepName::Tcp, false)]);
     assert!(p.steps[1].detail.contains("connection refused"), "{p:#?}");
