@@ -35,15 +35,14 @@ impl Undo {
 /// gridd.conf ([`finish`]). On an error before the token is renamed into place, everything
 /// is undone. Returns the changes as made (stray destinations may differ from the plan's).
 pub(super) fn apply(
-    plan: &[Change],
+    whole: &Plan,
     previous: Option<&Previous>,
-    token_bytes: &[u8],
-    conf: &ConfPlan,
     settings: &Settings,
-    replaced_root: &Path,
-    stamp: &str,
 ) -> anyhow::Result<Vec<Change>> {
     let paths = &settings.paths;
+    let plan = whole.outcome.changes.as_slice();
+    let (token_bytes, conf) = (whole.token.as_slice(), &whole.conf);
+    let (replaced_root, stamp) = (whole.replaced_root.as_path(), whole.stamp.as_str());
     let mut staged = stage_files(
         plan,
         &paths.token_path(),

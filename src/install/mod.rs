@@ -177,7 +177,14 @@ struct Current {
     token: Option<Previous>,
     strays: Vec<crate::token_dir::Stray>,
     temps: Vec<PathBuf>,
-    conf: Option<(Vec<u8>, fs::Metadata)>,
+    conf: Option<ConfNow>,
+}
+
+/// gridd.conf as it is: its bytes, mode and owner (uid, gid).
+struct ConfNow {
+    bytes: Vec<u8>,
+    mode: u32,
+    owner: (u32, u32),
 }
 
 /// The token in place before this install: where it is, its bytes as read, its mode and inode
@@ -318,7 +325,7 @@ fn gridd_conf_temps(settings: &Settings) -> Vec<PathBuf> {
 
 /// gridd.conf's bytes and metadata, `None` where there is none; refused where it is a
 /// symlink, not a regular file, or larger than any gridd.conf.
-fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<(Vec<u8>, fs::Metadata)>> {
+fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<ConfNow>> {
     let cannot_read = |e: io::Error, fix: &str| {
         io_err(
             format!("cannot read {}", crate::text::show_path(conf_path)),
@@ -342,7 +349,11 @@ fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<(Vec<u8>, fs::Meta
         Ok(m) => {
             let bytes = read_no_follow(conf_path, MAX_GRIDD_CONF_BYTES)
                 .map_err(|e| cannot_read(e, "check its permissions"))?;
-            Ok(Some((bytes, m)))
+            Ok(Some(ConfNow {
+                bytes,
+                mode: fsutil::mode_of(&m),
+                owner: (m.uid(), m.gid()),
+            }))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(cannot_read(e, "check its directory")),
@@ -490,20 +501,13 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
         // writing the bytes read before would put the old token back over the new one.
         return Err(CoreError::Superseded);
     }
-    let (bytes, restart, owe_restart) = (core.bytes, core.restart, core.owe_restart);
-    let mut plan = Plan::make(core, &cur, settings);
+    let (restart, owe_restart) = (core.restart, core.owe_restart);
+    let inputs = Inputs::read(&core, &cur, settings);
+    let mut plan = Plan::make(core, &cur, settings, inputs);
     if plan.outcome.dry_run {
         return Ok(plan.dry_run(restart));
     }
-    plan.outcome.changes = apply(
-        &plan.outcome.changes,
-        cur.token.as_ref(),
-        bytes,
-        &plan.conf,
-        settings,
-        &plan.replaced_root,
-        &plan.stamp,
-    )?;
+    plan.outcome.changes = apply(&plan, cur.token.as_ref(), settings)?;
     prune_replaced(&plan.replaced_root, &plan.stamp);
     let Plan {
         mut outcome,
@@ -518,10 +522,38 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
     Ok(outcome)
 }
 
-/// An install's plan: the outcome it has (or in a dry run would have), gridd.conf as it
-/// leaves it, where it moves files aside, and what the agent remembers of earlier installs.
+/// What a plan is made from besides the request and what is in place: read or taken before
+/// it, so that making it reads nothing.
+struct Inputs {
+    /// What the agent remembers of earlier installs.
+    state: InstallState,
+    /// This run's name in `replaced/` (its time).
+    stamp: String,
+    /// The vGPUs nvidia-smi shows, where the FeatureType to set needs them (else none).
+    gpus: Vec<crate::observe::smi::SmiGpu>,
+}
+
+impl Inputs {
+    fn read(core: &InstallRequest<'_>, cur: &Current, settings: &Settings) -> Inputs {
+        Inputs {
+            state: InstallState::load(&settings.paths.state_dir),
+            stamp: Utc::now().format(STAMP_FORMAT).to_string(),
+            gpus: if needs_gpus(core.feature_type, cur) {
+                smi_gpus(settings)
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// An install's plan, a value made without I/O ([`Plan::make`]): the outcome it has (or in a
+/// dry run would have), the token and gridd.conf as it leaves them, where it moves files
+/// aside, and what the agent remembers of earlier installs. [`apply`] carries it out.
 struct Plan {
     outcome: Outcome,
+    /// The token's bytes, installed unchanged.
+    token: Vec<u8>,
     conf: ConfPlan,
     /// `<state_dir>/replaced/`, and this run's directory in it.
     replaced_root: PathBuf,
@@ -532,14 +564,13 @@ struct Plan {
 }
 
 impl Plan {
-    fn make(core: InstallRequest<'_>, cur: &Current, settings: &Settings) -> Plan {
+    fn make(core: InstallRequest<'_>, cur: &Current, settings: &Settings, inputs: Inputs) -> Plan {
         let paths = &settings.paths;
+        let Inputs { state, stamp, gpus } = inputs;
         let mut warnings = core.warnings;
-        let ft = feature_type_to_set(core.feature_type, cur, settings, &mut warnings);
+        let ft = feature_type_to_set(core.feature_type, cur, &gpus, &mut warnings);
         let conf = gridd_conf_with(cur, ft, settings, &mut warnings);
-        let stamp = Utc::now().format(STAMP_FORMAT).to_string();
         let replaced_root = paths.state_dir.join(REPLACED_DIR);
-        let state = InstallState::load(&paths.state_dir);
         let planned_dir = replaced_root.join(&stamp);
         let (changes, kept_name) =
             plan_changes(cur, core.bytes, &conf, &state, settings, &planned_dir);
@@ -557,6 +588,7 @@ impl Plan {
         };
         Plan {
             outcome,
+            token: core.bytes.to_vec(),
             conf,
             replaced_root,
             stamp,
@@ -576,33 +608,47 @@ impl Plan {
     }
 }
 
-/// The FeatureType to set. nvidia-smi is asked at most once, and only about a FeatureType
-/// other than 1.
+/// The FeatureType gridd.conf has now, as written there.
+fn present_feature_type(cur: &Current) -> Option<String> {
+    cur.conf
+        .as_ref()
+        .and_then(|c| GriddConf::parse(&c.bytes).get("FeatureType"))
+        .map(|e| e.value)
+}
+
+/// Whether choosing the FeatureType needs the vGPUs nvidia-smi shows: only about a value
+/// other than 1, so that the usual install and adoption run no nvidia-smi.
+fn needs_gpus(requested: FeatureType, cur: &Current) -> bool {
+    match requested {
+        FeatureType::Set(ft) => ft != 1,
+        FeatureType::Default(ft) => {
+            let present = present_feature_type(cur).and_then(|v| v.parse::<u8>().ok());
+            ft != 1 || present.is_some_and(|v| v > 1)
+        }
+    }
+}
+
+/// The FeatureType to set, judged against the vGPUs `gpus` (those nvidia-smi shows, where
+/// [`needs_gpus`]).
 fn feature_type_to_set(
     requested: FeatureType,
     cur: &Current,
-    settings: &Settings,
+    gpus: &[crate::observe::smi::SmiGpu],
     warnings: &mut Vec<String>,
 ) -> u8 {
-    let smi = std::cell::OnceCell::new();
-    let gpus = || smi.get_or_init(|| smi_gpus(settings));
-    let present = cur
-        .conf
-        .as_ref()
-        .and_then(|(old, _)| GriddConf::parse(old).get("FeatureType"))
-        .map(|e| e.value);
+    let present = present_feature_type(cur);
     let ft = match requested {
         FeatureType::Set(ft) => ft,
         // A value that can serve this guest stays (2 or 4 on passthrough); none, 0 (the
         // driver's template: unlicensed) or one that does not fit the vGPU profile does not.
         FeatureType::Default(ft) => match present.as_deref().map(str::parse::<u8>) {
             Some(Ok(1)) => 1,
-            Some(Ok(v)) if v != 0 && gridd_conf::feature_type_advice(v, gpus()).is_none() => v,
+            Some(Ok(v)) if v != 0 && gridd_conf::feature_type_advice(v, gpus).is_none() => v,
             _ => ft,
         },
     };
     if ft != 1
-        && let Some(w) = gridd_conf::feature_type_advice(ft, gpus())
+        && let Some(w) = gridd_conf::feature_type_advice(ft, gpus)
     {
         warnings.push(w);
     }
@@ -626,16 +672,16 @@ fn gridd_conf_with(
 ) -> ConfPlan {
     let ft = ft.to_string();
     match &cur.conf {
-        Some((old, meta)) => {
-            let mut conf = GriddConf::parse(old);
+        Some(now) => {
+            let mut conf = GriddConf::parse(&now.bytes);
             let edits = conf.set("FeatureType", &ft);
             warnings.extend(conf.warnings(&settings.paths.token_dir));
             ConfPlan {
                 bytes: conf.to_bytes(),
                 created: false,
                 edits,
-                mode: fsutil::mode_of(meta),
-                owner: Some((meta.uid(), meta.gid())),
+                mode: now.mode,
+                owner: Some(now.owner),
             }
         }
         None => {
@@ -678,7 +724,7 @@ fn plan_changes(
         });
     }
     let kept_name = token_changes(cur, bytes, settings, planned_dir, &mut changes);
-    if cur.conf.as_ref().is_none_or(|(old, _)| *old != conf.bytes) {
+    if cur.conf.as_ref().is_none_or(|now| now.bytes != conf.bytes) {
         changes.push(Change::WriteGriddConf {
             path: paths.gridd_conf.clone(),
             created: conf.created,

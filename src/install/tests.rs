@@ -485,3 +485,157 @@ fn a_broken_token_beside_the_installed_one_is_refused_with_why() {
     assert_eq!(restarts(d.path()), before);
     assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("a"));
 }
+
+// ---- The plan as a value: made from what is in place, reading nothing.
+
+/// What is in place: the token `installed` (at the standard path, mode `mode`), the strays,
+/// gridd.conf with FeatureType=1.
+fn in_place(
+    s: &Settings,
+    installed: &[u8],
+    mode: u32,
+    strays: Vec<crate::token_dir::Stray>,
+) -> Current {
+    Current {
+        dir_mode: Some(TOKEN_DIR_MODE),
+        token: Some(Previous {
+            path: s.paths.token_path(),
+            bytes: installed.to_vec(),
+            mode,
+            ino: 1,
+        }),
+        strays,
+        temps: Vec::new(),
+        conf: Some(ConfNow {
+            bytes: b"FeatureType=1\n".to_vec(),
+            mode: 0o644,
+            owner: (0, 0),
+        }),
+    }
+}
+
+/// The plan for `bytes` over `cur`, gridd restarted for `restarted_for` when it last was;
+/// `licensed`: gridd holds a license.
+fn plan_for(
+    s: &Settings,
+    cur: &Current,
+    bytes: &[u8],
+    restarted_for: &[u8],
+    licensed: bool,
+) -> Plan {
+    let req = InstallRequest {
+        bytes,
+        feature_type: FeatureType::Default(1),
+        dry_run: false,
+        restart: true,
+        licensed,
+        owe_restart: true,
+        summary: String::new(),
+        warnings: Vec::new(),
+        in_place: false,
+    };
+    let inputs = Inputs {
+        state: InstallState {
+            token_sha256: Some(sha256_hex(restarted_for)),
+            ..InstallState::default()
+        },
+        stamp: "20261203T150000Z".into(),
+        gpus: Vec::new(),
+    };
+    Plan::make(req, cur, s, inputs)
+}
+
+fn stray(s: &Settings, name: &str) -> crate::token_dir::Stray {
+    crate::token_dir::Stray::plain(
+        s.paths.token_dir.join(name),
+        name.into(),
+        crate::token_dir::StrayKind::NotAToken,
+        None,
+    )
+}
+
+#[test]
+fn the_plan_restarts_gridd_only_for_what_it_reads() {
+    // Paths nothing exists at: the plan is made from values alone.
+    let s = settings(Path::new("/nonexistent/plan"));
+    let (old, new) = (tok("old"), tok("new"));
+    // A stray moved aside beside a licensed gridd's token: nothing it reads changes.
+    let cur = in_place(&s, &old, TOKEN_MODE, vec![stray(&s, "README")]);
+    let plan = plan_for(&s, &cur, &old, &old, true);
+    assert!(matches!(
+        plan.outcome.changes.as_slice(),
+        [Change::MoveStray {
+            why: Aside::Stray,
+            ..
+        }]
+    ));
+    assert_eq!(plan.outcome.restart_reason, None);
+    // Without a license, the stray may be what gridd failed on.
+    let plan = plan_for(&s, &cur, &old, &old, false);
+    assert!(
+        plan.outcome
+            .restart_reason
+            .unwrap()
+            .contains("may have failed on")
+    );
+    // A new token: the old one kept aside, the new one written, restarted for it.
+    let cur = in_place(&s, &old, TOKEN_MODE, Vec::new());
+    let plan = plan_for(&s, &cur, &new, &old, true);
+    assert!(matches!(
+        plan.outcome.changes.as_slice(),
+        [Change::SavePrevious { .. }, Change::WriteToken { .. }]
+    ));
+    assert_eq!(
+        plan.outcome.restart_reason.as_deref(),
+        Some("the token changed")
+    );
+    assert_eq!(plan.token, new, "the plan carries the bytes it installs");
+    // The same token with the wrong mode: its mode is set, and gridd restarted for it.
+    let cur = in_place(&s, &old, 0o600, Vec::new());
+    let plan = plan_for(&s, &cur, &old, &old, true);
+    assert!(matches!(
+        plan.outcome.changes.as_slice(),
+        [Change::ChmodToken {
+            from: 0o600,
+            to: TOKEN_MODE,
+            ..
+        }]
+    ));
+    assert_eq!(
+        plan.outcome.restart_reason.as_deref(),
+        Some("the token's mode changed")
+    );
+    // All in place, gridd restarted for this token: nothing to do.
+    let cur = in_place(&s, &old, TOKEN_MODE, Vec::new());
+    let plan = plan_for(&s, &cur, &old, &old, true);
+    assert!(plan.outcome.changes.is_empty());
+    assert_eq!(plan.outcome.restart_reason, None);
+    // Strays go to this run's directory in replaced/.
+    let cur = in_place(&s, &old, TOKEN_MODE, vec![stray(&s, "README")]);
+    let plan = plan_for(&s, &cur, &old, &old, true);
+    let Change::MoveStray { to, .. } = &plan.outcome.changes[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        to,
+        &s.paths.state_dir.join("replaced/20261203T150000Z/README")
+    );
+}
+
+#[test]
+fn nvidia_smi_is_needed_only_for_a_feature_type_other_than_1() {
+    let s = settings(Path::new("/nonexistent/plan"));
+    let mut cur = in_place(&s, &tok("a"), TOKEN_MODE, Vec::new());
+    assert!(!needs_gpus(FeatureType::Default(1), &cur));
+    assert!(!needs_gpus(FeatureType::Set(1), &cur));
+    assert!(needs_gpus(FeatureType::Set(4), &cur));
+    assert!(needs_gpus(FeatureType::Default(2), &cur));
+    for (conf, needs) in [
+        ("FeatureType=4\n", true),
+        ("FeatureType=0\n", false),
+        ("FeatureType=x\n", false),
+    ] {
+        cur.conf.as_mut().unwrap().bytes = conf.as_bytes().to_vec();
+        assert_eq!(needs_gpus(FeatureType::Default(1), &cur), needs, "{conf}");
+    }
+}
