@@ -750,7 +750,7 @@ fn prepare_lock(settings: &Settings, lock_path: &Path) -> anyhow::Result<Option<
     if !state_dir.is_dir() {
         return Ok(None);
     }
-    let wait = settings.commands.timeout * 2 + std::time::Duration::from_secs(30);
+    let wait = crate::install::lock_wait(settings);
     fsutil::lock(lock_path, wait)
         .map(Some)
         .map_err(|e| match e {

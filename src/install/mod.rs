@@ -391,7 +391,9 @@ enum FeatureType {
     Default(u8),
 }
 
-fn lock_wait(settings: &Settings) -> Duration {
+/// How long install (and prepare-image, and the service's adoption) wait for the state
+/// directory's lock: long enough for another install's restart of gridd to run out of time.
+pub(crate) fn lock_wait(settings: &Settings) -> Duration {
     settings.commands.timeout * 2 + Duration::from_secs(30)
 }
 

@@ -182,7 +182,7 @@ impl Shell {
                 events.push(Event::Smi(live::read_smi(&settings)));
             }
             if reads.unit {
-                events.push(unit_state(&settings, running));
+                events.push(vouched_or_asked(&settings, running));
             }
             Event::Together(events)
         });
@@ -276,7 +276,7 @@ struct Reads {
 
 /// Whether gridd runs: while the process systemd last said runs (`running`) still does, that
 /// stands; else systemd is asked.
-fn unit_state(settings: &Settings, running: Option<u32>) -> Event {
+fn vouched_or_asked(settings: &Settings, running: Option<u32>) -> Event {
     if running.is_some_and(crate::gridd::still_runs) {
         return Event::Unit(Some(Ok(())));
     }
