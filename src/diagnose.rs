@@ -22,7 +22,6 @@ use crate::probe::{self, NodeProbe, StepName};
 use crate::report::human::both_times;
 use crate::report::{LicensingMode, Reason, Report, State};
 use crate::state;
-use crate::time::rfc3339;
 use crate::token::Untimely;
 
 /// How a check came out.
@@ -419,7 +418,7 @@ fn token_ok_check(t: &crate::token::Token, path: &str, now: DateTime<Utc>) -> Ch
     let n = t.nodes.len();
     let until = t
         .expires
-        .map(|e| format!("valid until {}", both_times(&rfc3339(e))))
+        .map(|e| format!("valid until {}", both_times(e)))
         .unwrap_or_else(|| "no expiry".into());
     let soon = t.expires_soon(now).is_some();
     let msg = format!(
@@ -977,7 +976,7 @@ fn license_check(report: &Report, checks: &[Check]) -> Check {
     if let Some(ed) = lic.and_then(|l| l.edition.as_deref()) {
         let _ = write!(msg, ", {ed}");
     }
-    if let Some(exp) = lic.and_then(|l| l.expiry.as_deref()) {
+    if let Some(exp) = lic.and_then(|l| l.expiry) {
         let _ = write!(msg, ", lease until {}", both_times(exp));
     }
     for n in &report.notes {

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::text::show_path;
@@ -18,7 +19,8 @@ pub struct Identity {
 /// A clone found at boot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CloneDetected {
-    pub at: String,
+    #[serde(with = "crate::time::rfc3339_secs")]
+    pub at: DateTime<Utc>,
     pub old: Identity,
     pub new: Identity,
     /// Where gridd's client state went.

@@ -121,7 +121,7 @@ pub fn check(settings: &Settings, root: &Path) -> anyhow::Result<Checked> {
             let stamp = Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
             let moved_to = move_client_state(settings, &stamp)?;
             let record = CloneDetected {
-                at: crate::time::rfc3339(Utc::now()),
+                at: crate::time::whole_secs(Utc::now()),
                 old,
                 new: now.clone(),
                 moved_to,

@@ -43,7 +43,7 @@ pub fn judge(events: &[GriddEvent]) -> Option<LastShutdown> {
         _ => None,
     };
     let record = |returned: bool, message: &str| LastShutdown {
-        at: at(last).map(crate::time::rfc3339),
+        at: at(last).map(crate::time::whole_secs),
         lease_returned: returned,
         message: message.to_string(),
         stop_seconds,
@@ -77,7 +77,10 @@ mod tests {
         ));
         let r = judge(&ok).unwrap();
         assert!(r.lease_returned);
-        assert_eq!(r.at.as_deref(), Some("2026-11-29T18:00:02Z"));
+        assert_eq!(
+            r.at.map(crate::time::rfc3339).as_deref(),
+            Some("2026-11-29T18:00:02Z")
+        );
         assert_eq!(r.stop_seconds, Some(2.0));
 
         let failed = events(&format!(

@@ -11,7 +11,7 @@ use crate::report::{
     DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, License, LicensingMode, Reason, Report,
     SCHEMA, State,
 };
-use crate::time::rfc3339;
+use crate::time::{LogTime, rfc3339, whole_secs};
 use crate::token::Token;
 
 pub use crate::observe::smi::edition_for_profile;
@@ -329,7 +329,7 @@ fn event_of(e: &GriddEvent) -> Event {
         kind: e.what.kind,
         server: e.what.server.clone(),
         edition: e.what.edition.clone(),
-        expiry: e.what.expiry.map(rfc3339),
+        expiry: e.what.expiry.map(whole_secs),
         reason: e.what.reason,
         message: e.message.clone(),
     }
@@ -509,7 +509,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
         state,
         failure,
         obs.smi.as_ref(),
-        grounds.exact_at.clone(),
+        grounds.exact_at.map(LogTime::Utc),
         &mut notes,
     );
     let failure = grounds.refined(failure, &obs);
@@ -583,7 +583,7 @@ fn state_of(smi: Option<&SmiSnapshot>, log_state: Option<State>) -> State {
 /// What the report's failure and its advice rest on, besides the observations.
 struct Grounds {
     /// The observation's time, where it is exact: what the agent's own findings are dated.
-    exact_at: Option<String>,
+    exact_at: Option<DateTime<Utc>>,
     /// The vGPU profile of the first GPU that shows one.
     profile: Option<String>,
     mode: LicensingMode,
@@ -598,7 +598,7 @@ struct Grounds {
 impl Grounds {
     fn of(obs: &Observations, mode: LicensingMode, log_state: Option<State>) -> Grounds {
         Grounds {
-            exact_at: obs.at.filter(|_| obs.at_is_exact).map(rfc3339),
+            exact_at: obs.at.filter(|_| obs.at_is_exact).map(whole_secs),
             profile: obs
                 .smi
                 .as_ref()
@@ -675,7 +675,7 @@ impl Grounds {
                 )
             },
             message,
-            at: self.exact_at.clone(),
+            at: self.exact_at.map(LogTime::Utc),
         }
     }
 
@@ -712,7 +712,7 @@ impl Grounds {
         let why = why
             .clone()
             .filter(|_| !matches!(self.state, State::NoGpu | State::NotLicensable))?;
-        Some(warning(reason, why, self.exact_at.clone()))
+        Some(warning(reason, why, self.exact_at.map(LogTime::Utc)))
     }
 
     /// A lease held whose renewals have stalled: a warning while it still holds.
@@ -722,7 +722,7 @@ impl Grounds {
             reason: Reason::RenewalStalled,
             advice: advice(Reason::RenewalStalled, self.dls_host.as_deref(), None, None),
             message,
-            at: Some(rfc3339(since)),
+            at: Some(LogTime::Utc(whole_secs(since))),
         })
     }
 }
@@ -764,7 +764,7 @@ fn blocking_first(
     state: State,
     failure: Option<Failure>,
     smi: Option<&SmiSnapshot>,
-    at: Option<String>,
+    at: Option<LogTime>,
     notes: &mut Vec<String>,
 ) -> Option<Failure> {
     match state {
@@ -801,10 +801,7 @@ fn lease_expiring_soon(
     at: Option<DateTime<Utc>>,
     expiry_warning: chrono::Duration,
 ) -> bool {
-    let expiry = license
-        .and_then(|l| l.expiry.as_deref())
-        .and_then(|e| DateTime::parse_from_rfc3339(e).ok())
-        .map(|e| e.with_timezone(&Utc));
+    let expiry = license.and_then(|l| l.expiry);
     match (state, expiry, at) {
         (State::Licensed, Some(exp), Some(at)) => exp - at < expiry_warning,
         _ => false,
@@ -872,7 +869,7 @@ impl LogView {
         let license = fold.holding.as_ref().map(|h| License {
             status: None,
             edition: h.what.edition.clone(),
-            expiry: h.what.expiry.map(rfc3339),
+            expiry: h.what.expiry.map(whole_secs),
         });
         LogView {
             events,
@@ -894,7 +891,7 @@ fn smi_license(smi: Option<&SmiSnapshot>) -> Option<License> {
                 .license_status
                 .as_deref()
                 .and_then(|st| match classify_status(st) {
-                    LicenseStatus::Licensed(exp) => exp.map(rfc3339),
+                    LicenseStatus::Licensed(exp) => exp.map(whole_secs),
                     _ => None,
                 }),
         })
@@ -928,7 +925,7 @@ fn log_failure_of(f: GriddEvent, events: &[GriddEvent], profile: Option<&str>) -
 }
 
 /// A warning of the agent's own (a refused token or rotation) while the license holds.
-fn warning(reason: Reason, message: String, at: Option<String>) -> Failure {
+fn warning(reason: Reason, message: String, at: Option<LogTime>) -> Failure {
     Failure {
         reason,
         advice: advice(reason, None, None, None),
@@ -1112,8 +1109,8 @@ mod tests {
             ..Default::default()
         });
         let f = r.failure.expect("a failure");
-        assert_eq!(f.at.as_deref(), r.events[0].at.as_deref());
-        assert!(f.at.is_some_and(|a| a.starts_with("2022-12-20T17:00:00")));
+        assert_eq!(f.at, r.events[0].at);
+        assert!(f.at.is_some_and(|a| a.to_string().starts_with("2022-12-20T17:00:00")));
     }
 
     /// nvidia-smi shows the lease of a gridd whose lines have not arrived yet: the token

@@ -66,7 +66,7 @@ pub fn render(file: &str, t: &Token, validity: Result<(), Untimely>) -> String {
         ("Expires:   ", t.expires),
     ] {
         if let Some(t) = t {
-            let _ = writeln!(o, "{label} {}", both_times(&rfc3339(t)));
+            let _ = writeln!(o, "{label} {}", both_times(t));
         }
     }
     let _ = match validity {

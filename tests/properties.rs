@@ -12,6 +12,7 @@ use vgpu_license_agent::config::Settings;
 use vgpu_license_agent::gridd_conf::GriddConf;
 use vgpu_license_agent::observe::{journal, smi};
 use vgpu_license_agent::state::{LogFold, Observations, evaluate};
+use vgpu_license_agent::time::LogTime;
 use vgpu_license_agent::token::Token;
 
 /// Every numeric key of the config.
@@ -160,7 +161,7 @@ fn everything(input: &[u8]) {
     let _ = smi::classify_status(&text);
     let _ = smi::expiry_in(&text);
     let _ = vgpu_license_agent::time::parse_gmt(&text);
-    let _ = vgpu_license_agent::report::human::both_times(&text);
+    let _ = serde_json::from_value::<LogTime>(serde_json::Value::String(text.to_string()));
     let _ = vgpu_license_agent::install::source::from_base64(&text);
     let report = evaluate(Observations {
         smi: snap,
@@ -390,7 +391,7 @@ impl std::io::Read for Trickle<'_> {
     }
 }
 
-fn events_of(r: impl std::io::Read) -> Vec<(String, Option<String>)> {
+fn events_of(r: impl std::io::Read) -> Vec<(String, Option<LogTime>)> {
     let mut out = Vec::new();
     journal::scan(r, |e| {
         out.push((e.message.clone(), e.stamp.and_then(|s| s.at())))

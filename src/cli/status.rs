@@ -107,8 +107,7 @@ fn print_human(
 /// cadence allows: the licensed poll interval twice over, plus a command's time limit and the
 /// heartbeat.
 fn stale_for(report: &crate::report::Report, settings: &Settings) -> Option<i64> {
-    let at = chrono::DateTime::parse_from_rfc3339(report.observed_at.as_deref()?).ok()?;
-    let age = (chrono::Utc::now() - at.with_timezone(&chrono::Utc)).num_seconds();
+    let age = (chrono::Utc::now() - report.observed_at?).num_seconds();
     let svc = &settings.service;
     let allowed = 2 * svc.poll_licensed.max(svc.poll_unlicensed).as_secs()
         + settings.commands.timeout.as_secs()

@@ -941,12 +941,16 @@ mod tests {
         assert_eq!(ev[0].what.kind, EventKind::Initialized);
         assert_eq!(ev[0].pid, Some(3239));
         assert_eq!(
-            ev[0].stamp.unwrap().at().as_deref(),
+            ev[0].stamp.unwrap().at().map(|t| t.to_string()).as_deref(),
             Some("2024-09-15T17:16:29Z")
         );
         assert_eq!(ev[1].what.kind, EventKind::Started);
         assert_eq!(
-            st.last_stamp.unwrap().at().as_deref(),
+            st.last_stamp
+                .unwrap()
+                .at()
+                .map(|t| t.to_string())
+                .as_deref(),
             Some("2024-09-15T17:16:39Z")
         );
     }
@@ -1070,7 +1074,10 @@ mod tests {
              <0>:End Logging\n\
              Acquiring license. (Info: bare; NVIDIA Virtual PC)\n",
         );
-        let at: Vec<Option<String>> = ev.iter().map(|e| e.stamp.and_then(|s| s.at())).collect();
+        let at: Vec<Option<String>> = ev
+            .iter()
+            .map(|e| e.stamp.and_then(|s| s.at()).map(|t| t.to_string()))
+            .collect();
         assert_eq!(at[0].as_deref(), Some("2024-12-31T23:59:59Z"));
         assert_eq!(at[1].as_deref(), Some("2025-01-01T00:00:01Z"));
         assert_eq!(at[2].as_deref(), Some("2024-09-15T17:16:29Z"));
@@ -1089,7 +1096,7 @@ mod tests {
             let (ev, _) = events(&format!(
                 "     Active: active (running) since {header}; 1h ago\n{line} h nvidia-gridd[1]: NLS initialized\n"
             ));
-            ev[0].stamp.and_then(|s| s.at())
+            ev[0].stamp.and_then(|s| s.at()).map(|t| t.to_string())
         };
         let sat = "Sat 2025-03-01 00:00:05 UTC";
         assert_eq!(

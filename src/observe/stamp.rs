@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 
-use crate::time::rfc3339;
+use crate::time::LogTime;
 
 /// When a line was logged, as precisely as the line says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,14 +56,12 @@ impl Stamp {
         self.naive().map(|n| n.and_utc())
     }
 
-    /// For the report: RFC 3339 (UTC) when year and zone are known, the local wall-clock time
-    /// without an offset when only the zone is unknown, `None` without a year.
-    pub fn at(&self) -> Option<String> {
+    /// For the report: the instant when year and zone are known, the local wall-clock time
+    /// when only the zone is unknown, `None` without a year.
+    pub fn at(&self) -> Option<LogTime> {
         match self.utc() {
-            Some(t) => Some(rfc3339(t)),
-            None => self
-                .naive()
-                .map(|n| n.format("%Y-%m-%dT%H:%M:%S").to_string()),
+            Some(t) => Some(LogTime::Utc(t)),
+            None => self.naive().map(LogTime::Local),
         }
     }
 }

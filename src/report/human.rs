@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use chrono::{DateTime, Local};
+use chrono::{DateTime, Local, Utc};
 
 use super::{Report, State};
 use crate::text::escape;
@@ -21,19 +21,12 @@ fn describe(state: State) -> &'static str {
 }
 
 /// `2024-12-14 17:16:31 UTC (2024-12-15 01:16:31 +08:00 local)`
-pub fn both_times(rfc3339: &str) -> String {
-    match DateTime::parse_from_rfc3339(rfc3339) {
-        Ok(t) => {
-            let utc = t.with_timezone(&chrono::Utc);
-            let local = t.with_timezone(&Local);
-            format!(
-                "{} UTC ({} local)",
-                utc.format("%Y-%m-%d %H:%M:%S"),
-                local.format("%Y-%m-%d %H:%M:%S %:z")
-            )
-        }
-        Err(_) => rfc3339.to_string(),
-    }
+pub fn both_times(t: DateTime<Utc>) -> String {
+    format!(
+        "{} UTC ({} local)",
+        t.format("%Y-%m-%d %H:%M:%S"),
+        t.with_timezone(&Local).format("%Y-%m-%d %H:%M:%S %:z")
+    )
 }
 
 /// The first line a monitoring check shows, in the monitoring-plugin form: the status word of
@@ -56,15 +49,8 @@ pub fn summary_line(r: &Report) -> String {
         if let Some(ed) = &l.edition {
             let _ = write!(line, " ({})", escape(ed));
         }
-        if let Some(exp) = &l.expiry
-            && let Ok(t) = DateTime::parse_from_rfc3339(exp)
-        {
-            let _ = write!(
-                line,
-                " until {}",
-                t.with_timezone(&chrono::Utc)
-                    .format("%Y-%m-%d %H:%M:%S UTC")
-            );
+        if let Some(exp) = l.expiry {
+            let _ = write!(line, " until {}", exp.format("%Y-%m-%d %H:%M:%S UTC"));
         }
     }
     if let Some(f) = &r.failure {
@@ -96,7 +82,7 @@ fn license_lines(o: &mut String, r: &Report) {
         if let Some(st) = &l.status {
             let _ = writeln!(o, "Status:   {}", escape(st));
         }
-        if let Some(exp) = &l.expiry {
+        if let Some(exp) = l.expiry {
             let _ = writeln!(o, "Expires:  {}", both_times(exp));
         }
     }
@@ -136,10 +122,7 @@ fn where_lines(o: &mut String, r: &Report) {
 /// The failure and its fix, and the notes.
 fn failure_lines(o: &mut String, r: &Report) {
     if let Some(f) = &r.failure {
-        let at =
-            f.at.as_deref()
-                .map(|a| format!(" at {a}"))
-                .unwrap_or_default();
+        let at = f.at.map(|a| format!(" at {a}")).unwrap_or_default();
         let _ = writeln!(
             o,
             "Failure:  {}{at}: {}",
@@ -172,7 +155,7 @@ fn event_lines(o: &mut String, r: &Report) {
         let _ = writeln!(
             o,
             "  {}  {}",
-            e.at.as_deref().unwrap_or("(no time)"),
+            e.at.map_or_else(|| "(no time)".into(), |a| a.to_string()),
             escape(&e.message)
         );
     }

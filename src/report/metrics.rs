@@ -4,8 +4,6 @@
 
 use std::fmt::Write;
 
-use chrono::DateTime;
-
 use super::{Reason, Report, State};
 
 /// What the metrics show beyond one report.
@@ -233,11 +231,7 @@ fn state(o: &mut String, report: &Report) {
             u8::from(report.state == s)
         );
     }
-    let expiry = report
-        .license
-        .as_ref()
-        .and_then(|l| l.expiry.as_deref())
-        .and_then(|e| DateTime::parse_from_rfc3339(e).ok());
+    let expiry = report.license.as_ref().and_then(|l| l.expiry);
     if let Some(exp) = expiry {
         one(
             o,
@@ -324,11 +318,7 @@ fn last_shutdown(o: &mut String, last: &crate::shutdown::LastShutdown) {
         "1 when nvidia-gridd returned its lease at the last shutdown, 0 when the lease was left held on the DLS.",
         u8::from(last.lease_returned),
     );
-    if let Some(at) = last
-        .at
-        .as_deref()
-        .and_then(|a| chrono::DateTime::parse_from_rfc3339(a).ok())
-    {
+    if let Some(at) = last.at {
         one(
             o,
             "vgpu_license_last_shutdown_timestamp_seconds",
@@ -410,7 +400,7 @@ mod tests {
             license: Some(License {
                 status: None,
                 edition: None,
-                expiry: Some("2030-01-01T00:00:00Z".into()),
+                expiry: Some("2030-01-01T00:00:00Z".parse().unwrap()),
             }),
             gpus: vec![],
             events: vec![],

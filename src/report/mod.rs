@@ -1,7 +1,10 @@
 //! The one report type (`--json`, `status.json`) and the codes the outside relies on.
 //! Schema: `vgpu-license-agent/report/v1`.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+use crate::time::{LogTime, rfc3339_secs};
 
 pub mod human;
 pub mod message_ids;
@@ -208,11 +211,12 @@ impl LicensingMode {
 pub struct Event {
     /// RFC 3339 when the log gave the zone; a local wall-clock time without offset when the
     /// log (syslog text) did not say its zone; null when the line had no time or no year.
-    pub at: Option<String>,
+    pub at: Option<LogTime>,
     pub kind: EventKind,
     pub server: Option<String>,
     pub edition: Option<String>,
-    pub expiry: Option<String>,
+    #[serde(default, with = "rfc3339_secs::option")]
+    pub expiry: Option<DateTime<Utc>>,
     pub reason: Option<Reason>,
     pub message: String,
 }
@@ -221,7 +225,8 @@ pub struct Event {
 pub struct License {
     pub status: Option<String>,
     pub edition: Option<String>,
-    pub expiry: Option<String>,
+    #[serde(default, with = "rfc3339_secs::option")]
+    pub expiry: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -237,7 +242,8 @@ pub struct Gpu {
 pub struct Failure {
     pub reason: Reason,
     pub message: String,
-    pub at: Option<String>,
+    /// As an event's: the failure of a line of gridd's is dated as the line is.
+    pub at: Option<LogTime>,
     pub advice: String,
 }
 
@@ -252,7 +258,8 @@ pub struct DlsEndpoint {
 pub struct Report {
     pub schema: String,
     pub state: State,
-    pub observed_at: Option<String>,
+    #[serde(default, with = "rfc3339_secs::option")]
+    pub observed_at: Option<DateTime<Utc>>,
     pub license: Option<License>,
     pub gpus: Vec<Gpu>,
     pub events: Vec<Event>,
@@ -293,7 +300,8 @@ fn is_zero(n: &u64) -> bool {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LastShutdown {
     /// The time of gridd's last line of that boot.
-    pub at: Option<String>,
+    #[serde(default, with = "rfc3339_secs::option")]
+    pub at: Option<DateTime<Utc>>,
     /// Whether it returned the lease it held (`License returned successfully`).
     pub lease_returned: bool,
     /// gridd's own line about it (`License returned ...`, `Failed to return license ...`,
@@ -302,4 +310,62 @@ pub struct LastShutdown {
     /// Seconds from gridd's shutdown line to its last line, when both are dated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_seconds: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report as the writer writes it: every time field, an event dated by a zoned line and
+    /// one by a line without a zone, and a null time.
+    const WRITTEN: &str = concat!(
+        r#"{"schema":"vgpu-license-agent/report/v1","state":"licensed","#,
+        r#""observed_at":"2026-12-03T12:00:05Z","#,
+        r#""license":{"status":null,"edition":"E","expiry":"2026-12-04T10:00:00Z"},"#,
+        r#""gpus":[],"events":["#,
+        r#"{"at":"2024-09-15T17:16:29Z","kind":"acquired","server":"dls.example","#,
+        r#""edition":"E","expiry":"2026-12-04T10:00:00Z","reason":null,"message":"zoned"},"#,
+        r#"{"at":"2022-12-20T17:25:11","kind":"acquire_failed","server":null,"#,
+        r#""edition":null,"expiry":null,"reason":"other","message":"local"},"#,
+        r#"{"at":null,"kind":"other","server":null,"edition":null,"expiry":null,"#,
+        r#""reason":null,"message":"undated"}],"#,
+        r#""failure":{"reason":"other","message":"local","at":"2022-12-20T17:25:11","#,
+        r#""advice":"a"},"dls":null,"exit_code":0,"agent_pid":7,"#,
+        r#""last_shutdown":{"at":"2026-11-29T18:00:02Z","lease_returned":true,"message":"m"}}"#,
+    );
+
+    #[test]
+    fn times_are_written_back_byte_for_byte() {
+        let read: Report = serde_json::from_str(WRITTEN).unwrap();
+        let written = serde_json::to_string(&read).unwrap();
+        assert_eq!(written, WRITTEN);
+        let again: Report = serde_json::from_str(&written).unwrap();
+        assert_eq!(again, read);
+        assert_eq!(serde_json::to_string(&again).unwrap(), WRITTEN);
+        // Each time field has its type, and its text is today's.
+        let zoned = read.events[0].at.unwrap();
+        assert!(matches!(zoned, LogTime::Utc(_)));
+        assert_eq!(zoned.to_string(), "2024-09-15T17:16:29Z");
+        let local = read.events[1].at.unwrap();
+        assert!(matches!(local, LogTime::Local(_)));
+        assert_eq!(local.to_string(), "2022-12-20T17:25:11");
+        assert_eq!(read.events[2].at, None);
+        assert_eq!(read.failure.as_ref().unwrap().at, Some(local));
+        let text = |t: Option<DateTime<Utc>>| t.map(crate::time::rfc3339);
+        assert_eq!(text(read.observed_at).unwrap(), "2026-12-03T12:00:05Z");
+        let expiry = text(read.license.as_ref().unwrap().expiry).unwrap();
+        assert_eq!(expiry, "2026-12-04T10:00:00Z");
+        assert_eq!(text(read.events[0].expiry).unwrap(), expiry);
+        let shutdown = read.last_shutdown.as_ref().unwrap().at;
+        assert_eq!(text(shutdown).unwrap(), "2026-11-29T18:00:02Z");
+    }
+
+    #[test]
+    fn a_report_without_its_times_reads_as_unknown_times() {
+        let v1 = r#"{"schema":"vgpu-license-agent/report/v1","state":"unknown","license":null,"gpus":[],"events":[],"failure":null,"dls":null,"exit_code":3}"#;
+        let read: Report = serde_json::from_str(v1).unwrap();
+        assert_eq!(read.observed_at, None);
+        let bad = v1.replace(r#""license":null"#, r#""license":null,"observed_at":"now""#);
+        assert!(serde_json::from_str::<Report>(&bad).is_err());
+    }
 }

@@ -24,6 +24,7 @@ use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
 use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
 use crate::state::{LogFold, MAX_EVENTS, evaluate};
+use crate::time::LogTime;
 use crate::token::Token;
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
@@ -1051,15 +1052,9 @@ impl Core {
     fn smi_interval(&self, now: Now) -> Duration {
         let svc = &self.settings.service;
         let expiry = match &self.published.report {
-            Some(r) if r.state == State::Licensed => r
-                .license
-                .as_ref()
-                .and_then(|l| l.expiry.as_deref())
-                .map(|e| {
-                    chrono::DateTime::parse_from_rfc3339(e)
-                        .ok()
-                        .map(|e| e.with_timezone(&Utc))
-                }),
+            Some(r) if r.state == State::Licensed => {
+                r.license.as_ref().and_then(|l| l.expiry).map(Some)
+            }
             None => self
                 .seen
                 .smi
@@ -1490,7 +1485,7 @@ impl Core {
             report.events.insert(
                 0,
                 crate::report::Event {
-                    at: Some(c.at.clone()),
+                    at: Some(LogTime::Utc(c.at)),
                     kind: EventKind::CloneDetected,
                     server: None,
                     edition: None,
@@ -1505,7 +1500,7 @@ impl Core {
             && f.reason == *reason
             && f.message == *message
         {
-            f.at = Some(crate::time::rfc3339(*since));
+            f.at = Some(LogTime::Utc(crate::time::whole_secs(*since)));
         }
         report
     }
@@ -1515,7 +1510,11 @@ impl Core {
         let key = report.failure.as_ref().map(|f| {
             (
                 f.reason,
-                format!("{}|{}", f.message, f.at.as_deref().unwrap_or("")),
+                format!(
+                    "{}|{}",
+                    f.message,
+                    f.at.map(|a| a.to_string()).unwrap_or_default()
+                ),
             )
         });
         // With a token source, no token before the source is read is not yet a failure: the
@@ -1720,7 +1719,8 @@ fn log_state_change(report: &Report, previous: Option<State>) {
     let expiry = report
         .license
         .as_ref()
-        .and_then(|l| l.expiry.clone())
+        .and_then(|l| l.expiry)
+        .map(crate::time::rfc3339)
         .unwrap_or_default();
     let id = if report.state == State::Licensed {
         message_ids::LICENSED
@@ -1783,8 +1783,8 @@ pub fn status_line(r: &Report) -> String {
         if let Some(ed) = &l.edition {
             line.push_str(&format!(", {ed}"));
         }
-        if let Some(exp) = &l.expiry {
-            line.push_str(&format!(", expires {exp}"));
+        if let Some(exp) = l.expiry {
+            line.push_str(&format!(", expires {}", crate::time::rfc3339(exp)));
         }
     }
     if let Some(f) = &r.failure {
@@ -1846,7 +1846,7 @@ mod tests {
         assert!(!p.made_at(secs(600), heartbeat, &other, "m2"), "time alone");
         assert!(!p.heartbeat_due(secs(601), heartbeat), "just remade");
         assert!(p.heartbeat_due(secs(630), heartbeat));
-        other.observed_at = Some("2026-12-03T12:00:00Z".into());
+        other.observed_at = Some("2026-12-03T12:00:00Z".parse().unwrap());
         assert!(
             p.made_at(secs(631), heartbeat, &other, "m2"),
             "a new observation"
