@@ -223,6 +223,26 @@ impl Drop for Running {
     }
 }
 
+/// Whether process `pid` runs under the name `comm` (as the kernel keeps it: at most 15
+/// bytes), neither a zombie nor dead: a pid looked at again, which may have been recycled.
+/// One read of `/proc/PID/stat`.
+pub fn process_runs(pid: u32, comm: &str) -> bool {
+    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `PID (COMM) STATE ...`: the name may hold spaces and parentheses, the state follows
+    // the last `)`.
+    let (Some(open), Some(close)) = (
+        stat.iter().position(|&b| b == b'('),
+        stat.iter().rposition(|&b| b == b')'),
+    ) else {
+        return false;
+    };
+    open < close
+        && &stat[open + 1..close] == comm.as_bytes()
+        && !matches!(stat.get(close + 2), Some(b'Z' | b'X' | b'x') | None)
+}
+
 /// Kills every command still running (and what it started), for a clean stop. Their
 /// callers see them end and reap them.
 pub fn kill_all() {

@@ -156,20 +156,7 @@ pub fn gridd_process_runs() -> bool {
 /// nor dead): the process of a line gridd logged, looked at again. One read of
 /// `/proc/PID/stat`; no question to systemd.
 pub fn still_runs(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // `PID (COMM) STATE ...`: the name may hold spaces and parentheses, the state follows
-    // the last `)`.
-    let (Some(open), Some(close)) = (
-        stat.iter().position(|&b| b == b'('),
-        stat.iter().rposition(|&b| b == b')'),
-    ) else {
-        return false;
-    };
-    open < close
-        && &stat[open + 1..close] == b"nvidia-gridd"
-        && !matches!(stat.get(close + 2), Some(b'Z' | b'X' | b'x') | None)
+    crate::command::process_runs(pid, "nvidia-gridd")
 }
 
 /// Runs the configured restart command with the configured time limit.

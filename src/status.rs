@@ -16,10 +16,10 @@ pub enum Source {
     Observed,
 }
 
+/// The writer is still running and is the agent (not a recycled pid, not a zombie): its
+/// name as the kernel keeps it, cut to 15 bytes.
 fn service_alive(pid: u32) -> bool {
-    // The writer is still running and is the agent (not a recycled pid).
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|c| c.trim_end().starts_with("vgpu-license-ag"))
+    crate::command::process_runs(pid, "vgpu-license-ag")
 }
 
 /// A status.json larger than this was not written by the service (a few KB, or a few
