@@ -97,8 +97,21 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         obs.token = Some(token);
     }
     let mut report = evaluate(obs);
+    if args.journal.is_some()
+        && !report.events.is_empty()
+        && report.events.iter().all(|e| e.at.is_none())
+        && !notes.iter().any(|n| n.contains("carry no time"))
+    {
+        notes.push(no_year_note());
+    }
     report.notes.extend(notes);
     Ok(report)
+}
+
+/// Syslog-style lines without a year (journalctl's default output, /var/log/messages), with
+/// no dated line after them to take it from: their times cannot be placed.
+fn no_year_note() -> String {
+    "gridd's lines carry no year (journalctl's default output, or syslog), so no event has a time and a lease cannot be judged against the clock: save the log with `journalctl -u nvidia-gridd -o short-iso` (or `-o json`)".into()
 }
 
 /// Something to analyze, and standard input read for one of them at most.

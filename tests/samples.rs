@@ -712,7 +712,12 @@ fn a_log_without_times_gets_the_journalctl_options_that_keep_them() {
     assert!(hint(&r), "{r}");
     let (r, _) = journal("gridd-log-legacy-acquired-url-2.txt");
     assert!(hint(&r), "{r}");
-    // A log with its times needs no hint.
+    // Syslog lines, as `grep gridd /var/log/messages` and journalctl's default output write
+    // them: a time of day, no year, so no event can be dated either.
     let (r, _) = journal("gridd-log-legacy-acquired-url-1.txt");
+    assert!(hint(&r), "{r}");
+    assert!(r["notes"].to_string().contains("carry no year"), "{r}");
+    // A log whose lines can be dated needs no hint.
+    let (r, _) = journal("gridd-log-jp-dls-guide-1.txt");
     assert!(!hint(&r), "{r}");
 }
