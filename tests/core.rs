@@ -506,6 +506,43 @@ fn a_unit_answer_older_than_gridds_start_is_asked_again() {
     assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
 }
 
+/// gridd exited on a failure that explains it (systemd: inactive, believed); then it is
+/// started from outside (systemd's `Restart=`, an operator). Its `Started` line voids the old
+/// "not running" until systemd answers again: no report meanwhile calls it down, counts
+/// `gridd_not_running` or restarts it.
+#[test]
+fn a_gridd_started_from_outside_is_not_called_down_before_systemd_answers() {
+    let mut w = World::new(UNLICENSED);
+    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    let mut sim = Sim::new(settings(), w);
+    sim.log(TOKEN_BAD);
+    sim.log("Shutdown (100)");
+    sim.run(S(60));
+    assert_eq!(sim.reason(), Some(Reason::TokenInvalid));
+    let restarts = sim.world.restarts.len();
+    // The new gridd's first line; systemd's answer has not come yet.
+    sim.world.pid = 101;
+    let now = sim.now();
+    let mut fx = sim
+        .core
+        .handle(Event::Gridd(Box::new(gridd(101, "Started (101)"))), now);
+    assert!(fx.contains(&Effect::CheckUnit), "{fx:?}");
+    sim.mono += Duration::from_millis(200);
+    fx.extend(sim.core.tick(sim.now()));
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::RestartGridd { .. })),
+        "{fx:?}"
+    );
+    assert_ne!(sim.reason(), Some(Reason::GriddNotRunning));
+    assert_eq!(gridd_not_running_counted(&sim), 0);
+    // systemd says it runs: believed.
+    sim.world.unit = Some(Ok(()));
+    sim.carry_out(fx);
+    sim.run(S(5));
+    assert_eq!(sim.world.restarts.len(), restarts);
+    assert_eq!(gridd_not_running_counted(&sim), 0);
+}
+
 /// An adoption that restarts gridd, as it ends: what `install` reports.
 fn restarted_for_the_token() -> Event {
     Event::Adopted(Ok(Box::new(Outcome {

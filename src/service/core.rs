@@ -718,6 +718,11 @@ impl Core {
         }
         if kind == EventKind::Started {
             self.busy.unit.gridd_moved();
+            // systemd's "not running" was said before this start: void until it answers
+            // again, so that no report meanwhile calls the new gridd down (nor restarts it).
+            if matches!(self.seen.unit, Some(Err(_))) {
+                self.seen.unit = None;
+            }
         }
         if matches!(kind, EventKind::Started | EventKind::Shutdown)
             || matches!(self.seen.unit, Some(Err(_)))
