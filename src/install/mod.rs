@@ -624,8 +624,9 @@ fn needs_gpus(requested: FeatureType, cur: &Current) -> bool {
     match requested {
         FeatureType::Set(ft) => ft != 1,
         FeatureType::Default(ft) => {
+            // A value other than 0 and 1 is judged against them; else the one written is.
             let present = present_feature_type(cur).and_then(|v| v.parse::<u8>().ok());
-            ft != 1 || present.is_some_and(|v| v > 1)
+            present.is_some_and(|v| v > 1) || (present != Some(1) && ft != 1)
         }
     }
 }

@@ -629,7 +629,12 @@ fn nvidia_smi_is_needed_only_for_a_feature_type_other_than_1() {
     assert!(!needs_gpus(FeatureType::Default(1), &cur));
     assert!(!needs_gpus(FeatureType::Set(1), &cur));
     assert!(needs_gpus(FeatureType::Set(4), &cur));
+    // gridd.conf says 1 already: it stays, whatever the default; without it, a default
+    // other than 1 is judged.
+    assert!(!needs_gpus(FeatureType::Default(2), &cur));
+    cur.conf = None;
     assert!(needs_gpus(FeatureType::Default(2), &cur));
+    cur = in_place(&s, &tok("a"), TOKEN_MODE, Vec::new());
     for (conf, needs) in [
         ("FeatureType=4\n", true),
         ("FeatureType=0\n", false),
