@@ -311,6 +311,10 @@ impl std::fmt::Display for TokenRejected {
 
 impl std::error::Error for TokenRejected {}
 
+/// How long a file in the token directory must have been still before the service judges
+/// it: longer than a copy's writes are apart.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Why a token was not adopted; in each case nothing was changed.
 #[derive(Debug)]
 pub enum AdoptError {

@@ -18,7 +18,7 @@ use vgpu_license_agent::report::{Reason, State};
 use vgpu_license_agent::service::core::{
     AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
 };
-use vgpu_license_agent::token::{Token, Untimely};
+use vgpu_license_agent::token::{Token, TokenError, Untimely};
 
 const LICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n";
 const UNLICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Unlicensed (Unrestricted)\n";
@@ -541,6 +541,32 @@ fn a_gridd_started_from_outside_is_not_called_down_before_systemd_answers() {
     sim.run(S(5));
     assert_eq!(sim.world.restarts.len(), restarts);
     assert_eq!(gridd_not_running_counted(&sim), 0);
+}
+
+/// A token file caught while it is written (made empty, then filled, as `cp` and cloud-init
+/// do) is no verdict: nothing calls the token empty meanwhile; once the directory has been
+/// still a second and it is still empty, it is reported.
+#[test]
+fn a_token_caught_while_it_is_written_is_looked_at_again_not_reported() {
+    let mut sim = licensed_for_a_minute();
+    sim.world.token = Err(TokenProblem::Invalid(TokenError::Empty));
+    sim.handle(Event::TokenDirChanged);
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+    // The write ends; the next look finds the token.
+    sim.world.token = Ok(token());
+    sim.run(S(2));
+    assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+    assert!(
+        sim.world.token_reads >= 2,
+        "looked at again: {}",
+        sim.world.token_reads
+    );
+    // One that stays empty is what it is, a second later.
+    sim.world.token = Err(TokenProblem::Invalid(TokenError::Empty));
+    sim.handle(Event::TokenDirChanged);
+    assert_eq!(sim.reason(), None);
+    sim.run(S(2));
+    assert_eq!(sim.reason(), Some(Reason::TokenInvalid));
 }
 
 /// An adoption that restarts gridd, as it ends: what `install` reports.

@@ -226,10 +226,6 @@ fn file_in(source: &Path, token_file: &str, shown: &str) -> Result<PathBuf, Toke
     }
 }
 
-/// How long a file in the token directory must have been still before the service judges
-/// it: longer than a copy's writes are apart.
-pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
-
 impl From<CoreError> for AdoptError {
     fn from(e: CoreError) -> Self {
         match e {

@@ -15,7 +15,7 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-use crate::plan::{AdoptError, Aside, Change, Outcome, Restart, TokenRejected};
+use crate::plan::{AdoptError, Aside, Change, Outcome, Restart, SETTLE, TokenRejected};
 pub use adopt::{adopt, adopt_dropped_token, check_source};
 use apply::apply;
 

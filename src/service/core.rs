@@ -18,14 +18,14 @@ use crate::config::Settings;
 use crate::node_mode::{Mode, Node};
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
-use crate::plan::{Aside, Change, Outcome, Restart};
+use crate::plan::{Aside, Change, Outcome, Restart, SETTLE};
 use crate::policy;
 use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
 use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
 use crate::state::{LogFold, MAX_EVENTS, evaluate};
 use crate::time::LogTime;
-use crate::token::Token;
+use crate::token::{Token, TokenError};
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
 /// with time alone), and nvidia-smi's and the token's turns ride on its wakeups. Under
@@ -351,6 +351,8 @@ struct Seen {
     /// The process that logged gridd's latest line (the journal's `_PID`).
     gridd_pid: Option<u32>,
     token: Option<Result<Token, TokenProblem>>,
+    /// When the token directory last changed (the watch's word).
+    token_dir_changed: Option<Duration>,
     legacy_server: Option<String>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
@@ -372,6 +374,7 @@ impl Seen {
             unit: None,
             gridd_pid: None,
             token: None,
+            token_dir_changed: None,
             legacy_server: None,
             lease: None,
             lease_at_start: false,
@@ -661,6 +664,7 @@ impl Core {
             Event::Token(t) => self.on_token(t, now),
             Event::LegacyServer(s) => self.seen.legacy_server = s,
             Event::TokenDirChanged => {
+                self.seen.token_dir_changed = Some(now.mono);
                 self.read_token(&mut fx);
                 self.dir_changed(now, &mut fx);
             }
@@ -754,6 +758,21 @@ impl Core {
             // Changed again meanwhile: looked at again after a short gap, so that a burst of
             // changes is a few looks, not one after another for its length.
             self.schedule.token_read = Some(now.mono + TOKEN_READ_GAP);
+        }
+        // A token file being written (made empty, then filled; or part written) is no
+        // verdict yet: looked at again once the directory has been still for a while.
+        let partial = matches!(
+            t,
+            Err(TokenProblem::Invalid(
+                TokenError::Empty | TokenError::Truncated(_)
+            ))
+        );
+        if let Some(changed) = self.seen.token_dir_changed
+            && partial
+            && now.mono < changed + SETTLE
+        {
+            self.schedule.token_read = Some(changed + SETTLE);
+            return;
         }
         if self
             .seen
