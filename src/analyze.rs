@@ -83,9 +83,10 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     if let Some(path) = &args.smi {
         add_smi(path, &mut obs, &mut notes)?;
     }
-    if let Some(path) = &args.journal {
-        add_journal(path, args.max_events, &mut obs, &mut notes)?;
-    }
+    let timed_log = match &args.journal {
+        Some(path) => add_journal(path, args.max_events, &mut obs, &mut notes)?,
+        None => false,
+    };
     if let Some(path) = &args.token {
         let bytes = read_all(
             path,
@@ -97,11 +98,8 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         obs.token = Some(token);
     }
     let mut report = evaluate(obs);
-    if args.journal.is_some()
-        && !report.events.is_empty()
-        && report.events.iter().all(|e| e.at.is_none())
-        && !notes.iter().any(|n| n.contains("carry no time"))
-    {
+    // Times of day without a year, and no dated line to take it from.
+    if timed_log && report.events.iter().all(|e| e.at.is_none()) {
         notes.push(no_year_note());
     }
     report.notes.extend(notes);
@@ -148,13 +146,14 @@ fn add_smi(path: &Path, obs: &mut Observations, notes: &mut Vec<String>) -> Resu
 }
 
 /// gridd's saved log: its events, folded, and its last time where nvidia-smi's output gave
-/// none; notes on a log without gridd's lines or without times.
+/// none; notes on a log without gridd's lines or without times. Whether gridd's lines carry
+/// a time of day (they may still lack a year).
 fn add_journal(
     path: &Path,
     max_events: usize,
     obs: &mut Observations,
     notes: &mut Vec<String>,
-) -> Result<(), InputError> {
+) -> Result<bool, InputError> {
     let mut fold = LogFold::new(max_events);
     let stats = scan_journal(path, |e| fold.push(e))?;
     if fold.total() == 0 {
@@ -173,8 +172,9 @@ fn add_journal(
         obs.at_is_exact = last.utc().is_some();
         obs.at = last.utc().or_else(|| last.naive_as_utc());
     }
+    let timed = fold.total() > 0 && stats.last_stamp.is_some();
     obs.log = Some((fold, stats));
-    Ok(())
+    Ok(timed)
 }
 
 /// What a saved nvidia-smi output is, where it is not a guest's whole `nvidia-smi -q`: the
