@@ -1068,8 +1068,6 @@ impl Core {
         }
     }
 
-    /// nvidia-smi's interval: often while no license is held, rarely while one is, every
-    /// minute in the last hour of a lease.
     /// The time to the next periodic reading: the licensed pace while the report says
     /// licensed (before the first report, while the reading just made does), a minute near
     /// the lease's end, and the short pace without a license.
