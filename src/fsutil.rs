@@ -301,79 +301,6 @@ pub fn list_dir(dir: &Path) -> io::Result<Vec<(OsString, PathBuf)>> {
     Ok(out)
 }
 
-/// Why a directory the agent manages is not trusted.
-#[derive(Debug)]
-pub enum ManagedDirError {
-    /// It is a symlink (to this): the agent never follows one out of its own directories.
-    Symlink(PathBuf),
-    /// It exists but is not a directory.
-    NotDir,
-    /// It holds what the agent does not expect there (these names, escaped).
-    Unexpected(Vec<String>),
-    Io(io::Error),
-}
-
-impl std::fmt::Display for ManagedDirError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ManagedDirError::Symlink(to) => write!(
-                f,
-                "is a symlink (to {}), and the agent never follows a symlink out of a directory it manages: make it a real directory, or point the config at the real one",
-                crate::text::show_path(to)
-            ),
-            ManagedDirError::NotDir => f.write_str("is not a directory: move that file away"),
-            ManagedDirError::Unexpected(names) => {
-                let list = crate::text::few_and_count(names);
-                write!(
-                    f,
-                    "holds what is not the agent's ({list}): the agent changes nothing in a directory it does not own; give it a directory of its own in the config, or move those away"
-                )
-            }
-            ManagedDirError::Io(e) => write!(f, "cannot be read: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for ManagedDirError {}
-
-/// The entries of a directory the agent manages, sorted by name, after checking that it is
-/// one: not a symlink, a directory (or absent: no entries), holding only what `expected`
-/// accepts (given each entry's name and its own metadata, links not followed). Nothing is
-/// changed here; a caller that would move or remove entries calls this first, so a wrong
-/// `token_dir = "/etc/nvidia"` or a symlink to `/` is refused, not cleaned.
-pub fn managed_entries(
-    dir: &Path,
-    expected: impl Fn(&str, &fs::Metadata) -> bool,
-) -> Result<Vec<(OsString, PathBuf)>, ManagedDirError> {
-    match fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_symlink() => {
-            return Err(ManagedDirError::Symlink(
-                fs::read_link(dir).unwrap_or_default(),
-            ));
-        }
-        Ok(m) if !m.is_dir() => return Err(ManagedDirError::NotDir),
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(ManagedDirError::Io(e)),
-    }
-    let entries = list_dir(dir).map_err(ManagedDirError::Io)?;
-    let mut unexpected = Vec::new();
-    for (name, path) in &entries {
-        let ok = match fs::symlink_metadata(path) {
-            Ok(m) => expected(&name.to_string_lossy(), &m),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => true,
-            Err(e) => return Err(ManagedDirError::Io(e)),
-        };
-        if !ok {
-            unexpected.push(crate::text::escape(&name.to_string_lossy()).into_owned());
-        }
-    }
-    if !unexpected.is_empty() {
-        return Err(ManagedDirError::Unexpected(unexpected));
-    }
-    Ok(entries)
-}
-
 /// An exclusive lock on a file, held until dropped.
 #[derive(Debug)]
 pub struct Lock {
@@ -413,6 +340,27 @@ pub fn lock(path: &Path, wait: Duration) -> Result<Lock, LockError> {
     }
 }
 
+/// Changes a file's mode through a descriptor opened without following links or blocking,
+/// and only if it is a regular file (and, when given, still the inode that was checked).
+pub fn chmod_checked(path: &Path, mode: u32, ino: Option<u64>) -> io::Result<()> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(
+            nix::libc::O_NOFOLLOW
+                | nix::libc::O_NONBLOCK
+                | nix::libc::O_CLOEXEC
+                | nix::libc::O_NOCTTY,
+        )
+        .open(path)?;
+    let m = f.metadata()?;
+    if !m.is_file() || ino.is_some_and(|i| i != m.ino()) {
+        return Err(io::Error::other(
+            "it was replaced by something else since it was checked",
+        ));
+    }
+    f.set_permissions(fs::Permissions::from_mode(mode))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,37 +391,6 @@ mod tests {
     }
 
     #[test]
-    fn a_managed_directory_is_refused_when_a_symlink_or_holding_the_unexpected() {
-        let d = tempfile::tempdir().unwrap();
-        let real = d.path().join("real");
-        fs::create_dir(&real).unwrap();
-        fs::write(real.join("gridd.conf"), b"x").unwrap();
-        fs::create_dir(real.join("sub")).unwrap();
-        let link = d.path().join("link");
-        std::os::unix::fs::symlink(&real, &link).unwrap();
-        let only_tok = |n: &str, m: &fs::Metadata| n.ends_with(".tok") && m.is_file();
-        assert!(matches!(
-            managed_entries(&link, only_tok),
-            Err(ManagedDirError::Symlink(_))
-        ));
-        let e = managed_entries(&real, only_tok).unwrap_err();
-        assert!(e.to_string().contains("(gridd.conf, sub)"), "{e}");
-        assert!(
-            managed_entries(&d.path().join("absent"), only_tok)
-                .unwrap()
-                .is_empty()
-        );
-        fs::remove_file(real.join("gridd.conf")).unwrap();
-        fs::remove_dir(real.join("sub")).unwrap();
-        fs::write(real.join("a.tok"), b"x").unwrap();
-        assert_eq!(managed_entries(&real, only_tok).unwrap().len(), 1);
-        assert!(matches!(
-            managed_entries(&real.join("a.tok"), only_tok),
-            Err(ManagedDirError::NotDir)
-        ));
-    }
-
-    #[test]
     fn lock_is_exclusive() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("lock");
@@ -495,258 +412,4 @@ mod tests {
         assert_eq!(mode_of(&fs::metadata(d.path().join("a")).unwrap()), 0o755);
         assert!(!create_dir_mode(&p, 0o755).unwrap());
     }
-}
-
-/// A stray larger than this is never copied across file systems: no token or gridd.conf is
-/// that large, and copying a stray of any size could fill the state file system.
-pub const MAX_STRAY_COPY_BYTES: u64 = 1 << 20;
-
-/// A stray that would have to be copied across file systems, and is not copied: larger than
-/// any file that belongs in the token directory (`Some(size)`), or a FIFO or socket (`None`).
-#[derive(Debug)]
-pub struct NotCopied {
-    pub path: PathBuf,
-    pub size: Option<u64>,
-}
-
-impl std::fmt::Display for NotCopied {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = crate::text::show_path(&self.path);
-        match self.size {
-            Some(size) => write!(
-                f,
-                "{shown} is {size} bytes, larger than any token or gridd.conf, and the state directory is on another file system, so moving it aside would copy it: move or remove it yourself (rm {shown})"
-            ),
-            None => write!(
-                f,
-                "{shown} is a FIFO or socket, which cannot be moved to the state directory on another file system: remove it (rm {shown})"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for NotCopied {}
-
-/// Opens a directory without following a symlink at its last component.
-pub fn open_dir_no_follow(dir: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-        .open(dir)
-}
-
-/// Changes a directory's mode through a descriptor of it (never through a symlink).
-pub fn chmod_dir_no_follow(dir: &Path, mode: u32) -> io::Result<()> {
-    open_dir_no_follow(dir)?.set_permissions(fs::Permissions::from_mode(mode))
-}
-
-/// Changes a file's mode through a descriptor opened without following links or blocking,
-/// and only if it is a regular file (and, when given, still the inode that was checked).
-pub fn chmod_checked(path: &Path, mode: u32, ino: Option<u64>) -> io::Result<()> {
-    let f = OpenOptions::new()
-        .read(true)
-        .custom_flags(
-            nix::libc::O_NOFOLLOW
-                | nix::libc::O_NONBLOCK
-                | nix::libc::O_CLOEXEC
-                | nix::libc::O_NOCTTY,
-        )
-        .open(path)?;
-    let m = f.metadata()?;
-    if !m.is_file() || ino.is_some_and(|i| i != m.ino()) {
-        return Err(io::Error::other(
-            "it was replaced by something else since it was checked",
-        ));
-    }
-    f.set_permissions(fs::Permissions::from_mode(mode))
-}
-
-/// Writes a new file `name` in the directory open as `dir` (created exclusively, never
-/// through a link), synced.
-pub fn write_new_in(dir: &File, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let mut f = openat_nofollow(
-        dir,
-        name,
-        nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_WRONLY,
-        nix::sys::stat::Mode::from_bits_truncate(mode as nix::libc::mode_t),
-    )?;
-    f.write_all(bytes)?;
-    f.sync_all()
-}
-
-/// Moves `from` (an entry of the directory open as `from_dir`) to `to` (in the directory open
-/// as `to_dir`) by a rename relative to both descriptors. Across file systems a regular file
-/// or a link is copied and then removed, but a file larger than [`MAX_STRAY_COPY_BYTES`] is
-/// refused ([`NotCopied`]) and anything else is never copied.
-pub fn move_out(from_dir: &File, from: &Path, to_dir: &File, to: &Path) -> io::Result<()> {
-    use std::os::fd::AsFd;
-    let (Some(src), Some(dst)) = (from.file_name(), to.file_name()) else {
-        return Err(io::Error::other("not a file name"));
-    };
-    let renamed = if fault("exdev") {
-        Err(nix::errno::Errno::EXDEV)
-    } else {
-        nix::fcntl::renameat(from_dir.as_fd(), src, to_dir.as_fd(), dst)
-    };
-    match renamed {
-        Ok(()) => return Ok(()),
-        Err(nix::errno::Errno::EXDEV) => {}
-        Err(e) => return Err(e.into()),
-    }
-    copy_across(from_dir, src, to_dir, dst, from)?;
-    nix::unistd::unlinkat(
-        from_dir.as_fd(),
-        src,
-        nix::unistd::UnlinkatFlags::NoRemoveDir,
-    )
-    .map_err(io::Error::from)
-}
-
-/// The entry `src` of `from_dir` (shown as `from`) copied to `dst` in `to_dir`, on another
-/// file system: a link as a link, a regular file up to [`MAX_STRAY_COPY_BYTES`]; anything
-/// else is [`NotCopied`].
-fn copy_across(
-    from_dir: &File,
-    src: &std::ffi::OsStr,
-    to_dir: &File,
-    dst: &std::ffi::OsStr,
-    from: &Path,
-) -> io::Result<()> {
-    use std::os::fd::AsFd;
-    let st = nix::sys::stat::fstatat(
-        from_dir.as_fd(),
-        src,
-        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-    )?;
-    let not_copied = |size| {
-        io::Error::other(NotCopied {
-            path: from.to_path_buf(),
-            size,
-        })
-    };
-    let kind = st.st_mode & nix::libc::S_IFMT;
-    if kind == nix::libc::S_IFLNK {
-        let target = nix::fcntl::readlinkat(from_dir.as_fd(), src)?;
-        nix::unistd::symlinkat(target.as_os_str(), to_dir.as_fd(), dst)?;
-        Ok(())
-    } else if kind == nix::libc::S_IFREG {
-        if st.st_size as u64 > MAX_STRAY_COPY_BYTES {
-            return Err(not_copied(Some(st.st_size as u64)));
-        }
-        copy_regular(from_dir, src, st.st_ino, to_dir, dst)
-    } else {
-        Err(not_copied(None))
-    }
-}
-
-/// A regular file copied, once it is still the file `ino` that was looked at; a copy cut
-/// short is removed.
-fn copy_regular(
-    from_dir: &File,
-    src: &std::ffi::OsStr,
-    ino: u64,
-    to_dir: &File,
-    dst: &std::ffi::OsStr,
-) -> io::Result<()> {
-    use std::os::fd::AsFd;
-    let file = open_in(from_dir, src, nix::fcntl::OFlag::O_NONBLOCK)?;
-    let m = file.metadata()?;
-    if !m.is_file() || m.ino() != ino {
-        return Err(io::Error::other(
-            "it was replaced by something else while it was being moved",
-        ));
-    }
-    let bytes = crate::input::read_capped(file, MAX_STRAY_COPY_BYTES as usize)
-        .map_err(|e| io::Error::other(e.to_string()))?;
-    let written = if fault("copy-enospc") {
-        // Half a copy, then a full disk.
-        let _ = write_new_in(
-            to_dir,
-            &dst.to_string_lossy(),
-            &bytes[..bytes.len() / 2],
-            0o600,
-        );
-        Err(io::Error::from_raw_os_error(nix::libc::ENOSPC))
-    } else {
-        write_new_in(to_dir, &dst.to_string_lossy(), &bytes, m.mode() & 0o7777)
-    };
-    if let Err(e) = written {
-        let _ = nix::unistd::unlinkat(to_dir.as_fd(), dst, nix::unistd::UnlinkatFlags::NoRemoveDir);
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// Makes directory `name` in the directory open as `parent` (mode `mode`) when it is not
-/// there, and opens it without following a link: `(its descriptor, whether it was made)`.
-pub fn make_dir_in(parent: &File, name: &str, mode: u32) -> io::Result<(File, bool)> {
-    use std::os::fd::AsFd;
-    let made = match nix::sys::stat::mkdirat(
-        parent.as_fd(),
-        name,
-        nix::sys::stat::Mode::from_bits_truncate(mode as nix::libc::mode_t),
-    ) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EEXIST) => false,
-        Err(e) => return Err(e.into()),
-    };
-    let dir = open_in(parent, name, nix::fcntl::OFlag::O_DIRECTORY)?;
-    if made {
-        // The umask may have taken bits off.
-        dir.set_permissions(fs::Permissions::from_mode(mode))?;
-    }
-    Ok((dir, made))
-}
-
-/// Makes a new directory `name` (or `name-2`, `name-3`, ... when taken) in the directory open
-/// as `parent`, and opens it without following a link: its descriptor and its name.
-pub fn make_unique_dir_in(parent: &File, name: &str, mode: u32) -> io::Result<(File, String)> {
-    for n in 1..1000 {
-        let candidate = if n == 1 {
-            name.to_string()
-        } else {
-            format!("{name}-{n}")
-        };
-        match make_dir_in(parent, &candidate, mode)? {
-            (dir, true) => return Ok((dir, candidate)),
-            (_, false) => continue,
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AlreadyExists,
-        "too many directories of that name",
-    ))
-}
-
-/// Opens `name` in the directory open as `dir` for reading, never through a link, with
-/// `extra` flags (`O_DIRECTORY`, `O_NONBLOCK`).
-pub(crate) fn open_in<P: ?Sized + nix::NixPath>(
-    dir: &File,
-    name: &P,
-    extra: nix::fcntl::OFlag,
-) -> io::Result<File> {
-    openat_nofollow(
-        dir,
-        name,
-        nix::fcntl::OFlag::O_RDONLY | extra,
-        nix::sys::stat::Mode::empty(),
-    )
-}
-
-/// `openat` of `name` in the directory open as `dir` with `flags`, never through a link
-/// (`O_NOFOLLOW`), the descriptor not inherited (`O_CLOEXEC`).
-fn openat_nofollow<P: ?Sized + nix::NixPath>(
-    dir: &File,
-    name: &P,
-    flags: nix::fcntl::OFlag,
-    mode: nix::sys::stat::Mode,
-) -> io::Result<File> {
-    use std::os::fd::AsFd;
-    let fd = nix::fcntl::openat(
-        dir.as_fd(),
-        name,
-        flags | nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_CLOEXEC,
-        mode,
-    )?;
-    Ok(File::from(fd))
 }

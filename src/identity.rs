@@ -154,11 +154,11 @@ pub fn client_state_entries(dir: &Path, then: &str) -> anyhow::Result<Vec<(OsStr
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| CLIENT_STATE_DIR_NAMES.contains(&n));
-    fsutil::managed_entries(dir, |name, m| {
+    crate::dir::managed_entries(dir, |name, m| {
         own || (m.is_dir() && CLIENT_STATE_DIR_NAMES.contains(&name))
     })
     .map_err(|e| match e {
-        fsutil::ManagedDirError::Unexpected(names) => anyhow!(
+        crate::dir::ManagedDirError::Unexpected(names) => anyhow!(
             "nvidia-gridd's client state {} (paths.gridd_client_state) holds what is not gridd's client state ({}): only gridd's own directories ({}) are ever emptied or moved; point paths.gridd_client_state at them in the agent's config; {then}",
             show_path(dir),
             shown(&names),

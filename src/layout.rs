@@ -49,7 +49,7 @@ pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
 /// Refuses a state directory that is not the agent's own.
 pub fn check_state_dir(settings: &Settings) -> anyhow::Result<()> {
     let dir = &settings.paths.state_dir;
-    fsutil::managed_entries(dir, expected_in_state_dir)
+    crate::dir::managed_entries(dir, expected_in_state_dir)
         .map(drop)
         .map_err(|e| {
             anyhow!(

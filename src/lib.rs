@@ -10,6 +10,7 @@ pub mod cli;
 pub mod command;
 pub mod config;
 pub mod diagnose;
+pub mod dir;
 pub mod fsutil;
 pub mod gridd;
 pub mod gridd_conf;

@@ -10,14 +10,11 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::fs::File;
-use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use nix::fcntl::{AtFlags, OFlag};
-use nix::sys::stat::Mode;
+use crate::dir::Dir;
 
 /// The most links followed in one path, as the kernel's own limit.
 const MAX_LINKS: usize = 40;
@@ -53,26 +50,25 @@ fn ours(uid: u32) -> bool {
 /// owned by root (or the agent), or when the directory holding it is writable by root (or
 /// the agent) alone. Every step is relative to the descriptor of the one before, so nothing
 /// can be swapped between the check and the use.
-pub fn open(path: &Path) -> io::Result<File> {
+pub fn open(path: &Path) -> io::Result<Dir> {
     let mut queue: VecDeque<OsString> = components(path);
-    let mut dir = open_root()?;
+    let mut dir = Dir::root()?;
     let mut reached = PathBuf::from("/");
     let mut links = 0;
     while let Some(name) = queue.pop_front() {
         if name == "/" {
-            dir = open_root()?;
+            dir = Dir::root()?;
             reached = PathBuf::from("/");
             continue;
         }
         if name == ".." {
-            dir = step(&dir, "..")?;
+            dir = dir.open_dir("..")?;
             reached.pop();
             continue;
         }
-        let st =
-            nix::sys::stat::fstatat(dir.as_fd(), name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        let st = dir.stat(name.as_os_str())?;
         if st.st_mode & nix::libc::S_IFMT != nix::libc::S_IFLNK {
-            dir = step(&dir, name.as_os_str())?;
+            dir = dir.open_dir(name.as_os_str())?;
             reached.push(&name);
             continue;
         }
@@ -92,8 +88,8 @@ pub fn open(path: &Path) -> io::Result<File> {
                 },
             }));
         }
-        let target = nix::fcntl::readlinkat(dir.as_fd(), name.as_os_str())?;
-        for c in components(Path::new(&target)).into_iter().rev() {
+        let target = dir.read_link(name.as_os_str())?;
+        for c in components(&target).into_iter().rev() {
             queue.push_front(c);
         }
     }
@@ -112,15 +108,6 @@ fn components(path: &Path) -> VecDeque<OsString> {
         .collect()
 }
 
-fn open_root() -> io::Result<File> {
-    File::open("/")
-}
-
-/// Opens directory `name` in `dir`, never through a link.
-fn step<P: ?Sized + nix::NixPath>(dir: &File, name: &P) -> io::Result<File> {
-    crate::fsutil::open_in(dir, name, OFlag::O_DIRECTORY)
-}
-
 /// Replaces `path` with `bytes` at `mode`, atomically for readers and without a sync (the
 /// outputs are made anew at every start), through a descriptor of its directory reached by
 /// [`open`]. `create_dir`: the directory itself is made (mode 0755) when it is missing.
@@ -135,15 +122,11 @@ pub fn replace(path: &Path, bytes: &[u8], mode: u32, create_dir: bool) -> io::Re
         crate::fsutil::temp_prefix(&name.to_string_lossy()),
         crate::fsutil::unique()
     );
-    let written = write_new(&dir, &temp, bytes, mode).and_then(|()| {
-        nix::fcntl::renameat(dir.as_fd(), temp.as_str(), dir.as_fd(), name).map_err(io::Error::from)
-    });
+    let written = dir
+        .write_new(&temp, bytes, mode, false)
+        .and_then(|()| dir.rename(temp.as_str(), name));
     if written.is_err() {
-        let _ = nix::unistd::unlinkat(
-            dir.as_fd(),
-            temp.as_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        );
+        let _ = dir.remove_file(temp.as_str());
     }
     written
 }
@@ -160,30 +143,13 @@ fn parent_and_name(path: &Path) -> io::Result<(&Path, &std::ffi::OsStr)> {
 
 /// Makes the missing directory `dir` (mode 0755), and its missing parents, each in its
 /// parent reached by [`open`].
-fn make_dir(dir: &Path) -> io::Result<File> {
+fn make_dir(dir: &Path) -> io::Result<Dir> {
     let (parent, name) = parent_and_name(dir)?;
     let parent = match open(parent) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => make_dir(parent)?,
         other => other?,
     };
-    match nix::sys::stat::mkdirat(parent.as_fd(), name, Mode::from_bits_truncate(0o755)) {
-        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-        Err(e) => return Err(e.into()),
-    }
-    step(&parent, name)
-}
-
-/// Writes the new file `name` in `dir` (created exclusively, never through a link).
-fn write_new(dir: &File, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let fd = nix::fcntl::openat(
-        dir.as_fd(),
-        name,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o600),
-    )?;
-    let mut f = File::from(fd);
-    f.write_all(bytes)?;
-    f.set_permissions(std::fs::Permissions::from_mode(mode))
+    Ok(parent.make_dir(name, 0o755)?.0)
 }
 
 /// Removes the temporary files that a write of `path` killed before its rename left behind
@@ -197,32 +163,19 @@ pub fn remove_leftovers(path: &Path) -> usize {
         return 0;
     };
     let prefix = crate::fsutil::temp_prefix(&name.to_string_lossy());
-    // The listing is of the very directory opened, through its descriptor.
-    let listing =
-        Path::new("/proc/self/fd").join(std::os::fd::AsRawFd::as_raw_fd(&dir).to_string());
-    let Ok(entries) = std::fs::read_dir(listing) else {
-        return 0;
-    };
     let mut removed = 0;
-    for entry in entries.flatten() {
-        let file = entry.file_name().to_string_lossy().into_owned();
+    // The listing is of the very directory opened; one that cannot be read has none removed.
+    let _ = dir.each_name(|entry| {
+        let file = entry.to_string_lossy().into_owned();
         let Some(rest) = file.strip_prefix(&prefix) else {
-            continue;
+            return true;
         };
         let writer = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-        if writer.is_some_and(alive) {
-            continue;
-        }
-        if nix::unistd::unlinkat(
-            dir.as_fd(),
-            file.as_str(),
-            nix::unistd::UnlinkatFlags::NoRemoveDir,
-        )
-        .is_ok()
-        {
+        if !writer.is_some_and(alive) && dir.remove_file(file.as_str()).is_ok() {
             removed += 1;
         }
-    }
+        true
+    });
     removed
 }
 

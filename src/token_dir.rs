@@ -36,7 +36,8 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
-use crate::input::{self, Links, ReadError};
+use crate::dir::{Dir, Entry, NotOpened};
+use crate::input::{self, ReadError};
 use crate::text::show_path;
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
@@ -64,6 +65,9 @@ pub struct Installed {
     pub mode: u32,
     pub uid: u32,
     pub ino: u64,
+    /// Its size and file system, as looked at.
+    pub size: u64,
+    pub dev: u64,
     pub content: Content,
 }
 
@@ -234,15 +238,21 @@ pub fn scan(
         dir: dir.to_path_buf(),
         ..Listing::default()
     };
-    let Some(m) = dir_meta(dir)? else {
-        return Ok(out);
+    let opened = match Dir::open_if_there(dir) {
+        Ok(Some(d)) => d,
+        Ok(None) => return Ok(out),
+        Err(NotOpened::Symlink(to)) => return Err(ScanError::Symlink(to)),
+        Err(NotOpened::NotDir) => return Err(ScanError::NotDir),
+        Err(NotOpened::Io(e)) => return Err(ScanError::Io(e)),
     };
+    let m = opened.metadata().map_err(ScanError::Io)?;
     out.exists = true;
     out.mode = Some(m.mode() & 0o7777);
     out.uid = Some(m.uid());
     out.dev = Some(m.dev());
-    let entries = entries(dir, token_file, &mut out.uncounted)?;
+    let entries = entries(&opened, dir, token_file, &mut out.uncounted)?;
     let mut sorting = Sorting {
+        dir: &opened,
         token_file,
         gridd_conf,
         conf_here: gridd_conf.parent() == Some(dir),
@@ -268,44 +278,32 @@ pub fn scan(
     Ok(out)
 }
 
-/// The directory's own metadata; `None` where it does not exist.
-fn dir_meta(dir: &Path) -> Result<Option<fs::Metadata>, ScanError> {
-    match fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_symlink() => {
-            Err(ScanError::Symlink(fs::read_link(dir).unwrap_or_default()))
-        }
-        Ok(m) if !m.is_dir() => Err(ScanError::NotDir),
-        Ok(m) => Ok(Some(m)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(ScanError::Io(e)),
-    }
-}
-
 /// The entries to look at, sorted: their names and paths. A directory with more entries
 /// than a token directory ever has (a sync tool's 20,000 files, `/etc` by mistake) is not
 /// read whole: its first entries and the token's own path are looked at, the rest only
 /// counted (in `uncounted`), so that a look costs the same whatever the directory holds.
 fn entries(
+    opened: &Dir,
     dir: &Path,
     token_file: &str,
     uncounted: &mut usize,
 ) -> Result<Vec<(OsString, PathBuf)>, ScanError> {
     let mut entries = Vec::new();
-    for e in fs::read_dir(dir).map_err(ScanError::Io)? {
-        let e = e.map_err(ScanError::Io)?;
-        if entries.len() <= MAX_ENTRIES {
-            entries.push((e.file_name(), e.path()));
-        } else {
-            *uncounted += 1;
-        }
-    }
+    opened
+        .each_name(|name| {
+            if entries.len() <= MAX_ENTRIES {
+                let path = dir.join(&name);
+                entries.push((name, path));
+            } else {
+                *uncounted += 1;
+            }
+            true
+        })
+        .map_err(ScanError::Io)?;
     let crowded = entries.len() > MAX_ENTRIES;
-    if crowded && !entries.iter().any(|(n, _)| n == token_file) {
-        let token_path = dir.join(token_file);
-        if fs::symlink_metadata(&token_path).is_ok() {
-            entries.push((token_file.into(), token_path));
-            *uncounted = uncounted.saturating_sub(1);
-        }
+    if crowded && !entries.iter().any(|(n, _)| n == token_file) && opened.stat(token_file).is_ok() {
+        entries.push((token_file.into(), dir.join(token_file)));
+        *uncounted = uncounted.saturating_sub(1);
     }
     entries.sort();
     Ok(entries)
@@ -313,6 +311,8 @@ fn entries(
 
 /// What each entry of the directory is, as [`scan`] goes through them.
 struct Sorting<'a> {
+    /// The directory, open.
+    dir: &'a Dir,
     token_file: &'a str,
     gridd_conf: &'a Path,
     /// The configured gridd.conf is in this directory.
@@ -331,11 +331,12 @@ struct Sorting<'a> {
 impl Sorting<'_> {
     fn entry(&mut self, name: OsString, path: PathBuf) -> Result<(), ScanError> {
         let shown = name.to_string_lossy().into_owned();
-        let meta = match fs::symlink_metadata(&path) {
-            Ok(m) => m,
+        let entry = match self.dir.look(name.as_os_str()) {
+            Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(ScanError::Io(e)),
         };
+        let meta = entry.metadata().clone();
         let ft = meta.file_type();
         if crate::fsutil::is_temp_name(&shown) && ft.is_file() {
             self.out.temps.push(path);
@@ -352,7 +353,7 @@ impl Sorting<'_> {
                 .strays
                 .push(Stray::plain(path, name, StrayKind::Special, Some(&meta)));
         } else {
-            self.regular(name, path, &meta);
+            self.regular(name, path, &entry);
         }
         Ok(())
     }
@@ -400,7 +401,7 @@ impl Sorting<'_> {
         } else {
             // Refused, as every symlink the agent would write through (a link elsewhere in
             // the directory is moved aside as a link).
-            let to = fs::read_link(path)
+            let to = (self.dir.read_link(name.as_os_str()))
                 .map(|t| format!(" (pointing to {})", show_path(&t)))
                 .unwrap_or_default();
             self.link_at_token = Some(format!(
@@ -412,9 +413,10 @@ impl Sorting<'_> {
     }
 
     /// A regular file: a candidate for the token, read only if it may be one.
-    fn regular(&mut self, name: OsString, path: PathBuf, meta: &fs::Metadata) {
+    fn regular(&mut self, name: OsString, path: PathBuf, entry: &Entry) {
         let worth_reading = !self.crowded || name == self.token_file;
-        let Some((bytes, content)) = regular_content(&path, meta, worth_reading) else {
+        let meta = entry.metadata();
+        let Some((bytes, content)) = regular_content(entry, worth_reading) else {
             return;
         };
         if !matches!(content, Content::Token(_)) {
@@ -429,11 +431,8 @@ impl Sorting<'_> {
 
 /// What a regular file holds: its bytes where they were read, and what they are; `None`
 /// where it is gone.
-fn regular_content(
-    path: &Path,
-    meta: &fs::Metadata,
-    worth_reading: bool,
-) -> Option<(Vec<u8>, Content)> {
+fn regular_content(entry: &Entry, worth_reading: bool) -> Option<(Vec<u8>, Content)> {
+    let meta = entry.metadata();
     if !worth_reading {
         return Some((Vec::new(), Content::Invalid(TokenError::TooLarge(0))));
     }
@@ -441,9 +440,8 @@ fn regular_content(
         let too_large = TokenError::TooLarge(meta.len() as usize);
         return Some((Vec::new(), Content::Invalid(too_large)));
     }
-    match input::open_regular(path, Links::Refuse)
-        .and_then(|f| input::read_capped(f, MAX_TOKEN_BYTES))
-    {
+    let opened = entry.open().map_err(ReadError::Io);
+    match opened.and_then(|f| input::read_capped(f, MAX_TOKEN_BYTES)) {
         Ok(bytes) => {
             let c = match Token::decode(&bytes) {
                 Ok(t) => Content::Token(t),
@@ -601,6 +599,8 @@ fn installed(
         mode: meta.mode() & 0o7777,
         uid: meta.uid(),
         ino: meta.ino(),
+        size: meta.len(),
+        dev: meta.dev(),
         content,
     }
 }
@@ -612,7 +612,6 @@ fn as_stray(
     chosen: Option<&Installed>,
     now: DateTime<Utc>,
 ) -> Stray {
-    let meta = fs::symlink_metadata(&i.path).ok();
     let sha256 = matches!(i.content, Content::Token(_)).then(|| sha256_hex(&i.bytes));
     let valid = matches!(&i.content, Content::Token(t) if t.validity(now).is_ok());
     let other_token = valid && chosen.is_none_or(|c| c.bytes != i.bytes);
@@ -620,7 +619,9 @@ fn as_stray(
         verdict,
         other_token,
         sha256,
-        ..Stray::plain(i.path, i.name, kind, meta.as_ref())
+        size: i.size,
+        dev: i.dev,
+        ..Stray::plain(i.path, i.name, kind, None)
     }
 }
 

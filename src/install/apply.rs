@@ -5,6 +5,7 @@
 //! (the next install or adoption finishes the job).
 
 use super::*;
+use crate::dir::Dir;
 
 /// How to take back one step of [`apply`] that already changed something.
 enum Undo {
@@ -21,7 +22,7 @@ enum Undo {
 impl Undo {
     fn run(self) {
         let _ = match self {
-            Undo::Chmod(p, mode) => fsutil::chmod_dir_no_follow(&p, mode),
+            Undo::Chmod(p, mode) => Dir::open(&p).and_then(|d| d.set_mode(mode)),
             Undo::Restore(p, bytes, mode) => fsutil::write_atomic(&p, &bytes, mode),
             Undo::MoveBack(from, to) => fsutil::move_path(&from, &to),
             Undo::RemoveFile(p) => fs::remove_file(&p),
@@ -181,7 +182,7 @@ fn small_fixes(
         match change {
             Change::CreateDir { .. } | Change::ChmodDir { .. } => {
                 if let Change::ChmodDir { path, from, to } = change {
-                    fsutil::chmod_dir_no_follow(path, *to).map_err(|e| {
+                    Dir::open(path).and_then(|d| d.set_mode(*to)).map_err(|e| {
                         io_err(
                             format!("cannot change the mode of {}", crate::text::show_path(path)),
                             e,
@@ -237,8 +238,8 @@ fn swap_in(
         None
     };
     crash_point("crash-after-stage");
-    if let Some((into_fd, into)) = &into {
-        save_previous(plan, previous, paths, into_fd, into, undo, done)
+    if let Some((into_dir, into)) = &into {
+        save_previous(plan, previous, paths, into_dir, into, undo, done)
             .map_err(|e| aside_err(dir, replaced_root, e))?;
     }
     crash_point("crash-after-save");
@@ -247,8 +248,8 @@ fn swap_in(
         done.push(plan_entry(plan, |c| matches!(c, Change::WriteToken { .. })));
         crash_point("crash-after-commit");
     }
-    if let Some((into_fd, into)) = &into {
-        move_strays(plan, dir, into_fd, into, undo, done)
+    if let Some((into_dir, into)) = &into {
+        move_strays(plan, dir, into_dir, into, undo, done)
             .map_err(|e| aside_err(dir, replaced_root, e))?;
     }
     Ok(())
@@ -322,17 +323,16 @@ fn replaced_dir(
     replaced_root: &Path,
     stamp: &str,
     undo: &mut Vec<Undo>,
-) -> io::Result<(fs::File, PathBuf)> {
-    let state_fd = fsutil::open_dir_no_follow(&paths.state_dir)?;
-    let (root_fd, created) =
-        fsutil::make_dir_in(&state_fd, crate::layout::REPLACED_DIR, REPLACED_MODE)?;
+) -> io::Result<(Dir, PathBuf)> {
+    let state = Dir::open(&paths.state_dir)?;
+    let (root, created) = state.make_dir(crate::layout::REPLACED_DIR, REPLACED_MODE)?;
     if created {
         undo.push(Undo::RemoveDir(replaced_root.to_path_buf()));
     }
-    let (into_fd, name) = fsutil::make_unique_dir_in(&root_fd, stamp, REPLACED_MODE)?;
+    let (into_dir, name) = root.make_unique_dir(stamp, REPLACED_MODE)?;
     let into = replaced_root.join(name);
     undo.push(Undo::RemoveDir(into.clone()));
-    Ok((into_fd, into))
+    Ok((into_dir, into))
 }
 
 /// Keeps a copy of the token being replaced at its own path: the bytes that were read and
@@ -342,7 +342,7 @@ fn save_previous(
     plan: &[Change],
     previous: Option<&Previous>,
     paths: &crate::config::Paths,
-    into_fd: &fs::File,
+    into_dir: &Dir,
     into: &Path,
     undo: &mut Vec<Undo>,
     done: &mut Vec<Change>,
@@ -353,14 +353,14 @@ fn save_previous(
             // Registered first: a write that fails half way is removed too.
             undo.push(Undo::RemoveFile(to.clone()));
             let bytes = previous.map(|p| p.bytes.as_slice()).unwrap_or_default();
-            fsutil::write_new_in(into_fd, &paths.token_file, bytes, 0o600)?;
+            into_dir.write_new(&paths.token_file, bytes, 0o600, true)?;
             done.push(Change::SavePrevious {
                 from: from.clone(),
                 to,
             });
         }
     }
-    fsutil::fsync_dir(into)
+    into_dir.sync()
 }
 
 /// Moves the strays out of the token directory into `into`, by renames relative to the
@@ -368,12 +368,12 @@ fn save_previous(
 fn move_strays(
     plan: &[Change],
     dir: &Path,
-    into_fd: &fs::File,
+    into_dir: &Dir,
     into: &Path,
     undo: &mut Vec<Undo>,
     done: &mut Vec<Change>,
 ) -> io::Result<()> {
-    let dir_fd = fsutil::open_dir_no_follow(dir)?;
+    let token_dir = Dir::open(dir)?;
     for c in plan {
         if let Change::MoveStray { from, why, .. } = c {
             let to = into.join(from.file_name().unwrap_or_default());
@@ -382,7 +382,10 @@ fn move_strays(
             {
                 return Err(io::Error::from_raw_os_error(nix::libc::ENOSPC));
             }
-            fsutil::move_out(&dir_fd, from, into_fd, &to)?;
+            let (Some(src), Some(dst)) = (from.file_name(), to.file_name()) else {
+                return Err(io::Error::other("not a file name"));
+            };
+            token_dir.move_to(src, into_dir, dst, from)?;
             crash_point("crash-after-first-move");
             undo.push(Undo::MoveBack(to.clone(), from.clone()));
             done.push(Change::MoveStray {
@@ -393,8 +396,8 @@ fn move_strays(
         }
     }
     crash_point("crash-after-all-moves");
-    fsutil::fsync_dir(into)?;
-    fsutil::fsync_dir(dir)
+    into_dir.sync()?;
+    token_dir.sync()
 }
 
 /// A failure to keep the old files aside, as one line: a file too large to copy across file
@@ -402,7 +405,7 @@ fn move_strays(
 fn aside_err(dir: &Path, replaced_root: &Path, e: io::Error) -> anyhow::Error {
     if let Some(big) = e
         .get_ref()
-        .and_then(|i| i.downcast_ref::<fsutil::NotCopied>())
+        .and_then(|i| i.downcast_ref::<crate::dir::NotCopied>())
     {
         return anyhow!("{big}; {}", nothing_changed());
     }
