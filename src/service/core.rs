@@ -48,8 +48,11 @@ pub const PROBE_REPEAT: Duration = Duration::from_secs(30);
 /// A failure the probe only measures (clock skew that gridd named itself) is probed again at
 /// most this often: the gauge follows the clock, without a connection every half minute.
 pub const MEASURE_REPEAT: Duration = Duration::from_secs(300);
-/// The token is looked at again this often without a change seen (a watcher can miss one).
-const ADOPT_WATCHED: Duration = Duration::from_secs(300);
+/// The token is looked at again this often without a change seen: inotify misses none in a
+/// directory on a local file system (an overflow of its queue is a change too), so this look
+/// is for what no watch sees (a file system mounted over the directory later), and each look
+/// reads the token directory and gridd.conf, from the disk once they have left the page cache.
+const ADOPT_WATCHED: Duration = Duration::from_secs(1800);
 const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
 /// After a failed adoption, the token directory's changes start the next one no sooner than
 /// this (the periodic look and the end of the wait do): an adoption undone on a full state
