@@ -109,11 +109,12 @@ impl Dir {
             Mode::empty(),
         )?;
         for entry in listing.iter() {
-            let name = entry?.file_name().to_bytes().to_vec();
-            if name == b"." || name == b".." {
+            let entry = entry?;
+            let name = OsStr::from_bytes(entry.file_name().to_bytes());
+            if name == "." || name == ".." {
                 continue;
             }
-            if !keep(OsStr::from_bytes(&name).to_os_string()) {
+            if !keep(name.to_os_string()) {
                 break;
             }
         }
@@ -159,7 +160,13 @@ impl Dir {
 
     /// Creates the new file `name` (exclusively, never through a link) holding `bytes`, at
     /// `mode` whatever the umask; synced to disk when `sync`.
-    pub fn write_new(&self, name: &str, bytes: &[u8], mode: u32, sync: bool) -> io::Result<()> {
+    pub fn write_new<P: ?Sized + nix::NixPath>(
+        &self,
+        name: &P,
+        bytes: &[u8],
+        mode: u32,
+        sync: bool,
+    ) -> io::Result<()> {
         let mut f = self.open_at(
             name,
             OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY,
@@ -289,13 +296,12 @@ impl Dir {
 
     /// Writes the copy `to` of a stray, synced; a copy cut short is removed.
     fn write_copy(&self, to: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
-        let name = to.to_string_lossy();
         let written = if crate::fsutil::fault("copy-enospc") {
             // Half a copy, then a full disk.
-            let _ = self.write_new(&name, &bytes[..bytes.len() / 2], 0o600, true);
+            let _ = self.write_new(to, &bytes[..bytes.len() / 2], 0o600, true);
             Err(io::Error::from_raw_os_error(nix::libc::ENOSPC))
         } else {
-            self.write_new(&name, bytes, mode, true)
+            self.write_new(to, bytes, mode, true)
         };
         if written.is_err() {
             let _ = self.remove_file(to);

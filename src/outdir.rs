@@ -123,7 +123,7 @@ pub fn replace(path: &Path, bytes: &[u8], mode: u32, create_dir: bool) -> io::Re
         crate::fsutil::unique()
     );
     let written = dir
-        .write_new(&temp, bytes, mode, false)
+        .write_new(temp.as_str(), bytes, mode, false)
         .and_then(|()| dir.rename(temp.as_str(), name));
     if written.is_err() {
         let _ = dir.remove_file(temp.as_str());

@@ -353,7 +353,7 @@ fn save_previous(
             // Registered first: a write that fails half way is removed too.
             undo.push(Undo::RemoveFile(to.clone()));
             let bytes = previous.map(|p| p.bytes.as_slice()).unwrap_or_default();
-            into_dir.write_new(&paths.token_file, bytes, 0o600, true)?;
+            into_dir.write_new(paths.token_file.as_str(), bytes, 0o600, true)?;
             done.push(Change::SavePrevious {
                 from: from.clone(),
                 to,
