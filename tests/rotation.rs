@@ -286,6 +286,19 @@ fn scenario_a_deferred_restart_is_made_at_its_deadline() {
                 || a.context(),
             );
             assert!(done >= restarted - 5.0);
+            // Said once: the looks that follow (the agent's own chmod of the new token wakes
+            // it) find the same restart owed, and repeat nothing.
+            let deferrals: Vec<String> = m
+                .agent_journal(a.pid())
+                .into_iter()
+                .filter(|e| entry_time(e) >= written)
+                .map(|e| sim::message(&e))
+                .filter(|m| {
+                    m.contains("is restarted for the new token in")
+                        || m.contains("not restarted yet")
+                })
+                .collect();
+            assert_eq!(deferrals.len(), 2, "{deferrals:#?}");
             let late = done - deadline;
             println!("deferred {secs} s; restarted {late:+.2} s from the deadline");
             assert!(late.abs() <= 1.0, "{late:+.2} s from the deadline: {text}");

@@ -179,7 +179,8 @@ go_journal() {
 
 go_metrics() {
 	local prom=$GUEST/var/lib/prometheus/node-exporter/vgpu_license_agent.prom
-	grep -E '^vgpu_license_(agent_info|licensed) ' -e '^vgpu_license_agent_info\{' "$prom"
+	# What is checked, shown.
+	grep -E -e '^vgpu_license_licensed ' -e '^vgpu_license_agent_info\{' "$prom"
 	grep -q '^vgpu_license_licensed 1$' "$prom" &&
 		grep -E '^vgpu_license_agent_info\{' "$prom" | grep -q 'mode="observe"' &&
 		grep -E '^vgpu_license_agent_info\{' "$prom" | grep -q 'driver="gpu_operator"'

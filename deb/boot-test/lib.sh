@@ -26,11 +26,19 @@ skip() {
 	SKIPPED+=("$*")
 }
 # check NAME COMMAND...: runs COMMAND in the current guest, records NAME as failed when it fails.
+# A failure's summary line ends with the first line the check wrote to stderr (its first
+# complaint), so that the summary alone says why.
 check() {
-	local name="[$SUITE] $1"
+	local name="[$SUITE] $1" err rc why
 	shift
 	banner "$name"
-	if "$@"; then echo "ok: $name"; else fail "$name"; fi
+	err=$(mktemp)
+	"$@" 2> >(tee "$err" >&2)
+	rc=$?
+	wait $! 2>/dev/null
+	why=$(head -c 300 "$err" | head -n 1)
+	rm -f "$err"
+	if [ $rc = 0 ]; then echo "ok: $name"; else fail "$name${why:+ -- $why}"; fi
 }
 # summary: says what failed and what was skipped; returns the exit status of the test.
 summary() {

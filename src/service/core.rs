@@ -418,6 +418,8 @@ struct Adoption {
     /// The last "token not adopted" line logged: the same refusal, met again at each change
     /// of the directory while it stands, is said once (until something else happens).
     refusal_said: Option<String>,
+    /// The last adoption deferred gridd's restart, and said so.
+    deferral_said: bool,
 }
 
 /// An adoption that changed something, said line by line: each names what it is about
@@ -1214,12 +1216,19 @@ impl Core {
         }
         match result {
             Ok(outcome) => {
-                if outcome.changed() || outcome.restart != Restart::NotNeeded {
+                // A restart still owed, met again by a look that changed nothing (the
+                // agent's own chmod wakes it, and so does each periodic look), was said
+                // when it was deferred: the journal says it once, and once when it is made.
+                let said_already = self.adoption.deferral_said
+                    && !outcome.changed()
+                    && outcome.restart == Restart::Deferred;
+                self.adoption.deferral_said = outcome.restart == Restart::Deferred;
+                if !said_already && (outcome.changed() || outcome.restart != Restart::NotNeeded) {
                     say_outcome(&outcome);
                     // A new token, or one now in place: a vague failure is news again.
                     self.probing.last = None;
                 }
-                self.restart_done(&outcome, now);
+                self.restart_done(&outcome, now, !said_already);
             }
             Err(AdoptError::NoToken(_)) => {}
             Err(AdoptError::Settling(wait)) => {
@@ -1277,7 +1286,7 @@ impl Core {
 
     /// What an adoption's restart of gridd means for the service: counted, owed until the
     /// budget allows, or failed (which counts too).
-    fn restart_done(&mut self, outcome: &Outcome, now: Now) {
+    fn restart_done(&mut self, outcome: &Outcome, now: Now, say_deferral: bool) {
         match &outcome.restart {
             Restart::Done => {
                 self.counters.gridd_restarts += 1;
@@ -1309,10 +1318,12 @@ impl Core {
                 let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
                 self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
                 self.schedule.adopt_owed = true;
-                info!(
-                    "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
-                    wait.as_secs_f64()
-                );
+                if say_deferral {
+                    info!(
+                        "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
+                        wait.as_secs_f64()
+                    );
+                }
             }
             Restart::Failed(why) => {
                 // A failed attempt counts against the budget and the backoff too.
