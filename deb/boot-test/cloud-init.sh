@@ -248,7 +248,13 @@ agent_restarts_logged() {
 }
 agent_metric() { sed -n "s/^$1 //p" "$GUEST/var/lib/prometheus/node-exporter/vgpu_license_agent.prom" 2>/dev/null; }
 gridd_started_n() { [ "$(gridd_starts)" -ge "$1" ]; }
-agent_restarted_n() { [ "$(agent_metric vgpu_license_gridd_restarts_total)" = "$1" ]; }
+# agent_counted_n N: the agent has said its Nth restart of gridd in the journal and in its
+# metrics (gridd's own start line can come before either: the agent logs the restart once
+# systemctl returns, and writes the metrics with its next report).
+agent_counted_n() {
+	[ "$(agent_restarts_logged)" -ge "$1" ] &&
+		[ "$(agent_metric vgpu_license_gridd_restarts_total)" = "$(agent_restarts_logged)" ]
+}
 
 # ci_restarts GRIDD_STARTS AGENT_RESTARTS: this boot's counts, once the agent is licensed.
 # "LE" before a number: at most that many.
@@ -450,7 +456,8 @@ ci_rotate() {
 	# gridd's restart for the new token waits out the backoff of the restart made for the
 	# first one at boot (restart_backoff_seconds, CI_ROTATE_BACKOFF in this guest, +-20 %),
 	# as every restart does.
-	ci_token_installed && wait_until 120 gridd_started_n 3 && ci_report && ci_restarts 3 2
+	ci_token_installed && wait_until 120 gridd_started_n 3 && wait_until 30 agent_counted_n 2 &&
+		ci_report && ci_restarts 3 2
 }
 
 # ci_rotate_nvidia: NVIDIA's rotation, as an operator does it in the running guest: the DLS's
@@ -479,7 +486,8 @@ ci_rotate_nvidia() {
 		echo "the previous token is not kept in /var/lib/$NAME/replaced/" >&2
 		return 1
 	}
-	wait_until 120 gridd_started_n $((starts + 1)) && ci_report || return 1
+	wait_until 120 gridd_started_n $((starts + 1)) &&
+		wait_until 30 agent_counted_n $((restarts + 1)) && ci_report || return 1
 	ci_restarts $((starts + 1)) $((restarts + 1))
 }
 

@@ -342,11 +342,16 @@ SIM_DLS_PORT=${SIM_DLS_PORT:-38443}
 TOKEN_GUEST=/etc/nvidia/ClientConfigToken/client_configuration_token.tok
 
 # wait_until SECONDS COMMAND...: polls COMMAND every half second until it succeeds.
+# wait_until SECONDS COMMAND...: COMMAND until it succeeds, for at most SECONDS; a wait in
+# vain says what it waited for (a failed check's summary shows it).
 wait_until() {
-	local deadline=$((SECONDS + $1))
+	local secs=$1 deadline=$((SECONDS + $1))
 	shift
 	until "$@"; do
-		[ "$SECONDS" -lt "$deadline" ] || return 1
+		[ "$SECONDS" -lt "$deadline" ] || {
+			echo "waited $secs s in vain for: $*" >&2
+			return 1
+		}
 		sleep 0.5
 	done
 }
