@@ -526,6 +526,32 @@ fn scenario_journalctl_killed_is_restarted() {
 }
 
 #[test]
+fn scenario_the_agent_stopped_leaves_no_journalctl() {
+    let (_m, mut a) = licensed(Setup::default());
+    let (pid, _, started) = wait_for(
+        "the agent's journalctl",
+        T,
+        || {
+            a.children()
+                .into_iter()
+                .find(|(_, comm, _)| comm == "journalctl")
+        },
+        || a.context(),
+    );
+    a.signal(Signal::SIGTERM);
+    let status = a.wait_exit(T);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}: {}",
+        a.context()
+    );
+    // Killed and reaped by the agent: not left following the journal, the pid not reused
+    // by a later process of the same start.
+    let left = sim::proc_stat(pid).map(|(_, _, start)| start);
+    assert_ne!(left, Some(started), "journalctl {pid} outlived the agent");
+}
+
+#[test]
 fn scenario_sighup_with_a_bad_config_keeps_the_old_one() {
     let (m, mut a) = licensed(Setup::default());
     let good = m.config_text();

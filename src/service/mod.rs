@@ -8,6 +8,7 @@
 
 pub mod core;
 mod dir_watch;
+mod follower;
 pub mod instance;
 pub mod memory;
 pub mod metrics_server;
@@ -15,12 +16,11 @@ pub mod metrics_server;
 use std::cell::RefCell;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use chrono::Utc;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
@@ -28,7 +28,6 @@ use tracing::{error, info, warn};
 use crate::config::Settings;
 use crate::install;
 use crate::live;
-use crate::observe::journal::LineParser;
 use crate::report::Finding;
 
 pub use self::core::status_line;
@@ -301,7 +300,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let follower = tokio::spawn(follow_journal(
+    let follower = tokio::spawn(follower::follow_journal(
         live::journal_args(&settings, true),
         tx.clone(),
         stop_rx.clone(),
@@ -592,126 +591,6 @@ fn write_file(failing: &RefCell<HashSet<PathBuf>>, path: &Path, bytes: &[u8], cr
     }
 }
 
-/// The longest journal entry (one line of JSON) the follower reads: far above any of gridd's
-/// (journald cuts a syslog line at 48 KiB); a longer one is skipped, never held whole.
-const FOLLOW_MAX_LINE: usize = 1 << 20;
-
-/// Reads the next line of `r` into `line`, without its newline; a line longer than
-/// [`FOLLOW_MAX_LINE`] is skipped to its end. `false` at the end of the stream.
-async fn next_line<R: tokio::io::AsyncBufRead + Unpin>(
-    r: &mut R,
-    line: &mut Vec<u8>,
-) -> std::io::Result<bool> {
-    line.clear();
-    // A long line's buffer is not kept for the quiet hours after it.
-    line.shrink_to(64 << 10);
-    let mut skipping = false;
-    loop {
-        let avail = r.fill_buf().await?;
-        if avail.is_empty() {
-            return Ok(false);
-        }
-        let (take, end) = match memchr::memchr(b'\n', avail) {
-            Some(i) => (i, true),
-            None => (avail.len(), false),
-        };
-        if line.len() + take > FOLLOW_MAX_LINE {
-            skipping = true;
-            line.clear();
-        } else if !skipping {
-            line.extend_from_slice(&avail[..take]);
-        }
-        r.consume(take + usize::from(end));
-        if end {
-            if !skipping {
-                return Ok(true);
-            }
-            skipping = false;
-            line.clear();
-        }
-    }
-}
-
-/// Follows gridd's journal, restarting `journalctl` with backoff whenever it ends.
-async fn follow_journal(
-    argv: Vec<String>,
-    tx: mpsc::UnboundedSender<Event>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        let started = Instant::now();
-        let child = tokio::process::Command::new(&argv[0])
-            .args(&argv[1..])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn();
-        let why = match child {
-            Err(e) => format!("cannot start {}: {e}", argv[0]),
-            Ok(mut child) => {
-                let _ = tx.send(Event::JournalRestarted);
-                let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-                let mut line = Vec::new();
-                let (etx, mut erx) = mpsc::unbounded_channel();
-                let mut parser = LineParser::new(|e| {
-                    let _ = etx.send(e);
-                });
-                let why = loop {
-                    tokio::select! {
-                        more = next_line(&mut stdout, &mut line) => match more {
-                            Ok(true) => {
-                                parser.feed(&line);
-                                while let Ok(e) = erx.try_recv() {
-                                    let _ = tx.send(Event::Gridd(Box::new(e)));
-                                }
-                            }
-                            Ok(false) => break "journalctl ended".to_string(),
-                            Err(e) => break format!("reading journalctl: {e}"),
-                        },
-                        _ = stop.changed() => {
-                            let _ = child.kill().await;
-                            return;
-                        }
-                    }
-                };
-                let _ = child.kill().await;
-                let _ = child.wait().await;
-                // A journal this user may not read never becomes readable by restarting.
-                let mut said = String::new();
-                if let Some(err) = child.stderr.take() {
-                    use tokio::io::AsyncReadExt;
-                    let _ = err.take(4096).read_to_string(&mut said).await;
-                }
-                if said.contains("insufficient permissions") {
-                    error!(
-                        "cannot read nvidia-gridd's journal ({}): {}; stopping",
-                        said.trim(),
-                        if nix::unistd::geteuid().is_root() {
-                            "give the service the systemd-journal group (SupplementaryGroups=)"
-                        } else {
-                            "run as root (sudo)"
-                        }
-                    );
-                    crate::command::kill_all();
-                    std::process::exit(1);
-                }
-                why
-            }
-        };
-        warn!("journal follower stopped: {why}; restarting it");
-        if started.elapsed() > Duration::from_secs(60) {
-            backoff = Duration::from_millis(500);
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stop.changed() => return,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
-    }
-}
-
 /// Serves `GET /metrics` on the configured Unix socket and TCP address
 /// ([`metrics_server`]).
 async fn serve_metrics(
@@ -742,22 +621,4 @@ fn probe_dls(
         crate::probe::verdict(&probes, settings.service.clock_skew_max),
         skew,
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_line_past_the_cap_is_skipped_and_the_next_one_read() {
-        let mut input = vec![b'x'; FOLLOW_MAX_LINE * 3];
-        input.extend_from_slice(b"\n{\"MESSAGE\":\"next\"}\nlast");
-        let mut r = BufReader::new(&input[..]);
-        let mut line = Vec::new();
-        assert!(next_line(&mut r, &mut line).await.unwrap());
-        assert_eq!(line, b"{\"MESSAGE\":\"next\"}");
-        assert!(line.capacity() <= FOLLOW_MAX_LINE);
-        // A last line without its newline is no whole entry.
-        assert!(!next_line(&mut r, &mut line).await.unwrap());
-    }
 }
