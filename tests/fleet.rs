@@ -499,7 +499,7 @@ impl Guest {
         let (gridd_bin, gridd_match) = sim::gridd_identity(&sim);
         let since = sim::since_now();
         let script = |name: &str, text: String| {
-            sim::write_mode(&r.join("bin").join(name), text.as_bytes(), 0o755);
+            sim::write_program(&r.join("bin").join(name), text.as_bytes());
         };
         for (name, prog) in [
             ("nvidia-smi", "sim-nvidia-smi"),

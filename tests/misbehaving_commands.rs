@@ -55,7 +55,7 @@ impl Guest {
         .save(&sim)
         .unwrap();
         let smi = r.join("bin/nvidia-smi");
-        crate::common::sim::write_mode(
+        crate::common::sim::write_program(
             &smi,
             format!(
                 "#!/bin/sh\nexec '{}' --sim-dir '{}' \"$@\"\n",
@@ -63,7 +63,6 @@ impl Guest {
                 sim.display()
             )
             .as_bytes(),
-            0o755,
         );
         let config = r.join("agent/config.toml");
         fs::create_dir_all(config.parent().unwrap()).unwrap();

@@ -58,10 +58,22 @@ const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
 /// this (the periodic look and the end of the wait do): an adoption undone on a full state
 /// file system changes the directory itself, and must not wake the agent into a storm.
 const ADOPT_AFTER_FAILURE: Duration = Duration::from_secs(30);
-/// The least time between two looks at the token directory that its changes cause.
 /// How long a refused token file, or a rotation made, stays in the report.
 pub const TOKEN_NOTICE_FOR: Duration = Duration::from_secs(24 * 3600);
+/// The least time between two looks at the token directory (reads and adoptions) that its
+/// changes cause.
 const TOKEN_READ_GAP: Duration = Duration::from_millis(500);
+
+/// The longest gap [`look_gap`] sets: a token copied in is looked at within it.
+const LOOK_GAP_MAX: Duration = Duration::from_secs(2);
+
+/// The gap before the next look that changes ask for, after a look that `took` this long:
+/// [`TOKEN_READ_GAP`], or four times the look where that is longer (a directory of 20,000
+/// files takes a while to read), up to [`LOOK_GAP_MAX`], so that a burst of changes keeps
+/// the looks to a fifth of a core or so, however large the directory.
+fn look_gap(took: Duration) -> Duration {
+    (took * 4).clamp(TOKEN_READ_GAP, LOOK_GAP_MAX)
+}
 
 /// The moment: monotonic time since the service started, and the wall clock.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -154,6 +166,10 @@ struct InFlight {
     probe: bool,
     /// The token directory is being read.
     token: bool,
+    /// Since when (the latest read, and the latest adoption): how long a look takes sets the
+    /// gap before the next one a burst of changes asks for ([`look_gap`]).
+    token_since: Duration,
+    adopt_since: Duration,
     /// It changed again while it was being read: read it once more when the answer comes.
     token_again: bool,
 }
@@ -420,6 +436,12 @@ struct Adoption {
     refusal_said: Option<String>,
     /// The last adoption deferred gridd's restart, and said so.
     deferral_said: bool,
+    /// When the last adoption ended (monotonic), and the gap its length set before the next
+    /// one that changes ask for.
+    ended: Option<Duration>,
+    gap: Duration,
+    /// Its deadline came while an adoption ran: the next one is made as that one ends.
+    due: bool,
 }
 
 /// An adoption that changed something, said line by line: each names what it is about
@@ -620,7 +642,7 @@ impl Core {
     /// adopted once the first report says whether gridd already holds a license.
     pub fn start(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = vec![Effect::ReadLastShutdown];
-        self.read_token(&mut fx);
+        self.read_token(now, &mut fx);
         self.check_unit(now, &mut fx);
         self.read_smi(now, &mut fx);
         fx
@@ -670,7 +692,7 @@ impl Core {
             Event::LegacyServer(s) => self.seen.legacy_server = s,
             Event::TokenDirChanged => {
                 self.seen.token_dir_changed = Some(now.mono);
-                self.read_token(&mut fx);
+                self.read_token(now, &mut fx);
                 self.dir_changed(now, &mut fx);
             }
             Event::Node(n) => self.node_seen(*n, now, &mut fx),
@@ -762,7 +784,8 @@ impl Core {
         if std::mem::take(&mut self.busy.token_again) {
             // Changed again meanwhile: looked at again after a short gap, so that a burst of
             // changes is a few looks, not one after another for its length.
-            self.schedule.token_read = Some(now.mono + TOKEN_READ_GAP);
+            let took = now.mono.saturating_sub(self.busy.token_since);
+            self.schedule.token_read = Some(now.mono + look_gap(took));
         }
         // A token file being written (made empty, then filled; or part written) is no
         // verdict yet: looked at again once the directory has been still for a while.
@@ -828,15 +851,27 @@ impl Core {
             self.published.dirty |= o.changed();
         }
         if result.as_ref().is_ok_and(|o| o.changed()) {
-            self.read_token(fx);
+            self.read_token(now, fx);
         }
         let restarted = result
             .as_ref()
             .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
+        let changed = result.as_ref().is_ok_and(|o| o.changed());
         self.adopted(result, now);
         self.own_work_ended(restarted, now, fx);
-        if std::mem::take(&mut self.adoption.again) {
+        self.adoption.ended = Some(now.mono);
+        // An adoption that did something (a restart of gridd takes seconds) says nothing of
+        // how long a look takes.
+        self.adoption.gap = if restarted || changed {
+            TOKEN_READ_GAP
+        } else {
+            look_gap(now.mono.saturating_sub(self.busy.adopt_since))
+        };
+        let again = std::mem::take(&mut self.adoption.again);
+        if std::mem::take(&mut self.adoption.due) {
             self.adopt(now, fx);
+        } else if again {
+            self.adopt_at(now.mono + self.adoption.gap);
         }
     }
 
@@ -901,12 +936,12 @@ impl Core {
             // The directory changed during the last look: look again, and adopt what is there
             // (the shell sends no new event for changes it knows a read is owed for).
             self.schedule.token_read = None;
-            self.read_token(&mut fx);
+            self.read_token(now, &mut fx);
             self.dir_changed(now, &mut fx);
         }
         // In case a change escaped the watcher (or there is none): look at the token again.
         if now.mono >= self.schedule.adopt {
-            self.schedule.adopt_owed = false;
+            let owed = std::mem::take(&mut self.schedule.adopt_owed);
             self.schedule.adopt_first = false;
             self.schedule.adopt = now.mono
                 + if self.watching {
@@ -914,8 +949,18 @@ impl Core {
                 } else {
                     ADOPT_UNWATCHED
                 };
-            self.read_token(&mut fx);
-            self.adopt(now, &mut fx);
+            // An adoption owed (a writer settling, a deferred restart, the gap after a look
+            // in a burst) comes with its reads already; the periodic look reads the token too.
+            if !owed {
+                self.read_token(now, &mut fx);
+            }
+            // A deadline met while an adoption runs (a deferred restart's) is kept: the next
+            // adoption follows that one at once.
+            if self.busy.adopt {
+                self.adoption.due = true;
+            } else {
+                self.adopt(now, &mut fx);
+            }
         }
         let licensed = self
             .published
@@ -1156,27 +1201,40 @@ impl Core {
         self.published.dirty = true;
         if moved {
             self.schedule.smi_soon(now.mono);
-            self.read_token(fx);
+            self.read_token(now, fx);
         }
     }
 
     /// The token directory changed: adopt what is there, unless the last adoption failed
     /// moments ago (then when the wait is over).
     fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        match self.adoption.failed {
-            Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
+        match (self.adoption.failed, self.adoption.ended) {
+            (Some(t), _) if now.mono < t + ADOPT_AFTER_FAILURE => {
                 self.schedule.adopt = self.schedule.adopt.min(t + ADOPT_AFTER_FAILURE);
+            }
+            // A burst of changes (a sync tool writing thousands of files) is looked at every
+            // TOKEN_READ_GAP, not in one adoption after another for its length: each reads
+            // the whole directory.
+            (_, Some(t)) if now.mono < t + self.adoption.gap => {
+                self.adopt_at(t + self.adoption.gap)
             }
             _ => self.adopt(now, fx),
         }
     }
 
+    /// An adoption owed at `at`: the loop wakes for it.
+    fn adopt_at(&mut self, at: Duration) {
+        self.schedule.adopt = self.schedule.adopt.min(at);
+        self.schedule.adopt_owed = true;
+    }
+
     /// Reads the token directory, once at a time: a burst of changes (a sync tool writing
     /// thousands of files) costs one read in flight and one more after it, not one each.
-    fn read_token(&mut self, fx: &mut Vec<Effect>) {
+    fn read_token(&mut self, now: Now, fx: &mut Vec<Effect>) {
         if std::mem::replace(&mut self.busy.token, true) {
             self.busy.token_again = true;
         } else {
+            self.busy.token_since = now.mono;
             fx.push(Effect::ReadToken);
         }
     }
@@ -1204,6 +1262,7 @@ impl Core {
         let retry_owed =
             self.remedy
                 .may_restart_for_token(&self.settings.service, secs(now), licensed);
+        self.busy.adopt_since = now.mono;
         fx.push(Effect::Adopt {
             licensed,
             retry_owed,
@@ -1233,8 +1292,7 @@ impl Core {
             Err(AdoptError::NoToken(_)) => {}
             Err(AdoptError::Settling(wait)) => {
                 // Judged once the writer is done: the deadline wakes the service.
-                self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
-                self.schedule.adopt_owed = true;
+                self.adopt_at(now.mono + wait);
             }
             Err(AdoptError::Superseded) => {
                 info!("the token was replaced while being adopted: adopting the new one");
@@ -1316,8 +1374,7 @@ impl Core {
                         .next_allowed_for_token(&self.settings.service, secs(now), licensed);
                 // Whole seconds, rounded up: the restart comes when the line says.
                 let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
-                self.schedule.adopt = self.schedule.adopt.min(now.mono + wait);
-                self.schedule.adopt_owed = true;
+                self.adopt_at(now.mono + wait);
                 if say_deferral {
                     info!(
                         "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",

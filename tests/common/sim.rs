@@ -335,11 +335,16 @@ pub fn message(e: &Value) -> String {
 pub fn write_mode(path: &Path, bytes: &[u8], mode: u32) {
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(path, bytes).unwrap();
-    if mode & 0o111 != 0 {
-        super::set_program_mode(path, mode);
-    } else {
-        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-    }
+    // A token's mode has an x bit (0744) but it is never run: no copy of it is made in the
+    // directory (the agent watches a token's directory, and would see the copy).
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Writes the program `path` (0755), safe to run at once ([`super::set_program_mode`]).
+pub fn write_program(path: &Path, bytes: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, bytes).unwrap();
+    super::set_program_mode(path, 0o755);
 }
 
 /// Copies `from` to `at` inside `root` (its directories made), keeping its mode.
@@ -366,7 +371,7 @@ fn copy_with_libraries(root: &Path, program: &Path, at: &Path) {
 }
 
 fn write_script(path: &Path, text: &str) {
-    write_mode(path, text.as_bytes(), 0o755);
+    write_program(path, text.as_bytes());
 }
 
 fn tail(path: &Path, lines: usize) -> String {
