@@ -252,8 +252,9 @@ gridd_started_n() { [ "$(gridd_starts)" -ge "$1" ]; }
 # metrics (gridd's own start line can come before either: the agent logs the restart once
 # systemctl returns, and writes the metrics with its next report).
 agent_counted_n() {
-	[ "$(agent_restarts_logged)" -ge "$1" ] &&
-		[ "$(agent_metric vgpu_license_gridd_restarts_total)" = "$(agent_restarts_logged)" ]
+	local logged
+	logged=$(agent_restarts_logged)
+	[ "$logged" -ge "$1" ] && [ "$(agent_metric vgpu_license_gridd_restarts_total)" = "$logged" ]
 }
 
 # ci_restarts GRIDD_STARTS AGENT_RESTARTS: this boot's counts, once the agent is licensed.

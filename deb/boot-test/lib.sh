@@ -341,9 +341,8 @@ SIM_DIR_GUEST=/var/lib/vgpu-sim
 SIM_DLS_PORT=${SIM_DLS_PORT:-38443}
 TOKEN_GUEST=/etc/nvidia/ClientConfigToken/client_configuration_token.tok
 
-# wait_until SECONDS COMMAND...: polls COMMAND every half second until it succeeds.
-# wait_until SECONDS COMMAND...: COMMAND until it succeeds, for at most SECONDS; a wait in
-# vain says what it waited for (a failed check's summary shows it).
+# wait_until SECONDS COMMAND...: polls COMMAND every half second until it succeeds, for at
+# most SECONDS; a wait in vain says what it waited for (a failed check's summary shows it).
 wait_until() {
 	local secs=$1 deadline=$((SECONDS + $1))
 	shift

@@ -436,10 +436,9 @@ struct Adoption {
     refusal_said: Option<String>,
     /// The last adoption deferred gridd's restart, and said so.
     deferral_said: bool,
-    /// When the last adoption ended (monotonic), and the gap its length set before the next
-    /// one that changes ask for.
-    ended: Option<Duration>,
-    gap: Duration,
+    /// The directory's changes start no adoption before this (monotonic): the last one's end
+    /// and the gap its length set ([`look_gap`]).
+    calm_at: Duration,
     /// Its deadline came while an adoption ran: the next one is made as that one ends.
     due: bool,
 }
@@ -859,19 +858,19 @@ impl Core {
         let changed = result.as_ref().is_ok_and(|o| o.changed());
         self.adopted(result, now);
         self.own_work_ended(restarted, now, fx);
-        self.adoption.ended = Some(now.mono);
         // An adoption that did something (a restart of gridd takes seconds) says nothing of
         // how long a look takes.
-        self.adoption.gap = if restarted || changed {
-            TOKEN_READ_GAP
-        } else {
-            look_gap(now.mono.saturating_sub(self.busy.adopt_since))
-        };
+        self.adoption.calm_at = now.mono
+            + if restarted || changed {
+                TOKEN_READ_GAP
+            } else {
+                look_gap(now.mono.saturating_sub(self.busy.adopt_since))
+            };
         let again = std::mem::take(&mut self.adoption.again);
         if std::mem::take(&mut self.adoption.due) {
             self.adopt(now, fx);
         } else if again {
-            self.adopt_at(now.mono + self.adoption.gap);
+            self.adopt_at(self.adoption.calm_at);
         }
     }
 
@@ -1208,16 +1207,14 @@ impl Core {
     /// The token directory changed: adopt what is there, unless the last adoption failed
     /// moments ago (then when the wait is over).
     fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        match (self.adoption.failed, self.adoption.ended) {
-            (Some(t), _) if now.mono < t + ADOPT_AFTER_FAILURE => {
+        match self.adoption.failed {
+            Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
                 self.schedule.adopt = self.schedule.adopt.min(t + ADOPT_AFTER_FAILURE);
             }
-            // A burst of changes (a sync tool writing thousands of files) is looked at every
-            // TOKEN_READ_GAP, not in one adoption after another for its length: each reads
-            // the whole directory.
-            (_, Some(t)) if now.mono < t + self.adoption.gap => {
-                self.adopt_at(t + self.adoption.gap)
-            }
+            // A burst of changes (a sync tool writing thousands of files) is adopted a gap
+            // apart ([`look_gap`]), not in one adoption after another for its length: each
+            // reads the whole directory.
+            _ if now.mono < self.adoption.calm_at => self.adopt_at(self.adoption.calm_at),
             _ => self.adopt(now, fx),
         }
     }
