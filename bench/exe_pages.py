@@ -97,13 +97,21 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/exe_pages.py: run it as root (process_madvise on the agent)")
-    binary = os.path.abspath(svc.built(a.binary))
+    built = os.path.abspath(svc.built(a.binary))
+    # A copy of its own: MADV_PAGEOUT leaves the pages another process maps (a service or a
+    # `status` run from the same file meanwhile), which would hide the floor.
+    private = tempfile.mkdtemp(prefix="vla-exe-bin-")
+    binary = os.path.join(private, "vgpu-license-agent")
+    shutil.copy2(built, binary)
     lock = svc.hold_journal_lock()  # noqa: F841 (held until the end)
     journal = fp.Journal()
     for msg in fp.boot_lines():
         svc.send_gridd(msg)
     print(f"machine: {svc.machine(binary)}; executable {os.path.getsize(binary) / 1048576:.1f} MiB")
-    runs = [one_run(binary, journal, a.after) for _ in range(a.runs)]
+    try:
+        runs = [one_run(binary, journal, a.after) for _ in range(a.runs)]
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     print(f"\n{a.runs} runs; nvidia-smi read every {POLL} s; nvidia-gridd's own memory {fp.GRIDD_MIB:.1f} MiB")
     print("| when | executable's pages resident (MiB) | VmRSS (MiB) | VmRSS / nvidia-gridd's |")
     print("|---|---|---|---|")
