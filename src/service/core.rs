@@ -434,8 +434,9 @@ struct Adoption {
     /// The last "token not adopted" line logged: the same refusal, met again at each change
     /// of the directory while it stands, is said once (until something else happens).
     refusal_said: Option<String>,
-    /// The last adoption deferred gridd's restart, and said so.
+    /// The last adoption deferred gridd's restart, and said so; and until when.
     deferral_said: bool,
+    deferred_until: Option<Duration>,
     /// The directory's changes start no adoption before this (monotonic): the last one's end
     /// and the gap its length set ([`look_gap`]).
     calm_at: Duration,
@@ -1369,15 +1370,24 @@ impl Core {
                 let at =
                     self.remedy
                         .next_allowed_for_token(&self.settings.service, secs(now), licensed);
-                // Whole seconds, rounded up: the restart comes when the line says.
-                let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
-                self.adopt_at(now.mono + wait);
-                if say_deferral {
-                    info!(
-                        "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
-                        wait.as_secs_f64()
-                    );
-                }
+                // Whole seconds, rounded up: the restart comes when the line says. A later
+                // look that finds it still owed keeps the deadline said (rounding up again from
+                // a later moment would move it).
+                let until = match self.adoption.deferred_until {
+                    Some(t) if !say_deferral && t > now.mono => t,
+                    _ => {
+                        let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
+                        if say_deferral {
+                            info!(
+                                "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
+                                wait.as_secs_f64()
+                            );
+                        }
+                        now.mono + wait
+                    }
+                };
+                self.adoption.deferred_until = Some(until);
+                self.adopt_at(until);
             }
             Restart::Failed(why) => {
                 // A failed attempt counts against the budget and the backoff too.
