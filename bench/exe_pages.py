@@ -91,7 +91,7 @@ def one_run(binary, journal, after):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--binary", help="the agent (default: target/release/vgpu-license-agent, built first)")
+    ap.add_argument("--binary", help="the agent (default: the binary the packages ship, target/dist/, built first)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--after", type=int, default=75, help="seconds of readings after the drop")
     a = ap.parse_args()

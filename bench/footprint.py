@@ -284,7 +284,7 @@ def boot_lines():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--binary", help="the agent (default: target/release/vgpu-license-agent, built first)")
+    ap.add_argument("--binary", help="the agent (default: the binary the packages ship, target/dist/, built first)")
     ap.add_argument("--minutes", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()

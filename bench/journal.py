@@ -20,7 +20,7 @@ import argparse, os, shutil, statistics, subprocess, sys, time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BENCH = os.path.join(ROOT, "target/bench")
-AGENT = os.path.join(ROOT, "target/release/vgpu-license-agent")
+AGENT = os.path.join(ROOT, "target/dist/vgpu-license-agent")
 NEEDLE = "License acquired successfully"
 
 
@@ -69,8 +69,10 @@ def main():
     if not 8 <= a.size_mb <= 1023:
         sys.exit("bench/journal.py: --size-mb must be between 8 and 1023 (analyze reads at most 1 GiB)")
     cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-    subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent", "--example", "gen-journal"],
-                   cwd=ROOT, check=True)
+    subprocess.run([cargo, "build", "--release", "--quiet", "--example", "gen-journal"], cwd=ROOT, check=True)
+    # The binary the packages ship.
+    subprocess.run(["bash", "packaging/build-release.sh"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                   env={k: v for k, v in os.environ.items() if k != "CARGO_TARGET_DIR"})
     os.makedirs(BENCH, exist_ok=True)
     full, eighth = generate(a.size_mb), generate(a.size_mb // 8)
     size = os.path.getsize(full)

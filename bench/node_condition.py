@@ -7,7 +7,7 @@ made. The anchor for a node agent's cost is dcgm-exporter's published footprint:
 512 MiB of memory.
 
 Usage: python3 bench/node_condition.py [--binary PATH] [--seconds 60] [--heartbeat 5]
-(without --binary: builds and measures target/release/vgpu-license-agent). The heartbeat is
+(without --binary: builds and measures the binary the packages ship, target/dist/). The heartbeat is
 shortened from its default of 240 s so that the writer works throughout the run. As root.
 """
 import argparse, http.server, importlib.util, json, os, shutil, ssl, subprocess, sys, tempfile, threading, time
@@ -132,11 +132,7 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/node_condition.py: run it as root (a cgroup of its own for the CPU)")
-    if a.binary is None:
-        cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-        subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent"],
-                       cwd=ROOT, check=True)
-        a.binary = os.path.join(ROOT, "target/release/vgpu-license-agent")
+    a.binary = svc.built(a.binary)
     svc.ensure_journald()
     certs = tempfile.mkdtemp(prefix="vla-bench-ca-")
     try:

@@ -8,7 +8,7 @@ sees), and as a ratio to it. What the service costs idle, beside the shell loop,
 bench/footprint.py's.
 
 Usage: python3 bench/service.py [--binary PATH] [--lines 50]
-(without --binary: builds and measures target/release/vgpu-license-agent). About 2 minutes
+(without --binary: builds and measures the binary the packages ship, target/dist/). About 2 minutes
 with the defaults. Needs root: the agent believes only gridd lines that journald says root's
 nvidia-gridd process sent (_UID=0, _COMM=nvidia-gridd), so the lines are sent by a helper
 process of root's named nvidia-gridd. Needs journald: where nothing answers on its socket,
@@ -352,12 +352,12 @@ def paired(name, pairs):
 
 
 def built(binary):
-    """BINARY, or the release build of the agent, built first."""
+    """BINARY, or the binary the packages ship (packaging/build-release.sh's), built first."""
     if binary is not None:
         return binary
-    cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-    subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent"], cwd=ROOT, check=True)
-    return os.path.join(ROOT, "target/release/vgpu-license-agent")
+    subprocess.run(["bash", "packaging/build-release.sh"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                   env={k: v for k, v in os.environ.items() if k != "CARGO_TARGET_DIR"})
+    return os.path.join(ROOT, "target/dist/vgpu-license-agent")
 
 
 def machine(binary):
@@ -369,7 +369,7 @@ def machine(binary):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--binary", help="the agent to measure (default: target/release/vgpu-license-agent, built first)")
+    ap.add_argument("--binary", help="the agent to measure (default: the binary the packages ship, target/dist/, built first)")
     ap.add_argument("--lines", type=int, default=50)
     a = ap.parse_args()
     if os.geteuid() != 0:

@@ -7,7 +7,7 @@ token expiring soon), and unlicensed with a failure. Each state's guest is bench
 and of its journal follower, per minute.
 
 Usage: python3 bench/wakeups.py [--binary PATH] [--seconds 60]
-(without --binary: builds and measures target/release/vgpu-license-agent). As root.
+(without --binary: builds and measures the binary the packages ship, target/dist/). As root.
 """
 import argparse, importlib.util, os, shutil, subprocess, sys, tempfile, time
 
@@ -72,11 +72,7 @@ def main():
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/wakeups.py: run it as root")
-    if a.binary is None:
-        cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-        subprocess.run([cargo, "build", "--release", "--quiet", "--bin", "vgpu-license-agent"],
-                       cwd=ROOT, check=True)
-        a.binary = os.path.join(ROOT, "target/release/vgpu-license-agent")
+    a.binary = svc.built(a.binary)
     svc.ensure_journald()
     print(f"machine: {svc.machine(a.binary)}")
     for label, status in [("license held", LICENSED), ("no license", "Unlicensed (Unrestricted)")]:

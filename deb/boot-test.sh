@@ -3,8 +3,8 @@
 #
 #   bash deb/boot-test.sh [PACKAGE.deb]      (default: the one deb/build.sh made)
 #
-# For each Debian release of BOOT_TEST_SUITES (default: bookworm, glibc 2.36, and bullseye,
-# glibc 2.31 and systemd 247, the oldest the portable binary is tested on): debootstrap
+# For each Debian release of BOOT_TEST_SUITES (default: bookworm, systemd 252, and bullseye,
+# systemd 247, the oldest the portable binary is tested on): debootstrap
 # (minbase, with systemd, dbus, ca-certificates), dpkg -i of the same package in the chroot
 # (no systemd runs there: the unit must be enabled, not started), then boot the tree with
 # systemd-nspawn -b and check from inside with the guest's own systemctl and journalctl

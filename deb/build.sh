@@ -22,7 +22,7 @@ die() {
 	exit 1
 }
 
-for tool in cargo dpkg-deb dpkg-parsechangelog gzip objdump; do
+for tool in cargo dpkg-deb dpkg-parsechangelog gzip readelf; do
 	command -v "$tool" >/dev/null || die "$tool not found (apt-get install dpkg-dev binutils; cargo from rustup)"
 done
 
@@ -33,6 +33,8 @@ CHANGELOG_VERSION=$(dpkg-parsechangelog -l deb/changelog -S Version)
 ARCH=$(dpkg --print-architecture)
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(dpkg-parsechangelog -l deb/changelog -S Timestamp)}
 export SOURCE_DATE_EPOCH
+# shellcheck source=packaging/portable.sh
+. packaging/portable.sh
 
 if [ "${VGPU_DEB_SKIP_CARGO_BUILD:-0}" != 1 ]; then
 	bash packaging/build-release.sh
@@ -54,7 +56,7 @@ install -d "$DOC"
 # A native package (no Debian revision): the changelog is changelog.gz.
 gzip -9nc deb/changelog >"$DOC/changelog.gz"
 CRATES=$(cargo tree --quiet --locked -e normal,no-proc-macro --prefix none -f '{p} {l}' \
-	--target "$(rustc -vV | sed -n 's/^host: //p')" --package "$NAME" |
+	--target "$PORTABLE_TARGET" --package "$NAME" |
 	sed 's/ (\*)$//' | grep -v "^$NAME " | sort -u | sed 's/^/ /')
 [ -n "$CRATES" ] || die "cargo tree listed no crates"
 awk -v crates="$CRATES" '$0 == "@CRATES@" { print crates; next } { print }' deb/copyright.in >"$DOC/copyright"
@@ -68,22 +70,17 @@ done
 (cd "$PKG" && find etc -type f -printf '/%p\n' | sort) >"$PKG/DEBIAN/conffiles"
 chmod 0644 "$PKG/DEBIAN/conffiles"
 
-# Shared-library dependencies of the binary. Not dpkg-shlibdeps: it reads this machine's libc6
-# symbols file, where libpthread.so.0 and libdl.so.2 are stubs since glibc 2.34, and would ask
-# for libc6 (>= 2.34) although the binary links against glibc 2.17's symbols (and runs on
-# bullseye's 2.31: deb/boot-test.sh). Every library it needs is libc6's, and Debian's libc6
-# version is glibc's: the dependency is the highest GLIBC_ symbol version the binary needs.
-# shellcheck source=packaging/portable.sh
-. packaging/portable.sh
-while read -r lib; do
-	case $lib in
-	libc.so.6 | libpthread.so.0 | libdl.so.2 | libm.so.6 | librt.so.1 | ld-linux-x86-64.so.2) ;;
-	*) die "the binary needs $lib, which is not libc6's: add its package to Depends" ;;
-	esac
-done < <(objdump -p "$PKG/usr/bin/$NAME" | sed -n 's/^ *NEEDED *//p')
-GLIBC=$(glibc_needed "$PKG/usr/bin/$NAME")
-[ -n "$GLIBC" ] || die "no GLIBC_ symbol versions in the binary"
-SHLIBS="libc6 (>= $GLIBC)"
+# The binary is a static-pie (packaging/portable.sh): it needs no library, so no libc6 in
+# Depends. lintian takes an ELF file of type DYN without a program interpreter for a shared
+# library, and one that needs no libc for a mistake: the package says why it is neither.
+check_static "$PKG/usr/bin/$NAME" >/dev/null || die "the binary is not a static-pie"
+install -d "$PKG/usr/share/lintian/overrides"
+cat >"$PKG/usr/share/lintian/overrides/$NAME" <<OVERRIDES
+# A static-pie executable, not a shared library: static on purpose, against musl, so that one
+# binary runs on every guest's libc and the service's RSS holds no shared library's pages.
+$NAME: shared-library-lacks-prerequisites [usr/bin/$NAME]
+OVERRIDES
+chmod 0644 "$PKG/usr/share/lintian/overrides/$NAME"
 
 INSTALLED_SIZE=$(du -sk --apparent-size --exclude=DEBIAN "$PKG" | cut -f1)
 cat >"$PKG/DEBIAN/control" <<CONTROL
@@ -92,7 +89,7 @@ Version: $VERSION
 Architecture: $ARCH
 Maintainer: vgpu-license-agent maintainers <maintainers@users.noreply.a-seed-ec241003.example>
 Installed-Size: $INSTALLED_SIZE
-Depends: $SHLIBS, ca-certificates, systemd
+Depends: ca-certificates, systemd
 Section: admin
 Priority: optional
 Description: keeps NVIDIA vGPU guests licensed

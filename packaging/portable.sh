@@ -1,29 +1,30 @@
 # shellcheck shell=bash
 # Sourced by the scripts that build binaries for guests other than this machine (the release
 # binary of packaging/build-release.sh, the simulator of deb/boot-test.sh): one toolchain, one
-# glibc floor.
+# target.
 #
-# The binaries link against glibc (not musl: tokio, getaddrinfo and anything that may later
-# dlopen a system library stay on the guest's own libc), but only against the symbols of glibc
-# 2.17: zig's linker stubs for that version stand in for this machine's glibc. 2.17 costs
-# nothing: linked against 2.28 instead, the binary is byte for byte the same size (Rust's std
-# supports 2.17 and looks up what is newer at run time), so the floor is the lowest one Rust
-# supports rather than 2.28 (RHEL 8), which would leave out SLES 15 SP2 and older (glibc
-# 2.26). (zig's toolchain itself makes the binary 25 KB larger than this machine's gcc and ld.)
+# The binaries are static-pie executables against musl (zig's, built with zig cc): no shared
+# library at all, so they run on every x86_64 Linux with no floor on the guest's libc, and
+# the service's RSS holds none of libc.so's and ld.so's pages (1.4 MiB of it, linked against
+# glibc: README, Benchmarks). What musl does otherwise: host names are looked up in
+# /etc/hosts, then by DNS with /etc/resolv.conf (nameserver, search, ndots, timeout,
+# attempts), without /etc/nsswitch.conf's modules; systemd-resolved's stub in resolv.conf
+# and Kubernetes' search domains work as they do for glibc.
 #
-# Needs: cargo (rustup, the host's toolchain: the target triple is the host's, so no
-# `rustup target add`), python3 with venv and pip (PyPI for cargo-zigbuild and ziglang).
+# Needs: cargo (rustup, the host's toolchain, and the target's standard library, which
+# portable_toolchain adds with rustup), python3 with venv and pip (PyPI for cargo-zigbuild
+# and ziglang).
 
-PORTABLE_TARGET=x86_64-unknown-linux-gnu
-PORTABLE_GLIBC=2.17
-# cargo-zigbuild's spelling: the target triple with the glibc version to link against.
+PORTABLE_TARGET=x86_64-unknown-linux-musl
+# cargo-zigbuild's spelling of the target (the same: musl has no version to link against).
 # shellcheck disable=SC2034 # used by the scripts that source this file
-PORTABLE_ZIG_TARGET=$PORTABLE_TARGET.$PORTABLE_GLIBC
-# Pinned: a new zig may change the code it builds (ring's C and assembly) or its glibc stubs.
+PORTABLE_ZIG_TARGET=$PORTABLE_TARGET
+# Pinned: a new zig may change the code it builds (ring's C and assembly, musl) or its libc.
 PORTABLE_PIP_PACKAGES=(cargo-zigbuild==0.24.1 ziglang==0.17.1)
 
 # portable_toolchain TARGET_DIR: installs cargo-zigbuild and zig into TARGET_DIR/zigbuild (a
-# Python venv, reused while its pins are the same) and puts them first on PATH.
+# Python venv, reused while its pins are the same) and puts them first on PATH; adds the
+# target's standard library to the Rust toolchain when it is missing.
 portable_toolchain() {
 	local venv=$1/zigbuild stamp
 	stamp=$(printf '%s\n' "${PORTABLE_PIP_PACKAGES[@]}")
@@ -37,33 +38,36 @@ portable_toolchain() {
 		fi
 		echo "$stamp" >"$venv/.pinned"
 	fi
+	if ! rustup target list --installed 2>/dev/null | grep -qx "$PORTABLE_TARGET"; then
+		echo "==> rustup target add $PORTABLE_TARGET"
+		rustup target add "$PORTABLE_TARGET" || {
+			echo "cannot add the Rust target $PORTABLE_TARGET (rustup target add $PORTABLE_TARGET)" >&2
+			return 1
+		}
+	fi
 	# cargo-zigbuild runs zig as `python3 -m ziglang`: the venv's python3 must come first.
 	PATH=$venv/bin:$PATH
 	export PATH
 }
 
-# portable_rustflags: the target's rustflags, for `env` before cargo zigbuild. zig's linker
-# writes no build ID by default; rpm and debuggers use it to match a binary to its symbols.
+# portable_rustflags: the target's rustflags, for `env` before cargo zigbuild. zig cc ignores
+# rustc's -static-pie and would link a static executable at a fixed address: -pie makes it a
+# static-pie (loaded at a random address, as a PIE is). zig's linker writes no build ID by
+# default; rpm and debuggers use it to match a binary to its symbols.
 portable_rustflags() {
-	echo "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS=-C link-arg=-Wl,--build-id=sha1"
+	echo "CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS=-C link-arg=-pie -C link-arg=-Wl,--build-id=sha1"
 }
 
-# glibc_needed BINARY: the highest GLIBC_ symbol version BINARY needs (e.g. 2.17).
-glibc_needed() {
-	objdump -T "$1" | grep -o 'GLIBC_[0-9.]*' | sed 's/^GLIBC_//' | sort -V | tail -1
-}
-
-# check_glibc_floor BINARY: fails when BINARY needs a glibc newer than PORTABLE_GLIBC.
-check_glibc_floor() {
-	local needed
-	needed=$(glibc_needed "$1")
-	[ -n "$needed" ] || {
-		echo "$1: no GLIBC_ symbol versions found (not a glibc binary?)" >&2
-		return 1
-	}
-	if [ "$(printf '%s\n%s\n' "$needed" "$PORTABLE_GLIBC" | sort -V | tail -1)" != "$PORTABLE_GLIBC" ]; then
-		echo "$1 needs GLIBC_$needed, above the floor $PORTABLE_GLIBC" >&2
+# check_static BINARY: fails unless BINARY is a static-pie executable (a PIE with no program
+# interpreter and no shared library).
+check_static() {
+	local headers
+	headers=$(readelf -hld "$1") || return 1
+	if ! grep -q 'Type:.*DYN' <<<"$headers" || grep -q 'INTERP' <<<"$headers" ||
+		grep -q '(NEEDED)' <<<"$headers"; then
+		echo "$1 is not a static-pie executable:" >&2
+		grep -E 'Type:|INTERP|NEEDED' <<<"$headers" >&2
 		return 1
 	fi
-	echo "$1: needs glibc $needed (floor $PORTABLE_GLIBC)"
+	echo "$1: static-pie, no shared library"
 }

@@ -324,8 +324,8 @@ boot_state() {
 	timeout "$left" nsenter -t "$LEADER" -a systemctl is-system-running "$@" 2>/dev/null
 }
 
-# The agent itself, against the simulator of tests/sim/ (built here for glibc 2.17 like the
-# release binary, so that it runs in every guest): its nvidia-gridd becomes the real nvidia-gridd.service unit, its
+# The agent itself, against the simulator of tests/sim/ (built here static like the release
+# binary, so that it runs in every guest): its nvidia-gridd becomes the real nvidia-gridd.service unit, its
 # nvidia-smi /usr/bin/nvidia-smi, and its fake DLS runs in the guest as sim-dls.service on a
 # loopback port named by the token. Then, with the guest's own systemctl and journalctl: the
 # agent is active; a token dropped as cloud-init's write_files would (wrong mode on purpose) is
@@ -436,7 +436,7 @@ build_sim() {
 	# A build that fails is a failure; only a machine without cargo (and without
 	# SIM_EXAMPLES_PREBUILT) cannot run these checks.
 	if [ -z "${SIM_EXAMPLES_PREBUILT:-}" ] && command -v cargo >/dev/null; then
-		banner "building the simulator for glibc $PORTABLE_GLIBC (cargo zigbuild)"
+		banner "building the simulator, static (cargo zigbuild --target $PORTABLE_ZIG_TARGET)"
 		if ! portable_toolchain "$TARGET_DIR"; then
 			SIM_MISSING="cannot install the zig toolchain to build the simulator"
 			skip "agent checks in the guests: $SIM_MISSING"
