@@ -6,9 +6,10 @@ the run's own as in bench/footprint.py) runs with nvidia-smi read every 30 s. Pr
 run: the executable's pages resident (from /proc/PID/pagemap) and the VmRSS once it has started;
 then right after those pages are dropped from outside (process_madvise(2) MADV_PAGEOUT on each
 of the executable's read-only mappings, which also takes them out of the page cache); then after
-the readings that follow have faulted back what they use. The last figure is the floor that
-dropping pages cannot go under: what a reading touches, in the kernel's fault-around windows
-(64 KiB, or a large folio). Beside them: nvidia-gridd's own memory (`Memory: 4.4M`).
+the readings that follow have faulted back what they use. The last figure is what a reading
+touches, in the kernel's fault-around windows (64 KiB, or a whole large folio): with the
+service's functions linked together (packaging/hot-functions.txt), about the size of that code.
+Beside them: nvidia-gridd's own memory (`Memory: 4.4M`).
 
 Usage: sudo python3 bench/exe_pages.py [--binary PATH] [--runs 3] [--after 75]
 (about 2 minutes a run). Needs root (process_madvise on another process) and Linux 5.10.

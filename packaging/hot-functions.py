@@ -13,21 +13,26 @@ This script makes that list. It builds the portable binary with its symbols
 (target/hot-functions/), runs it as the service under valgrind's callgrind in
 bench/service.py's guest (a licensed vGPU's saved nvidia-smi output, a journal of its own with
 gridd's lines of a guest's boot, nvidia-smi read every 10 s, then a burst of 100 of gridd's
-lines), and writes every function that ran, by its symbol without the hash that the compiler
+lines) as systemd runs it (a notify socket, the unit's watchdog), for 150 s: long enough for
+what comes later in a service's life than its start (the token directory's first look at 30 s,
+the heap's release after a minute, the heartbeat at 2 minutes), whose code would otherwise be
+read from the disk then. It writes every function that ran, by its symbol without the hash that the compiler
 version and the build's flags decide, so that the list stays good across builds. Functions
 added since the list was made run from the rest of the code; build-release.sh refuses a list
 that lays out less than half of the code it did when it was made (then run this again).
 
-Usage: sudo python3 packaging/hot-functions.py   (about 6 minutes; needs root, valgrind and
+Usage: sudo python3 packaging/hot-functions.py   (about 7 minutes; needs root, valgrind and
 what packaging/build-release.sh needs)
 """
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import importlib.util
 
@@ -59,8 +64,20 @@ def build():
     return out.stdout.strip().splitlines()[-1]
 
 
-def run_service(binary, profile):
-    """The service's life under callgrind: its start, readings, a burst of gridd's lines."""
+LIFE = 150
+
+
+def drain(sock):
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+
+
+def run_service(binary, profile, tmp):
+    """The service's life under callgrind: its start, readings, a burst of gridd's lines,
+    the heartbeat with the watchdog's ping."""
     journal = fp.Journal()
     for msg in fp.boot_lines():
         svc.send_gridd(msg)
@@ -69,7 +86,15 @@ def run_service(binary, profile):
     journal.wrapper(root)
     status_dir = fp.run_status(root)
     status = os.path.join(status_dir, "status.json")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(os.path.join(tmp, "notify"))
+    # Read as systemd reads it: a full queue (net.unix.max_dgram_qlen, 10 here) would block
+    # the service's next message.
+    threading.Thread(target=drain, args=(notify,), daemon=True).start()
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+    # The unit's WatchdogSec=4min.
+    env.update(NOTIFY_SOCKET=os.path.join(tmp, "notify"), WATCHDOG_USEC="240000000")
+    started = time.monotonic()
     p = subprocess.Popen(["valgrind", "--tool=callgrind", "--demangle=no", f"--callgrind-out-file={profile}",
                           binary, "--config", f"{root}/config.toml", "run"],
                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -80,8 +105,9 @@ def run_service(binary, profile):
         fp.burst(100)
         if not svc.wait_for(lambda: svc.status_has(status, "burst-"), 60, 0.2):
             sys.exit("packaging/hot-functions.py: the service did not report the burst within 60 s")
-        time.sleep(15)
+        time.sleep(max(15, LIFE - (time.monotonic() - started)))
     finally:
+        notify.close()
         p.send_signal(signal.SIGTERM)
         p.wait(120)
         shutil.rmtree(root, ignore_errors=True)
@@ -117,7 +143,7 @@ def main():
     lock = svc.hold_journal_lock()  # noqa: F841 (held until the end)
     with tempfile.TemporaryDirectory() as tmp:
         profile = os.path.join(tmp, "callgrind.out")
-        run_service(binary, profile)
+        run_service(binary, profile, tmp)
         ran = functions_run(profile)
     known = sizes(binary)
     # Only functions with a section of their own can be placed (the C library's and the
