@@ -553,9 +553,11 @@ fn scan_file_with<F: FnMut(GriddEvent)>(
             results.push(rx);
             let finder = &finder;
             scope.spawn(move || {
+                let mut buf = Vec::new();
                 for k in (w as u64..sections).step_by(workers) {
                     let start = k * section;
-                    let hits = section_hits(file, start, (start + section).min(len), len, finder);
+                    let end = (start + section).min(len);
+                    let hits = section_hits(file, start, end, len, finder, &mut buf);
                     let failed = hits.is_err();
                     if tx.send(hits).is_err() || failed {
                         break;
@@ -647,6 +649,7 @@ fn section_hits(
     end: u64,
     len: u64,
     finder: &memmem::Finder,
+    buf: &mut Vec<u8>,
 ) -> io::Result<Hits> {
     // From the byte before: when it is a newline, the section's first line begins at `start`.
     let from = start.saturating_sub(1);
@@ -655,7 +658,13 @@ fn section_hits(
         pos: from,
         end: len,
     };
-    let mut lines = Lines::new(reader, SECTION_CHUNK, MAX_LINE, start > 0);
+    let mut lines = Lines::with_buffer(
+        reader,
+        std::mem::take(buf),
+        SECTION_CHUNK,
+        MAX_LINE,
+        start > 0,
+    );
     let limit = end - from;
     let mut hits = Hits::default();
     while let Some((off, region)) = lines.next_region()? {
@@ -678,6 +687,7 @@ fn section_hits(
     }
     hits.bytes = (from + lines.bytes).min(end).saturating_sub(start);
     hits.skipped_long = lines.skipped_long;
+    *buf = lines.into_buffer();
     Ok(hits)
 }
 

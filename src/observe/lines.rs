@@ -29,9 +29,23 @@ impl<R: Read> Lines<R> {
     /// Reads `reader` in reads of `chunk` bytes. With `skip_first`, the bytes up to and
     /// including the first newline are dropped (they end a line that began before).
     pub fn new(reader: R, chunk: usize, max_line: usize, skip_first: bool) -> Self {
+        Self::with_buffer(reader, Vec::new(), chunk, max_line, skip_first)
+    }
+
+    /// As [`Lines::new`], reading into `buf`: the buffer of a reader done with
+    /// ([`Lines::into_buffer`]) serves the next one without being allocated and faulted in
+    /// again (an allocator may give a large block back to the system when it is freed).
+    pub fn with_buffer(
+        reader: R,
+        mut buf: Vec<u8>,
+        chunk: usize,
+        max_line: usize,
+        skip_first: bool,
+    ) -> Self {
+        buf.resize(chunk, 0);
         Lines {
             reader,
-            buf: vec![0; chunk],
+            buf,
             start: 0,
             end: 0,
             skipping: skip_first,
@@ -40,6 +54,11 @@ impl<R: Read> Lines<R> {
             bytes: 0,
             skipped_long: 0,
         }
+    }
+
+    /// The buffer, for [`Lines::with_buffer`].
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buf
     }
 
     /// The next region of complete lines, with the offset of its first byte in the input;
