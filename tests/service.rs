@@ -74,8 +74,14 @@ pub(crate) fn settle(m: &Machine, a: &Agent) {
         || {
             let pid = m.gridd_pid()?;
             let v = a.status()?;
+            // Licensed as read after this gridd acquired its license: the state the report
+            // kept from the gridd before a restart is not it.
             (v["state"] == "licensed"
-                && has_event(&v, &format!("Started ({pid})"))
+                && sim::has_event_after(
+                    &v,
+                    &format!("Started ({pid})"),
+                    "License acquired successfully",
+                )
                 && a.metric("vgpu_license_gridd_restarts_total") == Some(m.restarts() as f64))
             .then_some(())
         },

@@ -1209,6 +1209,16 @@ pub fn reason(v: &Value) -> Option<&str> {
 }
 
 /// Whether one of the report's events says `text`.
+/// Whether the report's events hold one with `then` in its message after one with `first`.
+pub fn has_event_after(v: &Value, first: &str, then: &str) -> bool {
+    v["events"].as_array().is_some_and(|e| {
+        let msg = |e: &Value| e["message"].as_str().unwrap_or("").to_string();
+        e.iter()
+            .position(|e| msg(e).contains(first))
+            .is_some_and(|i| e[i + 1..].iter().any(|e| msg(e).contains(then)))
+    })
+}
+
 pub fn has_event(v: &Value, text: &str) -> bool {
     v["events"].as_array().is_some_and(|e| {
         e.iter()
