@@ -283,8 +283,15 @@ ci_restarts() {
 
 # ci_report: the agent's report, from the guest's own command and from the live file: licensed,
 # by the DLS the current token names, no failure.
+ci_report_names_dls() {
+	guest cat "/run/$NAME/status.json" 2>/dev/null | grep -qE "\"host\": *\"$CI_DLS_HOST\""
+}
 ci_report() {
 	local out rc
+	# runcmd may put the new token in place after the agent has reported the old one's DLS
+	# (licensed by it, until gridd restarts): the report names the new DLS once the agent
+	# has adopted it.
+	wait_until 30 ci_report_names_dls || true
 	out=$(guest vgpu-license-agent status --json --wait 60)
 	rc=$?
 	echo "vgpu-license-agent status --json --wait 60: exit $rc"
