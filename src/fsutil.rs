@@ -361,6 +361,23 @@ pub fn chmod_checked(path: &Path, mode: u32, ino: Option<u64>) -> io::Result<()>
     f.set_permissions(fs::Permissions::from_mode(mode))
 }
 
+/// Test support: writes the script `path` (0755) through another process. A file this one
+/// had open for writing may be held by a child that another test thread forks meanwhile,
+/// and would not run (ETXTBSY).
+#[cfg(test)]
+pub(crate) fn write_test_program(path: &Path, body: &str) {
+    let src = path.with_extension("src");
+    fs::write(&src, body).unwrap();
+    let ok = std::process::Command::new("install")
+        .arg("-m0755")
+        .arg(&src)
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "install {}", path.display());
+    fs::remove_file(&src).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

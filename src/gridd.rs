@@ -178,15 +178,13 @@ pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     /// A process named nvidia-gridd runs; killed and not yet reaped (a zombie) it does not.
     #[test]
     fn a_gridd_runs_until_it_dies_zombie_or_not() {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("nvidia-gridd");
-        std::fs::write(&bin, "#!/bin/sh\nwhile :; do sleep 1; done\n").unwrap();
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        crate::fsutil::write_test_program(&bin, "#!/bin/sh\nwhile :; do sleep 1; done\n");
         let mut child = std::process::Command::new(&bin).spawn().unwrap();
         let pid = child.id();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

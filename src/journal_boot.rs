@@ -90,24 +90,13 @@ fn journal_boot(settings: &Settings, matches: &[String]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
 
     #[test]
     fn the_newest_entrys_boot_is_read_from_journalctl() {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("journalctl");
-        // Installed by another process: a file this one had open for writing may be held by
-        // a child another test thread forks meanwhile, and would not run (ETXTBSY).
         let put = |body: &str| {
-            let src = dir.path().join("src");
-            fs::write(&src, format!("#!/bin/sh\n{body}\n")).unwrap();
-            let ok = std::process::Command::new("install")
-                .arg("-m0755")
-                .arg(&src)
-                .arg(&script)
-                .status()
-                .unwrap();
-            assert!(ok.success());
+            crate::fsutil::write_test_program(&script, &format!("#!/bin/sh\n{body}\n"))
         };
         let mut settings = Settings::default();
         settings.commands.journalctl = script.display().to_string();

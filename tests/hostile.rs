@@ -1338,7 +1338,7 @@ fn a_journal_longer_than_the_cap_is_read_from_its_newest_part() {
         format!("#!/bin/sh\nexec cat '{}'\n", export.display()),
     )
     .unwrap();
-    fs::set_permissions(&journalctl, fs::Permissions::from_mode(0o755)).unwrap();
+    crate::common::make_executable(&journalctl);
     root.dropin(
         "journal.toml",
         &format!("[commands]\njournalctl = \"{}\"\n", journalctl.display()),

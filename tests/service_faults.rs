@@ -1297,6 +1297,8 @@ fn scenario_reload_signals_only_the_service() {
     let dir = tempfile::tempdir().unwrap();
     let named = dir.path().join("vgpu-license-agent");
     fs::copy("/bin/sleep", &named).unwrap();
+    // Through a copy no thread of this process had open for writing (ETXTBSY otherwise).
+    crate::common::make_executable(&named);
     let mut other = Command::new(&named).arg("60").spawn().unwrap();
     let reload = |pid: u32| {
         Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))

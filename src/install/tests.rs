@@ -141,12 +141,10 @@ fn adopt_keeps_the_feature_type_install_set_unless_the_config_names_one() {
     assert!(conf().contains("FeatureType=4"));
     // Nor is a passthrough value on a guest whose nvidia-smi shows a vGPU.
     let smi = d.path().join("nvidia-smi");
-    fs::write(
+    crate::fsutil::write_test_program(
         &smi,
         "#!/bin/sh\nprintf 'GPU 00000000:00:05.0\\n    Product Name : NVIDIA L40S-24Q\\n    GPU Virtualization Mode\\n        Virtualization Mode : VGPU\\n    vGPU Software Licensed Product\\n        Product Name : NVIDIA RTX Virtual Workstation\\n        License Status : Unlicensed (Restricted)\\n'\n",
-    )
-    .unwrap();
-    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    );
     s.commands.nvidia_smi = smi.display().to_string();
     let o = adopt_dropped_token(&s, false, true).unwrap();
     assert!(conf().contains("FeatureType=1"), "{:?}", o.changes);
@@ -168,15 +166,13 @@ fn an_adoption_that_keeps_feature_type_1_asks_nvidia_smi_nothing() {
     let d = tempfile::tempdir().unwrap();
     let mut s = settings(d.path());
     let smi = d.path().join("nvidia-smi");
-    fs::write(
+    crate::fsutil::write_test_program(
         &smi,
-        format!(
+        &format!(
             "#!/bin/sh\necho x >> {}\n",
             d.path().join("smi-runs").display()
         ),
-    )
-    .unwrap();
-    fs::set_permissions(&smi, fs::Permissions::from_mode(0o755)).unwrap();
+    );
     s.commands.nvidia_smi = smi.display().to_string();
     fs::create_dir_all(&s.paths.token_dir).unwrap();
     fs::write(s.paths.token_path(), tok("a")).unwrap();

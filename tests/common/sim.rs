@@ -352,6 +352,9 @@ fn copy_into_root(root: &Path, from: &Path, at: &Path) {
     let to = root.join(at.strip_prefix("/").unwrap());
     fs::create_dir_all(to.parent().unwrap()).unwrap();
     fs::copy(fs::canonicalize(from).unwrap(), &to).unwrap();
+    // Its mode kept, through a copy no test thread had open for writing (ETXTBSY otherwise).
+    let mode = fs::metadata(&to).unwrap().permissions().mode() & 0o7777;
+    super::set_program_mode(&to, mode);
 }
 
 /// A program copied into `root` at `at`, with the libraries it loads at their own paths.
