@@ -7,7 +7,8 @@ The two, started at the same moment on the same machine, each a whole process tr
   shell loop: `while sleep 60; do nvidia-smi -q | grep 'License Status'; done` beside
               `journalctl -f SYSLOG_IDENTIFIER=nvidia-gridd | grep -i license`.
 Both read a journal of their own: a systemd-journald started for the run in a namespace of its
-own (`journalctl --namespace`), quiet but for gridd's lines of a guest's boot (a published
+own (`journalctl --namespace`, through one wrapper script that both call, as they call the
+same fake nvidia-smi), quiet but for gridd's lines of a guest's boot (a published
 log: tests/fixtures/samples/gridd-log-fastapi-dls-1.txt) and the bursts at the end, so that
 what else logs on this machine costs neither of them. Each tree runs in a cgroup of its own (cgroup v2), under a child subreaper outside it. `perf
 stat -a -G` counts, second by second, the context switches (wakeups: voluntary and
@@ -115,9 +116,11 @@ class Tree:
                 time.sleep(0.1)
 
 
-def shell_loop_argv(root, ns):
+def shell_loop_argv(root):
+    # journalctl through the same wrapper as the agent's (it names the run's journal
+    # namespace), as nvidia-smi is the same fake for both.
     script = f"""
-journalctl --namespace={ns} -f -n 0 SYSLOG_IDENTIFIER=nvidia-gridd | grep --line-buffered -i license > {root}/seen &
+{root}/journalctl -f -n 0 SYSLOG_IDENTIFIER=nvidia-gridd | grep --line-buffered -i license > {root}/seen &
 while true; do {root}/nvidia-smi -q | grep -i 'License Status' > {root}/smi-seen; sleep 60; done
 """
     return ["bash", "-c", script]
@@ -324,7 +327,7 @@ def main():
             ra, rl = roots[3 * i], roots[3 * i + 2]
             agent, loop = trees[2 * i], trees[2 * i + 1]
             agent.start([a.binary, "--config", f"{ra}/config.toml", "run"], env)
-            loop.start(shell_loop_argv(rl, journal.ns), env)
+            loop.start(shell_loop_argv(rl), env)
             runs.append((agent, loop, time.monotonic() - perf.t0))
             if i + 1 < a.runs:
                 time.sleep(STAGGER)

@@ -133,13 +133,7 @@ impl Shell {
                     let (verdict, skew) = probe_dls(&settings, &nodes);
                     Event::Probed { verdict, skew }
                 }),
-                Effect::ReadLastShutdown => blocking(tx, move || {
-                    // What check-identity found at this boot, reported once, with it.
-                    let clone = crate::identity::take_unreported(&settings)
-                        .map(|c| Event::CloneDetected(Box::new(c)));
-                    let last = Event::LastShutdown(live::previous_boot_shutdown(&settings));
-                    Event::Together(clone.into_iter().chain([last]).collect())
-                }),
+                Effect::ReadLastShutdown => reads.last_shutdown = true,
                 Effect::Publish(p) => self.publish(&settings, *p),
                 Effect::Ready => notify(&[sd_notify::NotifyState::Ready]),
             }
@@ -148,10 +142,10 @@ impl Shell {
     }
 
     /// Carries out a batch's reads as one job on one thread, whose answers come back as one
-    /// batch: the token, an adoption, nvidia-smi with where the driver runs, systemd's word,
-    /// in that order (a reading after an adoption shows what it did).
+    /// batch ([`read_batch`]).
     fn read(&self, settings: &Settings, reads: Reads, running: Option<u32>) {
-        if !(reads.token || reads.adopt.is_some() || reads.smi || reads.unit) {
+        if !(reads.token || reads.adopt.is_some() || reads.smi || reads.unit || reads.last_shutdown)
+        {
             return;
         }
         // Before the token is read, the token directory is watched again if it was made anew
@@ -165,25 +159,7 @@ impl Shell {
         }
         let settings = settings.clone();
         blocking(self.tx.clone(), move || {
-            let mut events = Vec::new();
-            if reads.token {
-                events.push(Event::LegacyServer(live::legacy_server(&settings)));
-                events.push(Event::Token(live::token_state(&settings, Utc::now()).token));
-            }
-            if let Some((licensed, retry_owed)) = reads.adopt {
-                let adopted = install::adopt(&settings, licensed, retry_owed).map(Box::new);
-                events.push(Event::Adopted(adopted));
-            }
-            if reads.smi {
-                // Where the driver runs is looked at with each reading: a GPU Operator's
-                // driver pod comes and goes.
-                events.push(Event::Node(Box::new(crate::node::detect(&settings))));
-                events.push(Event::Smi(live::read_smi(&settings)));
-            }
-            if reads.unit {
-                events.push(vouched_or_asked(&settings, running));
-            }
-            Event::Together(events)
+            read_batch(&settings, reads, running)
         });
     }
 
@@ -263,6 +239,39 @@ fn node_condition_writer(
     Some(cond_tx)
 }
 
+/// The answers of one batch's reads, in this order: the token, an adoption, nvidia-smi with
+/// where the driver runs, systemd's word, and (at the start) how the last boot ended. A
+/// reading after an adoption shows what it did; the first report says all of it, and the
+/// start's questions take one thread, not one each.
+fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event {
+    let mut events = Vec::new();
+    if reads.token {
+        events.push(Event::LegacyServer(live::legacy_server(settings)));
+        events.push(Event::Token(live::token_state(settings, Utc::now()).token));
+    }
+    if let Some((licensed, retry_owed)) = reads.adopt {
+        let adopted = install::adopt(settings, licensed, retry_owed).map(Box::new);
+        events.push(Event::Adopted(adopted));
+    }
+    if reads.smi {
+        // Where the driver runs is looked at with each reading: a GPU Operator's
+        // driver pod comes and goes.
+        events.push(Event::Node(Box::new(crate::node::detect(settings))));
+        events.push(Event::Smi(live::read_smi(settings)));
+    }
+    if reads.unit {
+        events.push(vouched_or_asked(settings, running));
+    }
+    if reads.last_shutdown {
+        // What check-identity found at this boot, reported once, with it.
+        if let Some(c) = crate::identity::take_unreported(settings) {
+            events.push(Event::CloneDetected(Box::new(c)));
+        }
+        events.push(Event::LastShutdown(live::previous_boot_shutdown(settings)));
+    }
+    Event::Together(events)
+}
+
 /// The reads one batch of effects asks for.
 #[derive(Debug, Default, Clone, Copy)]
 struct Reads {
@@ -271,6 +280,8 @@ struct Reads {
     token: bool,
     /// An adoption: (licensed, retry_owed).
     adopt: Option<(bool, bool)>,
+    /// How the last boot ended (and what check-identity found at this one).
+    last_shutdown: bool,
 }
 
 /// Whether gridd runs: while the process systemd last said runs (`running`) still does, that
