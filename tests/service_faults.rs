@@ -34,6 +34,7 @@ use crate::common::sim::{
     self, Agent, Machine, Setup, SmiMode, has_event, reason, setup, wait_for, write_gridd_conf,
 };
 use crate::common::{Mount, skipped};
+use crate::service::settle;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -103,28 +104,6 @@ fn licensed_with(s: Setup, start: impl FnOnce(&Machine) -> Agent) -> (Machine, A
 
 fn licensed(s: Setup) -> (Machine, Agent) {
     licensed_with(s, Agent::start)
-}
-
-fn settle(m: &Machine, a: &Agent) {
-    wait_for(
-        "the agent to settle on a licensed gridd",
-        T,
-        || {
-            let pid = m.gridd_pid()?;
-            let v = a.status()?;
-            // Licensed as read after this gridd acquired its license: the state the report
-            // kept from the gridd before a restart is not it.
-            (v["state"] == "licensed"
-                && sim::has_event_after(
-                    &v,
-                    &format!("Started ({pid})"),
-                    "License acquired successfully",
-                )
-                && a.metric("vgpu_license_gridd_restarts_total") == Some(m.restarts() as f64))
-            .then_some(())
-        },
-        || a.context(),
-    );
 }
 
 // ---- systemd's notification socket ----

@@ -144,8 +144,7 @@ impl Shell {
     /// Carries out a batch's reads as one job on one thread, whose answers come back as one
     /// batch ([`read_batch`]).
     fn read(&self, settings: &Settings, reads: Reads, running: Option<u32>) {
-        if !(reads.token || reads.adopt.is_some() || reads.smi || reads.unit || reads.last_shutdown)
-        {
+        if reads == Reads::default() {
             return;
         }
         // Before the token is read, the token directory is watched again if it was made anew
@@ -273,7 +272,7 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
 }
 
 /// The reads one batch of effects asks for.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
 struct Reads {
     smi: bool,
     unit: bool,

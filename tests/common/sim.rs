@@ -1211,7 +1211,6 @@ pub fn reason(v: &Value) -> Option<&str> {
     v["failure"]["reason"].as_str()
 }
 
-/// Whether one of the report's events says `text`.
 /// Whether the report's events hold one with `then` in its message after one with `first`.
 pub fn has_event_after(v: &Value, first: &str, then: &str) -> bool {
     v["events"].as_array().is_some_and(|e| {
@@ -1222,6 +1221,7 @@ pub fn has_event_after(v: &Value, first: &str, then: &str) -> bool {
     })
 }
 
+/// Whether one of the report's events says `text`.
 pub fn has_event(v: &Value, text: &str) -> bool {
     v["events"].as_array().is_some_and(|e| {
         e.iter()
