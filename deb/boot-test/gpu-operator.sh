@@ -12,7 +12,8 @@
 #     /dev/log is the node's journal socket, in the node's PID namespace (hostPID: true), so
 #     that its lines reach the node's journal under the container's unit, never
 #     nvidia-gridd.service;
-#   - stopped (the pod deleted): gridd gone, the marker removed, the root unmounted.
+#   - stopped (the pod deleted): gridd gone, the marker removed, the root unmounted lazily
+#     (umount -l -R, as the entrypoint's _unmount_rootfs does).
 # Checks, with the guest's own systemctl and journalctl: the agent finds the node on its own
 # and reports it licensed, in observe mode, in status, status.json and the metrics; it follows
 # gridd's lines in the node's journal; `install` is refused and changes nothing; the DLS
@@ -79,7 +80,9 @@ After=network-online.target sim-dls.service
 [Service]
 ExecStart=/usr/local/bin/sim-driver-ctr
 ExecStopPost=/bin/rm -f /run/nvidia/validations/.driver-ctr-ready
-ExecStopPost=-/bin/umount $GO_DRIVER_ROOT
+# Lazily, as the real entrypoint's _unmount_rootfs does (umount -l -R): a process still in
+# the root (a reading's nvidia-smi, run chrooted there) never keeps it mounted.
+ExecStopPost=-/bin/umount -l -R $GO_DRIVER_ROOT
 [Install]
 WantedBy=multi-user.target
 UNIT
