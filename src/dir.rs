@@ -148,6 +148,19 @@ impl Dir {
         )?)
     }
 
+    /// Sets the times of the entry `name` to now, a link not followed.
+    pub fn touch<P: ?Sized + nix::NixPath>(&self, name: &P) -> io::Result<()> {
+        use nix::sys::stat::{UtimensatFlags, utimensat};
+        use nix::sys::time::TimeSpec;
+        Ok(utimensat(
+            self.file.as_fd(),
+            name,
+            &TimeSpec::UTIME_NOW,
+            &TimeSpec::UTIME_NOW,
+            UtimensatFlags::NoFollowSymlink,
+        )?)
+    }
+
     /// Where the symlink `name` points.
     pub fn read_link<P: ?Sized + nix::NixPath>(&self, name: &P) -> io::Result<PathBuf> {
         Ok(nix::fcntl::readlinkat(self.file.as_fd(), name)?.into())

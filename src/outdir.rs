@@ -108,10 +108,18 @@ fn components(path: &Path) -> VecDeque<OsString> {
         .collect()
 }
 
+/// The file a [`replace`] left: known again by its inode and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    ino: u64,
+    len: u64,
+}
+
 /// Replaces `path` with `bytes` at `mode`, atomically for readers and without a sync (the
 /// outputs are made anew at every start), through a descriptor of its directory reached by
 /// [`open`]. `create_dir`: the directory itself is made (mode 0755) when it is missing.
-pub fn replace(path: &Path, bytes: &[u8], mode: u32, create_dir: bool) -> io::Result<()> {
+/// Returns the file now there, for [`touch`].
+pub fn replace(path: &Path, bytes: &[u8], mode: u32, create_dir: bool) -> io::Result<Written> {
     let (dir, name) = parent_and_name(path)?;
     let dir = match open(dir) {
         Err(e) if create_dir && e.kind() == io::ErrorKind::NotFound => make_dir(dir)?,
@@ -128,7 +136,33 @@ pub fn replace(path: &Path, bytes: &[u8], mode: u32, create_dir: bool) -> io::Re
     if written.is_err() {
         let _ = dir.remove_file(temp.as_str());
     }
-    written
+    written?;
+    let st = dir.stat(name)?;
+    Ok(Written {
+        ino: st.st_ino,
+        len: st.st_size as u64,
+    })
+}
+
+/// Marks `path` as written now (its mtime, which a textfile collector exports and a staleness
+/// alert reads) without writing it, when it is still the file `was` (the same inode and
+/// length, a regular file, never through a link); returns false, touching nothing, when it
+/// is not. A rewrite of unchanged bytes would cost a guest a disk write and a wait for it
+/// (a rename over a file makes ext4 start writing the new one's data at once); this costs an
+/// inode update, written back with the next journal commit.
+pub fn touch(path: &Path, was: Written) -> io::Result<bool> {
+    let (dir, name) = parent_and_name(path)?;
+    let dir = open(dir)?;
+    let st = match dir.stat(name) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        other => other?,
+    };
+    let regular = st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFREG;
+    if !regular || st.st_ino != was.ino || st.st_size as u64 != was.len {
+        return Ok(false);
+    }
+    dir.touch(name)?;
+    Ok(true)
 }
 
 fn parent_and_name(path: &Path) -> io::Result<(&Path, &std::ffi::OsStr)> {
@@ -205,6 +239,46 @@ mod tests {
         assert_eq!(m.permissions().mode() & 0o777, 0o644);
         // Only the file itself: no temporary left.
         assert_eq!(std::fs::read_dir(&real).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn touch_marks_the_file_written_now_only_while_it_is_the_one_written() {
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("m.prom");
+        let file = replace(&out, b"x 1\n", 0o644, false).unwrap();
+        let old = filetime(&out, 1_000_000);
+        assert!(touch(&out, file).unwrap());
+        let m = std::fs::metadata(&out).unwrap();
+        assert!(m.mtime() > old, "the mtime moved to now");
+        assert_eq!(std::fs::read(&out).unwrap(), b"x 1\n");
+        // Another file there (someone else's write): left alone, and said.
+        std::fs::remove_file(&out).unwrap();
+        std::fs::write(&out, b"y 22\n").unwrap();
+        let theirs = filetime(&out, 1_000_000);
+        assert!(!touch(&out, file).unwrap());
+        assert_eq!(std::fs::metadata(&out).unwrap().mtime(), theirs);
+        // A link at the path is never followed; nothing there is no file.
+        std::fs::remove_file(&out).unwrap();
+        std::os::unix::fs::symlink(d.path().join("elsewhere"), &out).unwrap();
+        assert!(!touch(&out, file).unwrap());
+        assert!(!d.path().join("elsewhere").exists());
+        std::fs::remove_file(&out).unwrap();
+        assert!(!touch(&out, file).unwrap());
+    }
+
+    /// Sets `path`'s mtime to `secs` (Unix time); returns it.
+    fn filetime(path: &Path, secs: i64) -> i64 {
+        let t = nix::sys::time::TimeSpec::new(secs, 0);
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            &t,
+            &t,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+        secs
     }
 
     #[test]

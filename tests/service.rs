@@ -89,6 +89,37 @@ pub(crate) fn settle(m: &Machine, a: &Agent) {
     );
 }
 
+/// Waits until a reading has marked the metrics textfile written now (a later mtime) while
+/// it stayed the same file with the same bytes: unchanged metrics are not written again, and
+/// a staleness alert on node-exporter's `node_textfile_mtime_seconds` still sees the agent
+/// alive. Bytes that changed meanwhile (a late event) start the wait again.
+fn textfile_marked_fresh_without_a_rewrite(m: &Machine, a: &Agent) {
+    use std::os::unix::fs::MetadataExt;
+    let look = || {
+        let meta = std::fs::metadata(m.metrics_path()).ok()?;
+        let bytes = std::fs::read(m.metrics_path()).ok()?;
+        Some((meta.ino(), bytes, (meta.mtime(), meta.mtime_nsec())))
+    };
+    let mut first = look();
+    wait_for(
+        "a reading to mark the unchanged metrics textfile written now, without a rewrite",
+        T,
+        || {
+            let now = look()?;
+            match &first {
+                Some((ino, bytes, at)) if (ino, bytes) == (&now.0, &now.1) => {
+                    (now.2 > *at).then_some(())
+                }
+                _ => {
+                    first = Some(now);
+                    None
+                }
+            }
+        },
+        || a.context(),
+    );
+}
+
 #[test]
 fn scenario_happy_path() {
     let (m, a) = licensed(Setup::default());
@@ -128,6 +159,10 @@ fn scenario_happy_path() {
         a.metric("vgpu_license_expiry_timestamp_seconds"),
         Some(expiry.timestamp() as f64)
     );
+    // A reading marks the textfile written (its mtime, which node-exporter exports and
+    // staleness alerts read, moves) without writing the same bytes again: the same file.
+    textfile_marked_fresh_without_a_rewrite(&m, &a);
+
     // Nothing to fix. The agent restarts gridd at most once at its start: for a token it has
     // not restarted gridd for yet, unless gridd already holds a license with it.
     assert!(m.restarts() <= 1, "{}", a.context());

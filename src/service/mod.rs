@@ -14,7 +14,7 @@ pub mod memory;
 pub mod metrics_server;
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -103,8 +103,8 @@ impl Clock {
 struct Shell {
     tx: mpsc::UnboundedSender<Event>,
     metrics_tx: watch::Sender<String>,
-    /// Files whose last write failed (logged once until they are written again).
-    failing: RefCell<HashSet<PathBuf>>,
+    /// status.json and the metrics textfile: what each last got.
+    outputs: RefCell<Outputs>,
     /// The token directory's watch (none where it cannot be watched).
     watch: Option<dir_watch::Watch>,
     /// The Node condition for its writer (none when not on a Kubernetes node).
@@ -181,14 +181,15 @@ impl Shell {
                 .parent()
                 .is_some_and(Path::is_dir)
             {
-                write_file(
-                    &self.failing,
+                self.outputs.borrow_mut().write(
                     &settings.paths.metrics_textfile,
                     p.metrics.as_bytes(),
                     false,
                 );
             }
-            write_file(&self.failing, &settings.paths.status_file, &p.json, true);
+            self.outputs
+                .borrow_mut()
+                .write(&settings.paths.status_file, &p.json, true);
             notify(&[sd_notify::NotifyState::Status(&crate::text::escape(
                 &status_line(&p.report),
             ))]);
@@ -337,7 +338,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let shell = Shell {
         tx,
         metrics_tx,
-        failing: RefCell::default(),
+        outputs: RefCell::default(),
         watch,
         condition,
     };
@@ -356,7 +357,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         let mut wake = clock.instant(core.next_wake(clock.now()));
         // A file that could not be written (a full disk) is written again on a shorter pace
         // than the heartbeat's, so that it catches up soon after there is room again.
-        let retrying = !shell.failing.borrow().is_empty();
+        let retrying = !shell.outputs.borrow().failing.is_empty();
         if retrying {
             wake = wake.min(Instant::now() + WRITE_RETRY);
         }
@@ -581,21 +582,48 @@ impl Alarm {
     }
 }
 
-/// Writes `path` atomically. A failure (a full disk, say) is logged when it starts and when
-/// it ends, not on every write: the last good file stays whole meanwhile.
-fn write_file(failing: &RefCell<HashSet<PathBuf>>, path: &Path, bytes: &[u8], create_dir: bool) {
-    match crate::outdir::replace(path, bytes, 0o644, create_dir) {
-        Ok(()) => {
-            if failing.borrow_mut().remove(path) {
-                info!("{} is written again", crate::text::show_path(path));
+/// The files the service writes, and what each last got.
+#[derive(Default)]
+struct Outputs {
+    /// Files whose last write failed (logged once until they are written again).
+    failing: HashSet<PathBuf>,
+    /// The bytes each file was last written with, and the file written.
+    written: HashMap<PathBuf, (Vec<u8>, crate::outdir::Written)>,
+}
+
+impl Outputs {
+    /// Writes `path` atomically; the same bytes as last time only mark it written now (its
+    /// mtime, which node-exporter exports for staleness alerts, moves as with a write), while
+    /// it is still the file written then. A failure (a full disk, say) is logged when it
+    /// starts and when it ends, not on every write: the last good file stays whole meanwhile.
+    fn write(&mut self, path: &Path, bytes: &[u8], create_dir: bool) {
+        let same = self
+            .written
+            .get(path)
+            .filter(|(last, _)| last.as_slice() == bytes)
+            .map(|(_, file)| *file);
+        let outcome = match same {
+            Some(file) if crate::outdir::touch(path, file).unwrap_or(false) => Ok(None),
+            _ => crate::outdir::replace(path, bytes, 0o644, create_dir).map(Some),
+        };
+        match outcome {
+            Ok(file) => {
+                if let Some(file) = file {
+                    self.written
+                        .insert(path.to_path_buf(), (bytes.to_vec(), file));
+                }
+                if self.failing.remove(path) {
+                    info!("{} is written again", crate::text::show_path(path));
+                }
             }
-        }
-        Err(e) => {
-            if failing.borrow_mut().insert(path.to_path_buf()) {
-                warn!(
-                    "cannot write {}: {e}; the last one written stays as it was, and this is logged again only once it can be written",
-                    crate::text::show_path(path)
-                );
+            Err(e) => {
+                self.written.remove(path);
+                if self.failing.insert(path.to_path_buf()) {
+                    warn!(
+                        "cannot write {}: {e}; the last one written stays as it was, and this is logged again only once it can be written",
+                        crate::text::show_path(path)
+                    );
+                }
             }
         }
     }
