@@ -664,7 +664,8 @@ fn section_hits(
         SECTION_CHUNK,
         MAX_LINE,
         start > 0,
-    );
+    )
+    .at_offset(from);
     let limit = end - from;
     let mut hits = Hits::default();
     while let Some((off, region)) = lines.next_region()? {

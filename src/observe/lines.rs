@@ -4,6 +4,14 @@ use std::io::{self, Read};
 
 use memchr::{memchr, memrchr};
 
+/// Each read lands at the same offset within a 64-byte line as the input's bytes have in
+/// the file. The kernel copies the page cache's page-aligned pages to the buffer with `rep
+/// movsb`, which runs up to ten times slower when the destination is a few bytes past the
+/// source's offset in a page (a buffer 16 bytes into a page, as the allocator gives one, or
+/// the rest of a line moved to the buffer's front): 1 GB into a buffer 16 bytes off took
+/// 0.39 s on this project's machines, 0.08 s in line.
+const ALIGN: u64 = 64;
+
 /// The lines of a reader, given as regions: each region is every complete line read so far
 /// (up to and including the last newline), and at the end of the input what remains. A line
 /// longer than `max_line` is dropped, up to its newline, and counted.
@@ -19,6 +27,8 @@ pub struct Lines<R> {
     skipping: bool,
     eof: bool,
     max_line: usize,
+    /// The reader's offset in its file when it was handed over (see [`ALIGN`]).
+    origin: u64,
     /// Bytes read.
     pub bytes: u64,
     /// Lines dropped because they were longer than `max_line`.
@@ -43,7 +53,7 @@ impl<R: Read> Lines<R> {
         skip_first: bool,
     ) -> Self {
         buf.resize(chunk, 0);
-        Lines {
+        let mut lines = Lines {
             reader,
             buf,
             start: 0,
@@ -51,9 +61,34 @@ impl<R: Read> Lines<R> {
             skipping: skip_first,
             eof: false,
             max_line: max_line.max(chunk),
+            origin: 0,
             bytes: 0,
             skipped_long: 0,
+        };
+        lines.align_first_read();
+        lines
+    }
+
+    /// The reader is at `origin` in its file (a section of it read with `pread`): the reads
+    /// are laid in line with it ([`ALIGN`]). Before the first read.
+    pub fn at_offset(mut self, origin: u64) -> Self {
+        self.origin = origin;
+        self.align_first_read();
+        self
+    }
+
+    fn align_first_read(&mut self) {
+        let front = self.front(0);
+        if front < self.buf.len() / 2 {
+            (self.start, self.end) = (front, front);
         }
+    }
+
+    /// Where `pending` bytes kept for the next read put that read in line with the input.
+    fn front(&self, pending: usize) -> usize {
+        let want = self.origin.wrapping_add(self.bytes) % ALIGN;
+        let at = (self.buf.as_ptr() as u64).wrapping_add(pending as u64) % ALIGN;
+        ((want + ALIGN - at) % ALIGN) as usize
     }
 
     /// The buffer, for [`Lines::with_buffer`].
@@ -118,16 +153,19 @@ impl<R: Read> Lines<R> {
         self.bytes - (self.end - i) as u64
     }
 
-    /// Room to read into: the pending bytes moved to the front, the buffer doubled for a
-    /// long line, or a line longer than `max_line` dropped.
+    /// Room to read into: the pending bytes moved to the front (in line with the input
+    /// where that leaves room), the buffer doubled for a long line, or a line longer than
+    /// `max_line` dropped.
     fn make_room(&mut self) {
         if self.end < self.buf.len() {
             return;
         }
         if self.start > 0 {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
+            let pending = self.end - self.start;
+            let front = self.front(pending);
+            let to = if front < self.start { front } else { 0 };
+            self.buf.copy_within(self.start..self.end, to);
+            (self.start, self.end) = (to, to + pending);
         } else if self.skipping {
             self.end = 0;
         } else if self.buf.len() < self.max_line {
@@ -185,6 +223,61 @@ mod tests {
                     "{chunk} {trickle}"
                 );
             }
+        }
+    }
+
+    /// A reader of `input` as if it began at `origin` in a file, that records how each read's
+    /// destination lines up with its source.
+    struct Recording<'a> {
+        input: &'a [u8],
+        origin: u64,
+        at: usize,
+        misaligned: usize,
+        reads: usize,
+    }
+
+    impl Read for Recording<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = (self.input.len() - self.at).min(buf.len()).min(700);
+            if n > 0 {
+                self.reads += 1;
+                let source = self.origin + self.at as u64;
+                if buf.as_ptr() as u64 % ALIGN != source % ALIGN {
+                    self.misaligned += 1;
+                }
+            }
+            buf[..n].copy_from_slice(&self.input[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn every_read_lands_in_line_with_its_source() {
+        let input: Vec<u8> = (0..3000)
+            .flat_map(|i| {
+                let mut l = vec![b'x'; i % 97];
+                l.push(b'\n');
+                l
+            })
+            .collect();
+        for origin in [0u64, 1, 17, 63, 4095, (8 << 20) - 1] {
+            let reader = Recording {
+                input: &input,
+                origin,
+                at: 0,
+                misaligned: 0,
+                reads: 0,
+            };
+            let mut lines = Lines::new(reader, 4096, 1 << 20, false).at_offset(origin);
+            let mut out = Vec::new();
+            while let Some((_, r)) = lines.next_region().unwrap() {
+                out.extend_from_slice(r);
+            }
+            assert_eq!(out, input);
+            let r = &lines.reader;
+            assert!(r.reads > 100, "{}", r.reads);
+            assert_eq!(r.misaligned, 0, "origin {origin}: of {} reads", r.reads);
         }
     }
 
