@@ -184,12 +184,13 @@ impl Shell {
                 self.outputs.borrow_mut().write(
                     &settings.paths.metrics_textfile,
                     p.metrics.as_bytes(),
-                    false,
+                    Write::TouchSame,
                 );
             }
+            // status.json holds the observation's time: new bytes at every write.
             self.outputs
                 .borrow_mut()
-                .write(&settings.paths.status_file, &p.json, true);
+                .write(&settings.paths.status_file, &p.json, Write::MakeDir);
             notify(&[sd_notify::NotifyState::Status(&crate::text::escape(
                 &status_line(&p.report),
             ))]);
@@ -582,21 +583,30 @@ impl Alarm {
     }
 }
 
-/// The files the service writes, and what each last got.
+/// The files the service writes, and what the metrics textfile last got.
 #[derive(Default)]
 struct Outputs {
     /// Files whose last write failed (logged once until they are written again).
     failing: HashSet<PathBuf>,
-    /// The bytes each file was last written with, and the file written.
+    /// The bytes a file written with [`Write::TouchSame`] last got, and the file written.
     written: HashMap<PathBuf, (Vec<u8>, crate::outdir::Written)>,
 }
 
+/// How [`Outputs::write`] writes a file.
+#[derive(Clone, Copy, PartialEq)]
+enum Write {
+    /// The file's directory is made (mode 0755) when it is missing.
+    MakeDir,
+    /// The same bytes as last time only mark the file written now (its mtime, which
+    /// node-exporter exports for staleness alerts, moves as with a write), while it is
+    /// still the file written then; the bytes are kept to tell.
+    TouchSame,
+}
+
 impl Outputs {
-    /// Writes `path` atomically; the same bytes as last time only mark it written now (its
-    /// mtime, which node-exporter exports for staleness alerts, moves as with a write), while
-    /// it is still the file written then. A failure (a full disk, say) is logged when it
+    /// Writes `path` atomically, as `how` says. A failure (a full disk, say) is logged when it
     /// starts and when it ends, not on every write: the last good file stays whole meanwhile.
-    fn write(&mut self, path: &Path, bytes: &[u8], create_dir: bool) {
+    fn write(&mut self, path: &Path, bytes: &[u8], how: Write) {
         let same = self
             .written
             .get(path)
@@ -604,11 +614,11 @@ impl Outputs {
             .map(|(_, file)| *file);
         let outcome = match same {
             Some(file) if crate::outdir::touch(path, file).unwrap_or(false) => Ok(None),
-            _ => crate::outdir::replace(path, bytes, 0o644, create_dir).map(Some),
+            _ => crate::outdir::replace(path, bytes, 0o644, how == Write::MakeDir).map(Some),
         };
         match outcome {
             Ok(file) => {
-                if let Some(file) = file {
+                if let Some(file) = file.filter(|_| how == Write::TouchSame) {
                     self.written
                         .insert(path.to_path_buf(), (bytes.to_vec(), file));
                 }
