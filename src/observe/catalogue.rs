@@ -258,9 +258,21 @@ fn host_of_url(url: &str) -> Option<String> {
 fn legacy_info(info: &str) -> Option<(&str, &str)> {
     let (url, edition) = info.split_once(';').unwrap_or((info, ""));
     let url = url.trim();
-    let lower = url.to_ascii_lowercase();
-    let is_url = lower.starts_with("http://") || lower.starts_with("https://");
-    (is_url && lower.trim_end_matches('/').ends_with("/request")).then_some((url, edition))
+    let is_url =
+        starts_with_ignore_case(url, "http://") || starts_with_ignore_case(url, "https://");
+    (is_url && ends_with_ignore_case(url.trim_end_matches('/'), "/request"))
+        .then_some((url, edition))
+}
+
+fn starts_with_ignore_case(s: &str, prefix: &str) -> bool {
+    s.as_bytes()
+        .get(..prefix.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(prefix.as_bytes()))
+}
+
+fn ends_with_ignore_case(s: &str, suffix: &str) -> bool {
+    s.len() >= suffix.len()
+        && s.as_bytes()[s.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
 }
 
 /// Reads `rest` (the message after the wording's prefix) into `c` as `fields` says; `None`
@@ -377,6 +389,10 @@ pub fn classify(msg: &str) -> Option<Classified> {
 /// path's lines name it) is the legacy path's, whatever its wording: its failure is the
 /// license server's, never a DLS's. The URL is not the line's edition or server.
 fn legacy_by_url(m: &str, mut c: Classified) -> Classified {
+    // Every URL has it: most lines are done here, without being split into words.
+    if !m.contains("://") {
+        return c;
+    }
     let url = m
         .split(|ch: char| ch.is_whitespace() || matches!(ch, '(' | ')' | ';' | ','))
         .find(|w| legacy_info(w).is_some());
@@ -500,5 +516,25 @@ mod tests {
         let c = classify("License acquired successfully. (Info: license.nvidia.space, NVIDIA RTX Virtual Workstation; Expiry: 2023-1-29 22:3:0 GMT)").unwrap();
         assert!(!c.legacy);
         assert_eq!(c.server.as_deref(), Some("license.nvidia.space"));
+    }
+
+    #[test]
+    fn a_legacy_url_counts_in_any_case_and_anywhere_in_the_line() {
+        let c = classify("License acquired successfully. (Info: HTTP://Flex.Example:7070/Request/; Quadro-Virtual-DWS,5.0)").unwrap();
+        assert!(c.legacy);
+        assert_eq!(c.server.as_deref(), Some("Flex.Example"));
+        // A failure whose wording is the token path's, naming the legacy server's URL.
+        let c = classify(
+            "Failed to acquire license from https://10.5.8.208:7070/request (Error: timed out)",
+        )
+        .unwrap();
+        assert!(c.legacy);
+        assert_eq!(c.server.as_deref(), Some("10.5.8.208"));
+        // A URL that is not the legacy server's request path is not the legacy path's.
+        let c = classify(
+            "Failed to acquire license from https://dls.example/request-other (Error: timed out)",
+        )
+        .unwrap();
+        assert!(!c.legacy);
     }
 }

@@ -100,7 +100,8 @@ impl<'de> DeserializeSeed<'de> for KeySeed {
     type Value = Key;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Key, D::Error> {
-        d.deserialize_str(self)
+        // As bytes: the names are compared, never checked as UTF-8 (most are skipped).
+        d.deserialize_bytes(self)
     }
 }
 
@@ -111,19 +112,23 @@ impl Visitor<'_> for KeySeed {
         f.write_str("a field name")
     }
 
-    fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
+    fn visit_bytes<E: de::Error>(self, key: &[u8]) -> Result<Key, E> {
         Ok(match key {
-            "__REALTIME_TIMESTAMP" => Key::Realtime,
-            "_UID" => Key::Uid,
-            "_COMM" => Key::Comm,
-            "_EXE" => Key::Exe,
-            "_SYSTEMD_UNIT" => Key::Unit,
-            "SYSLOG_IDENTIFIER" => Key::SyslogIdentifier,
-            "MESSAGE" => Key::Message,
-            "_PID" => Key::Pid,
-            "SYSLOG_PID" => Key::SyslogPid,
+            b"__REALTIME_TIMESTAMP" => Key::Realtime,
+            b"_UID" => Key::Uid,
+            b"_COMM" => Key::Comm,
+            b"_EXE" => Key::Exe,
+            b"_SYSTEMD_UNIT" => Key::Unit,
+            b"SYSLOG_IDENTIFIER" => Key::SyslogIdentifier,
+            b"MESSAGE" => Key::Message,
+            b"_PID" => Key::Pid,
+            b"SYSLOG_PID" => Key::SyslogPid,
             _ => Key::Other,
         })
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
+        self.visit_bytes(key.as_bytes())
     }
 }
 
