@@ -65,10 +65,9 @@ def page_out(pid, exe):
         sys.exit(f"bench/exe_pages.py: process_madvise: {os.strerror(ctypes.get_errno())}")
 
 
-def one_run(binary, journal, after):
+def one_run(binary, after):
     root = tempfile.mkdtemp(prefix="vla-exe-")
     svc.setup(root, POLL)
-    journal.wrapper(root)
     status_dir = fp.run_status(root)
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
     p = subprocess.Popen([binary, "--config", f"{root}/config.toml", "run"], env=env,
@@ -104,13 +103,11 @@ def main():
     private = tempfile.mkdtemp(prefix="vla-exe-bin-")
     binary = os.path.join(private, "vgpu-license-agent")
     shutil.copy2(built, binary)
-    lock = svc.hold_journal_lock()  # noqa: F841 (held until the end)
-    journal = fp.Journal()
     for msg in fp.boot_lines():
         svc.send_gridd(msg)
     print(f"machine: {svc.machine(binary)}; executable {os.path.getsize(binary) / 1048576:.1f} MiB")
     try:
-        runs = [one_run(binary, journal, a.after) for _ in range(a.runs)]
+        runs = [one_run(binary, a.after) for _ in range(a.runs)]
     finally:
         shutil.rmtree(private, ignore_errors=True)
     print(f"\n{a.runs} runs; nvidia-smi read every {POLL} s; nvidia-gridd's own memory {fp.GRIDD_MIB:.1f} MiB")

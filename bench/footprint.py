@@ -26,7 +26,7 @@ Usage: sudo python3 bench/footprint.py [--binary PATH] [--minutes 10] [--runs 3]
 (runs start 30 s apart and overlap; about MINUTES + 2 minutes). Needs root, perf
 (apt-get install linux-perf) and cgroup v2 (/sys/fs/cgroup or /sys/fs/cgroup/unified).
 """
-import argparse, atexit, importlib.util, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import argparse, atexit, importlib.util, json, os, shutil, signal, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -222,50 +222,6 @@ def burst(n):
         svc.send_gridd(f"License renewed successfully. (Info: burst-{os.getpid()}-{i}, NVIDIA Virtual Compute Server; Expiry: 2099-5-27 0:8:28 GMT)")
 
 
-class Journal:
-    """A systemd-journald of this run's own, in the namespace NS; stopped, and its files
-    removed, at the end."""
-
-    def __init__(self):
-        self.ns = f"vlafp{os.getpid()}"
-        binary = next((b for b in ["/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald"]
-                       if os.path.exists(b)), None)
-        if binary is None:
-            sys.exit("bench/footprint.py: systemd-journald is not installed")
-        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-        self.proc = subprocess.Popen([binary, self.ns], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, env=env)
-        atexit.register(self.stop)
-        self.dev_log = f"/run/systemd/journal.{self.ns}/dev-log"
-        if not svc.wait_for(lambda: os.path.exists(self.dev_log), 10, 0.05):
-            sys.exit(f"bench/footprint.py: the journald of namespace {self.ns} made no {self.dev_log}")
-        os.environ["VLA_DEV_LOG"] = self.dev_log
-        # A journald of a namespace stops when it has been idle for a while (no stream
-        # connected); this one stays for the run: a stream is connected, and says nothing.
-        self.stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.stream.connect(f"/run/systemd/journal.{self.ns}/stdout")
-        self.stream.sendall(b"vla-footprint\n\n6\n0\n0\n0\n0\n")
-
-    def stop(self):
-        self.stream.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        mid = open("/etc/machine-id").read().strip()
-        for d in [f"/run/systemd/journal.{self.ns}", f"/var/log/journal/{mid}.{self.ns}",
-                  f"/run/log/journal/{mid}.{self.ns}"]:
-            shutil.rmtree(d, ignore_errors=True)
-
-    def wrapper(self, root):
-        """A journalctl that reads this namespace, for the agent's config."""
-        path = f"{root}/journalctl"
-        with open(path, "w") as f:
-            f.write(f'#!/bin/sh\nexec {shutil.which("journalctl") or "journalctl"} --namespace={self.ns} "$@"\n')
-        os.chmod(path, 0o755)
-        conf = open(f"{root}/config.toml").read().replace("[commands]\n", f'[commands]\njournalctl = "{path}"\n', 1)
-        open(f"{root}/config.toml", "w").write(conf)
-
-
 def run_status(root):
     """status.json where the package keeps it: under /run, a tmpfs (the metrics textfile stays
     on disk, as node-exporter's directory is). Returns the directory, removed at the end."""
@@ -299,9 +255,7 @@ def main():
         sys.exit("bench/footprint.py: --minutes must be 4 or more")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.binary = svc.built(a.binary)
-    lock = svc.hold_journal_lock()
     base = cgroup_base()
-    journal = Journal()
     for msg in boot_lines():
         svc.send_gridd(msg)
     print(f"machine: {svc.machine(a.binary)}; load average {open('/proc/loadavg').read().split()[0]}")
@@ -312,7 +266,6 @@ def main():
         for who in ("agent", "loop"):
             root = tempfile.mkdtemp(prefix=f"vla-fp-{who}-")
             svc.setup(root, 300)
-            journal.wrapper(root)
             roots.append(root)
             if who == "agent":
                 roots.append(run_status(root))

@@ -133,7 +133,7 @@ def main():
     if os.geteuid() != 0:
         sys.exit("bench/node_condition.py: run it as root (a cgroup of its own for the CPU)")
     a.binary = svc.built(a.binary)
-    svc.ensure_journald()
+    svc.journal()
     certs = tempfile.mkdtemp(prefix="vla-bench-ca-")
     try:
         certificates(certs)

@@ -11,58 +11,73 @@ Usage: python3 bench/service.py [--binary PATH] [--lines 50]
 (without --binary: builds and measures the binary the packages ship, target/dist/). About 2 minutes
 with the defaults. Needs root: the agent believes only gridd lines that journald says root's
 nvidia-gridd process sent (_UID=0, _COMM=nvidia-gridd), so the lines are sent by a helper
-process of root's named nvidia-gridd. Needs journald: where nothing answers on its socket,
-one is started for the run and stopped at its end.
+process of root's named nvidia-gridd. The journal is the run's own: a systemd-journald started
+in a namespace of its own (`journalctl --namespace`), stopped and its files removed at the end.
+What else logs on this machine, or runs (the tests' own journald and simulated gridd), is
+neither in it nor changed by it. Every benchmark of bench/ takes its journal from here.
 """
-import argparse, atexit, fcntl, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
+import argparse, atexit, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SMI = os.path.join(ROOT, "tests/fixtures/samples/smi-jp-dls-guide-2.txt")
 
 
-def journald_answers():
-    if not os.path.exists("/run/systemd/journal/dev-log"):
-        return False
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        s.connect("/run/systemd/journal/socket")
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+class Journal:
+    """A systemd-journald of this run's own, in the namespace NS; stopped, and its files
+    removed, at the end."""
 
+    def __init__(self):
+        self.ns = f"vlabench{os.getpid()}"
+        binary = next((b for b in ["/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald"]
+                       if os.path.exists(b)), None)
+        if binary is None:
+            sys.exit("bench: systemd-journald is not installed (apt-get install systemd)")
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+        self.proc = subprocess.Popen([binary, self.ns], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, env=env)
+        atexit.register(self.stop)
+        self.dev_log = f"/run/systemd/journal.{self.ns}/dev-log"
+        if not wait_for(lambda: os.path.exists(self.dev_log), 10, 0.05):
+            sys.exit(f"bench: the journald of namespace {self.ns} made no {self.dev_log}")
+        # A journald of a namespace stops when it has been idle for a while (no stream
+        # connected); this one stays for the run: a stream is connected, and says nothing.
+        self.stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.stream.connect(f"/run/systemd/journal.{self.ns}/stdout")
+        self.stream.sendall(b"vla-bench\n\n6\n0\n0\n0\n0\n")
 
-def ensure_journald():
-    """Where nothing answers on journald's socket, starts one for this run, stopped at its
-    end (with the sockets and the volatile journal it made, where they were not there)."""
-    if journald_answers():
-        return
-    binary = next((b for b in ["/lib/systemd/systemd-journald", "/usr/lib/systemd/systemd-journald"]
-                   if os.path.exists(b)), None)
-    if binary is None:
-        sys.exit("bench/service.py: nothing answers on /run/systemd/journal/socket, and systemd-journald is not installed")
-    made = [d for d in ["/run/systemd/journal", "/run/log/journal"] if not os.path.exists(d)]
-    env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
-    j = subprocess.Popen([binary], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env=env)
-
-    def stop():
-        j.terminate()
-        try:
-            j.wait(5)
-        except subprocess.TimeoutExpired:
-            j.kill()
-            j.wait()
-        for d in made:
+    def stop(self):
+        self.stream.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        mid = open("/etc/machine-id").read().strip()
+        for d in [f"/run/systemd/journal.{self.ns}", f"/var/log/journal/{mid}.{self.ns}",
+                  f"/run/log/journal/{mid}.{self.ns}"]:
             shutil.rmtree(d, ignore_errors=True)
-        print(f"(stopped the systemd-journald this run started, pid {j.pid})")
 
-    atexit.register(stop)
-    print(f"(nothing answered on journald's socket: started {binary} for this run, pid {j.pid})")
-    if not wait_for(journald_answers, 10, 0.05):
-        sys.exit(f"bench/service.py: started {binary}, but nothing answers on /run/systemd/journal/socket")
+    def argv(self, *args):
+        """journalctl ARGS, reading this namespace."""
+        return [shutil.which("journalctl") or "journalctl", f"--namespace={self.ns}", *args]
+
+    def wrapper(self, root):
+        """A journalctl that reads this namespace, as a script: ROOT/journalctl."""
+        path = f"{root}/journalctl"
+        with open(path, "w") as f:
+            f.write(f'#!/bin/sh\nexec {" ".join(self.argv())} "$@"\n')
+        os.chmod(path, 0o755)
+        return path
+
+
+_journal = None
+
+
+def journal():
+    """The run's journal, started on first use."""
+    global _journal
+    if _journal is None:
+        _journal = Journal()
+    return _journal
 
 
 def setup(root, poll_licensed):
@@ -101,6 +116,7 @@ status_file = "{root}/run/status.json"
 metrics_textfile = "{root}/prom/vgpu_license_agent.prom"
 pci_devices = "{root}/sys/bus/pci/devices"
 [commands]
+journalctl = "{journal().wrapper(root)}"
 nvidia_smi = "{root}/nvidia-smi"
 systemctl = "{root}/systemctl"
 restart_gridd = ["{root}/restart"]
@@ -152,7 +168,7 @@ if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, b"nvidia-gridd", 0, 0, 0
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 head = b"<30>nvidia-gridd[%d]: " % os.getpid()
 for line in iter(sys.stdin.buffer.readline, b""):
-    s.sendto(head + line.rstrip(b"\n"), os.environ.get("VLA_DEV_LOG", "/run/systemd/journal/dev-log"))
+    s.sendto(head + line.rstrip(b"\n"), os.environ["VLA_DEV_LOG"])
 """
 _sender = None
 
@@ -161,7 +177,8 @@ def send_gridd(msg):
     """Logs MSG as nvidia-gridd; it reaches journald's socket within microseconds."""
     global _sender
     if _sender is None:
-        _sender = subprocess.Popen([sys.executable, "-c", GRIDD_SENDER], stdin=subprocess.PIPE)
+        _sender = subprocess.Popen([sys.executable, "-c", GRIDD_SENDER], stdin=subprocess.PIPE,
+                                   env=dict(os.environ, VLA_DEV_LOG=journal().dev_log))
         atexit.register(stop_sender)
         # It renames itself before it reads a line; a rename that failed is said here, not
         # found out as a benchmark that waits for lines the agent ignores.
@@ -174,19 +191,6 @@ def send_gridd(msg):
 def stop_sender():
     _sender.stdin.close()
     _sender.wait()
-
-
-def hold_journal_lock():
-    """The lock the end-to-end tests hold while a simulated gridd logs (tests/common/sim.rs):
-    an agent under test would take this benchmark's gridd lines for its own gridd's, and the
-    benchmark's agent those of a simulated gridd."""
-    f = open("/tmp/vgpu-license-agent-sim-journal.lock", "a")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print("waiting for the end-to-end tests running now (they hold the journal lock)", flush=True)
-        fcntl.flock(f, fcntl.LOCK_EX)
-    return f
 
 
 def latency(binary, n):
@@ -202,8 +206,8 @@ def latency(binary, n):
     try:
         assert wait_for(lambda: status_has(f"{root}/run/status.json", '"licensed"'), 15), "no report"
         seen = {}
-        jc = subprocess.Popen(["journalctl", "--follow", "--lines=0", "-o", "cat",
-                               "SYSLOG_IDENTIFIER=nvidia-gridd"], stdout=subprocess.PIPE, text=True)
+        jc = subprocess.Popen(journal().argv("--follow", "--lines=0", "-o", "cat",
+                                            "SYSLOG_IDENTIFIER=nvidia-gridd"), stdout=subprocess.PIPE, text=True)
         def reader():
             for line in jc.stdout:
                 seen.setdefault(line.rstrip("\n"), time.monotonic())
@@ -246,8 +250,8 @@ def journal_floor(n):
     (journald wakes readers on a timer), and when the line is already in the journal file
     (found by running `journalctl -n 1` in a loop)."""
     seen = {}
-    jc = subprocess.Popen(["journalctl", "--follow", "--lines=0", "-o", "cat",
-                           "SYSLOG_IDENTIFIER=nvidia-gridd"], stdout=subprocess.PIPE, text=True)
+    jc = subprocess.Popen(journal().argv("--follow", "--lines=0", "-o", "cat",
+                                        "SYSLOG_IDENTIFIER=nvidia-gridd"), stdout=subprocess.PIPE, text=True)
     def reader():
         for line in jc.stdout:
             seen.setdefault(line.strip(), time.monotonic())
@@ -261,7 +265,7 @@ def journal_floor(n):
             send_gridd(marker)
             end = time.monotonic() + 10
             while time.monotonic() < end:
-                out = subprocess.run(["journalctl", "-n", "1", "-o", "cat", "SYSLOG_IDENTIFIER=nvidia-gridd"],
+                out = subprocess.run(journal().argv("-n", "1", "-o", "cat", "SYSLOG_IDENTIFIER=nvidia-gridd"),
                                      capture_output=True, text=True).stdout
                 if marker in out:
                     polled.append((time.monotonic() - t0) * 1000)
@@ -377,8 +381,7 @@ def main():
     # A stop by signal still takes down what the run started (atexit).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.binary = built(a.binary)
-    ensure_journald()
-    lock = hold_journal_lock()  # held until the process exits
+    journal()
     print(f"machine: {machine(a.binary)}")
     st, me = latency(a.binary, a.lines)
     paired("gridd line -> status.json", st)

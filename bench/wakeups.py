@@ -73,7 +73,7 @@ def main():
     if os.geteuid() != 0:
         sys.exit("bench/wakeups.py: run it as root")
     a.binary = svc.built(a.binary)
-    svc.ensure_journald()
+    svc.journal()
     print(f"machine: {svc.machine(a.binary)}")
     for label, status in [("license held", LICENSED), ("no license", "Unlicensed (Unrestricted)")]:
         per, state = measure(a.binary, a.seconds, status)
