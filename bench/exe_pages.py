@@ -2,7 +2,7 @@
 """How much of the agent's RSS its executable's pages are, and how much of them a reading needs.
 
 The service (bench/service.py's guest: a licensed vGPU's saved nvidia-smi output, a journal of
-the run's own as in bench/footprint.py) runs with nvidia-smi read every 30 s. Printed, for each
+the run's own, as every benchmark here has) runs with nvidia-smi read every 30 s. Printed, for each
 run: the executable's pages resident (from /proc/PID/pagemap) and the VmRSS once it has started;
 then right after those pages are dropped from outside (process_madvise(2) MADV_PAGEOUT on each
 of the executable's read-only mappings, which also takes them out of the page cache); then after
