@@ -34,6 +34,7 @@ class Journal:
         if binary is None:
             sys.exit("bench: systemd-journald is not installed (apt-get install systemd)")
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")}
+        self.stream = None
         self.proc = subprocess.Popen([binary, self.ns], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env=env)
         atexit.register(self.stop)
@@ -47,10 +48,15 @@ class Journal:
         self.stream.sendall(b"vla-bench\n\n6\n0\n0\n0\n0\n")
 
     def stop(self):
-        self.stream.close()
+        if self.stream is not None:
+            self.stream.close()
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(10)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         mid = open("/etc/machine-id").read().strip()
         for d in [f"/run/systemd/journal.{self.ns}", f"/var/log/journal/{mid}.{self.ns}",
                   f"/run/log/journal/{mid}.{self.ns}"]:
