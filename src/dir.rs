@@ -368,6 +368,47 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// Whether a process has the regular file open for writing now (`cp`, scp or `cat >`
+    /// still at it, however long it pauses): the kernel refuses a read lease
+    /// (`F_SETLEASE`) on such a file. The lease, when given, is let go at once. `None` where
+    /// the kernel says nothing either way: a file of another owner (leases need the owner or
+    /// CAP_LEASE, which the service's unit does not give), a file system without leases.
+    pub fn open_for_writing(&self) -> Option<bool> {
+        use nix::libc::{EAGAIN, F_RDLCK, F_SETLEASE, F_UNLCK, fcntl};
+        let file = self.open().ok()?;
+        quiet_lease_breaks();
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl(2) on a descriptor owned by `file`, open for the whole call; an int
+        // argument, as F_SETLEASE takes.
+        if unsafe { fcntl(fd, F_SETLEASE, F_RDLCK) } == 0 {
+            // SAFETY: as above.
+            unsafe { fcntl(fd, F_SETLEASE, F_UNLCK) };
+            return Some(false);
+        }
+        (io::Error::last_os_error().raw_os_error() == Some(EAGAIN)).then_some(true)
+    }
+}
+
+/// A writer that opens the file in the moment the lease is held breaks it, and the kernel
+/// tells the holder with SIGIO, whose default action ends the process. A handler that does
+/// nothing takes it instead (a handler, unlike an ignored signal, is not passed on to the
+/// programs the agent runs).
+fn quiet_lease_breaks() {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    extern "C" fn nothing(_: nix::libc::c_int) {}
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let action = SigAction::new(
+            SigHandler::Handler(nothing),
+            SaFlags::SA_RESTART,
+            SigSet::empty(),
+        );
+        // SAFETY: the handler does nothing, so it is async-signal-safe.
+        let _ = unsafe { sigaction(Signal::SIGIO, &action) };
+    });
+}
+
 /// Why a directory was not opened.
 #[derive(Debug)]
 pub enum NotOpened {

@@ -41,6 +41,10 @@ use crate::input::{self, ReadError};
 use crate::text::show_path;
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
+/// How often a directory with a file open for writing is looked at again without a change
+/// (an editor's swap file stays open for the whole edit).
+const WRITER_LOOK: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// More entries than a token directory ever has: such a directory is some other directory.
 pub const MAX_ENTRIES: usize = 64;
 
@@ -153,6 +157,8 @@ pub struct Listing {
     /// change time, nanoseconds since the epoch): such a file changed a moment ago may still
     /// be being written. A file that decodes as a token is whole (a cut one does not decode).
     pub last_change: Option<i128>,
+    /// Whether such a file is open for writing now (its writer pausing between writes).
+    pub being_written: bool,
 }
 
 impl Listing {
@@ -170,13 +176,19 @@ impl Listing {
 
     /// How long until every file looked at has been still for `settle`, at `now`; `None`
     /// when they have. A writer (`cp`, scp, `cat >`) creates a file, then writes it, maybe
-    /// in several writes: what is seen in between is no verdict on it. A change time in the
-    /// future (a clock set back) counts as settled.
+    /// in several writes: what is seen in between is no verdict on it. A file still open for
+    /// writing is never still, however long ago it changed; one whose change time is in the
+    /// future (a clock set back) is.
     pub fn settling(
         &self,
         now: DateTime<Utc>,
         settle: std::time::Duration,
     ) -> Option<std::time::Duration> {
+        if self.being_written {
+            // Its writer closing it is a change the directory's watch sees (IN_CLOSE_WRITE),
+            // which brings the next look; this one is only for a watch that missed it.
+            return Some(settle.max(WRITER_LOOK));
+        }
         let now = i128::from(now.timestamp_nanos_opt()?);
         let age = now - self.last_change?;
         let settle = settle.as_nanos() as i128;
@@ -421,6 +433,7 @@ impl Sorting<'_> {
         };
         if !matches!(content, Content::Token(_)) {
             self.out.last_change = self.out.last_change.max(Some(appeared(meta)));
+            self.out.being_written |= entry.open_for_writing() == Some(true);
         }
         self.candidates.push((
             installed(&path, &name, meta, bytes, content),
@@ -747,6 +760,33 @@ mod tests {
             l.settling(Utc::now() - chrono::Duration::seconds(60), settle),
             None
         );
+    }
+
+    #[test]
+    fn a_file_open_for_writing_is_settling_however_long_ago_it_changed() {
+        use std::io::Write;
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("new.tok");
+        let mut writer = fs::File::create(&path).unwrap();
+        writer.write_all(&token(60).as_bytes()[..40]).unwrap();
+        let later = Utc::now() + chrono::Duration::seconds(60);
+        let settle = std::time::Duration::from_secs(1);
+        let l = scan_dir(d.path());
+        assert!(l.being_written);
+        assert_eq!(l.settling(later, settle), Some(WRITER_LOOK));
+        // Closed by its writer: judged once still, as any file.
+        drop(writer);
+        let l = scan_dir(d.path());
+        assert!(!l.being_written);
+        assert_eq!(l.settling(later, settle), None);
+        // Open only for reading: no writer.
+        let _reader = fs::File::open(&path).unwrap();
+        assert!(!scan_dir(d.path()).being_written);
+        // A whole token open for writing is whole: nothing is waited for.
+        fs::remove_file(&path).unwrap();
+        let mut writer = fs::File::create(&path).unwrap();
+        writer.write_all(token(60).as_bytes()).unwrap();
+        assert!(!scan_dir(d.path()).being_written);
     }
 
     #[test]

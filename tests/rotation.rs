@@ -409,9 +409,9 @@ fn scenario_an_adoption_killed_at_any_step_leaves_a_whole_token() {
 }
 
 /// A new token written in two writes beside the installed one (`cat > FILE`, scp, a config
-/// tool), with a pause between them longer than the agent's reaction to the first: the half
-/// file is not judged a stray and moved away under its writer; once whole, it is the
-/// rotation, adopted with one restart.
+/// tool), with a pause between them longer than the second a file must be still before it
+/// is judged: the half file, still open for writing, is not judged a stray and moved away
+/// under its writer; once whole and closed, it is the rotation, adopted with one restart.
 #[test]
 fn scenario_a_token_being_written_is_not_moved_under_its_writer() {
     use std::io::Write;
@@ -423,8 +423,8 @@ fn scenario_a_token_being_written_is_not_moved_under_its_writer() {
     let mut f = std::fs::File::create(&path).unwrap();
     f.write_all(&new[..new.len() / 2]).unwrap();
     f.flush().unwrap();
-    // Long enough for the watcher's event and a look at the directory.
-    std::thread::sleep(Duration::from_millis(700));
+    // Longer than the settling second, however late this thread wakes.
+    std::thread::sleep(Duration::from_millis(2500));
     assert!(
         path.exists(),
         "the half-written file stays where its writer writes: {}",
