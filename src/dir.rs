@@ -368,26 +368,24 @@ impl Entry {
     }
 }
 
-impl Entry {
-    /// Whether a process has the regular file open for writing now (`cp`, scp or `cat >`
-    /// still at it, however long it pauses): the kernel refuses a read lease
-    /// (`F_SETLEASE`) on such a file. The lease, when given, is let go at once. `None` where
-    /// the kernel says nothing either way: a file of another owner (leases need the owner or
-    /// CAP_LEASE, which the service's unit does not give), a file system without leases.
-    pub fn open_for_writing(&self) -> Option<bool> {
-        use nix::libc::{EAGAIN, F_RDLCK, F_SETLEASE, F_UNLCK, fcntl};
-        let file = self.open().ok()?;
-        quiet_lease_breaks();
-        let fd = file.as_raw_fd();
-        // SAFETY: fcntl(2) on a descriptor owned by `file`, open for the whole call; an int
-        // argument, as F_SETLEASE takes.
-        if unsafe { fcntl(fd, F_SETLEASE, F_RDLCK) } == 0 {
-            // SAFETY: as above.
-            unsafe { fcntl(fd, F_SETLEASE, F_UNLCK) };
-            return Some(false);
-        }
-        (io::Error::last_os_error().raw_os_error() == Some(EAGAIN)).then_some(true)
+/// Whether a process has `file` (a regular file opened for reading, as [`Entry::open`]
+/// gives one) open for writing now (`cp`, scp or `cat >` still at it, however long it
+/// pauses): the kernel refuses a read lease (`F_SETLEASE`) on such a file. The lease, when
+/// given, is let go at once. `None` where the kernel says nothing either way: a file of
+/// another owner (leases need the owner or CAP_LEASE, which the service's unit does not
+/// give), a file system without leases.
+pub fn open_for_writing(file: &File) -> Option<bool> {
+    use nix::libc::{EAGAIN, F_RDLCK, F_SETLEASE, F_UNLCK, fcntl};
+    quiet_lease_breaks();
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl(2) on a descriptor owned by `file`, open for the whole call; an int
+    // argument, as F_SETLEASE takes.
+    if unsafe { fcntl(fd, F_SETLEASE, F_RDLCK) } == 0 {
+        // SAFETY: as above.
+        unsafe { fcntl(fd, F_SETLEASE, F_UNLCK) };
+        return Some(false);
     }
+    (io::Error::last_os_error().raw_os_error() == Some(EAGAIN)).then_some(true)
 }
 
 /// A writer that opens the file in the moment the lease is held breaks it, and the kernel

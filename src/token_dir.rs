@@ -428,12 +428,12 @@ impl Sorting<'_> {
     fn regular(&mut self, name: OsString, path: PathBuf, entry: &Entry) {
         let worth_reading = !self.crowded || name == self.token_file;
         let meta = entry.metadata();
-        let Some((bytes, content)) = regular_content(entry, worth_reading) else {
+        let Some((bytes, content, writing)) = regular_content(entry, worth_reading) else {
             return;
         };
         if !matches!(content, Content::Token(_)) {
             self.out.last_change = self.out.last_change.max(Some(appeared(meta)));
-            self.out.being_written |= entry.open_for_writing() == Some(true);
+            self.out.being_written |= writing;
         }
         self.candidates.push((
             installed(&path, &name, meta, bytes, content),
@@ -442,32 +442,43 @@ impl Sorting<'_> {
     }
 }
 
-/// What a regular file holds: its bytes where they were read, and what they are; `None`
-/// where it is gone.
-fn regular_content(entry: &Entry, worth_reading: bool) -> Option<(Vec<u8>, Content)> {
+/// What a regular file holds: its bytes where they were read, what they are, and, for one
+/// that is no whole token, whether a process has it open for writing; `None` where it is
+/// gone.
+fn regular_content(entry: &Entry, worth_reading: bool) -> Option<(Vec<u8>, Content, bool)> {
     let meta = entry.metadata();
+    let writing = |file: &fs::File| crate::dir::open_for_writing(file) == Some(true);
+    let unread = |content| {
+        let written = entry.open().is_ok_and(|f| writing(&f));
+        Some((Vec::new(), content, written))
+    };
     if !worth_reading {
-        return Some((Vec::new(), Content::Invalid(TokenError::TooLarge(0))));
+        return unread(Content::Invalid(TokenError::TooLarge(0)));
     }
     if meta.len() > MAX_TOKEN_BYTES as u64 {
-        let too_large = TokenError::TooLarge(meta.len() as usize);
-        return Some((Vec::new(), Content::Invalid(too_large)));
+        return unread(Content::Invalid(TokenError::TooLarge(meta.len() as usize)));
     }
-    let opened = entry.open().map_err(ReadError::Io);
-    match opened.and_then(|f| input::read_capped(f, MAX_TOKEN_BYTES)) {
-        Ok(bytes) => {
-            let c = match Token::decode(&bytes) {
-                Ok(t) => Content::Token(t),
-                Err(e) => Content::Invalid(e),
-            };
-            Some((bytes, c))
-        }
+    let file = match entry.open() {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some((Vec::new(), Content::Unreadable(e.to_string()), false)),
+    };
+    match input::read_capped(&file, MAX_TOKEN_BYTES) {
+        Ok(bytes) => match Token::decode(&bytes) {
+            Ok(t) => Some((bytes, Content::Token(t), false)),
+            Err(e) => Some((bytes, Content::Invalid(e), writing(&file))),
+        },
         Err(ReadError::TooLarge(_)) => Some((
             Vec::new(),
             Content::Invalid(TokenError::TooLarge(MAX_TOKEN_BYTES + 1)),
+            writing(&file),
         )),
         Err(e) if e.is_not_found() => None,
-        Err(e) => Some((Vec::new(), Content::Unreadable(e.to_string()))),
+        Err(e) => Some((
+            Vec::new(),
+            Content::Unreadable(e.to_string()),
+            writing(&file),
+        )),
     }
 }
 
