@@ -314,6 +314,18 @@ boot_guest() {
 	if [ "$state" = degraded ]; then
 		echo "--- failed units (degraded):"
 		guest systemctl --failed --no-pager
+		# journald then keeps this boot's journal in /run, gone at the next boot, and with it
+		# what the checks read of the previous boot (its last shutdown). A guest's journald,
+		# not the agent: said with its reason, and the flush asked for once more.
+		if guest systemctl is-failed --quiet systemd-journal-flush.service; then
+			echo "--- why the journal was not flushed to /var/log/journal:"
+			guest journalctl -b -u systemd-journal-flush.service --no-pager | tail -20
+			if guest journalctl --flush; then
+				echo "journalctl --flush again: the journal is in /var/log/journal now"
+			else
+				echo "journalctl --flush again: failed too"
+			fi
+		fi
 	fi
 }
 # boot_state [--wait]: the guest systemd's state ("offline" or nothing while it does not answer).
