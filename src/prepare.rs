@@ -68,6 +68,9 @@ pub struct Prepared {
     pub journal_kept: usize,
     /// Files that still hold (or, in a dry run, would still hold) the token's bytes.
     pub holding: Vec<PathBuf>,
+    /// Files that could not be searched whole (unreadable, or decoding past the cap), and
+    /// why: whether they hold the token is not known.
+    pub unsearched: Vec<(PathBuf, String)>,
     /// How many tokens were searched for (0: none was found to search for).
     pub tokens_known: usize,
     /// The record that the image was prepared.
@@ -156,6 +159,13 @@ impl Prepared {
                 "still holds the token: {}{}",
                 show_path(h),
                 advice_for(h)
+            ));
+        }
+        for (p, why) in &self.unsearched {
+            out.push(format!(
+                "not searched whole, may hold the token: {}: {why}{}",
+                show_path(p),
+                advice_for(p)
             ));
         }
         if self.machine_id_set {
@@ -382,10 +392,11 @@ fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool
     if f.metadata()?.len() <= DECODED_MAX && !is_journal(path) {
         let mut whole = Vec::new();
         f.take(DECODED_MAX).read_to_end(&mut whole)?;
-        return Ok(found(&whole)
-            || crate::userdata::decoded_forms(&whole)
-                .iter()
-                .any(|form| found(form)));
+        if found(&whole) {
+            return Ok(true);
+        }
+        let forms = crate::userdata::decoded_forms(&whole).map_err(io::Error::other)?;
+        return Ok(forms.iter().any(|form| found(form)));
     }
     let keep = needles.iter().map(|n| n.needle().len()).max().unwrap_or(0);
     let mut buf = vec![0u8; 1 << 20];
@@ -403,6 +414,29 @@ fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool
         buf.copy_within(have - tail..have, 0);
         have = tail;
     }
+}
+
+/// The files of `places` that hold a needle, and those that could not be searched whole,
+/// with why: a file the run cannot vouch for is never called clean.
+fn search(
+    places: Vec<PathBuf>,
+    finders: &[memchr::memmem::Finder<'_>],
+) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
+    let mut holding = Vec::new();
+    let mut unsearched = Vec::new();
+    for f in places {
+        match holds(&f, finders) {
+            Ok(true) => holding.push(f),
+            Ok(false) => {}
+            // Gone since it was listed: nothing left there to hold a token.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                let why = e.to_string();
+                unsearched.push((f, why));
+            }
+        }
+    }
+    (holding, unsearched)
 }
 
 /// The regular files below `p` (or `p` itself), symlinks not followed.
@@ -647,10 +681,7 @@ pub fn prepare(settings: &Settings, req: &Request, config: &Path) -> anyhow::Res
         ));
     }
     let _lock = clean(settings, req, &journal_cmds, &mut done)?;
-    done.holding = search_places(settings, req, config)
-        .into_iter()
-        .filter(|f| holds(f, &finders).unwrap_or(false))
-        .collect();
+    (done.holding, done.unsearched) = search(search_places(settings, req, config), &finders);
     done.marker = record_prepared(settings, req)?;
     Ok(done)
 }
@@ -727,12 +758,12 @@ fn dry_run(
     for p in &first.remove {
         walk(p, &mut gone);
     }
-    done.holding = search_places(settings, req, config)
+    let places = search_places(settings, req, config)
         .into_iter()
         .filter(|f| !going.contains(f) && !gone.contains(f))
         .filter(|f| !(req.journal && is_journal(f)))
-        .filter(|f| holds(f, finders).unwrap_or(false))
         .collect();
+    (done.holding, done.unsearched) = search(places, finders);
     done.removed = first.remove;
     done.ran = journal_cmds.iter().map(|c| c.join(" ")).collect();
     done.journal_kept = if req.journal {

@@ -12,48 +12,75 @@ const DEPTH: u8 = 4;
 /// The most bytes all the decoded forms of one document may take.
 const LIMIT: usize = 16 << 20;
 
-/// Every decoded form of `doc` (not `doc` itself), outermost first.
-pub fn decoded_forms(doc: &[u8]) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut budget = LIMIT;
-    unwrap_into(doc, DEPTH, &mut budget, &mut out);
-    out
+/// A document whose decoded forms are larger than [`LIMIT`]: they were not all decoded, so
+/// what it holds is not known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cut;
+
+impl std::error::Error for Cut {}
+
+impl std::fmt::Display for Cut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "it decodes (gzip) to more than {} MiB, which was not searched whole",
+            LIMIT >> 20
+        )
+    }
 }
 
-fn unwrap_into(doc: &[u8], depth: u8, budget: &mut usize, out: &mut Vec<Vec<u8>>) {
+/// Every decoded form of `doc` (not `doc` itself), outermost first; [`Cut`] where they do
+/// not fit in [`LIMIT`] (a small gzip can inflate a thousandfold).
+pub fn decoded_forms(doc: &[u8]) -> Result<Vec<Vec<u8>>, Cut> {
+    let mut out = Vec::new();
+    let mut budget = LIMIT;
+    unwrap_into(doc, DEPTH, &mut budget, &mut out)?;
+    Ok(out)
+}
+
+fn unwrap_into(
+    doc: &[u8],
+    depth: u8,
+    budget: &mut usize,
+    out: &mut Vec<Vec<u8>>,
+) -> Result<(), Cut> {
     if depth == 0 {
-        return;
+        return Ok(());
     }
-    for form in one_level(doc, budget) {
-        unwrap_into(&form, depth - 1, budget, out);
+    for form in one_level(doc, budget)? {
+        unwrap_into(&form, depth - 1, budget, out)?;
         out.push(form);
     }
+    Ok(())
 }
 
 /// The forms one decoding step gives: the gunzipped stream, the MIME parts' bodies, or the
 /// base64 document decoded.
-fn one_level(doc: &[u8], budget: &mut usize) -> Vec<Vec<u8>> {
+fn one_level(doc: &[u8], budget: &mut usize) -> Result<Vec<Vec<u8>>, Cut> {
     let limit = *budget;
     let mut take = |v: Vec<u8>| {
         *budget = budget.saturating_sub(v.len());
         v
     };
     if doc.starts_with(&[0x1f, 0x8b]) {
-        return gunzip(doc, limit).map(&mut take).into_iter().collect();
+        return Ok(gunzip(doc, limit)?.map(&mut take).into_iter().collect());
     }
     if let Some(parts) = mime_bodies(doc) {
-        return parts.into_iter().map(take).collect();
+        return Ok(parts.into_iter().map(take).collect());
     }
-    base64_document(doc).map(take).into_iter().collect()
+    Ok(base64_document(doc).map(take).into_iter().collect())
 }
 
-fn gunzip(doc: &[u8], limit: usize) -> Option<Vec<u8>> {
+/// The gunzipped stream, `None` where it is no gzip, [`Cut`] where it inflates past `limit`.
+fn gunzip(doc: &[u8], limit: usize) -> Result<Option<Vec<u8>>, Cut> {
     let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(doc)
-        .take(limit as u64)
-        .read_to_end(&mut out)
-        .ok()?;
-    Some(out)
+    let read = flate2::read::MultiGzDecoder::new(doc)
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out);
+    if out.len() > limit {
+        return Err(Cut);
+    }
+    Ok(read.ok().map(|_| out))
 }
 
 /// A document that is base64 and nothing else (line breaks aside), decoded.
@@ -187,6 +214,18 @@ mod tests {
 
     const SECRET: &[u8] = b"write_files: [the secret]";
 
+    #[test]
+    fn a_gzip_that_inflates_past_the_limit_is_cut_not_clean() {
+        // 17 MiB of zeros, then the secret: a gzip of about 17 KB.
+        let mut big = vec![b'0'; 17 << 20];
+        big.extend_from_slice(SECRET);
+        let z = gzip(&big);
+        assert!(z.len() < 100_000, "{}", z.len());
+        assert_eq!(decoded_forms(&z), Err(Cut));
+        assert_eq!(decoded_forms(b64_wrapped(&z).as_bytes()), Err(Cut));
+        assert!(Cut.to_string().contains("16 MiB"));
+    }
+
     fn has(forms: &[Vec<u8>]) -> bool {
         forms
             .iter()
@@ -225,25 +264,31 @@ mod tests {
     fn the_forms_cloud_init_reads_are_unwrapped() {
         let mime = make_mime(SECRET);
         assert!(memchr::memmem::find(&mime, SECRET).is_none());
-        assert!(has(&decoded_forms(&mime)), "a make-mime part");
-        assert!(has(&decoded_forms(&gzip(&mime))), "gzip of MIME");
+        assert!(has(&decoded_forms(&mime).unwrap()), "a make-mime part");
+        assert!(has(&decoded_forms(&gzip(&mime)).unwrap()), "gzip of MIME");
         assert!(
-            has(&decoded_forms(b64_wrapped(&gzip(&mime)).as_bytes())),
+            has(&decoded_forms(b64_wrapped(&gzip(&mime)).as_bytes()).unwrap()),
             "base64 of gzip of MIME"
         );
         let qp = b"Content-Type: text/cloud-config\nContent-Transfer-Encoding: quoted-printable\n\nwrite_files: [the =\nsecret=5D\n";
-        assert!(has(&decoded_forms(qp)), "quoted-printable");
+        assert!(has(&decoded_forms(qp).unwrap()), "quoted-printable");
         let single = format!(
             "Content-Type: multipart/mixed\nContent-Transfer-Encoding: base64\n\n{}",
             b64_wrapped(SECRET)
         );
-        assert!(has(&decoded_forms(single.as_bytes())), "one base64 body");
+        assert!(
+            has(&decoded_forms(single.as_bytes()).unwrap()),
+            "one base64 body"
+        );
     }
 
     #[test]
     fn plain_text_and_damaged_forms_give_nothing_and_never_panic() {
-        assert!(decoded_forms(b"#cloud-config\nwrite_files: []\n").is_empty());
-        assert!(decoded_forms(b"").is_empty());
+        assert_eq!(
+            decoded_forms(b"#cloud-config\nwrite_files: []\n"),
+            Ok(vec![])
+        );
+        assert_eq!(decoded_forms(b""), Ok(vec![]));
         for bad in [
             &[0x1f, 0x8b, 0, 1, 2][..],
             b"Content-Type: multipart/mixed; boundary=x\n\n--x\n",

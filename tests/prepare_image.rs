@@ -747,3 +747,51 @@ fn a_token_in_a_mime_or_gzip_seed_is_found_again_when_no_installed_token_is_left
         );
     }
 }
+
+/// A gzip'd user-data seed of a few dozen KB that inflates past the decoder's 16 MiB cap
+/// (here: 17 MiB of padding, then the token's write_files): it is not searched whole, so the
+/// image is never called clean; the seed is named with why, and the run fails.
+#[test]
+fn a_seed_that_decodes_past_the_cap_is_named_never_called_clean() {
+    use std::io::Write;
+    let b64 = &base64::engine::general_purpose::STANDARD;
+    let token = valid_token("builder");
+    let mut doc = b"#cloud-config\n".to_vec();
+    doc.extend(std::iter::repeat_n(b"# padding\n".as_slice(), (17 << 20) / 10).flatten());
+    doc.extend_from_slice(
+        format!(
+            "write_files:\n- path: /etc/nvidia/ClientConfigToken/client_configuration_token.tok\n  encoding: b64\n  content: {}\n",
+            b64.encode(&token)
+        )
+        .as_bytes(),
+    );
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    e.write_all(&doc).unwrap();
+    let gzipped = e.finish().unwrap();
+    assert!(gzipped.len() < 100_000, "{} bytes on disk", gzipped.len());
+    let img = tempfile::tempdir().unwrap();
+    let d = img.path();
+    let seed = d.join("var/lib/cloud/seed/nocloud/user-data");
+    fs::create_dir_all(seed.parent().unwrap()).unwrap();
+    fs::write(&seed, &gzipped).unwrap();
+    let token_path = d.join("etc/nvidia/ClientConfigToken/client_configuration_token.tok");
+    fs::create_dir_all(token_path.parent().unwrap()).unwrap();
+    fs::write(&token_path, &token).unwrap();
+    for args in [&["prepare-image", "--dry-run"][..], &["prepare-image"][..]] {
+        let r = in_image(d, args);
+        assert_eq!(r.code, Some(1), "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stdout.contains(&format!(
+                "not searched whole, may hold the token: {}",
+                seed.display()
+            )) && r.stdout.contains("more than 16 MiB"),
+            "{args:?}: {}",
+            r.stdout
+        );
+        assert!(
+            r.stderr.contains("could not be searched whole"),
+            "{}",
+            r.stderr
+        );
+    }
+}

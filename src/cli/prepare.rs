@@ -30,6 +30,21 @@ pub fn run(args: &PrepareImageArgs, config: &Path) -> anyhow::Result<()> {
     for line in done.lines() {
         println!("{}", crate::text::for_terminal(&line));
     }
+    if !done.unsearched.is_empty() {
+        return Err(anyhow!(
+            "{} could not be searched whole (listed above): the image is not known to be clean; remove or fix {} and run prepare-image again",
+            if done.unsearched.len() == 1 {
+                "1 file".to_string()
+            } else {
+                format!("{} files", done.unsearched.len())
+            },
+            if done.unsearched.len() == 1 {
+                "it"
+            } else {
+                "them"
+            },
+        ));
+    }
     if !done.holding.is_empty() {
         return Err(anyhow!(
             "{} {} the token (listed above): the image is not ready; clean {} as said and run prepare-image again",
