@@ -550,6 +550,13 @@ impl Settings {
             kube.kubeconfig = (!v.is_empty()).then(|| PathBuf::from(v));
         }
         if let Some(v) = k.node_name {
+            if let Some(why) =
+                crate::node_condition::node_name_problem(&v).filter(|_| !v.is_empty())
+            {
+                return Err(format!(
+                    "kubernetes.node_name {why}; set it to the Node's name as `kubectl get nodes` shows it, or leave it unset for $NODE_NAME"
+                ));
+            }
             kube.node_name = (!v.is_empty()).then_some(v);
         }
         if let Some(d) = k.service_account_dir {
@@ -856,21 +863,49 @@ fn default_output(key: &str) -> &'static str {
 /// user running the agent) and writable by nobody else. The config names the programs root
 /// runs (`commands.*`): another user who can change it can make root run anything.
 fn trusted(meta: &std::fs::Metadata, what: &str) -> Result<(), String> {
+    owned_safely(
+        meta,
+        what,
+        "could make root run any program through commands.*",
+    )
+}
+
+/// The ownership rule of every file root takes orders or credentials from (the config and
+/// its drop-ins, a kubeconfig and the files it names): owned by root or by the user running
+/// the agent, and writable by nobody else. `risk` says what another owner could do, after
+/// "who": the error names the owner and the fix.
+pub fn owned_safely(meta: &std::fs::Metadata, what: &str, risk: &str) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let me = nix::unistd::geteuid().as_raw();
     let mode = meta.mode() & 0o7777;
     if meta.uid() != 0 && meta.uid() != me {
         return Err(format!(
-            "{what} is owned by uid {}, who could make root run any program through commands.*; the agent refuses it: make it root's (chown root:root)",
+            "{what} is owned by uid {}, who {risk}; the agent refuses it: make it root's (chown root:root)",
             meta.uid()
         ));
     }
     if mode & 0o022 != 0 {
         return Err(format!(
-            "{what} is writable by other users (mode {mode:04o}), who could make root run any program through commands.*; the agent refuses it: chmod go-w it"
+            "{what} is writable by other users (mode {mode:04o}), who {risk}; the agent refuses it: chmod go-w it"
         ));
     }
     Ok(())
+}
+
+/// A file root takes credentials or orders from, read through one descriptor checked by
+/// [`owned_safely`] first (a link is followed: its target is what is checked), at most `cap`
+/// bytes.
+pub fn read_owned_safely(
+    file: &Path,
+    cap: usize,
+    what: &str,
+    risk: &str,
+) -> Result<Vec<u8>, String> {
+    use crate::input::{Links, open_regular, read_capped};
+    let f = open_regular(file, Links::Follow).map_err(|e| format!("cannot read it: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("cannot read it: {e}"))?;
+    owned_safely(&meta, what, risk)?;
+    read_capped(f, cap).map_err(|e| format!("cannot read it: {e}"))
 }
 
 fn trusted_dir(dir: &Path) -> Result<(), String> {

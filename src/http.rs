@@ -1,7 +1,16 @@
 //! The agent's HTTP client: rustls with the ring provider, the system's roots (plus a
-//! private CA where one is given), at most five redirects and never to plain HTTP, and URLs
-//! shown without their user, password and query, which may carry credentials. Used to
-//! download a token (`install --token-url`) and to POST the report (the service's webhook).
+//! private CA where one is given), and URLs shown without their user, password and query,
+//! which may carry credentials. Used to download a token (`install --token-url`) and to POST
+//! the report (the service's webhook).
+//!
+//! What it trusts, in one place:
+//! - redirects are followed by [`get_following`] alone, at most five, never from HTTPS to
+//!   plain HTTP, and a credential (the URL's user and password) goes only to the host it was
+//!   given for: once a redirect leaves that host, no later hop carries it, even one that
+//!   comes back. The client itself follows none; the Kubernetes API's follows none either
+//!   (an API server never redirects);
+//! - every body the agent reads is capped ([`body_capped`]): an answer that does not end, or
+//!   is larger than what is asked for could be, is cut and refused, never held whole.
 
 use std::future::Future;
 use std::path::Path;
@@ -107,15 +116,9 @@ pub fn client(url: &Url, ca_file: Option<&Path>, timeout: Duration) -> anyhow::R
             .timeout(timeout)
             .connect_timeout(timeout)
             .user_agent(concat!("vgpu-license-agent/", env!("CARGO_PKG_VERSION")))
-            .redirect(Policy::custom(|attempt| {
-                if attempt.previous().len() >= 5 {
-                    attempt.error("more than 5 redirects")
-                } else if allowed(attempt.url()) {
-                    attempt.follow()
-                } else {
-                    attempt.error("redirected to a plain-HTTP URL (refused: the token is a secret)")
-                }
-            }))
+            // Redirects are followed by get_following, which knows whose credentials go where;
+            // the webhook follows none.
+            .redirect(Policy::none())
     };
     let certs = match ca_file {
         None => Vec::new(),
@@ -161,6 +164,127 @@ fn ca_certs(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
         );
     }
     Ok(certs)
+}
+
+/// The most redirects [`get_following`] follows.
+pub const MAX_REDIRECTS: usize = 5;
+
+/// Whether two URLs are the same origin: scheme, host and port.
+fn same_origin(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// `url` without its user and password.
+fn without_credentials(url: &Url) -> Url {
+    let mut bare = url.clone();
+    let _ = bare.set_username("");
+    let _ = bare.set_password(None);
+    bare
+}
+
+/// Why [`get_following`] stopped without an answer to read.
+#[derive(Debug)]
+pub enum GetError {
+    /// The request itself failed (connect, TLS, timeout).
+    Send(reqwest::Error),
+    /// A redirect the agent refuses: why, and the URL it pointed to (shown redacted).
+    Refused(String),
+}
+
+/// GETs `url`, following redirects by the agent's rule: at most [`MAX_REDIRECTS`], each
+/// to a URL [`allowed`] takes and never from HTTPS to plain HTTP, and the URL's user and
+/// password sent (as Basic credentials) only while every hop so far stayed on the first
+/// URL's origin. A redirect's own user and password are never used. Returns the first answer
+/// that is not a redirect, and the URL it came from.
+pub async fn get_following(
+    client: &Client,
+    url: &Url,
+) -> Result<(reqwest::Response, Url), GetError> {
+    let credentials = (!url.username().is_empty())
+        .then(|| (url.username().to_string(), url.password().map(String::from)));
+    let first = without_credentials(url);
+    let mut at = first.clone();
+    let mut on_first_host = true;
+    for hop in 0..=MAX_REDIRECTS {
+        let mut request = client.get(at.clone());
+        if let (true, Some((user, password))) = (on_first_host, &credentials) {
+            request = request.basic_auth(
+                percent_decoded(user),
+                password.as_deref().map(percent_decoded),
+            );
+        }
+        let resp = request.send().await.map_err(GetError::Send)?;
+        let Some(location) = redirect_target(&resp) else {
+            return Ok((resp, at));
+        };
+        if hop == MAX_REDIRECTS {
+            break;
+        }
+        let next = at
+            .join(&location)
+            .map_err(|_| GetError::Refused("redirected to something that is not a URL".into()))?;
+        if !allowed(&next) || (at.scheme() == "https" && next.scheme() != "https") {
+            return Err(GetError::Refused(format!(
+                "redirected from {} to {}, which is not HTTPS (refused: the token is a secret)",
+                redact(&at),
+                redact(&next)
+            )));
+        }
+        let next = without_credentials(&next);
+        on_first_host = on_first_host && same_origin(&next, &first);
+        at = next;
+    }
+    Err(GetError::Refused(format!(
+        "more than {MAX_REDIRECTS} redirects"
+    )))
+}
+
+/// The URL's user or password as it was meant: a URL holds them percent-encoded.
+fn percent_decoded(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+/// Where a redirect answer points: its `Location`, on a 301, 302, 303, 307 or 308.
+fn redirect_target(resp: &reqwest::Response) -> Option<String> {
+    let code = resp.status().as_u16();
+    if !matches!(code, 301 | 302 | 303 | 307 | 308) {
+        return None;
+    }
+    resp.headers()
+        .get(reqwest::header::LOCATION)?
+        .to_str()
+        .ok()
+        .map(String::from)
+}
+
+/// Why [`body_capped`] has no body to give.
+#[derive(Debug)]
+pub enum BodyError {
+    /// More than the cap came: the answer is refused, what came so far dropped.
+    TooLarge,
+    /// The body broke off (or timed out).
+    Broken(reqwest::Error),
+}
+
+/// Reads a response's body, at most `max` bytes: every body the agent reads goes through
+/// here, so that an answer without end never grows the agent.
+pub async fn body_capped(resp: &mut reqwest::Response, max: usize) -> Result<Vec<u8>, BodyError> {
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        return Err(BodyError::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(BodyError::Broken)? {
+        if body.len() + chunk.len() > max {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// Runs `fut` to its end on a runtime of its own (the commands other than `run` have none).

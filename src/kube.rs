@@ -5,7 +5,13 @@
 //!
 //! Where: in a pod, the in-cluster API (`KUBERNETES_SERVICE_HOST`/`_PORT`) with the service
 //! account's token and CA; on a host, the kubeconfig `kubernetes.kubeconfig` names (its JSON
-//! form, a bearer token). Nothing is written anywhere else. The writer runs apart from the
+//! form, a bearer token). Nothing is written anywhere else.
+//!
+//! What it trusts: a kubeconfig, and the files it names, only where root could have written
+//! them (owned by root or the agent's user, writable by nobody else: the config's rule), since
+//! it says where root's credentials go; a node name only where it is an RFC 1123 subdomain;
+//! no redirect from the API (an API server never sends one: the bearer token goes to the
+//! server named and nowhere else); an answer of at most [`MAX_ANSWER`] bytes. The writer runs apart from the
 //! rest of the service: an API that is down, slow or answers 403 is a warning in the journal
 //! and the counter `vgpu_license_node_condition_errors_total`, retried with backoff, never a
 //! stall of anything else.
@@ -22,13 +28,21 @@ use tokio::sync::watch;
 
 use crate::config::{Settings, Switch};
 use crate::input::{self, Links};
-use crate::node_condition::{Condition, TYPE};
+use crate::node_condition::{Condition, Outcome, TYPE};
 use crate::text::show_path;
 
 /// The longest wait between two tries after failures.
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
 const TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_FILE: usize = 1 << 20;
+/// The most the agent reads of an answer of the API: a Node is a few KiB (its images list
+/// included, tens of KiB at most); an endless or huge body is cut here and refused.
+pub const MAX_ANSWER: usize = 1 << 20;
+/// The most it reads of an error answer (a `Status`: its message).
+const MAX_ERROR: usize = 64 << 10;
+/// What another owner of a kubeconfig, or of a file it names, could do.
+const KUBECONFIG_RISK: &str =
+    "could send root's credentials (any file root can read) to a server of theirs";
 
 /// How the API is reached.
 #[derive(Clone)]
@@ -48,6 +62,9 @@ pub struct Api {
 enum Bearer {
     /// Read again at each request: a pod's projected token is rotated under it.
     File(PathBuf),
+    /// A kubeconfig's `tokenFile`: read again at each request, and held to the kubeconfig's
+    /// ownership rule each time.
+    KubeconfigFile(PathBuf),
     Literal(String),
 }
 
@@ -77,6 +94,12 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
         .clone()
         .or_else(crate::node::node_name)
         .context("no node name: set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)")?;
+    if let Some(why) = crate::node_condition::node_name_problem(&node) {
+        bail!(
+            "the node name {:?} {why}; set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)",
+            crate::text::escape(&node)
+        );
+    }
     Ok(Some(Api {
         base,
         ca_pem,
@@ -121,8 +144,8 @@ fn in_cluster(k: &crate::config::Kubernetes) -> anyhow::Result<Option<(Url, Vec<
 /// YAML parser would double the agent's size for one file).
 fn from_kubeconfig(path: &Path) -> anyhow::Result<(Url, Vec<u8>, Bearer)> {
     let shown = show_path(path);
-    let bytes = input::read_file(path, MAX_FILE, Links::Follow)
-        .map_err(|e| anyhow!("kubernetes.kubeconfig {shown}: cannot read it: {e}"))?;
+    let bytes =
+        owned_file(path, "the file").map_err(|e| anyhow!("kubernetes.kubeconfig {shown}: {e}"))?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|_| {
         anyhow!(
             "kubernetes.kubeconfig {shown} is not a kubeconfig in JSON form; write that form with `kubectl config view --raw --minify --flatten -o json > {shown}`"
@@ -156,26 +179,63 @@ fn from_kubeconfig(path: &Path) -> anyhow::Result<(Url, Vec<u8>, Bearer)> {
     Ok((base, ca_pem, token))
 }
 
+/// A kubeconfig, or a file it names, read where root could have written it alone
+/// ([`crate::config::owned_safely`]); `what` names it in the error.
+fn owned_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    crate::config::read_owned_safely(path, MAX_FILE, what, KUBECONFIG_RISK)
+}
+
+/// Checks what the service would use to write the Node condition, as it would set it up:
+/// `config check`'s question. `Ok(None)` where nothing would be written.
+pub fn check(settings: &Settings) -> anyhow::Result<Option<String>> {
+    Ok(target(settings)?.map(|api| {
+        format!(
+            "the Node condition goes to node {} at {}",
+            api.node, api.base
+        )
+    }))
+}
+
 /// The cluster's certificate authority, as a kubeconfig gives it: its data, or its file.
 fn kubeconfig_ca(cluster: &Value, shown: &str) -> anyhow::Result<Vec<u8>> {
-    Ok(match (
-        cluster["certificate-authority-data"].as_str(),
-        cluster["certificate-authority"].as_str(),
-    ) {
-        (Some(data), _) => base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .map_err(|_| anyhow!("kubernetes.kubeconfig {shown}: certificate-authority-data is not base64"))?,
-        (None, Some(file)) => input::read_file(Path::new(file), MAX_FILE, Links::Follow)
-            .map_err(|e| anyhow!("kubernetes.kubeconfig {shown}: cannot read its certificate-authority {file}: {e}"))?,
-        (None, None) => bail!("kubernetes.kubeconfig {shown}: the cluster names no certificate authority (certificate-authority-data)"),
-    })
+    Ok(
+        match (
+            cluster["certificate-authority-data"].as_str(),
+            cluster["certificate-authority"].as_str(),
+        ) {
+            (Some(data), _) => base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .map_err(|_| {
+                    anyhow!(
+                        "kubernetes.kubeconfig {shown}: certificate-authority-data is not base64"
+                    )
+                })?,
+            (None, Some(file)) => owned_file(Path::new(file), "its certificate-authority")
+                .map_err(|e| {
+                    anyhow!(
+                        "kubernetes.kubeconfig {shown}: {e} ({})",
+                        show_path(Path::new(file))
+                    )
+                })?,
+            (None, None) => bail!(
+                "kubernetes.kubeconfig {shown}: the cluster names no certificate authority (certificate-authority-data)"
+            ),
+        },
+    )
 }
 
 /// The user's bearer token, as a kubeconfig gives it: the token, or its file.
 fn kubeconfig_token(user: &Value, shown: &str) -> anyhow::Result<Bearer> {
     Ok(match (user["token"].as_str(), user["tokenFile"].as_str()) {
         (Some(t), _) if !t.is_empty() => Bearer::Literal(t.to_string()),
-        (_, Some(f)) => Bearer::File(PathBuf::from(f)),
+        (_, Some(f)) => {
+            let path = PathBuf::from(f);
+            // Checked now, so that `config check` and the start say it, and at each read.
+            owned_file(&path, "its tokenFile").map_err(|e| {
+                anyhow!("kubernetes.kubeconfig {shown}: {e} ({})", show_path(&path))
+            })?;
+            Bearer::KubeconfigFile(path)
+        }
         _ => bail!(
             "kubernetes.kubeconfig {shown}: the user has no bearer token (token or tokenFile); client certificates and exec plugins are not read: give it a service account's token"
         ),
@@ -192,6 +252,8 @@ impl Api {
             .connect_timeout(TIMEOUT)
             .user_agent(concat!("vgpu-license-agent/", env!("CARGO_PKG_VERSION")))
             .tls_certs_only(certs)
+            // An API server never redirects: the bearer token goes to it and nowhere else.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| anyhow!("cannot set up HTTPS to the API: {}", crate::http::chain(e)))
     }
@@ -207,6 +269,9 @@ impl Api {
                         show_path(p)
                     )
                 }),
+            Bearer::KubeconfigFile(p) => owned_file(p, "the kubeconfig's tokenFile")
+                .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+                .map_err(|e| anyhow!("{e} ({})", show_path(p))),
         }
     }
 
@@ -226,7 +291,7 @@ impl Api {
 
     /// The Node as the API has it now.
     async fn get_node(&self, client: &Client) -> anyhow::Result<Value> {
-        let resp = client
+        let mut resp = client
             .get(self.url(false)?)
             .bearer_auth(self.bearer()?)
             .send()
@@ -234,12 +299,11 @@ impl Api {
             .map_err(|e| anyhow!("GET node {}: {}", self.node, crate::http::chain(e)))?;
         let code = resp.status();
         if !code.is_success() {
-            bail!("GET node {}: HTTP {code}", self.node);
+            bail!("GET node {}: HTTP {code}{}", self.node, not_followed(code));
         }
-        let bytes = resp
-            .bytes()
+        let bytes = crate::http::body_capped(&mut resp, MAX_ANSWER)
             .await
-            .map_err(|e| anyhow!("GET node {}: {}", self.node, crate::http::chain(e)))?;
+            .map_err(|e| anyhow!("GET node {}: {}", self.node, answer_error(e)))?;
         serde_json::from_slice(&bytes)
             .map_err(|e| anyhow!("GET node {}: not a Node: {e}", self.node))
     }
@@ -316,7 +380,7 @@ impl Api {
             self.node,
             if status { "/status" } else { "" }
         );
-        let resp = client
+        let mut resp = client
             .patch(self.url(status)?)
             .bearer_auth(self.bearer()?)
             .header("Content-Type", content_type)
@@ -328,8 +392,7 @@ impl Api {
         if code.is_success() {
             return Ok(());
         }
-        let why = resp
-            .bytes()
+        let why = crate::http::body_capped(&mut resp, MAX_ERROR)
             .await
             .ok()
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
@@ -340,9 +403,29 @@ impl Api {
             403 => fix_403,
             // Written with the resourceVersion read just before: the next try reads again.
             409 => " (the Node changed meanwhile: tried again)",
-            _ => "",
+            _ => not_followed(code),
         };
         bail!("{what}: HTTP {code}{why}{fix}")
+    }
+}
+
+/// What a redirect from the API gets: not followed, and said.
+fn not_followed(code: reqwest::StatusCode) -> &'static str {
+    if code.is_redirection() {
+        " (a redirect: the agent follows none from the API server, whose answers come from its own address; check the server's URL)"
+    } else {
+        ""
+    }
+}
+
+/// An answer's body that could not be read whole.
+fn answer_error(e: crate::http::BodyError) -> String {
+    match e {
+        crate::http::BodyError::TooLarge => format!(
+            "the answer is larger than {} bytes, far more than a Node: refused",
+            MAX_ANSWER
+        ),
+        crate::http::BodyError::Broken(e) => crate::http::chain(e),
     }
 }
 
@@ -371,9 +454,6 @@ fn body(c: &Condition, transition: &str, heartbeat: &str) -> Value {
     }]}})
 }
 
-/// What the writer tells the service: each write's outcome.
-pub type Outcome = Result<(), String>;
-
 /// Writes the condition `rx` holds whenever it changes and at least every heartbeat
 /// (`kubernetes.heartbeat_seconds`),
 /// until `stop`; each outcome is told to `tell`. After a failure it tries again with backoff
@@ -387,7 +467,10 @@ pub async fn write_condition(
     let client = match api.client() {
         Ok(c) => c,
         Err(e) => {
-            tell(Err(format!("{e:#}")));
+            tell(Outcome {
+                condition: Some(Err(format!("{e:#}"))),
+                taint: None,
+            });
             return;
         }
     };
@@ -395,6 +478,7 @@ pub async fn write_condition(
         api,
         client,
         written: None,
+        since: None,
         known: None,
         tainted: None,
         backoff: Duration::from_secs(5),
@@ -415,20 +499,35 @@ pub async fn write_condition(
         let Some(cond) = rx.borrow_and_update().clone() else {
             continue;
         };
+        node.note(&cond);
         if changed && node.holds(&cond) {
             continue;
         }
-        let result = node.write(&cond).await;
-        tell(node.settle(cond, result));
+        let outcome = node.write(&cond).await;
+        node.settle(&outcome);
+        tell(outcome);
     }
+}
+
+/// The status the Node should show, and since when.
+struct Since {
+    status: &'static str,
+    /// `lastTransitionTime`, RFC 3339.
+    at: String,
+    /// The first status this writer has had: the Node's own time is kept where the Node
+    /// shows this status already (the agent restarted, the status did not change).
+    first: bool,
 }
 
 /// The writer's view of its Node: what it wrote, what the Node had, and when to try again.
 struct NodeWriter {
     api: Api,
     client: Client,
-    /// The condition last written, and its last transition.
-    written: Option<(Condition, String)>,
+    /// The condition last written, when, and its `lastTransitionTime`: what the Node shows.
+    written: Option<(Condition, tokio::time::Instant, String)>,
+    /// The status to show and since when: taken when the status changes, kept across
+    /// failed tries, so that `lastTransitionTime` is the change's time, not a retry's.
+    since: Option<Since>,
     /// What the Node has: its condition's status and last transition (read once, then kept).
     known: Option<Option<(String, String)>>,
     /// Whether the Node carries the taint, as the agent last made it (`None`: not known).
@@ -448,63 +547,121 @@ impl NodeWriter {
 
     /// Whether the Node holds this condition already, with no retry owed.
     fn holds(&self, cond: &Condition) -> bool {
-        let same = self.written.as_ref().is_some_and(|(w, _)| w == cond);
+        let same = self.written.as_ref().is_some_and(|(w, _, _)| w == cond);
         same && self.retry_at.is_none()
     }
 
-    /// Writes the condition (and the taint, where it is kept): its transition time.
-    async fn write(&mut self, cond: &Condition) -> anyhow::Result<String> {
-        let now = rfc3339(Utc::now());
+    /// A condition to show: its status's time is taken now where the status changed, or
+    /// kept where it changes back to what the Node shows (a change that never reached it).
+    fn note(&mut self, cond: &Condition) {
+        if self.since.as_ref().is_some_and(|s| s.status == cond.status) {
+            return;
+        }
+        let shown = self
+            .written
+            .as_ref()
+            .filter(|(w, _, _)| w.status == cond.status)
+            .map(|(_, _, at)| at.clone());
+        self.since = Some(Since {
+            status: cond.status,
+            first: self.since.is_none(),
+            at: shown.unwrap_or_else(|| rfc3339(Utc::now())),
+        });
+    }
+
+    /// The condition's `lastTransitionTime`: when its status last changed, or the Node's own
+    /// time where the Node shows this status from before the agent started.
+    fn transition(&mut self, cond: &Condition) -> String {
+        self.note(cond);
+        let node = self.known.as_ref().and_then(|k| k.as_ref());
+        let since = self.since.as_mut().expect("noted just now");
+        if since.first
+            && let Some((status, at)) = node
+            && status == since.status
+            && !at.is_empty()
+        {
+            since.at = at.clone();
+        }
+        since.first = false;
+        since.at.clone()
+    }
+
+    /// Writes the condition (unless the Node holds it and no heartbeat is due) and the
+    /// taint (where it is kept and owed).
+    async fn write(&mut self, cond: &Condition) -> Outcome {
+        let fresh = self
+            .written
+            .as_ref()
+            .is_some_and(|(w, at, _)| w == cond && at.elapsed() < self.api.heartbeat);
+        let condition = if fresh {
+            None
+        } else {
+            let result = self.write_condition(cond).await;
+            Some(
+                result
+                    .map(|transition| {
+                        self.written =
+                            Some((cond.clone(), tokio::time::Instant::now(), transition));
+                    })
+                    .map_err(|e| format!("{e:#}")),
+            )
+        };
+        let taint = if matches!(condition, Some(Err(_))) {
+            None
+        } else {
+            self.keep_taint(cond).await
+        };
+        Outcome { condition, taint }
+    }
+
+    /// Patches the condition: its `lastTransitionTime`.
+    async fn write_condition(&mut self, cond: &Condition) -> anyhow::Result<String> {
         if self.known.is_none() {
             self.known = Some(self.api.current(&self.client).await?);
         }
-        // lastTransitionTime moves only when the status does.
-        let transition = match (&self.written, self.known.as_ref().and_then(|k| k.as_ref())) {
-            (Some((w, t)), _) if w.status == cond.status => t.clone(),
-            (None, Some((status, t))) if *status == cond.status && !t.is_empty() => t.clone(),
-            _ => now.clone(),
-        };
+        let transition = self.transition(cond);
+        let now = rfc3339(Utc::now());
         self.api
             .patch(&self.client, &body(cond, &transition, &now))
             .await?;
-        self.keep_taint(cond).await?;
         Ok(transition)
     }
 
     /// The taint, only when what it should be changed: a taint taken off by hand stays off
-    /// until the license changes again.
-    async fn keep_taint(&mut self, cond: &Condition) -> anyhow::Result<()> {
+    /// until the license changes again. `None` where nothing was owed.
+    async fn keep_taint(&mut self, cond: &Condition) -> Option<(bool, Result<(), String>)> {
         let want = self.api.taint && crate::node_condition::wants_taint(cond, uptime());
-        if self.api.taint && self.tainted != Some(want) {
-            if self.api.sync_taint(&self.client, want).await? {
-                tracing::info!(
-                    "{} the taint {}:{} {} node {}",
-                    if want { "put" } else { "took" },
-                    crate::node_condition::TAINT_KEY,
-                    crate::node_condition::TAINT_EFFECT,
-                    if want { "on" } else { "off" },
-                    crate::text::escape(&self.api.node)
-                );
-            }
-            self.tainted = Some(want);
+        if !self.api.taint || self.tainted == Some(want) {
+            return None;
         }
-        Ok(())
-    }
-
-    /// What a write leaves: the condition written, or a try again after the backoff.
-    fn settle(&mut self, cond: Condition, result: anyhow::Result<String>) -> Outcome {
-        match result {
-            Ok(transition) => {
-                self.written = Some((cond, transition));
-                self.backoff = Duration::from_secs(5);
-                self.retry_at = None;
+        let result = match self.api.sync_taint(&self.client, want).await {
+            Ok(changed) => {
+                if changed {
+                    tracing::info!(
+                        "{} the taint {}:{} {} node {}",
+                        if want { "put" } else { "took" },
+                        crate::node_condition::TAINT_KEY,
+                        crate::node_condition::TAINT_EFFECT,
+                        if want { "on" } else { "off" },
+                        crate::text::escape(&self.api.node)
+                    );
+                }
+                self.tainted = Some(want);
                 Ok(())
             }
-            Err(e) => {
-                self.retry_at = Some(tokio::time::Instant::now() + self.backoff);
-                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-                Err(format!("{e:#}"))
-            }
+            Err(e) => Err(format!("{e:#}")),
+        };
+        Some((want, result))
+    }
+
+    /// What a write leaves: a try again after the backoff where a part of it failed.
+    fn settle(&mut self, outcome: &Outcome) {
+        if outcome.failed() {
+            self.retry_at = Some(tokio::time::Instant::now() + self.backoff);
+            self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        } else {
+            self.backoff = Duration::from_secs(5);
+            self.retry_at = None;
         }
     }
 }

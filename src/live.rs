@@ -37,6 +37,11 @@ pub fn read_smi(settings: &Settings) -> SmiRead {
 fn read_smi_only(settings: &Settings) -> SmiRead {
     // On a GPU Operator node, inside the driver container's root, where nvidia-smi finds
     // its libraries (the operator's maintainers' own advice).
+    if let Some(root) = &settings.commands.smi_root
+        && let Some(why) = crate::node::untrusted_root(root, &settings.commands.nvidia_smi)
+    {
+        return SmiRead::Failed(why);
+    }
     let argv = match &settings.commands.smi_root {
         Some(root) => vec![
             "chroot".to_string(),

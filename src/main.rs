@@ -11,6 +11,7 @@ use vgpu_license_agent::config::Settings;
 const UNKNOWN: u8 = 3;
 
 fn main() -> ExitCode {
+    hide_token_url();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -50,6 +51,34 @@ fn main() -> ExitCode {
             ExitCode::from(if check { UNKNOWN } else { 1 })
         }
     }
+}
+
+/// The environment variable `--token-url` is also read from.
+const TOKEN_URL_ENV: &str = "VGPU_LICENSE_AGENT_TOKEN_URL";
+
+/// A `--token-url` with a user, a password or a query (a signed URL) would stay readable by
+/// every user in `/proc/PID/cmdline` for the whole download: the agent starts itself again
+/// at once, the same process, with the URL moved into its environment (readable by its own
+/// user alone) and out of its command line. Nothing else changes: the same arguments, in
+/// their order, and `--token-url` read from the environment as it already may be.
+fn hide_token_url() {
+    use std::os::unix::process::CommandExt;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let Some((at, width, url)) = vgpu_license_agent::cli::token_url_in(&args) else {
+        return;
+    };
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let mut rest = args;
+    rest.drain(at..at + width);
+    let mut again = std::process::Command::new(exe);
+    again
+        .arg0(&rest[0])
+        .args(&rest[1..])
+        .env(TOKEN_URL_ENV, url);
+    // Returns only where the exec failed: the agent goes on with its command line as given.
+    let _ = again.exec();
 }
 
 /// A command that only reads and prints ends quietly when its reader goes away

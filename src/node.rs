@@ -75,6 +75,50 @@ pub fn detect(settings: &Settings) -> Node {
     }
 }
 
+/// What another owner of a driver root could do.
+const ROOT_RISK: &str =
+    "could make root run any program (the agent runs nvidia-smi there by chroot, as root)";
+
+/// Why root must not run `smi` (`commands.nvidia_smi`) in the driver root `root` by
+/// `chroot`: the root, a directory on the way to nvidia-smi, or nvidia-smi itself owned by
+/// another user or writable by others (the config's rule, [`crate::config::owned_safely`]);
+/// `None` where all of them are root's. A link is judged by its owner alone (a link's own
+/// mode means nothing).
+pub fn untrusted_root(root: &Path, smi: &str) -> Option<String> {
+    let inside: PathBuf = if smi.contains('/') {
+        PathBuf::from(smi.trim_start_matches('/'))
+    } else {
+        ["usr/bin", "bin", "usr/sbin", "sbin"]
+            .iter()
+            .map(|d| Path::new(d).join(smi))
+            .find(|p| root.join(p).symlink_metadata().is_ok())
+            .unwrap_or_else(|| Path::new("usr/bin").join(smi))
+    };
+    let mut at = root.to_path_buf();
+    let mut paths = vec![at.clone()];
+    for part in inside.components() {
+        at.push(part);
+        paths.push(at.clone());
+    }
+    paths.iter().find_map(|p| {
+        let meta = p.symlink_metadata().ok()?;
+        let what = format!("{} in the GPU Operator's driver root", p.display());
+        let problem = if meta.file_type().is_symlink() {
+            use std::os::unix::fs::MetadataExt;
+            let me = nix::unistd::geteuid().as_raw();
+            (meta.uid() != 0 && meta.uid() != me).then(|| {
+                format!(
+                    "{what} is a link owned by uid {}, who {ROOT_RISK}; the agent refuses it",
+                    meta.uid()
+                )
+            })
+        } else {
+            crate::config::owned_safely(&meta, &what, ROOT_RISK).err()
+        };
+        problem.map(|p| format!("nvidia-smi is not run: {p}"))
+    })
+}
+
 /// This node's name for a `kubectl` command: `$NODE_NAME` (a pod's downward API), else the
 /// host name.
 pub fn node_name() -> Option<String> {
@@ -128,6 +172,34 @@ mod tests {
         std::fs::remove_dir_all(s.paths.driver_root.join("usr")).unwrap();
         std::fs::create_dir_all(validations_dir(&s.paths.driver_root)).unwrap();
         assert_eq!(detect(&s).mode, Mode::Observe);
+
+        // A root or an nvidia-smi that another user owns, or may write, is not run.
+        use std::os::unix::fs::PermissionsExt;
+        let root = &s.paths.driver_root;
+        let smi = root.join("usr/bin/nvidia-smi");
+        std::fs::create_dir_all(smi.parent().unwrap()).unwrap();
+        std::fs::write(&smi, "").unwrap();
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(&smi, 0o755);
+        assert_eq!(untrusted_root(root, "nvidia-smi"), None);
+        assert_eq!(untrusted_root(root, "/usr/bin/nvidia-smi"), None);
+        mode(&smi, 0o777);
+        let why = untrusted_root(root, "nvidia-smi").unwrap();
+        assert!(
+            why.contains("usr/bin/nvidia-smi") && why.contains("writable by other users"),
+            "{why}"
+        );
+        mode(&smi, 0o755);
+        mode(&root.join("usr"), 0o775);
+        let why = untrusted_root(root, "/usr/bin/nvidia-smi").unwrap();
+        assert!(
+            why.contains("/usr in the GPU Operator") && why.contains("0775"),
+            "{why}"
+        );
+        mode(&root.join("usr"), 0o755);
+        std::fs::remove_dir_all(root.join("usr")).unwrap();
 
         // manage is refused there; observe is observe anywhere.
         let mut m = s.clone();

@@ -106,9 +106,69 @@ pub fn of(report: &Report, status_line: &str) -> Option<Condition> {
     })
 }
 
+/// What one write did: the condition's patch and the taint's, each where it was tried
+/// (`None`: not tried this time), so that the service says which failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub condition: Option<Result<(), String>>,
+    /// Whether the taint was to be on, and how its write went.
+    pub taint: Option<(bool, Result<(), String>)>,
+}
+
+impl Outcome {
+    pub fn failed(&self) -> bool {
+        matches!(self.condition, Some(Err(_))) || matches!(self.taint, Some((_, Err(_))))
+    }
+}
+
+/// Why `name` cannot be a Node's name (a phrase after the name, which it does not repeat:
+/// a config value may be a secret put in the wrong key), or `None` where it can: a Node's name is an RFC 1123
+/// subdomain (as the API server checks it): at most 253 characters, dot-separated labels of
+/// lower-case letters, digits and `-`, each starting and ending with a letter or digit. A
+/// name such as `..` or `status` would otherwise make another URL of the API.
+pub fn node_name_problem(name: &str) -> Option<String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() <= 253 && name.split('.').all(label_ok) {
+        return None;
+    }
+    Some(
+        "is not a Kubernetes node name (an RFC 1123 subdomain: lower-case letters, digits, '-' and '.', each part starting and ending with a letter or digit, at most 253 characters)"
+            .into(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_name_is_an_rfc_1123_subdomain() {
+        for good in ["gpu-worker-1", "node.example.com", "a", "10.0.0.5"] {
+            assert_eq!(node_name_problem(good), None, "{good}");
+        }
+        for bad in [
+            "..",
+            ".",
+            "",
+            "Node1",
+            "-a",
+            "a-",
+            "a..b",
+            "a/b",
+            "status/../x",
+            "a b",
+        ] {
+            assert!(node_name_problem(bad).is_some(), "{bad}");
+        }
+        assert!(node_name_problem(&"a".repeat(254)).is_some());
+    }
 
     #[test]
     fn the_taint_is_added_and_removed_leaving_every_other_taint() {

@@ -398,7 +398,9 @@ pub const GRIDD_MISSING_ADVICE: &str = "nvidia-gridd's systemd unit is not insta
 /// comes before the license, so this is the fix that matters first.
 pub fn driver_advice(why: &str) -> String {
     let w = why.to_ascii_lowercase();
-    if w.contains("chroot: cannot change root directory") && w.contains("not permitted") {
+    if w.contains("in the gpu operator's driver root") && w.contains("the agent refuses it") {
+        "The GPU Operator's driver root, or nvidia-smi in it, can be changed by a user other than root, and the agent runs nvidia-smi there as root: it is not run until the owner and mode named are root's alone. The driver container made by the operator is root's: find who changed it (`ls -ld` of the path named) and make the driver pod again (`kubectl delete pod` of the node's nvidia-driver-daemonset pod).".into()
+    } else if w.contains("chroot: cannot change root directory") && w.contains("not permitted") {
         "The agent was not let into the GPU Operator's driver root to run nvidia-smi there (chroot refused): it needs CAP_SYS_CHROOT and the chroot system call, which the packaged unit grants; a drop-in that sets CapabilityBoundingSet= or SystemCallFilter= takes them away (`systemctl cat vgpu-license-agent`), and in a pod the container needs CAP_SYS_CHROOT.".into()
     } else if w.contains("permission denied") {
         "nvidia-smi could not be run or could not open the GPU's device files as this user: run the agent as root (`sudo vgpu-license-agent ...`)".into()

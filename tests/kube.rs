@@ -292,3 +292,113 @@ fn scenario_without_the_key_no_taint_is_written() {
         api.requests()
     );
 }
+
+/// The API failing every status write (a 500) while the license comes back: the condition
+/// is sent again at each try with the same `lastTransitionTime`, the time of the change, and
+/// the Node gets that time once the API answers, not the time of the write that went through.
+/// (Compared among the writes, not with this machine's clock, which a VM's host may step.)
+#[test]
+fn scenario_retries_keep_the_time_of_the_change() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);
+    let (m, a) = in_pod(&api, 300, false);
+    wait_condition(&api, &a, "VgpuLicensed False", |c| c["status"] == "False");
+    api.set_mode(ApiMode::FailStatus(500));
+    m.dls.set_mode(Mode::Up);
+    a.wait_state("licensed", T);
+    let sent_true = |api: &FakeApi| -> Vec<String> {
+        api.status_patches()
+            .iter()
+            .map(|p| &p["status"]["conditions"][0])
+            .filter(|c| c["status"] == "True")
+            .map(|c| c["lastTransitionTime"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // The first try and a retry, 5 s or more later.
+    sim::wait_for(
+        "two refused writes of True",
+        Duration::from_secs(40),
+        || (sent_true(&api).len() >= 2).then_some(()),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    api.set_mode(ApiMode::Up);
+    // The next retry comes after the backoff, which doubles: 20 s at most here.
+    let c = sim::wait_for(
+        "VgpuLicensed True",
+        Duration::from_secs(60),
+        || {
+            api.condition(NODE, "VgpuLicensed")
+                .filter(|c| c["status"] == "True")
+        },
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    let tries = sent_true(&api);
+    assert!(
+        tries.iter().all(|t| *t == tries[0]),
+        "one lastTransitionTime across the retries: {tries:?}"
+    );
+    assert_eq!(c["lastTransitionTime"], tries[0].as_str());
+    let said = a.journal_lines().join("\n");
+    assert_eq!(
+        said.matches("was not written").count(),
+        1,
+        "one warning for the streak: {said}"
+    );
+    assert!(said.contains("HTTP 500"), "{said}");
+}
+
+/// `taint_unlicensed` without the role to patch the Node: the condition is written (and
+/// never said not to be), the taint's 403 is one warning for the streak that names the taint
+/// and what to grant, and the taint comes off once the role is there.
+#[test]
+fn scenario_a_refused_taint_is_said_as_the_taint() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);
+    let ours = json!({"key": "vgpu-license-agent/unlicensed", "effect": "NoSchedule"});
+    api.set_taints(NODE, json!([ours.clone()]));
+    api.set_mode(ApiMode::ForbidTaint);
+    let (_m, a) = in_pod_with(&api, 300, true, "taint_unlicensed = true\n");
+    wait_condition(&api, &a, "VgpuLicensed True", |c| c["status"] == "True");
+    let refused = |api: &FakeApi| {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with(&format!("PATCH /api/v1/nodes/{NODE} 403")))
+            .count()
+    };
+    sim::wait_for(
+        "two refused taint writes",
+        T,
+        || (refused(&api) >= 2).then_some(()),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    let said = a.journal_lines().join("\n");
+    assert_eq!(
+        said.matches(
+            "the taint vgpu-license-agent/unlicensed:NoSchedule could not be taken off the Node"
+        )
+        .count(),
+        1,
+        "{said}"
+    );
+    assert!(said.contains("patch on nodes"), "the fix: {said}");
+    assert!(
+        !said.contains("was not written"),
+        "the condition was written: {said}"
+    );
+    api.set_mode(ApiMode::Up);
+    sim::wait_for(
+        "the taint off",
+        T,
+        || (!api.taints(NODE).contains(&ours)).then_some(()),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    sim::wait_for(
+        "said written again",
+        T,
+        || {
+            a.journal_lines()
+                .join("\n")
+                .contains("the taint vgpu-license-agent/unlicensed:NoSchedule is written again")
+                .then_some(())
+        },
+        || a.context(),
+    );
+}

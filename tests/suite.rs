@@ -34,3 +34,4 @@ mod service_faults;
 mod sim_selfcheck;
 mod token_inspect;
 mod token_source;
+mod trust;

@@ -61,6 +61,8 @@ pub fn load(main: &Path) -> anyhow::Result<Settings> {
     settings
         .check_outputs_on_disk()
         .map_err(|message| anyhow!("config {}: {}", show_path(main), message))?;
+    // What the Node writer would use: a kubeconfig and the files it names, the node's name.
+    crate::kube::check(&settings).map_err(|e| anyhow!("config {}: {e:#}", show_path(main)))?;
     Ok(settings)
 }
 

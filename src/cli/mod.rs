@@ -260,6 +260,33 @@ pub fn with_root_hint(line: String, denied: bool, root: bool) -> String {
     format!("{line}; run as root (sudo)")
 }
 
+/// Where `args` give `--token-url` a URL that holds a secret (a user, a password or a query):
+/// its index, how many arguments it takes (1 for `--token-url=URL`, 2 for `--token-url
+/// URL`), and the URL. `None` for one without a secret, and after `--`.
+pub fn token_url_in(args: &[std::ffi::OsString]) -> Option<(usize, usize, String)> {
+    let secret = |url: &str| {
+        url::Url::parse(url.trim()).is_ok_and(|u| {
+            !u.username().is_empty() || u.password().is_some() || u.query().is_some()
+        })
+    };
+    for (i, arg) in args.iter().enumerate().skip(1) {
+        let Some(arg) = arg.to_str() else {
+            continue;
+        };
+        if arg == "--" {
+            return None;
+        }
+        if arg == "--token-url" {
+            let url = args.get(i + 1)?.to_str()?;
+            return secret(url).then(|| (i, 2, url.to_string()));
+        }
+        if let Some(url) = arg.strip_prefix("--token-url=") {
+            return secret(url).then(|| (i, 1, url.to_string()));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

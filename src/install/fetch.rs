@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use reqwest::{Client, Url};
 
-use crate::http::{allowed, block_on, chain, client, redact};
+use crate::http::{
+    BodyError, GetError, allowed, block_on, body_capped, chain, client, get_following, redact,
+};
 
 /// How one attempt ended.
 enum Attempt {
@@ -23,10 +25,15 @@ enum Attempt {
 /// One GET of the token: connect, headers and body, all within `timeout`.
 async fn attempt(client: &Client, url: &Url, shown: &str, timeout: Duration) -> Attempt {
     let whole = async {
-        let mut resp = match client.get(url.clone()).send().await {
-            Ok(r) => r,
-            Err(e) if e.is_timeout() => return Attempt::Retry(too_slow(timeout)),
-            Err(e) => return Attempt::Retry(chain(e)),
+        let mut resp = match get_following(client, url).await {
+            Ok((r, _)) => r,
+            Err(GetError::Send(e)) if e.is_timeout() => return Attempt::Retry(too_slow(timeout)),
+            Err(GetError::Send(e)) => return Attempt::Retry(chain(e)),
+            Err(GetError::Refused(why)) => {
+                return Attempt::Fail(anyhow!(
+                    "cannot download the token from {shown}: {why}; serve the token over HTTPS from a URL that needs no redirect to plain HTTP"
+                ));
+            }
         };
         let status = resp.status();
         if !status.is_success() {
@@ -44,21 +51,15 @@ async fn attempt(client: &Client, url: &Url, shown: &str, timeout: Duration) -> 
                 "cannot download the token from {shown}: {last}; {hint}"
             ));
         }
-        let mut body = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(chunk)) => {
-                    if body.len() + chunk.len() > crate::token::MAX_TOKEN_BYTES {
-                        return Attempt::Fail(anyhow!(
-                            "the download from {shown} is larger than {} bytes, far more than a client configuration token (a few KB); check that the URL serves the .tok file",
-                            crate::token::MAX_TOKEN_BYTES
-                        ));
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(None) => return Attempt::Done(body),
-                Err(e) if e.is_timeout() => return Attempt::Retry(too_slow(timeout)),
-                Err(e) => return Attempt::Retry(format!("the download broke off: {}", chain(e))),
+        match body_capped(&mut resp, crate::token::MAX_TOKEN_BYTES).await {
+            Ok(body) => Attempt::Done(body),
+            Err(BodyError::TooLarge) => Attempt::Fail(anyhow!(
+                "the download from {shown} is larger than {} bytes, far more than a client configuration token (a few KB); check that the URL serves the .tok file",
+                crate::token::MAX_TOKEN_BYTES
+            )),
+            Err(BodyError::Broken(e)) if e.is_timeout() => Attempt::Retry(too_slow(timeout)),
+            Err(BodyError::Broken(e)) => {
+                Attempt::Retry(format!("the download broke off: {}", chain(e)))
             }
         }
     };

@@ -112,7 +112,7 @@ pub enum Event {
     /// Where the driver runs, looked at again (a GPU Operator's driver pod comes and goes).
     Node(Box<Node>),
     /// A write of the Node condition: done, or why not.
-    NodeCondition(Result<(), String>),
+    NodeCondition(crate::node_condition::Outcome),
     /// Answers that came together (a reading, where the driver runs, systemd's word), in
     /// order: one batch, one report.
     Together(Vec<Event>),
@@ -563,6 +563,8 @@ pub struct Core {
     node: Node,
     /// The last write of the Node condition failed.
     condition_failing: bool,
+    /// A write of the opt-in taint fails (one warning per streak).
+    taint_failing: bool,
     heartbeat: Duration,
     watching: bool,
     seen: Seen,
@@ -601,6 +603,7 @@ impl Core {
             base: settings.clone(),
             node: Node::default(),
             condition_failing: false,
+            taint_failing: false,
             settings,
             heartbeat,
             watching,
@@ -1144,25 +1147,50 @@ impl Core {
         }
     }
 
-    /// A write of the Node condition: a failure is a warning and a count (once per streak in
-    /// the journal), never more.
-    fn condition_written(&mut self, outcome: Result<(), String>) {
-        match outcome {
+    /// A write to the Node: a failure of the condition's patch or of the taint's is a
+    /// warning naming which (once per streak of each in the journal) and a count, never more.
+    fn condition_written(&mut self, outcome: crate::node_condition::Outcome) {
+        use crate::node_condition::{TAINT_EFFECT, TAINT_KEY, TYPE};
+        if let Some(result) = outcome.condition {
+            let what = format!("the Node condition {TYPE}");
+            self.node_write(
+                result,
+                &what,
+                |c| &mut c.condition_failing,
+                "was not written",
+            );
+        }
+        if let Some((want, result)) = outcome.taint {
+            let what = format!("the taint {TAINT_KEY}:{TAINT_EFFECT}");
+            let failed = if want {
+                "could not be put on the Node"
+            } else {
+                "could not be taken off the Node"
+            };
+            self.node_write(result, &what, |c| &mut c.taint_failing, failed);
+        }
+    }
+
+    /// One part of a Node write: `failing` is its streak's flag.
+    fn node_write(
+        &mut self,
+        result: Result<(), String>,
+        what: &str,
+        failing: fn(&mut Self) -> &mut bool,
+        failed: &str,
+    ) {
+        match result {
             Ok(()) => {
-                if std::mem::take(&mut self.condition_failing) {
-                    info!(
-                        "the Node condition {} is written again",
-                        crate::node_condition::TYPE
-                    );
+                if std::mem::take(failing(self)) {
+                    info!("{what} is written again");
                 }
             }
             Err(why) => {
                 self.counters.node_condition_errors += 1;
                 self.published.dirty = true;
-                if !std::mem::replace(&mut self.condition_failing, true) {
+                if !std::mem::replace(failing(self), true) {
                     warn!(
-                        "the Node condition {} was not written (retried with backoff): {}",
-                        crate::node_condition::TYPE,
+                        "{what} {failed} (retried with backoff): {}",
                         crate::text::escape(&why)
                     );
                 }

@@ -60,9 +60,13 @@ pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::
 /// Logs go where the operator looks: to the journal under systemd, to standard error when
 /// it is a terminal (`run` started by hand) or with `--log-stderr`, and to standard error
 /// where there is no journald. Never both under systemd, whose standard error is the journal.
+/// The agent's own lines from INFO up and its libraries' warnings and errors only: an HTTP
+/// client's DEBUG and TRACE lines would bury the agent's in the journal and in `kubectl
+/// logs`. `RUST_LOG` (`debug`, or `vgpu_license_agent=debug,hyper=trace`, ...) says otherwise.
 fn init_logging(log_stderr: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
+    let (filter, bad) = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let journald = (!log_stderr)
         .then(|| tracing_journald::layer().ok())
         .flatten()
@@ -76,7 +80,32 @@ fn init_logging(log_stderr: bool) {
     let _ = tracing_subscriber::registry()
         .with(journald)
         .with(stderr)
+        .with(filter)
         .try_init();
+    if let Some(bad) = bad {
+        warn!(
+            "RUST_LOG is not a log filter ({bad}); the default is used: the agent's INFO lines and up, its libraries' warnings"
+        );
+    }
+}
+
+/// The log filter: `RUST_LOG`'s where it is one (with why not where it is not), else the
+/// default.
+fn log_filter(rust_log: Option<&str>) -> (tracing_subscriber::filter::Targets, Option<String>) {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    let default = Targets::new()
+        .with_target(env!("CARGO_CRATE_NAME"), LevelFilter::INFO)
+        .with_default(LevelFilter::WARN);
+    match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        None => (default, None),
+        Some(text) => match text.parse::<Targets>() {
+            Ok(t) => (t, None),
+            Err(e) => (
+                default,
+                Some(crate::text::escape(&e.to_string()).into_owned()),
+            ),
+        },
+    }
 }
 
 fn notify(state: &[sd_notify::NotifyState]) {

@@ -10,7 +10,11 @@
 //! /api/v1/nodes/{name}` (the Node itself: `spec.taints`, a list without a merge key, so
 //! replaced whole by either patch type) honours a `metadata.resourceVersion` in the patch as
 //! the API does: 409 Conflict when the Node changed since (every write moves it). It can
-//! also forbid (403, as RBAC without the patch verb), be down (the port refuses) or slow.
+//! also forbid (403, as RBAC without the patch verb), forbid the Node's own patch alone (a
+//! role with `patch nodes/status` and not `patch nodes`: the taint), fail every status patch
+//! with a 5xx, be down (the port refuses) or slow; and misbehave as a hostile server in the
+//! API's place would: redirect every request elsewhere, or answer with a body that never
+//! ends.
 
 #![allow(dead_code)]
 
@@ -33,6 +37,14 @@ pub enum ApiMode {
     Down,
     /// Every answer comes after this long.
     Slow(Duration),
+    /// Every PATCH of `nodes/{name}` (the taint) is 403; the status subresource is allowed.
+    ForbidTaint,
+    /// Every PATCH of the status subresource gets this code (a 500, say); GETs answer.
+    FailStatus(u16),
+    /// Every request is answered `307` to the same path on `http://127.0.0.1:PORT`.
+    RedirectTo(u16),
+    /// Every request is answered 200 with a chunked body that never ends.
+    Endless,
 }
 
 struct Inner {
@@ -41,6 +53,8 @@ struct Inner {
     nodes: Mutex<BTreeMap<String, Value>>,
     /// `METHOD PATH STATUS CONTENT-TYPE` of every request answered.
     requests: Mutex<Vec<String>>,
+    /// The body of every PATCH of a status subresource, answered or refused.
+    status_patches: Mutex<Vec<Value>>,
     stop: AtomicBool,
     tls: Arc<rustls::ServerConfig>,
 }
@@ -54,7 +68,7 @@ pub struct FakeApi {
 }
 
 /// A CA and a server certificate it signed for 127.0.0.1 and localhost.
-fn certificates() -> (String, Arc<rustls::ServerConfig>) {
+pub fn certificates() -> (String, Arc<rustls::ServerConfig>) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
     let ca_key = KeyPair::generate().unwrap();
@@ -99,6 +113,7 @@ impl FakeApi {
                     .collect(),
             ),
             requests: Mutex::new(Vec::new()),
+            status_patches: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             tls,
         });
@@ -153,6 +168,11 @@ impl FakeApi {
         self.node(node)
             .and_then(|n| n["spec"]["taints"].as_array().cloned())
             .unwrap_or_default()
+    }
+
+    /// The body of every PATCH of a Node's status, in order, those refused included.
+    pub fn status_patches(&self) -> Vec<Value> {
+        self.inner.status_patches.lock().unwrap().clone()
     }
 
     pub fn requests(&self) -> Vec<String> {
@@ -257,7 +277,31 @@ fn route(inner: &Inner, method: &str, path: &str, head: &str, body: &[u8]) -> (u
     if header("authorization").as_deref() != Some(&format!("Bearer {}", inner.token)) {
         return status(401, "Unauthorized", "Unauthorized");
     }
-    if *inner.mode.lock().unwrap() == ApiMode::Forbidden {
+    let mode = *inner.mode.lock().unwrap();
+    let rest_path = path.split('?').next().unwrap_or_default();
+    let taint_patch = method == "PATCH" && !rest_path.ends_with("/status");
+    if method == "PATCH" && !taint_patch {
+        let sent = serde_json::from_slice(body).unwrap_or(Value::Null);
+        inner.status_patches.lock().unwrap().push(sent);
+    }
+    if mode == ApiMode::ForbidTaint && taint_patch {
+        return status(
+            403,
+            "Forbidden",
+            "nodes \"x\" is forbidden: User \"system:serviceaccount:vgpu:agent\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope",
+        );
+    }
+    if let ApiMode::FailStatus(code) = mode
+        && method == "PATCH"
+        && !taint_patch
+    {
+        return status(
+            code,
+            "InternalError",
+            "Internal error occurred: etcdserver: request timed out",
+        );
+    }
+    if mode == ApiMode::Forbidden {
         return status(
             403,
             "Forbidden",
@@ -385,8 +429,42 @@ fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
             parts.next().unwrap_or_default().to_string(),
             parts.next().unwrap_or_default().to_string(),
         );
-        if let ApiMode::Slow(d) = *inner.mode.lock().unwrap() {
+        let mode = *inner.mode.lock().unwrap();
+        if let ApiMode::Slow(d) = mode {
             std::thread::sleep(d);
+        }
+        if let ApiMode::RedirectTo(port) = mode {
+            inner
+                .requests
+                .lock()
+                .unwrap()
+                .push(format!("{method} {path} 307"));
+            write!(
+                tls,
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:{port}{path}\r\nContent-Length: 0\r\n\r\n"
+            )?;
+            tls.flush()?;
+            continue;
+        }
+        if mode == ApiMode::Endless {
+            inner
+                .requests
+                .lock()
+                .unwrap()
+                .push(format!("{method} {path} 200 endless"));
+            write!(
+                tls,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )?;
+            let chunk = format!("10000\r\n{}\r\n", "[".repeat(0x10000));
+            // Until the client goes away (or 4 GiB, far past any cap).
+            for _ in 0..(1 << 16) {
+                if inner.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                tls.write_all(chunk.as_bytes())?;
+            }
+            return Ok(());
         }
         let (code, answer) = route(inner, &method, &path, &head, body);
         let ctype = head

@@ -1,0 +1,580 @@
+//! What the agent, running as root, refuses to trust, end to end against servers of the
+//! test's own on the loopback (each with its own CA): a credential never goes to another
+//! host than the one it was given for, and never in clear; the Kubernetes API's client
+//! follows no redirect and reads no answer without a cap; a kubeconfig, the files it names
+//! and a GPU Operator's driver root are used only where root alone could have written them; a
+//! node name is a node name; `--token-url`'s secret leaves the command line at once; the
+//! journal carries the agent's lines, not its HTTP client's.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::sim::kube_api::{ApiMode, FakeApi, certificates, node_object};
+use crate::common::sim::{self, Agent, Machine, Setup, write_gridd_conf};
+use crate::common::{Root, read_request_head, skipped, valid_token};
+
+const T: Duration = Duration::from_secs(30);
+const NODE: &str = "gpu-worker-1";
+const SA_TOKEN: &str = "sa-token-for-trust-tests";
+
+/// A loopback server of the test's: HTTPS with `tls`, or plain HTTP without; every request's
+/// head is kept (lower-cased), and answered with what `answer` makes of its path, one
+/// request a connection.
+struct Server {
+    port: u16,
+    heads: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Server {
+    fn start(
+        tls: Option<Arc<rustls::ServerConfig>>,
+        answer: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, st, answer) = (heads.clone(), stop.clone(), Arc::new(answer));
+        std::thread::spawn(move || {
+            while !st.load(Ordering::Relaxed) {
+                let Ok((s, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let (h, tls, answer) = (h.clone(), tls.clone(), answer.clone());
+                std::thread::spawn(move || {
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let _ = serve_one(s, tls, &h, &*answer);
+                });
+            }
+        });
+        Server { port, heads, stop }
+    }
+
+    fn heads(&self) -> Vec<String> {
+        self.heads.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn serve_one(
+    s: TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    heads: &Mutex<Vec<String>>,
+    answer: &dyn Fn(&str) -> Vec<u8>,
+) -> std::io::Result<()> {
+    let mut stream: Box<dyn ReadWrite> = match tls {
+        Some(config) => {
+            let conn = rustls::ServerConnection::new(config).map_err(std::io::Error::other)?;
+            Box::new(rustls::StreamOwned::new(conn, s))
+        }
+        None => Box::new(s),
+    };
+    let Some(head) = read_request_head(&mut stream) else {
+        return Ok(());
+    };
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+    heads.lock().unwrap().push(head);
+    stream.write_all(&answer(&path))?;
+    stream.flush()
+}
+
+trait ReadWrite: std::io::Read + Write {}
+impl<T: std::io::Read + Write> ReadWrite for T {}
+
+fn redirect(to: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+fn ok(body: &[u8]) -> Vec<u8> {
+    let mut r = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+fn has_auth(head: &str) -> bool {
+    head.contains("\r\nauthorization:")
+}
+
+/// `install --token-url` with a user and password: they go to their host, and to nothing
+/// else. A redirect to another host (here `localhost` for `127.0.0.1`) gets no credentials,
+/// nor does a second redirect within that host; a redirect within the first host keeps
+/// them; a redirect from HTTPS to plain HTTP is refused before anything is sent there.
+#[test]
+fn the_token_download_sends_credentials_to_their_host_alone_and_never_in_clear() {
+    let mut root = Root::new();
+    let tok = valid_token("redirected");
+    root.secrets.push(tok.clone());
+    let (ca_pem, tls) = certificates();
+    let ca = root.file("ca.pem", ca_pem.as_bytes());
+    let t = tok.clone();
+    let foreign = Server::start(Some(tls.clone()), move |path| match path {
+        "/hop" => redirect("/t.tok"),
+        _ => ok(&t),
+    });
+    let to_foreign = format!("https://localhost:{}/hop", foreign.port);
+    let first = Server::start(Some(tls.clone()), move |path| match path {
+        "/t.tok" => redirect("/moved.tok"),
+        _ => redirect(&to_foreign),
+    });
+    let url = format!("https://agent:pa55word@127.0.0.1:{}/t.tok", first.port);
+    let r = root.run(&[
+        "install",
+        "--token-url",
+        &url,
+        "--ca-file",
+        ca.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(std::fs::read(root.token_path()).unwrap(), tok);
+    let (mine, theirs) = (first.heads(), foreign.heads());
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert!(
+        mine.iter().all(|h| has_auth(h)),
+        "same host: credentials kept: {mine:?}"
+    );
+    assert_eq!(theirs.len(), 2, "{theirs:?}");
+    assert!(
+        !theirs.iter().any(|h| has_auth(h)),
+        "another host: none: {theirs:?}"
+    );
+
+    // HTTPS, then a redirect to plain HTTP (on the loopback, which the agent would take
+    // as a first URL): refused, and nothing reaches it.
+    let clear = Server::start(None, |_| ok(b"never"));
+    let to_clear = format!("http://127.0.0.1:{}/t.tok", clear.port);
+    let downgrading = Server::start(Some(tls), move |_| redirect(&to_clear));
+    let before = std::fs::read(root.token_path()).unwrap();
+    let url = format!(
+        "https://agent:pa55word@127.0.0.1:{}/t.tok",
+        downgrading.port
+    );
+    let r = root.run(&[
+        "install",
+        "--token-url",
+        &url,
+        "--ca-file",
+        ca.to_str().unwrap(),
+    ]);
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    let line = r.error_line();
+    assert!(line.contains("which is not HTTPS"), "{line}");
+    assert!(!line.contains("pa55word"), "{line}");
+    assert!(clear.heads().is_empty(), "{:?}", clear.heads());
+    assert_eq!(std::fs::read(root.token_path()).unwrap(), before);
+}
+
+/// `install --token-url URL` with a password or a signed query on the command line: while
+/// the download runs, `/proc/PID/cmdline` (anyone's to read) no longer holds them.
+#[test]
+fn a_token_urls_secret_leaves_the_command_line_before_the_download() {
+    let mut root = Root::new();
+    let tok = valid_token("argv");
+    root.secrets.push(tok.clone());
+    // The server answers only once the test has looked at the process.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = format!("http://agent:pa55word@127.0.0.1:{port}/t.tok?sig=s3cr3t");
+    let child = root
+        .cmd(&["install", "--token-url", &url, "--retries", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut s, _) = listener.accept().unwrap();
+    let head = read_request_head(&mut s).unwrap();
+    assert!(
+        String::from_utf8_lossy(&head)
+            .to_ascii_lowercase()
+            .contains("authorization: basic"),
+        "the credentials still go to their server"
+    );
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
+    let shown = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(shown.contains("install"), "{shown}");
+    for secret in ["pa55word", "s3cr3t"] {
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    // Its environment, which only its own user may read, holds the URL now.
+    let environ = std::fs::metadata(format!("/proc/{}/environ", child.id())).unwrap();
+    assert_eq!(environ.permissions().mode() & 0o077, 0);
+    s.write_all(&ok(&tok)).unwrap();
+    drop(s);
+    let out = child.wait_with_output().unwrap();
+    let r = root.finish(out);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(std::fs::read(root.token_path()).unwrap(), tok);
+}
+
+/// A machine whose agent runs as in a pod of `api`'s cluster, licensed; `kube` is added to
+/// `[kubernetes]` and `node` is its `NODE_NAME`.
+fn in_pod(api: &FakeApi, kube: &str, node: &str) -> (Machine, Agent) {
+    let m = Machine::new(Setup::default());
+    let sa = m.path("serviceaccount");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), SA_TOKEN).unwrap();
+    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = 5\n{kube}",
+        sa.display()
+    ));
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let port = api.port().to_string();
+    let a = Agent::start_with_env(
+        &m,
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
+            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
+            ("NODE_NAME", node.as_ref()),
+        ],
+    );
+    (m, a)
+}
+
+fn wait_errors(a: &Agent, api: &FakeApi) {
+    sim::wait_for(
+        "vgpu_license_node_condition_errors_total above 0",
+        T,
+        || {
+            a.metric("vgpu_license_node_condition_errors_total")
+                .filter(|n| *n > 0.0)
+        },
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+}
+
+/// An API server that redirects elsewhere (here to plain HTTP on the loopback): the agent
+/// follows no redirect of the API, so the service account's token goes nowhere else; the
+/// write is an error, never counted as done.
+#[test]
+fn the_api_client_follows_no_redirect() {
+    let elsewhere = Server::start(None, |_| ok(b"{}"));
+    let api = FakeApi::start(SA_TOKEN, vec![node_object(NODE, vec![])]);
+    api.set_mode(ApiMode::RedirectTo(elsewhere.port));
+    let (_m, a) = in_pod(&api, "", NODE);
+    a.wait_state("licensed", T);
+    wait_errors(&a, &api);
+    let said = a.journal_lines().join("\n");
+    assert!(said.contains("HTTP 307"), "{said}");
+    assert!(said.contains("follows none"), "{said}");
+    assert!(!said.contains(SA_TOKEN));
+    assert!(elsewhere.heads().is_empty(), "{:?}", elsewhere.heads());
+    assert!(api.condition(NODE, "VgpuLicensed").is_none());
+}
+
+/// The agent's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+/// An answer that never ends, at every try: cut at the cap and refused; the agent stays
+/// small however long it goes on.
+#[test]
+fn an_endless_api_answer_is_cut_and_the_agent_stays_small() {
+    let api = FakeApi::start(SA_TOKEN, vec![node_object(NODE, vec![])]);
+    api.set_mode(ApiMode::Endless);
+    let (_m, a) = in_pod(&api, "", NODE);
+    a.wait_state("licensed", T);
+    wait_errors(&a, &api);
+    // Two tries at least (5 s of backoff between them).
+    sim::wait_for(
+        "a second try",
+        T,
+        || {
+            (api.requests()
+                .iter()
+                .filter(|r| r.ends_with("endless"))
+                .count()
+                >= 2)
+                .then_some(())
+        },
+        || format!("{:?}", api.requests()),
+    );
+    let rss = rss_kib(a.pid());
+    assert!(rss < 64 * 1024, "the agent holds {rss} KiB");
+    let said = a.journal_lines().join("\n");
+    assert!(said.contains("far more than a Node"), "{said}");
+}
+
+/// A node name that is no node name (`..` would make the agent GET the list of all Nodes and
+/// PATCH a Node named `status`) is refused: at start, from `NODE_NAME`, and by `config check`
+/// from the config; nothing is sent.
+#[test]
+fn a_node_name_that_is_no_node_name_is_refused() {
+    let api = FakeApi::start(SA_TOKEN, vec![node_object(NODE, vec![])]);
+    let (m, a) = in_pod(&api, "", "..");
+    a.wait_state("licensed", T);
+    sim::wait_for(
+        "the refusal in the journal",
+        T,
+        || {
+            let said = a.journal_lines().join("\n");
+            said.contains("not a Kubernetes node name").then_some(())
+        },
+        || a.context(),
+    );
+    assert!(api.requests().is_empty(), "{:?}", api.requests());
+    drop(a);
+    let config = m.config_text();
+    m.write_config(&format!("{config}node_name = \".\"\n"));
+    let out = std::process::Command::new(crate::common::BIN)
+        .arg("--config")
+        .arg(&m.config)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("kubernetes.node_name") && err.contains("not a Kubernetes node name"),
+        "{err}"
+    );
+}
+
+/// A kubeconfig in JSON form for `api`, its token in `token_file` where given.
+fn kubeconfig(api: &FakeApi, token_file: Option<&std::path::Path>) -> String {
+    let user = match token_file {
+        Some(f) => serde_json::json!({"tokenFile": f}),
+        None => serde_json::json!({"token": SA_TOKEN}),
+    };
+    use base64::Engine;
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": {
+            "server": format!("https://127.0.0.1:{}", api.port()),
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(&api.ca_pem),
+        }}],
+        "users": [{"name": "u", "user": user}],
+    })
+    .to_string()
+}
+
+/// A kubeconfig tells root where to send a credential and which file to send: one another
+/// user owns or may write, or whose `tokenFile` is such a file, is refused (by `config
+/// check`, and by the service, which writes nothing), naming the owner or the mode; root's
+/// own is used.
+#[test]
+fn a_kubeconfig_another_user_could_write_is_refused() {
+    let api = FakeApi::start(SA_TOKEN, vec![node_object(NODE, vec![])]);
+    let m = Machine::new(Setup::default());
+    let dir = m.path("kube");
+    std::fs::create_dir_all(&dir).unwrap();
+    let kc = dir.join("kubeconfig.json");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, SA_TOKEN).unwrap();
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\nheartbeat_seconds = 5\n",
+        kc.display()
+    ));
+    let check = || {
+        let out = std::process::Command::new(crate::common::BIN)
+            .arg("--config")
+            .arg(&m.config)
+            .args(["config", "check"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let chown = |p: &std::path::Path, uid: u32| {
+        nix::unistd::chown(p, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap()
+    };
+    let mode = |p: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return skipped("giving a file to another user needs root");
+    }
+    // Root's own: good.
+    std::fs::write(&kc, kubeconfig(&api, Some(&token_file))).unwrap();
+    mode(&kc, 0o600);
+    let (code, err) = check();
+    assert_eq!(code, Some(0), "{err}");
+    // Another user's kubeconfig; one writable by others; another user's tokenFile.
+    chown(&kc, 1000);
+    let (code, err) = check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("owned by uid 1000") && err.contains("kubeconfig"),
+        "{err}"
+    );
+    chown(&kc, 0);
+    mode(&kc, 0o666);
+    let (code, err) = check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("writable by other users"), "{err}");
+    mode(&kc, 0o600);
+    chown(&token_file, 1000);
+    let (code, err) = check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("tokenFile") && err.contains("owned by uid 1000"),
+        "{err}"
+    );
+    assert!(!err.contains(SA_TOKEN));
+
+    // The service with that tokenFile: nothing sent, and said.
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_state("licensed", T);
+    sim::wait_for(
+        "the refusal in the journal",
+        T,
+        || {
+            let said = a.journal_lines().join("\n");
+            said.contains("owned by uid 1000").then_some(())
+        },
+        || a.context(),
+    );
+    assert!(api.requests().is_empty(), "{:?}", api.requests());
+}
+
+/// The service's journal holds its own lines: two Node writes through the HTTP client add
+/// none of hyper's or reqwest's DEBUG and TRACE lines.
+#[test]
+fn the_journal_gets_the_agents_lines_not_its_http_clients() {
+    let api = FakeApi::start(SA_TOKEN, vec![node_object(NODE, vec![])]);
+    let (m, a) = in_pod(&api, "", NODE);
+    a.wait_state("licensed", T);
+    // The first write and a heartbeat (5 s): two writes at least.
+    sim::wait_for(
+        "two Node writes",
+        T,
+        || {
+            let writes = api
+                .requests()
+                .iter()
+                .filter(|r| r.starts_with("PATCH") && r.contains(" 200 "))
+                .count();
+            (writes >= 2).then_some(())
+        },
+        || format!("{:?}", api.requests()),
+    );
+    let entries = m.agent_journal(a.pid());
+    assert!(!entries.is_empty());
+    let foreign: Vec<String> = entries
+        .iter()
+        .filter(|e| {
+            let target = e["TARGET"].as_str().unwrap_or("vgpu_license_agent");
+            !target.starts_with("vgpu_license_agent")
+        })
+        .map(|e| format!("{} {}", e["TARGET"], sim::message(e)))
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "{} lines of libraries: {foreign:#?}",
+        foreign.len()
+    );
+    // The agent's own INFO line is there.
+    assert!(
+        entries
+            .iter()
+            .any(|e| sim::message(e).contains("writing the condition VgpuLicensed")),
+        "{}",
+        a.context()
+    );
+}
+
+/// A GPU Operator node whose driver root holds an nvidia-smi that another user owns (or may
+/// write): root would run it by `chroot`. It is not run: `status` and `diagnose` say so with
+/// the owner, and the service reports `driver_unavailable` with the owner, in its metrics
+/// too; the same nvidia-smi made root's again is run and read.
+#[test]
+fn a_driver_root_another_user_owns_is_not_run() {
+    if !nix::unistd::geteuid().is_root() {
+        return skipped("giving a file to another user needs root");
+    }
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    write_gridd_conf(&m);
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    m.start_gridd();
+    let sim_dir = m.container_sim().unwrap().to_path_buf();
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(crate::common::BIN)
+            .arg("--config")
+            .arg(&m.config)
+            .args(args)
+            .env("SIM_DIR", &sim_dir)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let smi = m.path("run/nvidia/driver/usr/bin/nvidia-smi");
+    let chown =
+        |uid: u32| nix::unistd::chown(&smi, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap();
+    chown(1000);
+    let (code, out) = cli(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(code, Some(2), "{v:#}");
+    assert_eq!(v["failure"]["reason"], "driver_unavailable", "{v:#}");
+    let text = v.to_string();
+    assert!(
+        text.contains("owned by uid 1000") && text.contains("nvidia-smi is not run"),
+        "{v:#}"
+    );
+    let (_, out) = cli(&["diagnose"]);
+    assert!(out.contains("owned by uid 1000"), "{out}");
+    let a = Agent::start_with_env(&m, &[("SIM_DIR", sim_dir.as_os_str())]);
+    a.wait_status("driver_unavailable", T, |v| {
+        v["failure"]["reason"] == "driver_unavailable" && v.to_string().contains("uid 1000")
+    });
+    sim::wait_for(
+        "the failure in the metrics",
+        T,
+        || {
+            (a.metric("vgpu_license_failure{reason=\"driver_unavailable\"}") == Some(1.0))
+                .then_some(())
+        },
+        || a.context(),
+    );
+    drop(a);
+    // Root's again: read, licensed.
+    chown(0);
+    let (code, out) = cli(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (code, &v["state"]),
+        (Some(0), &serde_json::json!("licensed")),
+        "{v:#}"
+    );
+}
