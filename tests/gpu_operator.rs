@@ -412,6 +412,38 @@ struct Image {
     dir: tempfile::TempDir,
 }
 
+/// The DaemonSet's manifest, as the test reads it.
+const DAEMONSET: &str = "deploy/kubernetes/daemonset/40-daemonset.yaml";
+
+/// Capability numbers (linux/capability.h) of the names a securityContext may hold.
+const CAPABILITIES: [(&str, u32); 17] = [
+    ("CHOWN", 0),
+    ("DAC_OVERRIDE", 1),
+    ("DAC_READ_SEARCH", 2),
+    ("FOWNER", 3),
+    ("FSETID", 4),
+    ("KILL", 5),
+    ("SETGID", 6),
+    ("SETUID", 7),
+    ("SETPCAP", 8),
+    ("NET_BIND_SERVICE", 10),
+    ("NET_RAW", 13),
+    ("SYS_CHROOT", 18),
+    ("SYS_PTRACE", 19),
+    ("SYS_ADMIN", 21),
+    ("MKNOD", 27),
+    ("AUDIT_WRITE", 29),
+    ("SETFCAP", 31),
+];
+
+/// How podman runs the DaemonSet's container: its flags, its arguments, and the capabilities
+/// the agent's process then holds (the effective set, as `/proc/PID/status` shows it).
+struct PodRun {
+    flags: Vec<String>,
+    args: Vec<String>,
+    capabilities: u64,
+}
+
 impl Image {
     /// podman on this storage.
     fn podman(&self) -> Command {
@@ -448,13 +480,217 @@ impl Image {
             .output()
             .unwrap()
     }
+
+    /// The DaemonSet's manifest as JSON (PyYAML reads it), or why it cannot be read here.
+    fn daemonset() -> Result<Value, String> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DAEMONSET);
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
+            ])
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("python3: {e} (apt-get install python3 python3-yaml)"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "python3 with PyYAML cannot read {DAEMONSET} (apt-get install python3-yaml): {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    /// What the DaemonSet's pod spec asks of its container, as podman flags, so that the two
+    /// cannot drift: its securityContext (user, capabilities, privilege escalation, seccomp,
+    /// read-only root), hostPID, env and volumes. `host` names what stands for each hostPath
+    /// of the node here, `config` the ConfigMap's directory, `node` the Node's name. A field
+    /// the test does not know fails it, rather than being left out: teach it here.
+    fn pod_run(ds: &Value, host: impl Fn(&str) -> PathBuf, config: &Path, node: &str) -> PodRun {
+        let pod = &ds["spec"]["template"]["spec"];
+        let mut flags = Vec::new();
+        for (key, v) in pod.as_object().expect("a pod spec") {
+            match key.as_str() {
+                // Scheduling and the API's side: nothing of the container's.
+                "serviceAccountName"
+                | "nodeSelector"
+                | "tolerations"
+                | "priorityClassName"
+                | "terminationGracePeriodSeconds"
+                | "containers"
+                | "volumes" => {}
+                // The NVIDIA runtime adds the GPU's device nodes to the container (and its
+                // device cgroup); the simulated nvidia-smi opens none, and this machine has
+                // no GPU: runc as it is stands for it.
+                "runtimeClassName" => assert_eq!(v, "nvidia", "{DAEMONSET}"),
+                "hostPID" if v == true => flags.push("--pid=host".into()),
+                "hostPID" => {}
+                other => panic!("{DAEMONSET}: the test cannot run the pod's {other}: {v}"),
+            }
+        }
+        let containers = pod["containers"].as_array().expect("containers");
+        assert_eq!(containers.len(), 1, "{DAEMONSET}: one container");
+        let c = &containers[0];
+        let mut args = Vec::new();
+        let mut capabilities = u64::MAX;
+        let cap = |name: &Value| -> (String, u32) {
+            let name = name.as_str().unwrap();
+            let bit = CAPABILITIES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap_or_else(|| panic!("{DAEMONSET}: capability {name}: add it to CAPABILITIES"))
+                .1;
+            (name.to_string(), bit)
+        };
+        for (key, v) in c.as_object().expect("a container") {
+            match key.as_str() {
+                // The test's own image, and its own network (none: nothing scrapes here);
+                // the limits are the ones this machine's sandbox lets podman set (`run`).
+                "name" | "image" | "imagePullPolicy" | "ports" | "resources" | "volumeMounts" => {}
+                "args" => {
+                    args = v
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|a| a.as_str().unwrap().to_string())
+                        .collect()
+                }
+                "env" => {
+                    for e in v.as_array().unwrap() {
+                        let name = e["name"].as_str().unwrap();
+                        let value = match (&e["value"], &e["valueFrom"]) {
+                            (Value::String(s), Value::Null) => s.clone(),
+                            (Value::Null, from)
+                                if from["fieldRef"]["fieldPath"] == "spec.nodeName" =>
+                            {
+                                node.to_string()
+                            }
+                            _ => panic!("{DAEMONSET}: the test cannot set env {e}"),
+                        };
+                        flags.push(format!("--env={name}={value}"));
+                    }
+                }
+                "securityContext" => {
+                    for (k, s) in v.as_object().unwrap() {
+                        match (k.as_str(), s) {
+                            ("runAsUser", _) => {
+                                let group = v["runAsGroup"].as_u64().map(|g| format!(":{g}"));
+                                flags.push(format!(
+                                    "--user={}{}",
+                                    s.as_u64().unwrap(),
+                                    group.unwrap_or_default()
+                                ));
+                            }
+                            ("runAsGroup", _) => assert!(v["runAsUser"].is_u64()),
+                            ("privileged", Value::Bool(true)) => flags.push("--privileged".into()),
+                            ("privileged", Value::Bool(false)) => {}
+                            ("allowPrivilegeEscalation", Value::Bool(false)) => {
+                                flags.push("--security-opt=no-new-privileges".into())
+                            }
+                            ("allowPrivilegeEscalation", Value::Bool(true)) => {}
+                            ("readOnlyRootFilesystem", Value::Bool(true)) => {
+                                // Kubernetes mounts no tmpfs of its own on /tmp or /run.
+                                flags.extend([
+                                    "--read-only".into(),
+                                    "--read-only-tmpfs=false".into(),
+                                ])
+                            }
+                            ("readOnlyRootFilesystem", Value::Bool(false)) => {}
+                            ("seccompProfile", p) if p["type"] == "RuntimeDefault" => {
+                                // The runtime's default profile: podman's own.
+                                let profile = Path::new("/usr/share/containers/seccomp.json");
+                                if profile.is_file() {
+                                    flags.push(format!(
+                                        "--security-opt=seccomp={}",
+                                        profile.display()
+                                    ));
+                                }
+                            }
+                            ("capabilities", caps) => {
+                                // Dropped first, then added, as the runtime does.
+                                for k in caps.as_object().unwrap().keys() {
+                                    assert!(k == "drop" || k == "add", "{DAEMONSET}: {k}");
+                                }
+                                let names =
+                                    |op: &str| caps[op].as_array().cloned().unwrap_or_default();
+                                for n in names("drop") {
+                                    if n == "ALL" {
+                                        flags.push("--cap-drop=all".into());
+                                        capabilities = 0;
+                                    } else {
+                                        let (n, bit) = cap(&n);
+                                        flags.push(format!("--cap-drop={n}"));
+                                        capabilities &= !(1 << bit);
+                                    }
+                                }
+                                for n in names("add") {
+                                    let (n, bit) = cap(&n);
+                                    flags.push(format!("--cap-add={n}"));
+                                    capabilities |= 1 << bit;
+                                }
+                            }
+                            _ => {
+                                panic!("{DAEMONSET}: the test cannot set securityContext.{k}: {s}")
+                            }
+                        }
+                    }
+                }
+                other => panic!("{DAEMONSET}: the test cannot run the container's {other}: {v}"),
+            }
+        }
+        let volumes = pod["volumes"].as_array().expect("volumes");
+        for m in c["volumeMounts"].as_array().expect("volumeMounts") {
+            let name = m["name"].as_str().unwrap();
+            let to = m["mountPath"].as_str().unwrap();
+            let vol = volumes
+                .iter()
+                .find(|v| v["name"] == name)
+                .unwrap_or_else(|| panic!("{DAEMONSET}: no volume {name}"));
+            let mut opts = Vec::new();
+            for (k, o) in m.as_object().unwrap() {
+                match (k.as_str(), o) {
+                    ("name" | "mountPath", _) => {}
+                    ("readOnly", Value::Bool(true)) => opts.push("ro"),
+                    ("readOnly", Value::Bool(false)) => {}
+                    ("mountPropagation", p) if p == "HostToContainer" => opts.push("rslave"),
+                    _ => panic!("{DAEMONSET}: the test cannot mount {k}: {o}"),
+                }
+            }
+            let from = if let Some(path) = vol["hostPath"]["path"].as_str() {
+                host(path)
+            } else if vol["configMap"].is_object() {
+                config.to_path_buf()
+            } else if vol["emptyDir"].is_object() {
+                // An emptyDir: the container's own, empty at its start.
+                flags.push(format!("--tmpfs={to}"));
+                continue;
+            } else {
+                panic!("{DAEMONSET}: the test cannot make volume {vol}");
+            };
+            let opts = if opts.is_empty() {
+                String::new()
+            } else {
+                format!(":{}", opts.join(","))
+            };
+            flags.push(format!("--volume={}:{to}{opts}", from.display()));
+        }
+        assert_ne!(capabilities, u64::MAX, "{DAEMONSET}: no capabilities named");
+        PodRun {
+            flags,
+            args,
+            capabilities,
+        }
+    }
 }
 
-/// The agent's OCI image (`make image`, here with this build's binary), run by podman as the
-/// DaemonSet of deploy/kubernetes/daemonset/ runs it on a GPU Operator node: the node's
-/// /run/nvidia (the driver container's root at /run/nvidia/driver, with nvidia-smi in it),
-/// its journal directories, and the image's own config. It finds the node, reads nvidia-smi in the
-/// driver root by the chroot and journalctl it carries, and reports the license.
+/// The agent's OCI image (`make image`, here with this build's binary), run by podman exactly
+/// as the DaemonSet of deploy/kubernetes/daemonset/ runs it on a GPU Operator node: the pod
+/// spec's securityContext, env, volumes and args, read from the generated manifest
+/// ([`Image::pod_run`]), with the node's /run/nvidia (the driver container's root at
+/// /run/nvidia/driver, with nvidia-smi in it) and its journal directories standing for the
+/// hostPaths. The service starts, finds the node, reads nvidia-smi in the driver root by the
+/// chroot and journalctl it carries, and reports the license; its process holds exactly the
+/// capabilities the manifest names, with no new privileges and a seccomp filter.
 #[test]
 fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
     for tool in ["buildah", "podman", "runc"] {
@@ -464,6 +700,26 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
             ));
         }
     }
+    let ds = match Image::daemonset() {
+        Ok(ds) => ds,
+        Err(why) => return crate::common::skipped(&why),
+    };
+    // The manifest asks for no more than the agent uses (generate.py says why each).
+    let pod = &ds["spec"]["template"]["spec"];
+    let security = &pod["containers"][0]["securityContext"];
+    assert_ne!(security["privileged"], true, "{DAEMONSET}: not privileged");
+    assert_ne!(pod["hostPID"], true, "{DAEMONSET}: no hostPID");
+    assert_eq!(
+        security["capabilities"],
+        serde_json::json!({"drop": ["ALL"], "add": ["SYS_CHROOT"]}),
+        "{DAEMONSET}"
+    );
+    assert_eq!(security["allowPrivilegeEscalation"], false, "{DAEMONSET}");
+    assert_eq!(
+        security["seccompProfile"]["type"], "RuntimeDefault",
+        "{DAEMONSET}"
+    );
+
     let image = Image {
         tag: format!("localhost/vgpu-license-agent:test-{}", std::process::id()),
         dir: tempfile::tempdir().unwrap(),
@@ -499,44 +755,104 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
 
     let (m, a) = node(Machine::token);
     a.wait_state("licensed", T);
-    // The node's PCI bus as the test machine fakes it (this machine has no NVIDIA device).
+    // The ConfigMap's directory: its config.toml (generate.py's --check keeps the two the
+    // same), and the node's PCI bus as the test machine fakes it (this machine has no NVIDIA
+    // device).
     let conf = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        root.join("deploy/kubernetes/daemonset/config.toml"),
+        conf.path().join("config.toml"),
+    )
+    .unwrap();
+    std::fs::create_dir(conf.path().join("config.d")).unwrap();
     std::fs::write(
-        conf.path().join("pci.toml"),
+        conf.path().join("config.d/pci.toml"),
         "[paths]\npci_devices = \"/sim-sys/bus/pci/devices\"\n",
     )
     .unwrap();
-    let nvidia = m.path("run/nvidia");
-    let sys = m.path("sys");
-    let mut args: Vec<String> = vec![
-        "-v".into(),
-        format!("{}:/run/nvidia:ro", nvidia.display()),
-        "-v".into(),
-        format!("{}:/sim-sys:ro", sys.display()),
-        "-v".into(),
-        format!(
-            "{}:/etc/vgpu-license-agent/config.d:ro",
-            conf.path().display()
-        ),
-        "-e".into(),
-        format!("SIM_DIR={}", sim_dir(&m).display()),
-    ];
     // The node's journal, empty: this machine's holds other tests' gridds of this boot, which
     // the real journalctl in the image would read as this node's.
     let journal = tempfile::tempdir().unwrap();
-    for dir in ["/run/log/journal", "/var/log/journal"] {
-        args.extend([
-            "-v".into(),
-            format!("{}:{dir}:ro", journal.path().display()),
-        ]);
+    let machine_id = journal.path().join("machine-id");
+    std::fs::write(&machine_id, "5f3c0e6b2a9d4c81b7e04a1d9c2f6e35\n").unwrap();
+    let journal_dir = journal.path().join("journal");
+    std::fs::create_dir(&journal_dir).unwrap();
+    let nvidia = m.path("run/nvidia");
+    let host = |path: &str| match path {
+        "/run/nvidia" => nvidia.clone(),
+        "/var/log/journal" | "/run/log/journal" => journal_dir.clone(),
+        "/etc/machine-id" => machine_id.clone(),
+        other => panic!("{DAEMONSET}: hostPath {other} has no stand-in on the simulated node"),
+    };
+    let pod_run = Image::pod_run(&ds, host, conf.path(), "gpu-node-1");
+    let name = format!("vgpu-license-agent-test-{}", std::process::id());
+    // The simulator's own: its state, as the driver container names it, and its PCI bus.
+    let mut args: Vec<String> = vec![
+        "--detach".into(),
+        format!("--name={name}"),
+        format!("--env=SIM_DIR={}", sim_dir(&m).display()),
+        format!("--volume={}:/sim-sys:ro", m.path("sys").display()),
+    ];
+    args.extend(pod_run.flags.iter().cloned());
+    args.push(image.tag.clone());
+    args.extend(pod_run.args.iter().cloned());
+    /// The container, removed however the test ends.
+    struct Running<'a>(&'a Image, &'a str);
+    impl Drop for Running<'_> {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .podman()
+                .args(["rm", "-f", "-t", "0", self.1])
+                .output();
+        }
     }
-    args.extend([image.tag.clone(), "status".into(), "--json".into()]);
-    let out = image.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let err = String::from_utf8_lossy(&out.stderr);
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}{err}", String::from_utf8_lossy(&out.stdout)));
-    assert_eq!(out.status.code(), Some(0), "{v:#}{err}");
-    assert_eq!(v["state"], "licensed", "{v:#}");
+    let started = image.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let _running = Running(&image, &name);
+    assert!(
+        started.status.success(),
+        "podman run {}: {started:?}",
+        args.join(" ")
+    );
+    let logs = || {
+        let out = image.podman().args(["logs", &name]).output().unwrap();
+        format!(
+            "podman run {}\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    // `status --json` in the pod (kubectl exec), with the service's own config: the
+    // service's report.
+    let config_args: Vec<&str> = pod_run
+        .args
+        .iter()
+        .map(String::as_str)
+        .take_while(|a| *a != "run")
+        .collect();
+    let status = || {
+        let out = image
+            .podman()
+            .args(["exec", &name, "vgpu-license-agent"])
+            .args(&config_args)
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            serde_json::from_slice::<Value>(&out.stdout).ok(),
+        )
+    };
+    let v = sim::wait_for(
+        "the service in the container reports licensed",
+        T,
+        || match status() {
+            (Some(0), Some(v)) if v["state"] == "licensed" => Some(v),
+            _ => None,
+        },
+        || format!("{:?}\n{}", status(), logs()),
+    );
     assert_eq!(v["mode"], "observe", "{v:#}");
     assert_eq!(v["driver_root"], "/run/nvidia/driver", "{v:#}");
     assert_eq!(v["gpus"][0]["profile"], "NVIDIA L40S-24Q", "{v:#}");
@@ -544,6 +860,35 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
         !v.to_string().contains("could not be read"),
         "the image's journalctl reads the journal: {v:#}"
     );
+    // The agent's process holds what the manifest names and no more.
+    let pid = image
+        .podman()
+        .args(["inspect", "--format", "{{.State.Pid}}", &name])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_string();
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |f: &str| {
+        proc_status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{f}:")))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{f} in /proc/{pid}/status"))
+            .to_string()
+    };
+    let caps = |f: &str| u64::from_str_radix(&field(f), 16).unwrap();
+    assert_eq!(
+        (caps("CapEff"), caps("CapPrm"), caps("CapBnd")),
+        (
+            pod_run.capabilities,
+            pod_run.capabilities,
+            pod_run.capabilities
+        ),
+        "{proc_status}"
+    );
+    assert_eq!(field("NoNewPrivs"), "1", "{proc_status}");
+    assert_eq!(field("Seccomp"), "2", "a seccomp filter: {proc_status}");
+    assert_eq!(field("Uid").split_whitespace().next(), Some("0"));
     // The programs the agent runs there work in the image, with the libraries it carries.
     for (program, arg) in [
         ("/usr/bin/journalctl", "--version"),

@@ -339,6 +339,88 @@ def ds_configmap(_label):
     })
 
 
+# What the agent's container is granted, and why each (tests/gpu_operator.rs runs the image
+# under podman with exactly this securityContext, read from the generated manifest). What the
+# agent does in the pod: it runs `chroot /run/nvidia/driver nvidia-smi -q` (the driver
+# container's own binary and libraries), reads gridd's lines in the node's journal with the
+# journalctl it carries, reads the token and gridd.conf under the driver root, writes its
+# report to its emptyDirs, serves metrics on 9841 and patches its Node through the API.
+AGENT_SECURITY_CONTEXT = {
+    # Root, for two reasons: a capability added to a container is effective only for uid 0
+    # (Kubernetes sets no ambient capabilities), and the node's journal files are root's, mode
+    # 0640, group systemd-journal (whose gid differs between distributions). Being their owner,
+    # root reads them, and the driver root's token (root's, 0644 or the 0744 NVIDIA's guide
+    # asks for), with no DAC_READ_SEARCH or DAC_OVERRIDE: checked with every capability
+    # dropped; only a file root's own mode bits refuse (0000), which neither journald nor the
+    # driver container writes, would need one.
+    "runAsUser": 0,
+    "runAsGroup": 0,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {
+        "drop": ["ALL"],
+        # chroot(2) into the driver root: without it nvidia-smi is never run ("chroot: cannot
+        # change root directory to '/run/nvidia/driver': Operation not permitted", and the
+        # report says driver_unavailable). Nothing else: the journal, the token, the emptyDirs
+        # and port 9841 (above 1024) need none.
+        "add": ["SYS_CHROOT"],
+    },
+    # The runtime's default profile allows chroot(2) to a process with CAP_SYS_CHROOT (moby's,
+    # containerd's and podman's profiles alike); the agent, journalctl and chroot need no
+    # other system call it refuses.
+    "seccompProfile": {"type": "RuntimeDefault"},
+    # The agent writes only to its emptyDirs (/run/vgpu-license-agent, /var/lib/...). The
+    # NVIDIA runtime's hooks write into the root (the injected libraries' ld.so.cache); runc
+    # runs them before it makes the root read-only. Where a hook fails all the same with
+    # "read-only file system" (reported with some runtimes and toolkit versions) and the pod
+    # does not start, set this to false.
+    "readOnlyRootFilesystem": True,
+}
+# The GPU's device nodes. nvidia-smi, run in the driver root, opens /dev/nvidiactl and
+# /dev/nvidia0... there (the driver container's /dev, shared with its root), and an
+# unprivileged container's device cgroup refuses every device that is not its own, whatever
+# the path ("Failed to initialize NVML"). Kubernetes has no field for device access; the
+# GPU Operator's way is the NVIDIA runtime (its RuntimeClass `nvidia`, which the operator
+# makes and sets on its own pods): NVIDIA_VISIBLE_DEVICES=all has it add every GPU's device
+# nodes and allow them in the container's device cgroup, without a GPU of the device plugin's
+# (which would take a GPU from the node's workloads). The operator's own pods get theirs so
+# (its toolkit validator and device plugin set NVIDIA_VISIBLE_DEVICES=all, though they
+# run privileged for other work), and NVIDIA's own device plugin manifest
+# (k8s-device-plugin, deployments/static) runs that way unprivileged, every capability
+# dropped. `utility` (nvidia-smi, NVML) is the least the runtime injects.
+# Where the operator's own pods run without a runtimeClassName (CRI-O with its hook, the NRI
+# plugin, nvidia made the default runtime), drop the line; where the toolkit is set to ignore
+# NVIDIA_VISIBLE_DEVICES in unprivileged containers
+# (accept-nvidia-visible-devices-envvar-when-unprivileged = false), nvidia-smi fails with
+# NVML's error and the report says so: such a node needs `privileged: true` for the agent.
+GPU_RUNTIME_CLASS = "nvidia"
+GPU_ENV = [("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "utility")]
+
+DAEMONSET_ACCESS = """\
+Not privileged. What the pod is granted, and why (docs/kubernetes.md; generate.py has
+the evidence for each):
+- root, with every capability dropped but SYS_CHROOT: the agent runs the driver
+  container's own nvidia-smi by `chroot /run/nvidia/driver`, and an added capability
+  works only for uid 0. The node's journal files (root's, 0640) and the driver root's
+  token (root's) are read as their owner: no DAC_READ_SEARCH or DAC_OVERRIDE.
+- allowPrivilegeEscalation: false; seccomp RuntimeDefault (it allows chroot to a process
+  with CAP_SYS_CHROOT); a read-only root (the agent writes only to its emptyDirs).
+- runtimeClassName: nvidia with NVIDIA_VISIBLE_DEVICES=all: the NVIDIA runtime lets the
+  container open the GPU's device nodes, which an unprivileged container's device cgroup
+  refuses otherwise, as the GPU Operator's own pods get theirs, and takes no GPU from the
+  device plugin. Where the operator's pods run without a runtimeClassName (CRI-O with its
+  hook, the NRI plugin), remove that line. Where the toolkit ignores
+  NVIDIA_VISIBLE_DEVICES in unprivileged containers
+  (accept-nvidia-visible-devices-envvar-when-unprivileged = false), nvidia-smi cannot open
+  the GPU (the report says so) and the agent needs `privileged: true` there. Where an NVIDIA
+  runtime hook fails with "read-only file system" and the pod does not start, set
+  readOnlyRootFilesystem: false.
+- no hostPID: on a GPU Operator node gridd is known by its lines in the node's journal,
+  never looked for among the node's processes.
+- the node's journal and /run/nvidia, read-only.
+It holds no NVML handle between readings, so the operator's driver upgrades are never
+blocked by it."""
+
+
 def host_path(name, path, kind, mount, read_only=True, propagation=None):
     volume = {"name": name, "hostPath": {"path": path, "type": kind}}
     m = {"name": name, "mountPath": mount, "readOnly": read_only}
@@ -372,11 +454,7 @@ def ds_daemonset(_label):
     labels = {"app.kubernetes.io/name": NAME}
     return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE +
                           "\nThe image: `make image` builds it (packaging/build-image.sh); push it to\n"
-                          "your registry and set `image:` below to it.\n"
-                          "Privileged, as the GPU Operator's own validator is: nvidia-smi runs by chroot\n"
-                          "in the driver container's root and opens the GPU's device nodes. It holds no\n"
-                          "NVML handle between readings, so the operator's driver upgrades are never\n"
-                          "blocked by it. hostPID: gridd is found among the node's processes."), {
+                          "your registry and set `image:` below to it.\n" + DAEMONSET_ACCESS), {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": agent_meta(NAME),
@@ -393,7 +471,8 @@ def ds_daemonset(_label):
                         {"key": "vgpu-license-agent/unlicensed", "operator": "Exists",
                          "effect": "NoSchedule"},
                     ],
-                    "hostPID": True,
+                    # The GPU's device nodes, for nvidia-smi (DAEMONSET_ACCESS).
+                    "runtimeClassName": GPU_RUNTIME_CLASS,
                     "priorityClassName": "system-node-critical",
                     "terminationGracePeriodSeconds": 10,
                     "containers": [{
@@ -403,10 +482,11 @@ def ds_daemonset(_label):
                         "args": ["--config", "/etc/vgpu-license-agent/config.toml",
                                  "run", "--log-stderr"],
                         "env": [{"name": "NODE_NAME",
-                                 "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                                 "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+                               + [{"name": k, "value": v} for k, v in GPU_ENV],
                         "ports": [{"name": "metrics", "containerPort": PORT, "protocol": "TCP"}],
                         "resources": AGENT_RESOURCES,
-                        "securityContext": {"privileged": True, "readOnlyRootFilesystem": True},
+                        "securityContext": AGENT_SECURITY_CONTEXT,
                         "volumeMounts": volume_mounts,
                     }],
                     "volumes": volumes,
@@ -419,10 +499,17 @@ def ds_daemonset(_label):
 TAINT_NOTE = ("Only for kubernetes.taint_unlicensed = true (set it in daemonset/30-configmap.yaml):\n"
               "the agent then also patches its Node's spec.taints (its own taint only).\n"
               "`kubectl apply -f deploy/kubernetes/daemonset-taint/` after daemonset/.")
+TAINT_GRANT = ("What it grants is more than the agent uses: `patch` on every Node of the cluster, any\n"
+               "field (labels, taints, spec.unschedulable), to whoever holds this service account's\n"
+               "token. No narrower RBAC rule exists: resourceNames can only name fixed Nodes, never\n"
+               "\"the Node this pod runs on\" (one service account serves every pod of the\n"
+               "DaemonSet), and the Node authorizer and NodeRestriction, which keep a kubelet to its\n"
+               "own Node, apply only to kubelets' credentials (system:node:NAME). Grant it only if\n"
+               "you want the taint. See docs/kubernetes.md.")
 
 
 def taint_clusterrole(_label):
-    return dump(generated("deploy/kubernetes/generate.py", TAINT_NOTE), {
+    return dump(generated("deploy/kubernetes/generate.py", TAINT_NOTE + "\n" + TAINT_GRANT), {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": metadata(NAME + "-taint"),
