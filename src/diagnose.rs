@@ -544,6 +544,26 @@ fn strays_check(
         "move them out of {dir} (the running service moves strays to {}/replaced/ at its next look; `vgpu-license-agent install --token-file FILE` does too)",
         crate::text::show_path(&settings.paths.state_dir)
     );
+    let stuck = listing.stuck_writers(chrono::Utc::now());
+    if !stuck.is_empty() {
+        let named: Vec<String> = stuck
+            .iter()
+            .map(|(n, secs)| format!("{n} (for {secs} s)"))
+            .collect();
+        return Some(
+            check(
+                "token-dir",
+                Status::Warn,
+                format!(
+                    "{dir} holds a file that a process keeps open for writing: {}; it is judged once its writer closes it, the rest of the directory is not held up",
+                    named.join(", ")
+                ),
+            )
+            .fix(format!(
+                "`fuser -v {dir}/*` names the process (an editor, a stuck copy): let it finish or stop it"
+            )),
+        );
+    }
     let not_tokens: Vec<_> = listing
         .strays
         .iter()

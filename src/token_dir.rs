@@ -41,10 +41,6 @@ use crate::input::{self, ReadError};
 use crate::text::show_path;
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
-/// How often a directory with a file open for writing is looked at again without a change
-/// (an editor's swap file stays open for the whole edit).
-const WRITER_LOOK: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// More entries than a token directory ever has: such a directory is some other directory.
 pub const MAX_ENTRIES: usize = 64;
 
@@ -159,7 +155,24 @@ pub struct Listing {
     pub last_change: Option<i128>,
     /// Whether such a file is open for writing now (its writer pausing between writes).
     pub being_written: bool,
+    /// The files open for writing now that are no whole token: left out of the rest (never
+    /// the token, never a stray moved under its writer), judged once their writer closes
+    /// them, while the rest of the directory is judged now.
+    pub held: Vec<Held>,
 }
+
+/// A file of the token directory that a process has open for writing, and is no whole token.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub path: PathBuf,
+    pub name: OsString,
+    /// Its last change (inode change time, nanoseconds since the epoch).
+    pub changed: i128,
+}
+
+/// How long a file may stay open for writing before the agent names it: a copy takes
+/// seconds; an editor or a stuck copy holds it for minutes.
+pub const HELD_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl Listing {
     /// The strays' names for a message: a few, and how many more.
@@ -184,17 +197,35 @@ impl Listing {
         now: DateTime<Utc>,
         settle: std::time::Duration,
     ) -> Option<std::time::Duration> {
-        if self.being_written {
-            // Its writer closing it is a change the directory's watch sees (IN_CLOSE_WRITE),
-            // which brings the next look; this one is only for a watch that missed it.
-            return Some(settle.max(WRITER_LOOK));
-        }
+        // A file held open for writing is out of the listing and holds nothing up: its
+        // writer closing it is a change the directory's watch sees (IN_CLOSE_WRITE), which
+        // brings the look that judges it.
         let now = i128::from(now.timestamp_nanos_opt()?);
         let age = now - self.last_change?;
         let settle = settle.as_nanos() as i128;
         (0..settle)
             .contains(&age)
             .then(|| std::time::Duration::from_nanos((settle - age) as u64))
+    }
+
+    /// The files held open for writing, unchanged for longer than [`HELD_BOUND`] at `now`:
+    /// their names and for how long, in seconds.
+    pub fn stuck_writers(&self, now: DateTime<Utc>) -> Vec<(String, u64)> {
+        let Some(now) = now.timestamp_nanos_opt().map(i128::from) else {
+            return Vec::new();
+        };
+        self.held
+            .iter()
+            .filter_map(|h| {
+                let secs = u64::try_from((now - h.changed) / 1_000_000_000).ok()?;
+                (secs >= HELD_BOUND.as_secs()).then(|| {
+                    (
+                        crate::text::escape(&h.name.to_string_lossy()).into_owned(),
+                        secs,
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Whether a stray is a misplaced gridd.conf (gridd exits on it).
@@ -432,8 +463,16 @@ impl Sorting<'_> {
             return;
         };
         if !matches!(content, Content::Token(_)) {
+            if writing {
+                self.out.being_written = true;
+                self.out.held.push(Held {
+                    path,
+                    name,
+                    changed: appeared(meta),
+                });
+                return;
+            }
             self.out.last_change = self.out.last_change.max(Some(appeared(meta)));
-            self.out.being_written |= writing;
         }
         self.candidates.push((
             installed(&path, &name, meta, bytes, content),
@@ -774,7 +813,7 @@ mod tests {
     }
 
     #[test]
-    fn a_file_open_for_writing_is_settling_however_long_ago_it_changed() {
+    fn a_file_open_for_writing_is_held_out_and_holds_nothing_up() {
         use std::io::Write;
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("new.tok");
@@ -784,7 +823,22 @@ mod tests {
         let settle = std::time::Duration::from_secs(1);
         let l = scan_dir(d.path());
         assert!(l.being_written);
-        assert_eq!(l.settling(later, settle), Some(WRITER_LOOK));
+        // Neither the token nor a stray: held out, named once its writer stays past the bound.
+        assert!(l.token.is_none() && l.strays.is_empty(), "{l:?}");
+        assert_eq!(l.held.len(), 1);
+        assert_eq!(l.settling(later, settle), None);
+        assert!(l.stuck_writers(later).is_empty());
+        let much_later = Utc::now() + chrono::Duration::seconds(600);
+        assert_eq!(l.stuck_writers(much_later)[0].0, "new.tok");
+        // A valid token beside it is the token now, whatever the held file becomes.
+        fs::write(d.path().join("other.tok"), token(60)).unwrap();
+        let l = scan_dir(d.path());
+        assert_eq!(
+            l.token.as_ref().map(|t| t.name.clone()),
+            Some("other.tok".into())
+        );
+        assert!(l.strays.is_empty(), "{l:?}");
+        fs::remove_file(d.path().join("other.tok")).unwrap();
         // Closed by its writer: judged once still, as any file.
         drop(writer);
         let l = scan_dir(d.path());

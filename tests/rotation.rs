@@ -445,6 +445,48 @@ fn scenario_a_token_being_written_is_not_moved_under_its_writer() {
     );
 }
 
+/// A file held open for writing in the token directory (a user's editor, a stuck copy)
+/// holds nothing else up: a new token dropped beside it is adopted with one restart, the held
+/// file left where its writer writes (never moved under it), and judged once it is closed.
+#[test]
+fn scenario_a_held_file_does_not_stall_the_token_directory() {
+    use std::io::Write;
+    let (m, a) = licensed(Setup::default());
+    settle(&m, &a);
+    let before = m.restarts();
+    let held = m.token_dir().join("notes.txt");
+    let mut editor = std::fs::File::create(&held).unwrap();
+    editor.write_all(b"half a note").unwrap();
+    editor.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let new = new_token(&m, "beside-a-held-file");
+    sim::write_mode(&m.token_dir().join(DOWNLOAD), &new, 0o644);
+    sim::wait_for(
+        "the new token adopted while the other file is held",
+        T,
+        || {
+            let there = names(&m.token_dir());
+            let adopted = there.len() == 2 && there.iter().any(|n| n == DOWNLOAD);
+            (adopted && m.restarts() > before).then_some(())
+        },
+        || a.context(),
+    );
+    assert!(
+        held.exists(),
+        "the held file stays under its writer: {}",
+        a.context()
+    );
+    // Closed: judged as any file, and moved aside as a stray.
+    drop(editor);
+    sim::wait_for(
+        "the closed file moved aside",
+        T,
+        || (!held.exists()).then_some(()),
+        || a.context(),
+    );
+    assert!(replaced(&m).iter().any(|(n, _)| n == "notes.txt"));
+}
+
 /// A file that is no token, dropped where the token goes and written to again and again (a
 /// sync tool, a loop in a script): each change is judged, but the same refusal is logged
 /// once, not at every look; a different file is news again.
