@@ -86,7 +86,12 @@ pub fn of(report: &Report, status_line: &str) -> Option<Condition> {
         ),
     };
     let mut message = status_line.to_string();
-    if let Some(f) = &report.failure {
+    // The failure's message, where the status line does not carry it already.
+    if let Some(f) = report
+        .failure
+        .as_ref()
+        .filter(|f| !status_line.contains(&f.message))
+    {
         message.push_str(": ");
         message.push_str(&f.message);
     }

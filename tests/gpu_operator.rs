@@ -104,6 +104,16 @@ fn scenario_gpu_operator_node_licensed_is_observed_and_said() {
     });
     assert_eq!(v["mode"], "observe", "{v:#}");
     assert_eq!(v["driver_root"], driver_root(&m).display().to_string());
+    // The human report says it where the reader looks, beside the state.
+    let (_, text, _) = cli(&m, &["status"]);
+    let lines: Vec<&str> = text.lines().collect();
+    let state = lines.iter().position(|l| l.starts_with("State:")).unwrap();
+    let agent_line = lines.get(state + 1).copied().unwrap_or_default();
+    assert!(
+        agent_line.starts_with("Agent:    observes only")
+            && agent_line.contains("GPU Operator node"),
+        "{text}"
+    );
     assert_eq!(v["gpus"][0]["profile"], "NVIDIA L40S-24Q");
     assert!(
         v["notes"].to_string().contains("GPU Operator node"),

@@ -92,6 +92,13 @@ fn scenario_the_node_condition_follows_the_license() {
     );
     // The other writer's condition is as it was.
     assert_eq!(api.condition(NODE, "KernelDeadlock"), Some(npd_condition()));
+    // The failure's message, once.
+    let failure = a.status().unwrap()["failure"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let message = c["message"].as_str().unwrap();
+    assert!(message.matches(&failure).count() <= 1, "{message}");
 
     // The DLS back: True, Licensed, the edition and the expiry in the message.
     m.dls.set_mode(Mode::Up);
@@ -201,6 +208,12 @@ fn scenario_status_npd_speaks_node_problem_detectors_protocol() {
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(out.len() <= 201, "{out}");
+    // The failure's reason, once: not the line and the reason again.
+    let reason = a.status().unwrap()["failure"]["reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(out.matches(&reason).count() <= 1, "{out}");
     m.dls.set_mode(Mode::Up);
     a.wait_state("licensed", T);
     let (code, out) = npd();

@@ -587,7 +587,7 @@ fn human_summary_names_state_failure_and_fix() {
     assert!(text.contains("State:    unlicensed"), "{text}");
     // `Failed to setup cloud License Manager` and `NLS initialized`: the token path, but no
     // token or server names the service.
-    assert!(text.contains("Mode:     unknown"), "{text}");
+    assert!(text.contains("Licensing: unknown"), "{text}");
     assert!(text.contains("Failure:  token_invalid"), "{text}");
     assert!(text.contains("Fix:"), "{text}");
     let out = Command::new(BIN)

@@ -127,13 +127,8 @@ fn npd(report: &crate::report::Report, stale: Option<i64>) -> ExitCode {
             (0, crate::service::status_line(report))
         }
         (None, State::Unknown) => (2, crate::service::status_line(report)),
-        (None, _) => {
-            let mut l = crate::service::status_line(report);
-            if let Some(f) = &report.failure {
-                l.push_str(&format!(": {}", f.reason.as_str()));
-            }
-            (1, l)
-        }
+        // The status line names the failure's reason and message already.
+        (None, _) => (1, crate::service::status_line(report)),
     };
     if line.len() > 200 {
         let mut cut = 200;

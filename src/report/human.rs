@@ -72,8 +72,18 @@ pub fn render(r: &Report) -> String {
 /// The state, the licensing mode and the license held.
 fn license_lines(o: &mut String, r: &Report) {
     let _ = writeln!(o, "State:    {}", describe(r.state));
+    if r.mode.as_deref() == Some("observe") {
+        let place = match r.driver_root.as_ref().and_then(|d| d.as_deref()) {
+            Some(root) => format!(
+                "a GPU Operator node: the driver container (root {}) owns the token, gridd.conf and gridd",
+                escape(root)
+            ),
+            None => "service.mode = \"observe\"".to_string(),
+        };
+        let _ = writeln!(o, "Agent:    observes only, changes nothing ({place})");
+    }
     if let Some(mode) = r.licensing_mode {
-        let _ = writeln!(o, "Mode:     {}", mode.describe_for(r.dls.is_some()));
+        let _ = writeln!(o, "Licensing: {}", mode.describe_for(r.dls.is_some()));
     }
     if let Some(l) = &r.license {
         if let Some(ed) = &l.edition {
