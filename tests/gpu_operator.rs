@@ -908,3 +908,77 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
         assert!(out.status.success(), "{program}: {out:?}");
     }
 }
+
+/// Day 2 with the service's default intervals (5 min between readings while licensed, 15 s
+/// without): the driver pod deleted the usual way (gridd gets SIGTERM and returns its
+/// license, the root is unmounted about 10 s later and the marker goes) is
+/// `driver_unavailable` within 30 s, never advice about the Secret; made again with an
+/// expired token, then with a valid one, each verdict is the new pod's token within 30 s.
+#[test]
+fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    let config = m
+        .config_text()
+        .replace(
+            "poll_unlicensed_seconds = 1\n",
+            "poll_unlicensed_seconds = 15\n",
+        )
+        .replace(
+            "poll_licensed_seconds = 2\n",
+            "poll_licensed_seconds = 300\n",
+        );
+    assert!(config.contains("poll_licensed_seconds = 300"), "{config}");
+    m.write_config(&config);
+    write_gridd_conf(&m);
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    let validations = m.path("run/nvidia/validations");
+    let marker = validations.join(".driver-ctr-ready");
+    std::fs::create_dir_all(&validations).unwrap();
+    std::fs::write(&marker, b"").unwrap();
+    m.start_gridd();
+    let a = Agent::start_with_env(&m, &[("SIM_DIR", sim_dir(&m).as_os_str())]);
+    a.wait_state("licensed", T);
+    let root = driver_root(&m);
+    let away = m.path("run/nvidia/driver.away");
+    let pod_gone = || {
+        sim::shared::stop_gridd(&m.sim, Duration::from_secs(5));
+        std::thread::sleep(Duration::from_secs(10));
+        std::fs::remove_file(&marker).unwrap();
+        std::fs::rename(&root, &away).unwrap();
+        std::fs::create_dir(&root).unwrap();
+    };
+    let pod_back = |token: &[u8]| {
+        std::fs::remove_dir(&root).unwrap();
+        std::fs::rename(&away, &root).unwrap();
+        sim::write_mode(&m.token_path(), token, 0o644);
+        m.start_gridd();
+        std::fs::write(&marker, b"").unwrap();
+    };
+
+    pod_gone();
+    let v = a.wait_status("driver_unavailable within 30 s", T, |v| {
+        reason(v) == Some("driver_unavailable")
+    });
+    let advice = v["failure"]["advice"].as_str().unwrap_or_default();
+    assert!(advice.contains("driver pod"), "{v:#}");
+    assert!(!advice.contains("Secret"), "{advice}");
+
+    let expired = sim::edit_payload(&m.token(), |p| p["exp"] = 1_650_000_000.into());
+    pod_back(&expired);
+    a.wait_status("the new pod's expired token within 30 s", T, |v| {
+        reason(v) == Some("token_expired")
+    });
+
+    pod_gone();
+    a.wait_status("driver_unavailable again", T, |v| {
+        reason(v) == Some("driver_unavailable")
+    });
+    pod_back(&m.token());
+    a.wait_status("the new pod's valid token, licensed, within 30 s", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    assert_eq!(m.restarts(), 0, "{}", a.context());
+}

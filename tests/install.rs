@@ -1191,6 +1191,8 @@ fn a_huge_stray_is_never_copied_across_file_systems() {
     let big = root.token_dir().join("backup.img");
     let f = fs::File::create(&big).unwrap();
     f.set_len(1 << 30).unwrap();
+    // Closed: a file still open for writing is left to its writer, not moved.
+    drop(f);
     let tok = root.file("in/new.tok", &valid_token("new"));
     let before = root.restarts();
     let mut cmd = root.cmd(&["install", "--token-file", tok.to_str().unwrap()]);

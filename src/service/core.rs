@@ -745,6 +745,10 @@ impl Core {
             self.schedule
                 .smi_soon(now.mono + Duration::from_millis(300));
         }
+        if kind == EventKind::Started && self.node.driver_root.is_some() {
+            // A new driver pod's gridd: the token it runs with is the new pod's.
+            self.read_token(now, fx);
+        }
         // A start or stop changes the unit's state; and a line from gridd while systemd was
         // last heard saying it is not running means that answer is old.
         if unit_knows {
@@ -1126,6 +1130,18 @@ impl Core {
     /// the lease's end, and the short pace without a license.
     fn smi_interval(&self, now: Now) -> Duration {
         let svc = &self.settings.service;
+        // The reading just taken shows no license (gridd returned it, the driver pod is
+        // going): the report of the reading before may still say licensed, and its 5-minute
+        // interval would hide what comes next (the pod's root gone, a new pod).
+        let fresh_unlicensed = self.seen.smi_error.is_some()
+            || self
+                .seen
+                .smi
+                .as_ref()
+                .is_some_and(|s| !s.no_device && crate::state::smi_state(s) != State::Licensed);
+        if fresh_unlicensed {
+            return svc.poll_unlicensed;
+        }
         let expiry = match &self.published.report {
             Some(r) if r.state == State::Licensed => {
                 r.license.as_ref().and_then(|l| l.expiry).map(Some)
@@ -1205,6 +1221,8 @@ impl Core {
             return;
         }
         let moved = node.driver_root != self.node.driver_root || node.mode != self.node.mode;
+        // The operator's driver pod came or went (its marker): its root, its token, changed.
+        let pod_changed = node.driver_ready != self.node.driver_ready;
         if moved {
             match &node.driver_root {
                 Some(root) => info!(
@@ -1227,7 +1245,7 @@ impl Core {
         self.counters.driver = node.driver();
         self.node = node;
         self.published.dirty = true;
-        if moved {
+        if moved || pod_changed {
             self.schedule.smi_soon(now.mono);
             self.read_token(now, fx);
         }
