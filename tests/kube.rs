@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(30);
 const NODE: &str = "gpu-worker-1";
-const TOKEN: &str = "sa-token-for-tests";
+pub(crate) const TOKEN: &str = "sa-token-for-tests";
 
 /// node-problem-detector's condition on the same Node: never touched by the agent.
 fn npd_condition() -> Value {
@@ -33,6 +33,18 @@ fn in_pod(api: &FakeApi, heartbeat: u64, dls_up: bool) -> (Machine, Agent) {
 
 /// [`in_pod`], with more keys of `[kubernetes]`.
 fn in_pod_with(api: &FakeApi, heartbeat: u64, dls_up: bool, kube: &str) -> (Machine, Agent) {
+    in_pod_as(api, heartbeat, dls_up, kube, NODE)
+}
+
+/// [`in_pod_with`], on the node `node` (its `NODE_NAME`), the service account's token
+/// [`TOKEN`].
+pub(crate) fn in_pod_as(
+    api: &FakeApi,
+    heartbeat: u64,
+    dls_up: bool,
+    kube: &str,
+    node: &str,
+) -> (Machine, Agent) {
     let m = Machine::new(Setup::default());
     if !dls_up {
         m.dls.set_mode(Mode::Refusing);
@@ -55,7 +67,7 @@ fn in_pod_with(api: &FakeApi, heartbeat: u64, dls_up: bool, kube: &str) -> (Mach
         &[
             ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
             ("KUBERNETES_SERVICE_PORT", port.as_ref()),
-            ("NODE_NAME", NODE.as_ref()),
+            ("NODE_NAME", node.as_ref()),
         ],
     );
     (m, a)

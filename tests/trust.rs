@@ -19,7 +19,7 @@ use crate::common::{Root, read_request_head, skipped, valid_token};
 
 const T: Duration = Duration::from_secs(30);
 const NODE: &str = "gpu-worker-1";
-const SA_TOKEN: &str = "sa-token-for-trust-tests";
+use crate::kube::TOKEN as SA_TOKEN;
 
 /// A loopback server of the test's: HTTPS with `tls`, or plain HTTP without; every request's
 /// head is kept (lower-cased), and answered with what `answer` makes of its path, one
@@ -229,29 +229,33 @@ fn a_token_urls_secret_leaves_the_command_line_before_the_download() {
 /// A machine whose agent runs as in a pod of `api`'s cluster, licensed; `kube` is added to
 /// `[kubernetes]` and `node` is its `NODE_NAME`.
 fn in_pod(api: &FakeApi, kube: &str, node: &str) -> (Machine, Agent) {
-    let m = Machine::new(Setup::default());
-    let sa = m.path("serviceaccount");
-    std::fs::create_dir_all(&sa).unwrap();
-    std::fs::write(sa.join("token"), SA_TOKEN).unwrap();
-    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
-    let config = m.config_text();
-    m.write_config(&format!(
-        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = 5\n{kube}",
-        sa.display()
-    ));
-    write_gridd_conf(&m);
-    m.drop_token(0o744);
-    m.start_gridd();
-    let port = api.port().to_string();
-    let a = Agent::start_with_env(
-        &m,
-        &[
-            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
-            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
-            ("NODE_NAME", node.as_ref()),
-        ],
+    crate::kube::in_pod_as(api, 5, true, kube, node)
+}
+
+/// The service licensed, the refusal (`why`) in its journal, and nothing sent to `api`.
+fn refused_without_a_request(a: &Agent, api: &FakeApi, why: &str) {
+    a.wait_state("licensed", T);
+    sim::wait_for(
+        "the refusal in the journal",
+        T,
+        || a.journal_lines().join("\n").contains(why).then_some(()),
+        || a.context(),
     );
-    (m, a)
+    assert!(api.requests().is_empty(), "{:?}", api.requests());
+}
+
+/// `config check` of `m`'s config: its exit code and standard error.
+fn config_check(m: &Machine) -> (Option<i32>, String) {
+    let out = std::process::Command::new(crate::common::BIN)
+        .arg("--config")
+        .arg(&m.config)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn wait_errors(a: &Agent, api: &FakeApi) {
@@ -331,28 +335,12 @@ fn an_endless_api_answer_is_cut_and_the_agent_stays_small() {
 fn a_node_name_that_is_no_node_name_is_refused() {
     let api = FakeApi::start(SA_TOKEN, vec![node_object(NODE, vec![])]);
     let (m, a) = in_pod(&api, "", "..");
-    a.wait_state("licensed", T);
-    sim::wait_for(
-        "the refusal in the journal",
-        T,
-        || {
-            let said = a.journal_lines().join("\n");
-            said.contains("not a Kubernetes node name").then_some(())
-        },
-        || a.context(),
-    );
-    assert!(api.requests().is_empty(), "{:?}", api.requests());
+    refused_without_a_request(&a, &api, "not a Kubernetes node name");
     drop(a);
     let config = m.config_text();
     m.write_config(&format!("{config}node_name = \".\"\n"));
-    let out = std::process::Command::new(crate::common::BIN)
-        .arg("--config")
-        .arg(&m.config)
-        .args(["config", "check"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = config_check(&m);
+    assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("kubernetes.node_name") && err.contains("not a Kubernetes node name"),
         "{err}"
@@ -396,18 +384,7 @@ fn a_kubeconfig_another_user_could_write_is_refused() {
         "{config}[kubernetes]\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\nheartbeat_seconds = 5\n",
         kc.display()
     ));
-    let check = || {
-        let out = std::process::Command::new(crate::common::BIN)
-            .arg("--config")
-            .arg(&m.config)
-            .args(["config", "check"])
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let check = || config_check(&m);
     let chown = |p: &std::path::Path, uid: u32| {
         nix::unistd::chown(p, Some(nix::unistd::Uid::from_raw(uid)), None).unwrap()
     };
@@ -450,17 +427,7 @@ fn a_kubeconfig_another_user_could_write_is_refused() {
     m.drop_token(0o744);
     m.start_gridd();
     let a = Agent::start(&m);
-    a.wait_state("licensed", T);
-    sim::wait_for(
-        "the refusal in the journal",
-        T,
-        || {
-            let said = a.journal_lines().join("\n");
-            said.contains("owned by uid 1000").then_some(())
-        },
-        || a.context(),
-    );
-    assert!(api.requests().is_empty(), "{:?}", api.requests());
+    refused_without_a_request(&a, &api, "owned by uid 1000");
 }
 
 /// The service's journal holds its own lines: two Node writes through the HTTP client add
