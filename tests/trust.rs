@@ -323,6 +323,12 @@ fn an_endless_api_answer_is_cut_and_the_agent_stays_small() {
         || format!("{:?}", api.requests()),
     );
     let rss = rss_kib(a.pid());
+    let tries = api
+        .requests()
+        .iter()
+        .filter(|r| r.ends_with("endless"))
+        .count();
+    println!("agent RSS {rss} KiB after {tries} endless answers");
     assert!(rss < 64 * 1024, "the agent holds {rss} KiB");
     let said = a.journal_lines().join("\n");
     assert!(said.contains("far more than a Node"), "{said}");
