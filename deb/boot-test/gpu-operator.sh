@@ -197,6 +197,14 @@ go_install_refused() {
 	[ "$code" != 0 ] && grep -q 'GPU Operator' <<<"$out" && grep -q 'kubectl' <<<"$out" && go_nothing_changed
 }
 
+# go_status_says_failure: `status` exits 1 or 2 with dls_unreachable as its failure (its
+# exit code and output left in GO_CODE and GO_OUT).
+go_status_says_failure() {
+	GO_OUT=$(guest vgpu-license-agent status)
+	GO_CODE=$?
+	{ [ "$GO_CODE" = 1 ] || [ "$GO_CODE" = 2 ]; } && grep -q '^Failure:  dls_unreachable' <<<"$GO_OUT"
+}
+
 go_fixed_in_operators_terms() {
 	local advice rc=0 out code
 	dls_mode down
@@ -219,14 +227,14 @@ go_fixed_in_operators_terms() {
 		rc=1
 	}
 	# The lease the old gridd could not return may still show: a warning (1) then, else
-	# critical (2); either way the failure and its fix.
-	out=$(guest vgpu-license-agent status)
-	code=$?
-	echo "status: exit $code"
-	{ [ "$code" = 1 ] || [ "$code" = 2 ]; } && grep -q '^Failure:  dls_unreachable' <<<"$out" || {
-		echo "status exited $code, without the failure: $out" >&2
+	# critical (2); either way the failure and its fix. Waited for: the old gridd's failed
+	# return alone may have been the dls_unreachable seen above, and between its new
+	# gridd's start line and the reading after it the report is the last reading's.
+	wait_until 60 go_status_says_failure || {
+		echo "status exited $GO_CODE, without the failure: $GO_OUT" >&2
 		rc=1
 	}
+	echo "status: exit $GO_CODE"
 	dls_mode up
 	wait_until 60 go_state_is licensed || {
 		echo "not licensed again once the DLS was up (gridd retries by itself)" >&2
