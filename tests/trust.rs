@@ -137,14 +137,12 @@ fn the_token_download_sends_credentials_to_their_host_alone_and_never_in_clear()
         "/t.tok" => redirect("/moved.tok"),
         _ => redirect(&to_foreign),
     });
-    let url = format!("https://agent:pa55word@127.0.0.1:{}/t.tok", first.port);
-    let r = root.run(&[
-        "install",
-        "--token-url",
-        &url,
-        "--ca-file",
-        ca.to_str().unwrap(),
-    ]);
+    let install_from = |port: u16| {
+        let url = format!("https://agent:pa55word@127.0.0.1:{port}/t.tok");
+        let ca = ca.to_str().unwrap();
+        root.run(&["install", "--token-url", &url, "--ca-file", ca])
+    };
+    let r = install_from(first.port);
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert_eq!(std::fs::read(root.token_path()).unwrap(), tok);
     let (mine, theirs) = (first.heads(), foreign.heads());
@@ -165,17 +163,7 @@ fn the_token_download_sends_credentials_to_their_host_alone_and_never_in_clear()
     let to_clear = format!("http://127.0.0.1:{}/t.tok", clear.port);
     let downgrading = Server::start(Some(tls), move |_| redirect(&to_clear));
     let before = std::fs::read(root.token_path()).unwrap();
-    let url = format!(
-        "https://agent:pa55word@127.0.0.1:{}/t.tok",
-        downgrading.port
-    );
-    let r = root.run(&[
-        "install",
-        "--token-url",
-        &url,
-        "--ca-file",
-        ca.to_str().unwrap(),
-    ]);
+    let r = install_from(downgrading.port);
     assert_eq!(r.code, Some(1), "{}", r.stderr);
     let line = r.error_line();
     assert!(line.contains("which is not HTTPS"), "{line}");
