@@ -167,7 +167,7 @@ fn ca_certs(path: &Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
 }
 
 /// The most redirects [`get_following`] follows.
-pub const MAX_REDIRECTS: usize = 5;
+const MAX_REDIRECTS: usize = 5;
 
 /// Whether two URLs are the same origin: scheme, host and port.
 fn same_origin(a: &Url, b: &Url) -> bool {
@@ -197,11 +197,8 @@ pub enum GetError {
 /// to a URL [`allowed`] takes and never from HTTPS to plain HTTP, and the URL's user and
 /// password sent (as Basic credentials) only while every hop so far stayed on the first
 /// URL's origin. A redirect's own user and password are never used. Returns the first answer
-/// that is not a redirect, and the URL it came from.
-pub async fn get_following(
-    client: &Client,
-    url: &Url,
-) -> Result<(reqwest::Response, Url), GetError> {
+/// that is not a redirect.
+pub async fn get_following(client: &Client, url: &Url) -> Result<reqwest::Response, GetError> {
     let credentials = (!url.username().is_empty())
         .then(|| (url.username().to_string(), url.password().map(String::from)));
     let first = without_credentials(url);
@@ -217,7 +214,7 @@ pub async fn get_following(
         }
         let resp = request.send().await.map_err(GetError::Send)?;
         let Some(location) = redirect_target(&resp) else {
-            return Ok((resp, at));
+            return Ok(resp);
         };
         if hop == MAX_REDIRECTS {
             break;
@@ -243,10 +240,9 @@ pub async fn get_following(
 
 /// The URL's user or password as it was meant: a URL holds them percent-encoded.
 fn percent_decoded(s: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// Where a redirect answer points: its `Location`, on a 301, 302, 303, 307 or 308.

@@ -186,14 +186,9 @@ fn owned_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
 }
 
 /// Checks what the service would use to write the Node condition, as it would set it up:
-/// `config check`'s question. `Ok(None)` where nothing would be written.
-pub fn check(settings: &Settings) -> anyhow::Result<Option<String>> {
-    Ok(target(settings)?.map(|api| {
-        format!(
-            "the Node condition goes to node {} at {}",
-            api.node, api.base
-        )
-    }))
+/// `config check`'s question.
+pub fn check(settings: &Settings) -> anyhow::Result<()> {
+    target(settings).map(|_| ())
 }
 
 /// The cluster's certificate authority, as a kubeconfig gives it: its data, or its file.
@@ -509,14 +504,10 @@ pub async fn write_condition(
     }
 }
 
-/// The status the Node should show, and since when.
+/// The status the Node should show, and since when (`lastTransitionTime`, RFC 3339).
 struct Since {
     status: &'static str,
-    /// `lastTransitionTime`, RFC 3339.
     at: String,
-    /// The first status this writer has had: the Node's own time is kept where the Node
-    /// shows this status already (the agent restarted, the status did not change).
-    first: bool,
 }
 
 /// The writer's view of its Node: what it wrote, what the Node had, and when to try again.
@@ -551,39 +542,36 @@ impl NodeWriter {
         same && self.retry_at.is_none()
     }
 
-    /// A condition to show: its status's time is taken now where the status changed, or
-    /// kept where it changes back to what the Node shows (a change that never reached it).
+    /// A condition to show: its status's time is taken now where the status changed.
     fn note(&mut self, cond: &Condition) {
-        if self.since.as_ref().is_some_and(|s| s.status == cond.status) {
-            return;
+        if self.since.as_ref().is_none_or(|s| s.status != cond.status) {
+            self.since = Some(Since {
+                status: cond.status,
+                at: rfc3339(Utc::now()),
+            });
         }
-        let shown = self
-            .written
-            .as_ref()
-            .filter(|(w, _, _)| w.status == cond.status)
-            .map(|(_, _, at)| at.clone());
-        self.since = Some(Since {
-            status: cond.status,
-            first: self.since.is_none(),
-            at: shown.unwrap_or_else(|| rfc3339(Utc::now())),
-        });
     }
 
-    /// The condition's `lastTransitionTime`: when its status last changed, or the Node's own
-    /// time where the Node shows this status from before the agent started.
+    /// The condition's `lastTransitionTime`: the time the Node shows where it shows this
+    /// status already (what this writer wrote last, else what the Node had when first read:
+    /// a change that never reached it, or an agent restarted), else when the status changed.
     fn transition(&mut self, cond: &Condition) -> String {
         self.note(cond);
-        let node = self.known.as_ref().and_then(|k| k.as_ref());
-        let since = self.since.as_mut().expect("noted just now");
-        if since.first
-            && let Some((status, at)) = node
-            && status == since.status
-            && !at.is_empty()
-        {
-            since.at = at.clone();
+        let shown = match &self.written {
+            Some((w, _, at)) => Some((w.status, at.as_str())),
+            None => self
+                .known
+                .as_ref()
+                .and_then(|k| k.as_ref())
+                .map(|(s, at)| (s.as_str(), at.as_str())),
+        };
+        match shown {
+            Some((status, at)) if status == cond.status && !at.is_empty() => at.to_string(),
+            _ => self
+                .since
+                .as_ref()
+                .map_or_else(String::new, |s| s.at.clone()),
         }
-        since.first = false;
-        since.at.clone()
     }
 
     /// Writes the condition (unless the Node holds it and no heartbeat is due) and the

@@ -53,9 +53,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The environment variable `--token-url` is also read from.
-const TOKEN_URL_ENV: &str = "VGPU_LICENSE_AGENT_TOKEN_URL";
-
 /// A `--token-url` with a user, a password or a query (a signed URL) would stay readable by
 /// every user in `/proc/PID/cmdline` for the whole download: the agent starts itself again
 /// at once, the same process, with the URL moved into its environment (readable by its own
@@ -76,7 +73,7 @@ fn hide_token_url() {
     again
         .arg0(&rest[0])
         .args(&rest[1..])
-        .env(TOKEN_URL_ENV, url);
+        .env(vgpu_license_agent::cli::TOKEN_URL_ENV, url);
     // Returns only where the exec failed: the agent goes on with its command line as given.
     let _ = again.exec();
 }

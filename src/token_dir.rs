@@ -153,8 +153,6 @@ pub struct Listing {
     /// change time, nanoseconds since the epoch): such a file changed a moment ago may still
     /// be being written. A file that decodes as a token is whole (a cut one does not decode).
     pub last_change: Option<i128>,
-    /// Whether such a file is open for writing now (its writer pausing between writes).
-    pub being_written: bool,
     /// The files open for writing now that are no whole token: left out of the rest (never
     /// the token, never a stray moved under its writer), judged once their writer closes
     /// them, while the rest of the directory is judged now.
@@ -164,7 +162,6 @@ pub struct Listing {
 /// A file of the token directory that a process has open for writing, and is no whole token.
 #[derive(Debug, Clone)]
 pub struct Held {
-    pub path: PathBuf,
     pub name: OsString,
     /// Its last change (inode change time, nanoseconds since the epoch).
     pub changed: i128,
@@ -206,6 +203,12 @@ impl Listing {
         (0..settle)
             .contains(&age)
             .then(|| std::time::Duration::from_nanos((settle - age) as u64))
+    }
+
+    /// Whether a file that is no whole token is open for writing now (its writer pausing
+    /// between writes).
+    pub fn being_written(&self) -> bool {
+        !self.held.is_empty()
     }
 
     /// The files held open for writing, unchanged for longer than [`HELD_BOUND`] at `now`:
@@ -464,9 +467,7 @@ impl Sorting<'_> {
         };
         if !matches!(content, Content::Token(_)) {
             if writing {
-                self.out.being_written = true;
                 self.out.held.push(Held {
-                    path,
                     name,
                     changed: appeared(meta),
                 });
@@ -822,7 +823,7 @@ mod tests {
         let later = Utc::now() + chrono::Duration::seconds(60);
         let settle = std::time::Duration::from_secs(1);
         let l = scan_dir(d.path());
-        assert!(l.being_written);
+        assert!(l.being_written());
         // Neither the token nor a stray: held out, named once its writer stays past the bound.
         assert!(l.token.is_none() && l.strays.is_empty(), "{l:?}");
         assert_eq!(l.held.len(), 1);
@@ -842,16 +843,16 @@ mod tests {
         // Closed by its writer: judged once still, as any file.
         drop(writer);
         let l = scan_dir(d.path());
-        assert!(!l.being_written);
+        assert!(!l.being_written());
         assert_eq!(l.settling(later, settle), None);
         // Open only for reading: no writer.
         let _reader = fs::File::open(&path).unwrap();
-        assert!(!scan_dir(d.path()).being_written);
+        assert!(!scan_dir(d.path()).being_written());
         // A whole token open for writing is whole: nothing is waited for.
         fs::remove_file(&path).unwrap();
         let mut writer = fs::File::create(&path).unwrap();
         writer.write_all(token(60).as_bytes()).unwrap();
-        assert!(!scan_dir(d.path()).being_written);
+        assert!(!scan_dir(d.path()).being_written());
     }
 
     #[test]

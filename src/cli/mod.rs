@@ -182,7 +182,7 @@ pub struct TokenSource {
         long,
         value_name = "URL",
         group = "source",
-        env = "VGPU_LICENSE_AGENT_TOKEN_URL",
+        env = TOKEN_URL_ENV,
         hide_env_values = true
     )]
     pub token_url: Option<String>,
@@ -259,6 +259,9 @@ pub fn with_root_hint(line: String, denied: bool, root: bool) -> String {
     }
     format!("{line}; run as root (sudo)")
 }
+
+/// The environment variable `--token-url` is also read from (which other users cannot read).
+pub const TOKEN_URL_ENV: &str = "VGPU_LICENSE_AGENT_TOKEN_URL";
 
 /// Where `args` give `--token-url` a URL that holds a secret (a user, a password or a query):
 /// its index, how many arguments it takes (1 for `--token-url=URL`, 2 for `--token-url

@@ -26,7 +26,7 @@ enum Attempt {
 async fn attempt(client: &Client, url: &Url, shown: &str, timeout: Duration) -> Attempt {
     let whole = async {
         let mut resp = match get_following(client, url).await {
-            Ok((r, _)) => r,
+            Ok(r) => r,
             Err(GetError::Send(e)) if e.is_timeout() => return Attempt::Retry(too_slow(timeout)),
             Err(GetError::Send(e)) => return Attempt::Retry(chain(e)),
             Err(GetError::Refused(why)) => {
