@@ -699,3 +699,17 @@ fn probe_dls(
         skew,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn rust_log_is_read_as_the_readme_says() {
+        assert!(log_filter(None).1.is_none());
+        for text in ["debug", "vgpu_license_agent=debug,hyper=trace", " info "] {
+            assert!(log_filter(Some(text)).1.is_none(), "{text}");
+        }
+        assert!(log_filter(Some("=[")).1.is_some());
+    }
+}
