@@ -965,12 +965,25 @@ fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
     let advice = v["failure"]["advice"].as_str().unwrap_or_default();
     assert!(advice.contains("driver pod"), "{v:#}");
     assert!(!advice.contains("Secret"), "{advice}");
+    let failure_metric = |why: &str| {
+        sim::wait_for(
+            &format!("the metrics say {why}"),
+            T,
+            || {
+                (a.metric(&format!("vgpu_license_failure{{reason=\"{why}\"}}")) == Some(1.0))
+                    .then_some(())
+            },
+            || a.context(),
+        )
+    };
+    failure_metric("driver_unavailable");
 
     let expired = sim::edit_payload(&m.token(), |p| p["exp"] = 1_650_000_000.into());
     pod_back(&expired);
     a.wait_status("the new pod's expired token within 30 s", T, |v| {
         reason(v) == Some("token_expired")
     });
+    failure_metric("token_expired");
 
     pod_gone();
     a.wait_status("driver_unavailable again", T, |v| {
@@ -980,5 +993,11 @@ fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
     a.wait_status("the new pod's valid token, licensed, within 30 s", T, |v| {
         v["state"] == "licensed" && v["failure"].is_null()
     });
+    sim::wait_for(
+        "the metrics say licensed",
+        T,
+        || (a.metric("vgpu_license_licensed") == Some(1.0)).then_some(()),
+        || a.context(),
+    );
     assert_eq!(m.restarts(), 0, "{}", a.context());
 }
