@@ -25,8 +25,11 @@ pub struct Settings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Kubernetes {
     pub node_condition: Switch,
-    /// A host agent's access to the API: a kubeconfig file (its JSON form).
+    /// A host agent's access to the API: a kubeconfig file (YAML or JSON).
     pub kubeconfig: Option<PathBuf>,
+    /// The GPU Operator's licensing Secret (opt-in), read to tell a token gridd does not run
+    /// yet: its namespace and name.
+    pub licensing_secret: Option<SecretRef>,
     /// The Node to write; default `$NODE_NAME`, else the host name.
     pub node_name: Option<String>,
     /// Where a pod's service account is mounted (token, ca.crt).
@@ -36,6 +39,39 @@ pub struct Kubernetes {
     /// The NoSchedule taint `vgpu-license-agent/unlicensed` while the vGPU is unlicensed or
     /// restricted (opt-in).
     pub taint_unlicensed: bool,
+}
+
+/// A Secret's namespace and name (`kubernetes.licensing_secret = "NAMESPACE/NAME"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl SecretRef {
+    /// `NAMESPACE/NAME`, each an RFC 1123 name, as the API takes them.
+    pub fn parse(v: &str) -> Result<SecretRef, String> {
+        let (namespace, name) = v.split_once('/').unwrap_or_default();
+        let ns_ok = crate::node_condition::node_name_problem(namespace).is_none()
+            && !namespace.contains('.')
+            && namespace.len() <= 63;
+        if !ns_ok || crate::node_condition::node_name_problem(name).is_some() {
+            return Err(format!(
+                "kubernetes.licensing_secret = {}: expected \"NAMESPACE/NAME\" of the GPU Operator's licensing Secret (driver.licensingConfig.secretName in its namespace, as `kubectl -n gpu-operator get secret` shows it), or \"\" for none",
+                shown_value(v)
+            ));
+        }
+        Ok(SecretRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+impl std::fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// `auto`, `on` or `off`.
@@ -160,6 +196,7 @@ impl Default for Kubernetes {
         Kubernetes {
             node_condition: Switch::Auto,
             kubeconfig: None,
+            licensing_secret: None,
             node_name: None,
             service_account_dir: "/var/run/secrets/kubernetes.io/serviceaccount".into(),
             heartbeat: Duration::from_secs(240),
@@ -351,6 +388,7 @@ struct Fragment {
 struct KubernetesFragment {
     node_condition: Option<String>,
     kubeconfig: Option<String>,
+    licensing_secret: Option<String>,
     node_name: Option<String>,
     taint_unlicensed: Option<bool>,
     service_account_dir: Option<PathBuf>,
@@ -548,6 +586,9 @@ impl Settings {
         }
         if let Some(v) = k.kubeconfig {
             kube.kubeconfig = (!v.is_empty()).then(|| PathBuf::from(v));
+        }
+        if let Some(v) = k.licensing_secret {
+            kube.licensing_secret = (!v.is_empty()).then(|| SecretRef::parse(&v)).transpose()?;
         }
         if let Some(v) = k.node_name {
             if let Some(why) =

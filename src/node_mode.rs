@@ -89,3 +89,49 @@ impl Node {
 pub fn under(root: &Path, path: &Path) -> PathBuf {
     root.join(path.strip_prefix("/").unwrap_or(path))
 }
+
+/// What the GPU Operator's licensing Secret (`kubernetes.licensing_secret`) held when last
+/// read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SecretToken {
+    /// Its `client_configuration_token.tok`, decoded, or why it does not decode.
+    Token(Box<Result<crate::token::Token, crate::token::TokenError>>),
+    /// It holds no `client_configuration_token.tok`.
+    NoToken,
+}
+
+/// The key of the token in the licensing Secret, as the GPU Operator reads it.
+pub const SECRET_TOKEN_KEY: &str = "client_configuration_token.tok";
+
+/// Why the token gridd runs with is not the one in the licensing Secret `secret` (named
+/// `name`), which only a new driver pod would copy in: `None` where they agree, or where
+/// gridd runs with no valid token (that is said as the token's own failure).
+pub fn stale(
+    name: &crate::config::SecretRef,
+    secret: &SecretToken,
+    installed: Option<&crate::token::Token>,
+) -> Option<String> {
+    let installed = installed?;
+    let dates = |t: &crate::token::Token| {
+        let at = |d: Option<chrono::DateTime<chrono::Utc>>| {
+            d.map_or_else(|| "?".to_string(), crate::time::rfc3339)
+        };
+        format!("issued {}, expires {}", at(t.issued_at), at(t.expires))
+    };
+    Some(match secret {
+        SecretToken::Token(read) => match read.as_ref() {
+            Ok(t) if t == installed => return None,
+            Ok(t) => format!(
+                "the licensing Secret {name} holds another token ({}) than the one gridd runs with ({}): the driver pod copies the Secret only when it starts",
+                dates(t),
+                dates(installed)
+            ),
+            Err(e) => format!(
+                "the licensing Secret {name} holds a {SECRET_TOKEN_KEY} that is not a valid token ({e}): a new driver pod would start with it and get no license"
+            ),
+        },
+        SecretToken::NoToken => format!(
+            "the licensing Secret {name} holds no {SECRET_TOKEN_KEY}: a new driver pod would start without a token"
+        ),
+    })
+}

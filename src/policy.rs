@@ -45,6 +45,8 @@ pub fn of(reason: Reason) -> Policy {
         R::TokenSourceRejected => (false, false, &["token-source"], Specific),
         // The installed token holds; the refused file is named, with why.
         R::TokenRejected => (false, false, &["token-dir"], Specific),
+        // gridd holds the token its pod started with; only a new pod copies the Secret.
+        R::TokenStale => (false, false, &[], Specific),
         // The driver must answer first: a restart of gridd cannot load it.
         R::DriverUnavailable => (false, false, &["driver"], Specific),
         // gridd's own word: the probe only measures by how much (see `probe_measures`).

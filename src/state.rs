@@ -222,6 +222,9 @@ pub struct Observations {
     /// A file dropped beside the installed token was refused and moved aside, recently: which
     /// and why. A warning while nothing worse is found.
     pub token_rejected: Option<String>,
+    /// On a GPU Operator node, the licensing Secret holds another token than gridd's: why. A
+    /// warning while nothing worse is found.
+    pub token_stale: Option<String>,
     /// What the service has to say about the token for a while (a rotation it made): notes.
     pub token_notes: Vec<String>,
     /// The agent's own trouble in observing (a journal not read whole, a command it could
@@ -260,6 +263,12 @@ fn operator_advice(f: &mut Failure, state: State, node: &NodeSeen) {
             f.advice = crate::policy::operator_fix(name);
         }
         Reason::GriddNotRunning => f.advice = crate::policy::driver_pod_advice(name),
+        Reason::TokenStale => {
+            f.advice = format!(
+                "gridd runs with the token its driver pod copied when it started; the licensing Secret changed since (the operator mounts it with subPath: gpu-operator #2279). At a quiet moment, since it evicts this node's GPU workloads, make the driver pod again: {}",
+                crate::policy::driver_pod_recycle(name)
+            );
+        }
         Reason::ClockSkew => {
             f.advice = format!(
                 "The node's clock disagrees with the DLS: check `timedatectl` on the node (NTP synchronized) and the DLS appliance's clock, fix it, then make this node's driver pod again, since its gridd does not try again after a clock failure: {}",
@@ -382,6 +391,7 @@ pub fn advice(
         Reason::FeatureTypeInvalid => "FeatureType in /etc/nvidia/gridd.conf does not fit this GPU: set FeatureType=1 for a vGPU (the driver picks the edition from the profile), e.g. `vgpu-license-agent install --feature-type 1 ...`; 2 or 4 only for passthrough, then restart nvidia-gridd.".into(),
         Reason::DlsUnreachable => format!("{the_dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
         Reason::DriverUnavailable => "No NVIDIA driver answers: install the NVIDIA vGPU (GRID) guest driver that matches the host's vGPU manager, or load it (`vgpu-license-agent diagnose` says which).".into(),
+        Reason::TokenStale => "gridd runs with the token its driver pod copied when it started; the licensing Secret was changed since, and only a new driver pod copies it (gpu-operator #2279). Make the driver pod again at a quiet moment: it evicts this node's GPU workloads.".into(),
         Reason::TokenRejected => "The installed token still holds. A file meant as a new token was refused and moved to the agent's replaced/ directory (the message says which and why): download the token from the DLS again and copy it unchanged into the token directory; to choose a valid token that lost, run the install command the message gives.".into(),
         Reason::RenewalStalled => format!("gridd has not renewed the lease from {dls} for longer than its renewal interval allows: the license runs out at its expiry. Run `vgpu-license-agent diagnose` (DNS, TCP, TLS, the clock against the DLS) and look for this client in the DLS's log; restart nvidia-gridd only once the DLS answers: a restart returns the lease."),
         Reason::TokenSourceRejected => "The platform's token source (paths.token_source: a Kubernetes Secret shared into the guest, say) holds a token the agent refused (expired, undecodable, or no token at all), so it was not installed: put a valid client configuration token from the DLS into the Secret; the installed token, if any, stays until then.".into(),
@@ -700,6 +710,9 @@ impl Grounds {
         // that the operator who copied it does not believe the rotation went through.
         let failure =
             failure.or_else(|| self.token_warning(Reason::TokenRejected, &obs.token_rejected));
+        // A Secret changed that gridd has not taken: a warning, so that a fleet finds the
+        // nodes that run an old token (or would start with a bad one).
+        let failure = failure.or_else(|| self.token_warning(Reason::TokenStale, &obs.token_stale));
         let failure = failure.map(|mut f| {
             if let Some(node) = obs.node.as_ref().filter(|n| n.driver_root.is_some()) {
                 operator_advice(&mut f, self.state, node);

@@ -528,6 +528,43 @@ def taint_clusterrolebinding(_label):
     })
 
 
+OPERATOR_NAMESPACE = "gpu-operator"
+LICENSING_SECRET = "licensing-config"
+SECRET_NOTE = ("Only for kubernetes.licensing_secret (set it in daemonset/30-configmap.yaml, e.g.\n"
+               "licensing_secret = \"%s/%s\"): the agent then reads that one Secret at each\n"
+               "heartbeat and says token_stale when it holds another token than the driver pod's\n"
+               "gridd runs with. Put your Secret's name (driver.licensingConfig.secretName) and the\n"
+               "operator's namespace here and in the config.\n"
+               "`kubectl apply -f deploy/kubernetes/licensing-secret/` after daemonset/." % (OPERATOR_NAMESPACE, LICENSING_SECRET))
+SECRET_GRANT = ("What it grants: get on that one Secret by its name (resourceNames), in the\n"
+                "operator's namespace; no list or watch, which resourceNames cannot narrow, and no\n"
+                "other Secret. The Secret holds the token and gridd.conf, which the agent compares\n"
+                "and never shows. See docs/kubernetes.md.")
+
+
+def secret_role(_label):
+    return dump(generated("deploy/kubernetes/generate.py", SECRET_NOTE + "\n" + SECRET_GRANT), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": NAME + "-licensing-secret", "namespace": OPERATOR_NAMESPACE,
+                     "labels": LABELS},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                   "resourceNames": [LICENSING_SECRET], "verbs": ["get"]}],
+    })
+
+
+def secret_rolebinding(_label):
+    return dump(generated("deploy/kubernetes/generate.py", SECRET_NOTE), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": NAME + "-licensing-secret", "namespace": OPERATOR_NAMESPACE,
+                     "labels": LABELS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                    "name": NAME + "-licensing-secret"},
+        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": AGENT_NAMESPACE}],
+    })
+
+
 def agent_scrape_note(where):
     return ("Scrapes the agent's DaemonSet pods (deploy/kubernetes/daemonset/) %s:\n"
             "series get job=%s and `node` (the Node's name)." % (where, JOB))
@@ -594,6 +631,8 @@ OUTPUTS = {
     "daemonset/40-daemonset.yaml": ds_daemonset,
     "daemonset-taint/clusterrole.yaml": taint_clusterrole,
     "daemonset-taint/clusterrolebinding.yaml": taint_clusterrolebinding,
+    "licensing-secret/role.yaml": secret_role,
+    "licensing-secret/rolebinding.yaml": secret_rolebinding,
     "cozystack/agent-vmpodscrape.yaml": agent_vmpodscrape,
     "prometheus-operator/agent-podmonitor.yaml": agent_podmonitor,
 }

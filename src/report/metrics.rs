@@ -21,6 +21,8 @@ pub struct Counters {
     pub token_expiry: Option<i64>,
     /// A file dropped in the token directory (or the token source) was refused, recently.
     pub token_rejected: bool,
+    /// The licensing Secret holds another token than gridd runs with.
+    pub token_stale: bool,
     /// `manage` or `observe`, for the info metric (empty: not known, `analyze`).
     pub mode: &'static str,
     /// `host` or `gpu_operator`: where the driver runs.
@@ -148,6 +150,13 @@ pub fn render(report: &Report, c: &Counters) -> String {
         "gauge",
         "1 while a file dropped in the token directory (or the token source) was refused and the refusal is recent, else 0.",
         u8::from(c.token_rejected),
+    );
+    one(
+        &mut o,
+        "vgpu_license_token_stale",
+        "gauge",
+        "1 while the GPU Operator's licensing Secret (kubernetes.licensing_secret) holds another token than the one nvidia-gridd runs with, else 0.",
+        u8::from(c.token_stale),
     );
     per_gpu(&mut o, report);
     guest_info(&mut o, report, c);

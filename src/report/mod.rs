@@ -101,12 +101,15 @@ pub enum Reason {
     /// A file dropped in the token directory was refused and moved aside while the
     /// installed token holds.
     TokenRejected,
+    /// On a GPU Operator node, the licensing Secret holds another token than the one gridd
+    /// runs with.
+    TokenStale,
     Unspecified,
     Other,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::TokenMissing,
         Reason::TokenInvalid,
         Reason::TokenExpired,
@@ -121,6 +124,7 @@ impl Reason {
         Reason::RenewalStalled,
         Reason::DriverUnavailable,
         Reason::TokenRejected,
+        Reason::TokenStale,
         Reason::Unspecified,
         Reason::Other,
     ];
@@ -141,6 +145,7 @@ impl Reason {
             Reason::RenewalStalled => "renewal_stalled",
             Reason::DriverUnavailable => "driver_unavailable",
             Reason::TokenRejected => "token_rejected",
+            Reason::TokenStale => "token_stale",
             Reason::Unspecified => "unspecified",
             Reason::Other => "other",
         }

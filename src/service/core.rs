@@ -113,6 +113,9 @@ pub enum Event {
     Node(Box<Node>),
     /// A write of the Node condition: done, or why not.
     NodeCondition(crate::node_condition::Outcome),
+    /// The licensing Secret (`kubernetes.licensing_secret`), read: what it holds, or why it
+    /// could not be read.
+    LicensingSecret(Result<crate::node_mode::SecretToken, String>),
     /// Answers that came together (a reading, where the driver runs, systemd's word), in
     /// order: one batch, one report.
     Together(Vec<Event>),
@@ -380,6 +383,8 @@ struct Seen {
     lease_at_start: bool,
     last_shutdown: Option<crate::shutdown::LastShutdown>,
     clone: Option<crate::guest_identity::CloneDetected>,
+    /// The licensing Secret as last read, or why it could not be.
+    secret: Option<Result<crate::node_mode::SecretToken, String>>,
 }
 
 impl Seen {
@@ -399,6 +404,7 @@ impl Seen {
             lease_at_start: false,
             last_shutdown: None,
             clone: None,
+            secret: None,
         }
     }
 }
@@ -700,6 +706,7 @@ impl Core {
             }
             Event::Node(n) => self.node_seen(*n, now, &mut fx),
             Event::NodeCondition(outcome) => self.condition_written(outcome),
+            Event::LicensingSecret(read) => self.secret_read(read),
             Event::Adopted(result) => self.on_adopted(result, now, &mut fx),
             Event::Restarted(result) => self.on_restarted(result, now, &mut fx),
             Event::Probed { verdict, skew } => self.on_probed(verdict, skew),
@@ -1187,6 +1194,21 @@ impl Core {
         }
     }
 
+    /// The licensing Secret, read: a failure to read it is a warning once per streak (it is
+    /// also in the report's notes while it lasts).
+    fn secret_read(&mut self, read: Result<crate::node_mode::SecretToken, String>) {
+        let was_failing = matches!(self.seen.secret, Some(Err(_)));
+        match &read {
+            Err(why) if !was_failing => warn!(
+                "the licensing Secret is not read (tried again at each heartbeat): {}",
+                crate::text::escape(why)
+            ),
+            Ok(_) if was_failing => info!("the licensing Secret is read again"),
+            _ => {}
+        }
+        self.seen.secret = Some(read);
+    }
+
     /// One part of a Node write: `failing` is its streak's flag.
     fn node_write(
         &mut self,
@@ -1553,6 +1575,24 @@ impl Core {
     }
 
     /// What the service has seen, as the observations a report is made of.
+    /// What the licensing Secret says against the token gridd runs with: `token_stale`, or a
+    /// note that it could not be read.
+    fn licensing_secret(&self, obs: &mut crate::state::Observations) {
+        let Some(name) = &self.settings.kubernetes.licensing_secret else {
+            return;
+        };
+        match &self.seen.secret {
+            Some(Ok(held)) => {
+                let installed = self.seen.token.as_ref().and_then(|t| t.as_ref().ok());
+                obs.token_stale = crate::node_mode::stale(name, held, installed);
+            }
+            Some(Err(why)) => obs.own_notes.push(format!(
+                "the licensing Secret {name} could not be read: {why}"
+            )),
+            None => {}
+        }
+    }
+
     fn observations(&mut self, now: Now) -> crate::state::Observations {
         let smi = match (&self.seen.smi, &self.seen.smi_error) {
             (_, Some(failed)) => failed.clone().into_snapshot(),
@@ -1606,6 +1646,8 @@ impl Core {
         }
         self.counters.token_rejected =
             obs.token_rejected.is_some() || obs.source_rejected.is_some();
+        self.licensing_secret(&mut obs);
+        self.counters.token_stale = obs.token_stale.is_some();
         // The observation is as old as nvidia-smi's last answer, however often it is written.
         if let Some(at) = self.seen.observed_at {
             obs.at = Some(at);

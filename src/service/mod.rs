@@ -238,14 +238,21 @@ impl Shell {
 }
 
 /// Starts the writer of the Node condition where the agent runs on a Kubernetes node and may
-/// write it; returns where to send the condition.
+/// write it (and the reader of the licensing Secret where the config names one); returns
+/// where to send the condition.
 fn node_condition_writer(
     settings: &Settings,
     tx: &mpsc::UnboundedSender<Event>,
     stop: &watch::Receiver<bool>,
 ) -> Option<watch::Sender<Option<crate::node_condition::Condition>>> {
     let api = match crate::kube::target(settings) {
-        Ok(api) => api?,
+        Ok(Some(api)) => api,
+        Ok(None) => {
+            if let Some(why) = crate::kube::unreadable_secret(settings) {
+                warn!("{why}");
+            }
+            return None;
+        }
         Err(e) => {
             warn!("the Node condition is not written: {e:#}");
             return None;
@@ -256,6 +263,19 @@ fn node_condition_writer(
         crate::node_condition::TYPE,
         crate::text::escape(&api.node)
     );
+    if let Some(name) = settings.kubernetes.licensing_secret.clone() {
+        info!("reading the licensing Secret {name} at each heartbeat");
+        let tx = tx.clone();
+        tokio::spawn(crate::kube::secret::follow(
+            api.clone(),
+            name,
+            settings.kubernetes.heartbeat,
+            move |read| {
+                let _ = tx.send(Event::LicensingSecret(read));
+            },
+            stop.clone(),
+        ));
+    }
     let (cond_tx, cond_rx) = watch::channel(None);
     let tx = tx.clone();
     tokio::spawn(crate::kube::write_condition(

@@ -15,6 +15,13 @@
 //! with a 5xx, be down (the port refuses) or slow; and misbehave as a hostile server in the
 //! API's place would: redirect every request elsewhere, or answer with a body that never
 //! ends.
+//!
+//! Who asks: the service account's bearer token, with the RBAC the test grants it, or a
+//! client certificate the API's CA signed (as a kubeconfig carries one); one for
+//! `system:node:NAME` (the kubelet's) is held to the Node authorizer: its own Node and its
+//! status, nothing else. A certificate the test withdraws (an old one, after a rotation) is
+//! 401. Secrets: `GET /api/v1/namespaces/{ns}/secrets/{name}`, 403 unless the test granted
+//! get on that one name (a Role with `resourceNames`), 404 where granted and absent.
 
 #![allow(dead_code)]
 
@@ -57,11 +64,18 @@ struct Inner {
     status_patches: Mutex<Vec<Value>>,
     stop: AtomicBool,
     tls: Arc<rustls::ServerConfig>,
+    /// The users of the client certificates the CA signed and the test has not withdrawn,
+    /// by the certificate's DER.
+    client_certs: Mutex<BTreeMap<Vec<u8>, String>>,
+    /// Secrets by `namespace/name`, and the names the service account may get.
+    secrets: Mutex<BTreeMap<String, Value>>,
+    secret_grants: Mutex<Vec<String>>,
 }
 
 pub struct FakeApi {
     addr: SocketAddr,
     inner: Arc<Inner>,
+    issuer: Issuer,
     /// The CA's certificate, PEM: what a pod's `ca.crt` holds.
     pub ca_pem: String,
     thread: Option<JoinHandle<()>>,
@@ -69,6 +83,15 @@ pub struct FakeApi {
 
 /// A CA and a server certificate it signed for 127.0.0.1 and localhost.
 pub fn certificates() -> (String, Arc<rustls::ServerConfig>) {
+    let (pem, config, _) = certificates_with_issuer();
+    (pem, config)
+}
+
+type Issuer = rcgen::Issuer<'static, rcgen::KeyPair>;
+
+/// [`certificates`], the server asking for a client certificate (optional) that its CA
+/// signed, and the CA to sign them with.
+fn certificates_with_issuer() -> (String, Arc<rustls::ServerConfig>, Issuer) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
     let ca_key = KeyPair::generate().unwrap();
@@ -83,18 +106,26 @@ pub fn certificates() -> (String, Arc<rustls::ServerConfig>) {
     let params =
         CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
     let cert = params.signed_by(&key, &issuer).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone(), ca_cert.der().clone()],
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_cert.der().clone()).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
     )
+    .allow_unauthenticated()
+    .build()
     .unwrap();
-    (ca_cert.pem(), Arc::new(config))
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![cert.der().clone(), ca_cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    (ca_cert.pem(), Arc::new(config), issuer)
 }
 
 impl FakeApi {
@@ -102,7 +133,7 @@ impl FakeApi {
     pub fn start(token: &str, nodes: Vec<Value>) -> FakeApi {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let (ca_pem, tls) = certificates();
+        let (ca_pem, tls, issuer) = certificates_with_issuer();
         let inner = Arc::new(Inner {
             mode: Mutex::new(ApiMode::Up),
             token: token.to_string(),
@@ -116,12 +147,16 @@ impl FakeApi {
             status_patches: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             tls,
+            client_certs: Mutex::new(BTreeMap::new()),
+            secrets: Mutex::new(BTreeMap::new()),
+            secret_grants: Mutex::new(Vec::new()),
         });
         let i = inner.clone();
         let thread = std::thread::spawn(move || accept_loop(listener, addr, i));
         FakeApi {
             addr,
             inner,
+            issuer,
             ca_pem,
             thread: Some(thread),
         }
@@ -178,6 +213,97 @@ impl FakeApi {
     pub fn requests(&self) -> Vec<String> {
         self.inner.requests.lock().unwrap().clone()
     }
+
+    /// A client certificate for `user` (its CN; `system:node:NAME` for a kubelet's) signed by
+    /// the API's CA, as the kubelet's rotation writes it: one PEM file, the certificate then
+    /// its EC private key (`EC PRIVATE KEY`, SEC 1). Returns the certificate's PEM and that
+    /// file's text.
+    pub fn client_certificate(&self, user: &str) -> (String, String) {
+        use rcgen::{CertificateParams, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, user);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        self.inner
+            .client_certs
+            .lock()
+            .unwrap()
+            .insert(cert.der().to_vec(), user.to_string());
+        let sec1 = sec1_of(&key);
+        (cert.pem(), format!("{}{sec1}", cert.pem()))
+    }
+
+    /// Withdraws a certificate [`FakeApi::client_certificate`] made: it is 401 from now on.
+    pub fn withdraw_certificate(&self, cert_pem: &str) {
+        let der = pem_der(cert_pem);
+        self.inner.client_certs.lock().unwrap().remove(&der);
+    }
+
+    /// Sets a Secret's `data` (values given as they are, base64'd here).
+    pub fn set_secret(&self, namespace: &str, name: &str, data: &[(&str, &[u8])]) {
+        use base64::Engine;
+        let data: serde_json::Map<String, Value> = data
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    Value::String(base64::engine::general_purpose::STANDARD.encode(v)),
+                )
+            })
+            .collect();
+        self.inner.secrets.lock().unwrap().insert(
+            format!("{namespace}/{name}"),
+            json!({"kind": "Secret", "apiVersion": "v1", "type": "Opaque",
+                   "metadata": {"name": name, "namespace": namespace}, "data": data}),
+        );
+    }
+
+    /// Grants the service account get on the one Secret `namespace/name` (a Role with
+    /// `resourceNames`, bound to it).
+    pub fn grant_secret(&self, namespace: &str, name: &str) {
+        self.inner
+            .secret_grants
+            .lock()
+            .unwrap()
+            .push(format!("{namespace}/{name}"));
+    }
+}
+
+/// A P-256 key as SEC 1 PEM (`EC PRIVATE KEY`), the form the kubelet writes: the PKCS#8
+/// document rcgen gives holds it as its private key's octet string.
+fn sec1_of(key: &rcgen::KeyPair) -> String {
+    use base64::Engine;
+    let pkcs8 = key.serialize_der();
+    // PKCS#8 of an EC key: ... OCTET STRING { ECPrivateKey (a SEQUENCE) }: the SEQUENCE that
+    // starts with version 1 (`30 len 02 01 01`) is the SEC 1 document.
+    let start = pkcs8
+        .windows(5)
+        .position(|w| w[0] == 0x30 && w[2..5] == [0x02, 0x01, 0x01])
+        .unwrap();
+    let len = pkcs8[start + 1] as usize;
+    let sec1 = &pkcs8[start..start + 2 + len];
+    let b64 = base64::engine::general_purpose::STANDARD.encode(sec1);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN EC PRIVATE KEY-----\n{}\n-----END EC PRIVATE KEY-----\n",
+        lines.join("\n")
+    )
+}
+
+/// The DER of a PEM certificate.
+fn pem_der(pem: &str) -> Vec<u8> {
+    use base64::Engine;
+    let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap()
 }
 
 impl Drop for FakeApi {
@@ -230,6 +356,33 @@ fn accept_loop(listener: TcpListener, addr: SocketAddr, inner: Arc<Inner>) {
     }
 }
 
+/// `GET {namespace}/secrets/{name}`, for a service account with get on that one name.
+fn get_secret(inner: &Inner, method: &str, rest: &str) -> (u16, Value) {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let [namespace, "secrets", name] = parts[..] else {
+        return status(
+            403,
+            "Forbidden",
+            &format!("User \"system:serviceaccount:vgpu:agent\" cannot access {rest}"),
+        );
+    };
+    let key = format!("{namespace}/{name}");
+    if method != "GET" || !inner.secret_grants.lock().unwrap().contains(&key) {
+        return status(
+            403,
+            "Forbidden",
+            &format!(
+                "secrets \"{name}\" is forbidden: User \"system:serviceaccount:vgpu:agent\" cannot {} resource \"secrets\" in API group \"\" in the namespace \"{namespace}\"",
+                method.to_lowercase()
+            ),
+        );
+    }
+    match inner.secrets.lock().unwrap().get(&key) {
+        Some(secret) => (200, secret.clone()),
+        None => status(404, "NotFound", &format!("secrets \"{name}\" not found")),
+    }
+}
+
 /// The API's error body.
 fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
     (
@@ -265,7 +418,18 @@ fn merge_conditions(node: &mut Value, patch: &[Value]) {
     }
 }
 
-fn route(inner: &Inner, method: &str, path: &str, head: &str, body: &[u8]) -> (u16, Value) {
+/// Who sent a request: the client certificate's user where one was shown (`Err` where the
+/// CA signed it but it was withdrawn, or never signed), else the bearer token's.
+type Shown = Result<Option<String>, ()>;
+
+fn route(
+    inner: &Inner,
+    method: &str,
+    path: &str,
+    head: &str,
+    body: &[u8],
+    shown: Shown,
+) -> (u16, Value) {
     let header = |name: &str| {
         head.lines().find_map(|l| {
             let (k, v) = l.split_once(':')?;
@@ -274,11 +438,36 @@ fn route(inner: &Inner, method: &str, path: &str, head: &str, body: &[u8]) -> (u
                 .then(|| v.trim().to_string())
         })
     };
-    if header("authorization").as_deref() != Some(&format!("Bearer {}", inner.token)) {
+    let cert_user = match shown {
+        Err(()) => return status(401, "Unauthorized", "Unauthorized"),
+        Ok(user) => user,
+    };
+    if cert_user.is_none()
+        && header("authorization").as_deref() != Some(&format!("Bearer {}", inner.token))
+    {
         return status(401, "Unauthorized", "Unauthorized");
     }
-    let mode = *inner.mode.lock().unwrap();
     let rest_path = path.split('?').next().unwrap_or_default();
+    // The Node authorizer: a node's own Node and its status, nothing else.
+    if let Some(node) = cert_user
+        .as_deref()
+        .and_then(|u| u.strip_prefix("system:node:"))
+    {
+        let own = format!("/api/v1/nodes/{node}");
+        if rest_path != own && rest_path != format!("{own}/status") {
+            return status(
+                403,
+                "Forbidden",
+                &format!(
+                    "User \"system:node:{node}\" cannot access {rest_path}: node '{node}' cannot access objects of another node, nor secrets no pod of it uses"
+                ),
+            );
+        }
+    }
+    if let Some(secret) = rest_path.strip_prefix("/api/v1/namespaces/") {
+        return get_secret(inner, method, secret);
+    }
+    let mode = *inner.mode.lock().unwrap();
     let taint_patch = method == "PATCH" && !rest_path.ends_with("/status");
     if method == "PATCH" && !taint_patch {
         let sent = serde_json::from_slice(body).unwrap_or(Value::Null);
@@ -466,7 +655,18 @@ fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
             }
             return Ok(());
         }
-        let (code, answer) = route(inner, &method, &path, &head, body);
+        let shown = match tls.conn.peer_certificates().and_then(|c| c.first()) {
+            None => Ok(None),
+            Some(c) => inner
+                .client_certs
+                .lock()
+                .unwrap()
+                .get(c.as_ref())
+                .cloned()
+                .map(Some)
+                .ok_or(()),
+        };
+        let (code, answer) = route(inner, &method, &path, &head, body, shown);
         let ctype = head
             .lines()
             .find_map(|l| {

@@ -1,0 +1,179 @@
+//! The credentials a node already has, end to end: a host agent (no pod) with the kubelet's
+//! own kubeconfig, in YAML as kubeadm writes `/etc/kubernetes/kubelet.conf`, whose client
+//! certificate and key are one file, `pki/kubelet-client-current.pem`, a link the kubelet
+//! moves to a new dated file when it rotates the certificate. Against the simulated API's
+//! Node authorizer, the agent writes its own Node's condition with it, and goes on writing
+//! after a rotation that withdraws the old certificate; `config check` takes the YAML form.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::common::sim::kube_api::{FakeApi, node_object};
+use crate::common::sim::{self, Agent, Machine, Setup, write_gridd_conf};
+
+const T: Duration = Duration::from_secs(30);
+const NODE: &str = "gpu-worker-1";
+
+/// kubeadm's kubelet.conf: the cluster's CA as data, the user's certificate and key as
+/// files (the same one).
+fn kubelet_conf(api: &FakeApi, pem: &Path) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(&api.ca_pem);
+    format!(
+        "apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority-data: {ca}
+    server: https://127.0.0.1:{port}
+  name: default-cluster
+contexts:
+- context:
+    cluster: default-cluster
+    namespace: default
+    user: default-auth
+  name: default-context
+current-context: default-context
+kind: Config
+preferences: {{}}
+users:
+- name: default-auth
+  user:
+    client-certificate: {pem}
+    client-key: {pem}
+",
+        port = api.port(),
+        pem = pem.display()
+    )
+}
+
+/// The kubelet's rotation: the new certificate and key in a dated file, the link moved to it.
+fn rotate(pki: &Path, n: u32, text: &str) -> PathBuf {
+    let dated = pki.join(format!("kubelet-client-2026-12-0{n}-00-00-00.pem"));
+    std::fs::write(&dated, text).unwrap();
+    std::fs::set_permissions(&dated, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let link = pki.join("kubelet-client-current.pem");
+    let tmp = pki.join("kubelet-client-current.pem.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&dated, &tmp).unwrap();
+    std::fs::rename(&tmp, &link).unwrap();
+    link
+}
+
+fn config_check(m: &Machine) -> (Option<i32>, String) {
+    let out = std::process::Command::new(crate::common::BIN)
+        .arg("--config")
+        .arg(&m.config)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `PATCH .../status 200` requests the API has answered.
+fn status_writes(api: &FakeApi) -> usize {
+    let ok = format!("PATCH /api/v1/nodes/{NODE}/status 200");
+    api.requests().iter().filter(|r| r.starts_with(&ok)).count()
+}
+
+#[test]
+fn scenario_the_kubelets_yaml_kubeconfig_and_rotated_certificate_write_the_node() {
+    let api = FakeApi::start("no-bearer-token-here", vec![node_object(NODE, vec![])]);
+    let m = Machine::new(Setup::default());
+    let pki = m.path("var/lib/kubelet/pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let (first_cert, first) = api.client_certificate(&format!("system:node:{NODE}"));
+    let link = rotate(&pki, 1, &first);
+    let conf = m.path("etc/kubernetes/kubelet.conf");
+    std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    std::fs::write(&conf, kubelet_conf(&api, &link)).unwrap();
+    std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nnode_condition = \"on\"\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\nheartbeat_seconds = 5\n",
+        conf.display()
+    ));
+    let (code, err) = config_check(&m);
+    assert_eq!(code, Some(0), "{err}");
+
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_state("licensed", T);
+    let written = sim::wait_for(
+        "VgpuLicensed True on the Node, written with the kubelet's certificate",
+        T,
+        || {
+            api.condition(NODE, "VgpuLicensed")
+                .filter(|c| c["status"] == "True")
+        },
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    assert_eq!(written["reason"], "Licensed");
+
+    // The kubelet rotates: a new pair, the link moved, the old certificate no longer valid.
+    let (_, second) = api.client_certificate(&format!("system:node:{NODE}"));
+    rotate(&pki, 2, &second);
+    api.withdraw_certificate(&first_cert);
+    let before = status_writes(&api);
+    sim::wait_for(
+        "two heartbeats written with the rotated certificate",
+        T,
+        || (status_writes(&api) >= before + 2).then_some(()),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    let unauthorized = api.requests().iter().filter(|r| r.contains(" 401")).count();
+    assert!(unauthorized <= 1, "{:?}", api.requests());
+    assert!(
+        !a.journal_lines().iter().any(|l| l.contains("BEGIN")),
+        "no key in the journal"
+    );
+}
+
+/// The Node authorizer lets a node's certificate write its own Node only: named another
+/// Node, the write is refused, said, and counted, and nothing else changes.
+#[test]
+fn a_kubelet_certificate_writes_no_other_node() {
+    let other = "gpu-worker-2";
+    let api = FakeApi::start(
+        "no-bearer-token-here",
+        vec![node_object(NODE, vec![]), node_object(other, vec![])],
+    );
+    let m = Machine::new(Setup::default());
+    let pki = m.path("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let (_, pem) = api.client_certificate(&format!("system:node:{NODE}"));
+    let link = rotate(&pki, 1, &pem);
+    let conf = m.path("kubelet.conf");
+    std::fs::write(&conf, kubelet_conf(&api, &link)).unwrap();
+    std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nkubeconfig = \"{}\"\nnode_name = \"{other}\"\nheartbeat_seconds = 5\n",
+        conf.display()
+    ));
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    sim::wait_for(
+        "vgpu_license_node_condition_errors_total above 0",
+        T,
+        || {
+            a.metric("vgpu_license_node_condition_errors_total")
+                .filter(|n| *n > 0.0)
+        },
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    assert!(api.condition(other, "VgpuLicensed").is_none());
+    assert!(
+        a.journal_lines()
+            .iter()
+            .any(|l| l.contains("was not written") && l.contains("403")),
+        "{}",
+        a.context()
+    );
+}

@@ -1,0 +1,197 @@
+//! The licensing Secret against the token gridd runs with, end to end, on a GPU Operator
+//! node (the simulated driver container of `gpu_operator.rs`) whose agent runs as in the
+//! DaemonSet's pod, against the simulated API: the Secret is read only where a Role grants
+//! get on that one name (a 403 is said once, with the Role to apply, and is no verdict on the
+//! license); a Secret that holds another token than gridd's is a warning, `token_stale`,
+//! with the driver pod's recycle command and a gauge a fleet can count; a Secret put back
+//! in step clears it.
+
+use std::time::Duration;
+
+use crate::common::sim::kube_api::{FakeApi, node_object};
+use crate::common::sim::{self, Agent, Machine, Setup, reason, token_for, write_gridd_conf};
+use serde_json::Value;
+
+const T: Duration = Duration::from_secs(30);
+const NODE: &str = "gpu-worker-1";
+const NS: &str = "gpu-operator";
+const SECRET: &str = "licensing-config";
+const KEY: &str = "client_configuration_token.tok";
+
+/// A GPU Operator node licensed with the machine's token, its agent in a pod of `api`'s
+/// cluster reading the Secret at each 5 s heartbeat.
+fn node_in_cluster(api: &FakeApi) -> (Machine, Agent) {
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    let sa = m.path("serviceaccount");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), crate::kube::TOKEN).unwrap();
+    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = 5\nlicensing_secret = \"{NS}/{SECRET}\"\n",
+        sa.display()
+    ));
+    write_gridd_conf(&m);
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    m.start_gridd();
+    let port = api.port().to_string();
+    let a = Agent::start_with_env(
+        &m,
+        &[
+            ("SIM_DIR", m.container_sim().unwrap().as_os_str()),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
+            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
+            ("NODE_NAME", NODE.as_ref()),
+        ],
+    );
+    a.wait_state("licensed", T);
+    (m, a)
+}
+
+fn stale_gauge(a: &Agent) -> Option<f64> {
+    a.metric("vgpu_license_token_stale")
+}
+
+#[test]
+fn scenario_a_licensing_secret_gridd_does_not_run_is_a_warning_to_recycle() {
+    let api = FakeApi::start(crate::kube::TOKEN, vec![node_object(NODE, vec![])]);
+    let (m, a) = node_in_cluster(&api);
+    // The Secret rotated in place (a new DLS instance's token); the pod still runs the old.
+    let rotated = token_for("127.0.0.1", m.dls.port(), "rotated-in-the-secret");
+    api.set_secret(
+        NS,
+        SECRET,
+        &[(KEY, &rotated), ("gridd.conf", b"FeatureType=1\n")],
+    );
+
+    // No Role yet: refused, said once with the Role to apply, no verdict on the license.
+    sim::wait_for(
+        "the 403 said in the journal",
+        T,
+        || {
+            a.journal_lines()
+                .iter()
+                .any(|l| l.contains("licensing Secret") && l.contains("403"))
+                .then_some(())
+        },
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    let said = a
+        .journal_lines()
+        .iter()
+        .filter(|l| l.contains("licensing Secret is not read"))
+        .count();
+    assert_eq!(said, 1, "{}", a.context());
+    assert!(
+        a.journal_lines()
+            .iter()
+            .any(|l| l.contains("deploy/kubernetes/licensing-secret/")),
+        "{}",
+        a.context()
+    );
+    let v = a.status().unwrap();
+    assert_eq!(v["state"], "licensed");
+    assert!(v["failure"].is_null(), "{v:#}");
+    assert_eq!(stale_gauge(&a), Some(0.0));
+    // Only that Secret was asked for.
+    for r in api.requests() {
+        assert!(
+            r.starts_with("GET /api/v1/namespaces/gpu-operator/secrets/licensing-config ")
+                || r.contains("/api/v1/nodes/"),
+            "{r}"
+        );
+    }
+
+    // The Role applied: within a heartbeat, the warning with the recycle command.
+    api.grant_secret(NS, SECRET);
+    let v = a.wait_status("token_stale", T, |v| reason(v) == Some("token_stale"));
+    assert_eq!(v["state"], "licensed");
+    let advice = v["failure"]["advice"].as_str().unwrap();
+    assert!(
+        advice.contains(&format!(
+            "delete pod -l app=nvidia-driver-daemonset --field-selector spec.nodeName={NODE}"
+        )),
+        "{advice}"
+    );
+    let message = v["failure"]["message"].as_str().unwrap();
+    assert!(message.contains("another token"), "{message}");
+    let text = String::from_utf8_lossy(&rotated).to_string();
+    assert!(
+        !v.to_string().contains(text.trim()),
+        "the token's text is never shown"
+    );
+    sim::wait_for(
+        "vgpu_license_token_stale 1",
+        T,
+        || (stale_gauge(&a) == Some(1.0)).then_some(()),
+        || a.context(),
+    );
+    let (code, out) = status_cli(&m);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with("WARNING") && out.contains("token_stale"),
+        "{out}"
+    );
+
+    // The Secret put back to the token gridd runs with: in step again.
+    api.set_secret(NS, SECRET, &[(KEY, &m.token())]);
+    let v = a.wait_status("the warning gone", T, |v| v["failure"].is_null());
+    assert_eq!(v["state"], "licensed");
+    sim::wait_for(
+        "vgpu_license_token_stale 0",
+        T,
+        || (stale_gauge(&a) == Some(0.0)).then_some(()),
+        || a.context(),
+    );
+}
+
+/// `status` of `m`, as an operator runs it: its exit code and standard output.
+fn status_cli(m: &Machine) -> (Option<i32>, String) {
+    let out = std::process::Command::new(crate::common::BIN)
+        .arg("--config")
+        .arg(&m.config)
+        .arg("status")
+        .env("SIM_DIR", m.container_sim().unwrap())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The key missing from the Secret (a new pod would start without a token) is said too;
+/// `config check` refuses a name that is no `NAMESPACE/NAME`.
+#[test]
+fn a_secret_without_the_token_and_a_bad_name_are_said() {
+    let api = FakeApi::start(crate::kube::TOKEN, vec![node_object(NODE, vec![])]);
+    api.grant_secret(NS, SECRET);
+    api.set_secret(NS, SECRET, &[("gridd.conf", b"FeatureType=1\n")]);
+    let (m, a) = node_in_cluster(&api);
+    let v: Value = a.wait_status("token_stale", T, |v| reason(v) == Some("token_stale"));
+    let message = v["failure"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("holds no client_configuration_token.tok"),
+        "{message}"
+    );
+
+    let config = std::fs::read_to_string(&m.config).unwrap();
+    std::fs::write(
+        &m.config,
+        config.replace(&format!("{NS}/{SECRET}"), "licensing-config"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(crate::common::BIN)
+        .arg("--config")
+        .arg(&m.config)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("NAMESPACE/NAME"), "{err}");
+}
