@@ -1001,3 +1001,123 @@ fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
     );
     assert_eq!(m.restarts(), 0, "{}", a.context());
 }
+
+/// Day 2 in another order, with the Node: the driver pod's root unmounted and its marker gone
+/// before anything of gridd's is logged (gridd killed, no shutdown line), the service on its
+/// default pace (a licensed reading every 5 minutes), its Node condition written to the API.
+/// The pod's going is seen within seconds (the root and the marker are watched), in
+/// `status`, `status --npd`, the metrics and the Node; the pod made again with a valid token
+/// is licensed everywhere within 30 s.
+#[test]
+fn scenario_day_two_the_root_going_first_reaches_the_node_at_once() {
+    use crate::common::sim::kube_api::{FakeApi, node_object};
+    const NODE: &str = "gpu-worker-1";
+    let api = FakeApi::start(crate::kube::TOKEN, vec![node_object(NODE, vec![])]);
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    let sa = m.path("serviceaccount");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), crate::kube::TOKEN).unwrap();
+    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
+    let config = m
+        .config_text()
+        .replace(
+            "poll_unlicensed_seconds = 1\n",
+            "poll_unlicensed_seconds = 15\n",
+        )
+        .replace(
+            "poll_licensed_seconds = 2\n",
+            "poll_licensed_seconds = 300\n",
+        );
+    assert!(config.contains("poll_licensed_seconds = 300"), "{config}");
+    m.write_config(&format!(
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\n",
+        sa.display()
+    ));
+    write_gridd_conf(&m);
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    let validations = m.path("run/nvidia/validations");
+    let marker = validations.join(".driver-ctr-ready");
+    std::fs::create_dir_all(&validations).unwrap();
+    std::fs::write(&marker, b"").unwrap();
+    m.start_gridd();
+    let port = api.port().to_string();
+    let a = Agent::start_with_env(
+        &m,
+        &[
+            ("SIM_DIR", sim_dir(&m).as_os_str()),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
+            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
+            ("NODE_NAME", NODE.as_ref()),
+        ],
+    );
+    a.wait_state("licensed", T);
+    let node_says = |status: &str, reason: &str| {
+        sim::wait_for(
+            &format!("the Node's VgpuLicensed {status}/{reason}"),
+            T,
+            || {
+                api.condition(NODE, "VgpuLicensed")
+                    .filter(|c| c["status"] == status && c["reason"] == reason)
+            },
+            || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+        )
+    };
+    node_says("True", "Licensed");
+    let root = driver_root(&m);
+    let away = m.path("run/nvidia/driver.away");
+
+    // The root and the marker go first; gridd dies without a word.
+    let gridd = m.gridd_pid().expect("gridd runs");
+    std::fs::remove_file(&marker).unwrap();
+    std::fs::rename(&root, &away).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(gridd),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Within seconds: not at the next reading, minutes away, nor at the heartbeat's look
+    // at gridd.
+    let v = a.wait_status(
+        "driver_unavailable within 10 s",
+        Duration::from_secs(10),
+        |v| reason(v) == Some("driver_unavailable"),
+    );
+    assert!(
+        !v["failure"]["advice"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Secret"),
+        "{v:#}"
+    );
+    node_says("False", "DriverUnavailable");
+    let (code, npd, _) = cli(&m, &["status", "--npd"]);
+    assert_eq!(code, Some(1), "{npd}");
+    assert!(npd.contains("driver_unavailable"), "{npd}");
+    sim::wait_for(
+        "the metrics say driver_unavailable",
+        T,
+        || {
+            (a.metric("vgpu_license_failure{reason=\"driver_unavailable\"}") == Some(1.0))
+                .then_some(())
+        },
+        || a.context(),
+    );
+
+    // A new pod: its root mounted, its token copied, gridd started, the marker last.
+    std::fs::remove_dir(&root).unwrap();
+    std::fs::rename(&away, &root).unwrap();
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    m.start_gridd();
+    std::fs::write(&marker, b"").unwrap();
+    a.wait_status("licensed within 30 s", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    node_says("True", "Licensed");
+    let (code, npd, _) = cli(&m, &["status", "--npd"]);
+    assert_eq!(code, Some(0), "{npd}");
+    assert_eq!(m.restarts(), 0, "{}", a.context());
+}

@@ -97,6 +97,8 @@ pub enum Event {
     LegacyServer(Option<String>),
     /// Something changed in the token directory or gridd.conf.
     TokenDirChanged,
+    /// On a GPU Operator node, the driver pod's root or its ready marker changed.
+    DriverPodChanged,
     Adopted(Result<Box<Outcome>, AdoptError>),
     Restarted(Result<(), String>),
     Probed {
@@ -705,6 +707,12 @@ impl Core {
                 self.dir_changed(now, &mut fx);
             }
             Event::Node(n) => self.node_seen(*n, now, &mut fx),
+            // Where the driver runs is looked at with the reading; a moment later, so that
+            // the pod's other steps (the marker, the root, gridd) are done, and after a
+            // reading on its way, which may predate the change.
+            Event::DriverPodChanged => self
+                .schedule
+                .smi_soon(now.mono + Duration::from_millis(300)),
             Event::NodeCondition(outcome) => self.condition_written(outcome),
             Event::LicensingSecret(read) => self.secret_read(read),
             Event::Adopted(result) => self.on_adopted(result, now, &mut fx),

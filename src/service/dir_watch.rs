@@ -170,3 +170,103 @@ pub async fn changed(watch: Option<&Watch>) {
         None => std::future::pending().await,
     }
 }
+
+/// On a GPU Operator node, the driver pod's signs on the node: its root's mount point (the
+/// root unmounted, or a new one mounted by a new pod), and the operator's marker
+/// `.driver-ctr-ready` coming and going. A change wakes the loop, which looks at once where
+/// the driver runs: a pod deleted in any order (gridd's shutdown line first, or the root or
+/// the marker first) is seen in moments, not at the next reading.
+pub struct DriverWatch {
+    fd: AsyncFd<Fd>,
+    root: PathBuf,
+    validations: PathBuf,
+}
+
+/// The marker the operator keeps while its driver container is ready.
+const MARKER: &str = ".driver-ctr-ready";
+
+impl DriverWatch {
+    /// Watches the driver root `root` and its validations; `None` where inotify cannot be
+    /// had (the reading's own pace stands in).
+    pub fn start(root: &Path) -> Option<DriverWatch> {
+        let fd = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(std::io::Error::from)
+            // SAFETY: as in [`Watch::start`].
+            .and_then(|i| unsafe { AsyncFd::register(Fd(i)) }.map_err(std::io::Error::from))
+            .map_err(|e| warn!("cannot watch the driver pod's root: {e}; looking at each reading"))
+            .ok()?;
+        let w = DriverWatch {
+            fd,
+            root: root.to_path_buf(),
+            validations: crate::node::validations_dir(root),
+        };
+        w.again();
+        Some(w)
+    }
+
+    /// (Re)watches what is there now: a watch ends with its directory or its mount.
+    fn again(&self) {
+        let inotify = &self.fd.get_ref().0;
+        let parent = self.root.parent().unwrap_or(Path::new("/"));
+        let entries = AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_MOVED_TO;
+        for (dir, flags) in [
+            (parent, entries),
+            (self.validations.as_path(), entries),
+            (
+                self.root.as_path(),
+                AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF,
+            ),
+        ] {
+            if dir.is_dir() {
+                let _ = inotify.add_watch(dir, flags);
+            }
+        }
+    }
+
+    /// Waits for the next sign of the pod: the root's mount point or the marker changing
+    /// (an unmount ends the root's watch: `IN_UNMOUNT`, `IN_IGNORED`).
+    pub async fn changed(&self) {
+        let root_name = self.root.file_name();
+        let validations_name = self.validations.file_name();
+        loop {
+            let read = match self.fd.readable().await {
+                Ok(mut ready) => {
+                    ready.try_io(|fd| fd.get_ref().0.read_events().map_err(std::io::Error::from))
+                }
+                Err(e) => Ok(Err(e)),
+            };
+            let events = match read {
+                Ok(Ok(events)) => events,
+                Ok(Err(e)) => {
+                    warn!("the driver pod's watch failed: {e}; looking at each reading");
+                    return std::future::pending().await;
+                }
+                Err(_would_block) => continue,
+            };
+            let wanted = events.iter().any(|e| match &e.name {
+                Some(name) => {
+                    let name = Some(name.as_os_str());
+                    name == Some(std::ffi::OsStr::new(MARKER))
+                        || name == root_name
+                        || name == validations_name
+                }
+                None => true,
+            });
+            self.again();
+            if wanted {
+                return;
+            }
+        }
+    }
+}
+
+/// The next sign [`DriverWatch::changed`] reports; never, without a watch.
+pub async fn driver_changed(watch: Option<&DriverWatch>) {
+    match watch {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
+}

@@ -373,6 +373,13 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let watch = (node.mode == crate::node_mode::Mode::Manage)
         .then(|| dir_watch::Watch::start(&settings))
         .flatten();
+    // Where a GPU Operator may run its driver pod, its comings and goings are watched.
+    let driver_watch = settings
+        .paths
+        .driver_root
+        .parent()
+        .filter(|p| p.is_dir())
+        .and_then(|_| dir_watch::DriverWatch::start(&settings.paths.driver_root));
     let servers = serve_metrics(&settings, metrics_rx).await;
     // Under systemd's watchdog, the ping rides on the heartbeat's wakeup (twice per period);
     // without one there is no watchdog timer at all.
@@ -424,6 +431,11 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             }
             _ = dir_watch::changed(shell.watch.as_ref()) => {
                 let effects = core.handle(Event::TokenDirChanged, clock.now());
+                memory.events += 1;
+                shell.carry_out(&core, effects);
+            }
+            _ = dir_watch::driver_changed(driver_watch.as_ref()) => {
+                let effects = core.handle(Event::DriverPodChanged, clock.now());
                 memory.events += 1;
                 shell.carry_out(&core, effects);
             }
