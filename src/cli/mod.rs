@@ -111,7 +111,8 @@ pub struct JsonArg {
 
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
-    /// Saved `nvidia-smi -q` output (text or `-q -x` XML, whole or an excerpt); `-` for stdin.
+    /// Saved `nvidia-smi -q` output (text or `-q -x` XML, whole or an excerpt: `<gpu>`
+    /// elements pasted without their enclosing `<nvidia_smi_log>` too); `-` for stdin.
     #[arg(long, value_name = "FILE")]
     pub smi: Option<PathBuf>,
     /// nvidia-gridd's log: `journalctl -o json` lines, journalctl or syslog text, or a pasted
