@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use chrono::{DateTime, Utc};
 
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
-use crate::observe::smi::{LicenseStatus, SmiSnapshot, classify_status};
+use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};
 use crate::report::{
     DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, License, LicensingMode, Reason, Report,
     SCHEMA, State,
@@ -810,7 +810,7 @@ fn lease_expiring_soon(
     }
 }
 
-/// The GPUs as the report lists them.
+/// The GPUs as the report lists them, each with its own state and expiry.
 fn gpus_of(smi: Option<&SmiSnapshot>) -> Vec<Gpu> {
     smi.map(|s| {
         s.gpus
@@ -821,10 +821,47 @@ fn gpus_of(smi: Option<&SmiSnapshot>) -> Vec<Gpu> {
                 virtualization_mode: g.virtualization_mode.clone(),
                 license_status: g.license_status.clone(),
                 edition: g.edition.clone(),
+                state: gpu_state(g),
+                expiry: gpu_expiry(g),
             })
             .collect()
     })
     .unwrap_or_default()
+}
+
+/// One GPU's state: its License Status; without one, nothing to license on a GPU that is no
+/// vGPU, and unknown on a vGPU whose section the output cut off.
+fn gpu_state(g: &SmiGpu) -> Option<State> {
+    if let Some(status) = g.license_status.as_deref() {
+        return Some(match classify_status(status) {
+            LicenseStatus::Licensed(_) => State::Licensed,
+            LicenseStatus::Unlicensed => State::Unlicensed,
+            LicenseStatus::Restricted => State::Restricted,
+            LicenseStatus::Unknown => State::Unknown,
+        });
+    }
+    let vgpu_mode = g
+        .virtualization_mode
+        .as_deref()
+        .map(|m| m.eq_ignore_ascii_case("VGPU"));
+    let vgpu_profile = g
+        .profile
+        .as_deref()
+        .is_some_and(crate::observe::smi::is_vgpu_profile);
+    match vgpu_mode {
+        _ if vgpu_profile => Some(State::Unknown),
+        Some(true) => Some(State::Unknown),
+        Some(false) => Some(State::NotLicensable),
+        None => None,
+    }
+}
+
+/// One GPU's lease expiry, where its License Status gives a date.
+fn gpu_expiry(g: &SmiGpu) -> Option<DateTime<Utc>> {
+    match classify_status(g.license_status.as_deref()?) {
+        LicenseStatus::Licensed(exp) => exp.map(whole_secs),
+        _ => None,
+    }
 }
 
 /// What gridd's log says: its events (years resolved), the state its lines show, its
@@ -883,20 +920,30 @@ impl LogView {
     }
 }
 
-/// The license as nvidia-smi shows it (the first GPU with a license section).
+/// The license as nvidia-smi shows it: the vGPU that decides the state (each vGPU is
+/// licensed on its own, so the worst one), and among licensed ones the first to expire.
 fn smi_license(smi: Option<&SmiSnapshot>) -> Option<License> {
-    smi.and_then(|s| s.gpus.iter().find(|g| g.has_license_section))
-        .map(|g| License {
-            status: g.license_status.clone(),
-            edition: g.edition.clone(),
-            expiry: g
-                .license_status
-                .as_deref()
-                .and_then(|st| match classify_status(st) {
-                    LicenseStatus::Licensed(exp) => exp.map(whole_secs),
-                    _ => None,
-                }),
-        })
+    smi.and_then(|s| {
+        s.gpus
+            .iter()
+            .filter(|g| g.has_license_section)
+            .min_by_key(|g| license_rank(g))
+    })
+    .map(|g| License {
+        status: g.license_status.clone(),
+        edition: g.edition.clone(),
+        expiry: gpu_expiry(g),
+    })
+}
+
+/// Restricted first, then unlicensed, unknown, and licensed by expiry (none last).
+fn license_rank(g: &SmiGpu) -> (u8, i64) {
+    match g.license_status.as_deref().map(classify_status) {
+        Some(LicenseStatus::Restricted) => (0, 0),
+        Some(LicenseStatus::Unlicensed) => (1, 0),
+        Some(LicenseStatus::Unknown) | None => (2, 0),
+        Some(LicenseStatus::Licensed(exp)) => (3, exp.map_or(i64::MAX, |e| e.timestamp())),
+    }
 }
 
 /// The failure a line of gridd's says, dated with the year the event list found for it

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
@@ -27,7 +27,7 @@ fn validator() -> jsonschema::Validator {
 
 /// Runs `analyze --json` with `args`, checks the report against the schema, returns it and the
 /// exit code.
-fn analyze(args: &[&str], stdin: Option<&[u8]>) -> (Value, i32) {
+pub(crate) fn analyze(args: &[&str], stdin: Option<&[u8]>) -> (Value, i32) {
     let mut child = Command::new(BIN)
         .arg("analyze")
         .arg("--json")

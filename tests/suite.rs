@@ -35,3 +35,4 @@ mod sim_selfcheck;
 mod token_inspect;
 mod token_source;
 mod trust;
+mod vgpus;
