@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use chrono::{DateTime, Utc};
 
+use crate::observe::app_log::AppLog;
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
 use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};
 use crate::report::{
@@ -229,6 +230,9 @@ pub struct Observations {
     pub own_notes: Vec<String>,
     /// Where the agent found the driver: set for live observations, `None` for `analyze`.
     pub node: Option<NodeSeen>,
+    /// The CUDA errors of an application's log (`analyze` only): CUDA error 102 means the
+    /// vGPU held no license when the application asked for it.
+    pub app_log: Option<AppLog>,
 }
 
 /// The node as the agent found it ([`crate::node`] detects it): the mode, and on a GPU
@@ -515,6 +519,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
         &mut notes,
     );
     let failure = grounds.refined(failure, &obs);
+    let failure = failure.or_else(|| app_failure(state, obs.app_log.as_ref()));
     notes.extend(obs.token_notes.iter().cloned());
     if let Some(node) = &obs.node {
         notes.extend(node_notes(node));
@@ -582,6 +587,31 @@ fn state_of(smi: Option<&SmiSnapshot>, log_state: Option<State>) -> State {
     }
 }
 
+/// Where neither nvidia-smi nor gridd's log tells, an application refused the GPU with CUDA
+/// error 102: the vGPU was throttled for want of a license. A weaker hint (`operation not
+/// supported` alone) decides nothing.
+fn app_state(state: State, app: Option<&AppLog>) -> State {
+    match app {
+        Some(a) if state == State::Unknown && a.license.is_some() => State::Restricted,
+        _ => state,
+    }
+}
+
+/// What to do about an application's CUDA error 102.
+pub const APP_LICENSE_ADVICE: &str = "The application was refused the GPU because this vGPU held no license (CUDA error 102, cudaErrorDeviceNotLicensed): not a memory or code bug, and a fallback to the CPU only hides it. On the guest, run `vgpu-license-agent status`: it shows each vGPU's license and why one is missing (`vgpu-license-agent diagnose` checks the token, nvidia-gridd and the DLS); fix what it names, then run the job again.";
+
+/// An application's CUDA error 102 as the report's failure, where nothing more telling was
+/// found and no license is held now.
+fn app_failure(state: State, app: Option<&AppLog>) -> Option<Failure> {
+    let line = app?.license.as_ref()?;
+    matches!(state, State::Restricted | State::Unlicensed).then(|| Failure {
+        reason: Reason::Other,
+        message: line.text.clone(),
+        at: None,
+        advice: APP_LICENSE_ADVICE.into(),
+    })
+}
+
 /// What the report's failure and its advice rest on, besides the observations.
 struct Grounds {
     /// The observation's time, where it is exact: what the agent's own findings are dated.
@@ -612,7 +642,7 @@ impl Grounds {
                 .as_ref()
                 .and_then(|t| t.nodes.first())
                 .map(|n| n.host.clone()),
-            state: state_of(obs.smi.as_ref(), log_state),
+            state: app_state(state_of(obs.smi.as_ref(), log_state), obs.app_log.as_ref()),
         }
     }
 

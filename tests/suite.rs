@@ -9,6 +9,7 @@
 
 mod common;
 
+mod app_logs;
 mod config_cli;
 mod diagnose;
 mod fleet;

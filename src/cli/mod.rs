@@ -119,6 +119,12 @@ pub struct AnalyzeArgs {
     /// `systemctl status nvidia-gridd`; `-` for stdin.
     #[arg(long, value_name = "FILE")]
     pub journal: Option<PathBuf>,
+    /// An application's own log (a training job's, a notebook's, `kubectl logs`): its CUDA
+    /// errors, of which `device doesn't have valid Grid license` (CUDA error 102) names the
+    /// license as the cause; other CUDA errors (out of memory, invalid device ordinal) never
+    /// do. A --journal file without gridd's lines is read this way too. `-` for stdin.
+    #[arg(long, value_name = "FILE")]
+    pub app_log: Option<PathBuf>,
     /// A client configuration token to take the DLS nodes from.
     #[arg(long, value_name = "FILE")]
     pub token: Option<PathBuf>,
