@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::cli::AnalyzeArgs;
 use crate::input::{self, Links, ReadError};
+use crate::observe::app_log::{self, AppLog};
 use crate::observe::{journal, smi};
 use crate::report::Report;
 use crate::state::{LogFold, Observations, evaluate};
@@ -87,6 +88,8 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         Some(path) => add_journal(path, args.max_events, &mut obs, &mut notes)?,
         None => false,
     };
+    let app_log = app_log_of(args, &obs)?;
+    obs.app_log = app_log.as_ref().map(|(_, found)| found.clone());
     if let Some(path) = &args.token {
         let bytes = read_all(
             path,
@@ -98,6 +101,9 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         obs.token = Some(token);
     }
     let mut report = evaluate(obs);
+    if let Some((path, found)) = &app_log {
+        notes.extend(app_log_notes(path, found, &report));
+    }
     // Times of day without a year, and no dated line to take it from.
     if timed_log && report.events.iter().all(|e| e.at.is_none()) {
         notes.push(no_year_note());
@@ -114,20 +120,93 @@ fn no_year_note() -> String {
 
 /// Something to analyze, and standard input read for one of them at most.
 fn check_inputs(args: &AnalyzeArgs) -> Result<(), InputError> {
-    if args.smi.is_none() && args.journal.is_none() {
+    let inputs = [&args.smi, &args.journal, &args.app_log];
+    if inputs.iter().all(|i| i.is_none()) {
         return Err(InputError(
-            "nothing to analyze: give --smi FILE (saved `nvidia-smi -q`) and/or --journal FILE (gridd's log); `-` reads standard input".into(),
+            "nothing to analyze: give --smi FILE (saved `nvidia-smi -q`), --journal FILE (gridd's log) and/or --app-log FILE (an application's log with its CUDA errors); `-` reads standard input".into(),
         ));
     }
-    if args.smi.as_deref() == Some(Path::new("-"))
-        && args.journal.as_deref() == Some(Path::new("-"))
-    {
+    let stdin = inputs
+        .iter()
+        .filter(|i| i.as_deref().is_some_and(input::is_stdin))
+        .count();
+    if stdin > 1 {
         return Err(InputError(
-            "--smi and --journal cannot both read standard input: save one of them to a file"
+            "only one of --smi, --journal and --app-log can read standard input: save the others to files"
                 .into(),
         ));
     }
     Ok(())
+}
+
+/// An application's log is read whole up to this; its CUDA errors come early.
+const MAX_APP_LOG_BYTES: usize = 256 << 20;
+
+/// The application's log to read and its CUDA errors: `--app-log`, or else a `--journal`
+/// file that held no gridd line (people give the job's log where gridd's is asked for) and
+/// holds CUDA errors. Standard input, once read as a journal, is not read again.
+fn app_log_of(
+    args: &AnalyzeArgs,
+    obs: &Observations,
+) -> Result<Option<(std::path::PathBuf, AppLog)>, InputError> {
+    if let Some(path) = &args.app_log {
+        let bytes = read_all(path, MAX_APP_LOG_BYTES, "an application's log")?;
+        return Ok(Some((path.clone(), app_log::scan(&bytes))));
+    }
+    let no_gridd = obs.log.as_ref().is_some_and(|(fold, _)| fold.total() == 0);
+    let Some(path) = args
+        .journal
+        .as_ref()
+        .filter(|p| no_gridd && !input::is_stdin(p))
+    else {
+        return Ok(None);
+    };
+    let bytes = read_all(path, MAX_APP_LOG_BYTES, "an application's log")?;
+    let found = app_log::scan(&bytes);
+    Ok(found.any().then(|| (path.clone(), found)))
+}
+
+/// What an application's log says of the license, where the failure does not say it already.
+fn app_log_notes(path: &Path, found: &AppLog, report: &Report) -> Vec<String> {
+    let at = |e: &app_log::CudaError| {
+        format!(
+            "{} line {}: `{}`",
+            crate::text::show_path(path),
+            e.line,
+            crate::text::escape(&e.text)
+        )
+    };
+    if let Some(e) = &found.license {
+        let told = report.failure.as_ref().is_some_and(|f| f.message == e.text);
+        return if told {
+            Vec::new()
+        } else {
+            vec![format!(
+                "{}: CUDA error 102, the application was refused the GPU because the vGPU held no license then",
+                at(e)
+            )]
+        };
+    }
+    let mut notes = Vec::new();
+    if let Some(e) = &found.hint {
+        notes.push(format!(
+            "{}: this is how CUDA fails on a vGPU throttled for want of a license, though other causes give it too (a CUDA runtime newer than the driver allows, the device held by another process): run `vgpu-license-agent status` on the guest to see its license",
+            at(e)
+        ));
+    }
+    if let Some(e) = &found.other {
+        notes.push(format!(
+            "{}: a CUDA error that is not a license error (a license failure reads `device doesn't have valid Grid license`, CUDA error 102)",
+            at(e)
+        ));
+    }
+    if !found.any() {
+        notes.push(format!(
+            "{}: no CUDA error found",
+            crate::text::show_path(path)
+        ));
+    }
+    notes
 }
 
 /// A saved `nvidia-smi -q`: the snapshot and its time, and notes on what it lacks.

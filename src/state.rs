@@ -5,8 +5,9 @@ use std::collections::VecDeque;
 
 use chrono::{DateTime, Utc};
 
+use crate::observe::app_log::AppLog;
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
-use crate::observe::smi::{LicenseStatus, SmiSnapshot, classify_status};
+use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};
 use crate::report::{
     DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, License, LicensingMode, Reason, Report,
     SCHEMA, State,
@@ -232,6 +233,9 @@ pub struct Observations {
     pub own_notes: Vec<String>,
     /// Where the agent found the driver: set for live observations, `None` for `analyze`.
     pub node: Option<NodeSeen>,
+    /// The CUDA errors of an application's log (`analyze` only): CUDA error 102 means the
+    /// vGPU held no license when the application asked for it.
+    pub app_log: Option<AppLog>,
 }
 
 /// The node as the agent found it ([`crate::node`] detects it): the mode, and on a GPU
@@ -525,6 +529,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
         &mut notes,
     );
     let failure = grounds.refined(failure, &obs);
+    let failure = failure.or_else(|| app_failure(state, obs.app_log.as_ref()));
     notes.extend(obs.token_notes.iter().cloned());
     if let Some(node) = &obs.node {
         notes.extend(node_notes(node));
@@ -592,6 +597,31 @@ fn state_of(smi: Option<&SmiSnapshot>, log_state: Option<State>) -> State {
     }
 }
 
+/// Where neither nvidia-smi nor gridd's log tells, an application refused the GPU with CUDA
+/// error 102: the vGPU was throttled for want of a license. A weaker hint (`operation not
+/// supported` alone) decides nothing.
+fn app_state(state: State, app: Option<&AppLog>) -> State {
+    match app {
+        Some(a) if state == State::Unknown && a.license.is_some() => State::Restricted,
+        _ => state,
+    }
+}
+
+/// What to do about an application's CUDA error 102.
+pub const APP_LICENSE_ADVICE: &str = "The application was refused the GPU because this vGPU held no license (CUDA error 102, cudaErrorDeviceNotLicensed): not a memory or code bug, and a fallback to the CPU only hides it. On the guest, run `vgpu-license-agent status`: it shows each vGPU's license and why one is missing (`vgpu-license-agent diagnose` checks the token, nvidia-gridd and the DLS); fix what it names, then run the job again.";
+
+/// An application's CUDA error 102 as the report's failure, where nothing more telling was
+/// found and no license is held now.
+fn app_failure(state: State, app: Option<&AppLog>) -> Option<Failure> {
+    let line = app?.license.as_ref()?;
+    matches!(state, State::Restricted | State::Unlicensed).then(|| Failure {
+        reason: Reason::Other,
+        message: line.text.clone(),
+        at: None,
+        advice: APP_LICENSE_ADVICE.into(),
+    })
+}
+
 /// What the report's failure and its advice rest on, besides the observations.
 struct Grounds {
     /// The observation's time, where it is exact: what the agent's own findings are dated.
@@ -622,7 +652,7 @@ impl Grounds {
                 .as_ref()
                 .and_then(|t| t.nodes.first())
                 .map(|n| n.host.clone()),
-            state: state_of(obs.smi.as_ref(), log_state),
+            state: app_state(state_of(obs.smi.as_ref(), log_state), obs.app_log.as_ref()),
         }
     }
 
@@ -823,7 +853,7 @@ fn lease_expiring_soon(
     }
 }
 
-/// The GPUs as the report lists them.
+/// The GPUs as the report lists them, each with its own state and expiry.
 fn gpus_of(smi: Option<&SmiSnapshot>) -> Vec<Gpu> {
     smi.map(|s| {
         s.gpus
@@ -834,10 +864,47 @@ fn gpus_of(smi: Option<&SmiSnapshot>) -> Vec<Gpu> {
                 virtualization_mode: g.virtualization_mode.clone(),
                 license_status: g.license_status.clone(),
                 edition: g.edition.clone(),
+                state: gpu_state(g),
+                expiry: gpu_expiry(g),
             })
             .collect()
     })
     .unwrap_or_default()
+}
+
+/// One GPU's state: its License Status; without one, nothing to license on a GPU that is no
+/// vGPU, and unknown on a vGPU whose section the output cut off.
+fn gpu_state(g: &SmiGpu) -> Option<State> {
+    if let Some(status) = g.license_status.as_deref() {
+        return Some(match classify_status(status) {
+            LicenseStatus::Licensed(_) => State::Licensed,
+            LicenseStatus::Unlicensed => State::Unlicensed,
+            LicenseStatus::Restricted => State::Restricted,
+            LicenseStatus::Unknown => State::Unknown,
+        });
+    }
+    let vgpu_mode = g
+        .virtualization_mode
+        .as_deref()
+        .map(|m| m.eq_ignore_ascii_case("VGPU"));
+    let vgpu_profile = g
+        .profile
+        .as_deref()
+        .is_some_and(crate::observe::smi::is_vgpu_profile);
+    match vgpu_mode {
+        _ if vgpu_profile => Some(State::Unknown),
+        Some(true) => Some(State::Unknown),
+        Some(false) => Some(State::NotLicensable),
+        None => None,
+    }
+}
+
+/// One GPU's lease expiry, where its License Status gives a date.
+fn gpu_expiry(g: &SmiGpu) -> Option<DateTime<Utc>> {
+    match classify_status(g.license_status.as_deref()?) {
+        LicenseStatus::Licensed(exp) => exp.map(whole_secs),
+        _ => None,
+    }
 }
 
 /// What gridd's log says: its events (years resolved), the state its lines show, its
@@ -896,20 +963,30 @@ impl LogView {
     }
 }
 
-/// The license as nvidia-smi shows it (the first GPU with a license section).
+/// The license as nvidia-smi shows it: the vGPU that decides the state (each vGPU is
+/// licensed on its own, so the worst one), and among licensed ones the first to expire.
 fn smi_license(smi: Option<&SmiSnapshot>) -> Option<License> {
-    smi.and_then(|s| s.gpus.iter().find(|g| g.has_license_section))
-        .map(|g| License {
-            status: g.license_status.clone(),
-            edition: g.edition.clone(),
-            expiry: g
-                .license_status
-                .as_deref()
-                .and_then(|st| match classify_status(st) {
-                    LicenseStatus::Licensed(exp) => exp.map(whole_secs),
-                    _ => None,
-                }),
-        })
+    smi.and_then(|s| {
+        s.gpus
+            .iter()
+            .filter(|g| g.has_license_section)
+            .min_by_key(|g| license_rank(g))
+    })
+    .map(|g| License {
+        status: g.license_status.clone(),
+        edition: g.edition.clone(),
+        expiry: gpu_expiry(g),
+    })
+}
+
+/// Restricted first, then unlicensed, unknown, and licensed by expiry (none last).
+fn license_rank(g: &SmiGpu) -> (u8, i64) {
+    match g.license_status.as_deref().map(classify_status) {
+        Some(LicenseStatus::Restricted) => (0, 0),
+        Some(LicenseStatus::Unlicensed) => (1, 0),
+        Some(LicenseStatus::Unknown) | None => (2, 0),
+        Some(LicenseStatus::Licensed(exp)) => (3, exp.map_or(i64::MAX, |e| e.timestamp())),
+    }
 }
 
 /// The failure a line of gridd's says, dated with the year the event list found for it

@@ -805,6 +805,7 @@ const STRING_FLAGS: &[&[&str]] = &[
     &["install", "--token-url", "https://x/t", "--ca-file"],
     &["analyze", "--smi"],
     &["analyze", "--journal"],
+    &["analyze", "--app-log"],
     &["analyze", "--smi", "x", "--token"],
     &["token", "inspect"],
     &["check-identity", "--root"],

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
 
-fn fixture(name: &str) -> PathBuf {
+pub(crate) fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
@@ -27,7 +27,7 @@ fn validator() -> jsonschema::Validator {
 
 /// Runs `analyze --json` with `args`, checks the report against the schema, returns it and the
 /// exit code.
-fn analyze(args: &[&str], stdin: Option<&[u8]>) -> (Value, i32) {
+pub(crate) fn analyze(args: &[&str], stdin: Option<&[u8]>) -> (Value, i32) {
     let mut child = Command::new(BIN)
         .arg("analyze")
         .arg("--json")
@@ -570,6 +570,46 @@ fn bad_inputs_get_one_line_errors() {
         String::from_utf8(out.stderr)
             .unwrap()
             .contains("not valid nvidia-smi XML")
+    );
+}
+
+/// A fragment of `nvidia-smi -q -x` as copied from an issue: two `<gpu>` elements, no
+/// declaration and no enclosing `<nvidia_smi_log>`.
+#[test]
+fn a_pasted_fragment_of_the_xml_is_read() {
+    let gpu = |bus: &str, status: &str| {
+        format!(
+            "<gpu id=\"{bus}\">\n<product_name>NVIDIA L40S-24Q</product_name>\n\
+             <gpu_virtualization_mode>\n<virtualization_mode>VGPU</virtualization_mode>\n</gpu_virtualization_mode>\n\
+             <vgpu_software_licensed_product>\n\
+             <licensed_product_name>NVIDIA RTX Virtual Workstation</licensed_product_name>\n\
+             <license_status>{status}</license_status>\n\
+             </vgpu_software_licensed_product>\n</gpu>\n"
+        )
+    };
+    let paste = gpu("00000000:02:01.0", "Licensed (Expiry: 2030-1-1 0:0:0 GMT)")
+        + &gpu("00000000:02:02.0", "Unlicensed (Restricted)");
+    let (r, code) = analyze(&["--smi", "-"], Some(paste.as_bytes()));
+    assert_eq!(
+        (r["state"].as_str(), code),
+        (Some("restricted"), 2),
+        "{r:#}"
+    );
+    let statuses: Vec<_> = r["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["bus_id"].as_str(), g["license_status"].as_str()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            (
+                Some("00000000:02:01.0"),
+                Some("Licensed (Expiry: 2030-1-1 0:0:0 GMT)")
+            ),
+            (Some("00000000:02:02.0"), Some("Unlicensed (Restricted)")),
+        ]
     );
 }
 

@@ -1081,6 +1081,83 @@ fn scenario_two_gpus_licensed_by_the_platform() {
     assert_eq!(out.status.code(), Some(0));
 }
 
+/// Two vGPUs, a MIG-backed slice and a half card, each licensed on its own: gridd holds a
+/// license for the first and none for the second (restricted). `status` gives each vGPU's
+/// own license, its headline says how many are licensed and names the one that is not, and
+/// so does the one line node-problem-detector and the Node condition carry.
+#[test]
+fn scenario_two_vgpus_one_not_licensed_each_shown_in_status() {
+    const DC_1_12Q: &str = "NVIDIA RTX Pro 6000 Blackwell DC-1-12Q";
+    const DC_48C: &str = "NVIDIA RTX Pro 6000 Blackwell DC-48C";
+    let m = Machine::new(setup(|s| {
+        s.profile = DC_1_12Q.into();
+        s.gpu_count = 2;
+        s.gpu_profiles = vec![DC_1_12Q.into(), DC_48C.into()];
+        s.unlicensed_gpus = vec![1];
+        s.grace_seconds = 0;
+    }));
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    let v = a.wait_status("one vGPU licensed, the other restricted", T, |v| {
+        v["gpus"][0]["state"] == "licensed" && v["gpus"][1]["state"] == "restricted"
+    });
+    assert_eq!(v["state"], "restricted", "{v:#}");
+    assert!(v["gpus"][0]["expiry"].is_string(), "{v:#}");
+    assert!(v["gpus"][1]["expiry"].is_null(), "{v:#}");
+    assert_eq!(v["license"]["status"], "Unlicensed (Restricted)", "{v:#}");
+    let status = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+            .arg("--config")
+            .arg(&m.config)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let not_licensed = format!(
+        "1 of 2 vGPUs licensed; not licensed: 00000000:02:02.0 {DC_48C} (Unlicensed (Restricted))"
+    );
+    let (code, text) = status(&["status"]);
+    assert_eq!(code, Some(2), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("CRITICAL: restricted: {not_licensed}")),
+        "{text}"
+    );
+    assert!(
+        lines.contains(&format!("Status:   {not_licensed}").as_str()),
+        "{text}"
+    );
+    let gpu_lines: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("GPU:"))
+        .collect();
+    assert_eq!(gpu_lines.len(), 2, "{text}");
+    assert!(
+        gpu_lines[0].starts_with(&format!(
+            "GPU:      00000000:02:01.0 {DC_1_12Q} (VGPU): Licensed until "
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        gpu_lines[1],
+        format!("GPU:      00000000:02:02.0 {DC_48C} (VGPU): Unlicensed (Restricted)"),
+        "{text}"
+    );
+    let (code, line) = status(&["status", "--npd"]);
+    assert_eq!(code, Some(1), "{line}");
+    assert!(
+        line.contains(&format!("00000000:02:02.0 {DC_48C}")),
+        "{line}"
+    );
+}
+
 /// A CLS guest behind a proxy: the token names NVIDIA's Cloud License Service
 /// (`api.cls.licensing.nvidia.com:443`), gridd.conf names a proxy (`ProxyServerAddress`,
 /// `ProxyServerPort`) that lets only `CONNECT api.cls.licensing.nvidia.com:443` through, to

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod app_logs;
 mod config_cli;
 mod diagnose;
 mod fleet;
@@ -37,3 +38,4 @@ mod sim_selfcheck;
 mod token_inspect;
 mod token_source;
 mod trust;
+mod vgpus;

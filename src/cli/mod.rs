@@ -111,13 +111,20 @@ pub struct JsonArg {
 
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
-    /// Saved `nvidia-smi -q` output (text or `-q -x` XML, whole or an excerpt); `-` for stdin.
+    /// Saved `nvidia-smi -q` output (text or `-q -x` XML, whole or an excerpt: `<gpu>`
+    /// elements pasted without their enclosing `<nvidia_smi_log>` too); `-` for stdin.
     #[arg(long, value_name = "FILE")]
     pub smi: Option<PathBuf>,
     /// nvidia-gridd's log: `journalctl -o json` lines, journalctl or syslog text, or a pasted
     /// `systemctl status nvidia-gridd`; `-` for stdin.
     #[arg(long, value_name = "FILE")]
     pub journal: Option<PathBuf>,
+    /// An application's own log (a training job's, a notebook's, `kubectl logs`): its CUDA
+    /// errors, of which `device doesn't have valid Grid license` (CUDA error 102) names the
+    /// license as the cause; other CUDA errors (out of memory, invalid device ordinal) never
+    /// do. A --journal file without gridd's lines is read this way too. `-` for stdin.
+    #[arg(long, value_name = "FILE")]
+    pub app_log: Option<PathBuf>,
     /// A client configuration token to take the DLS nodes from.
     #[arg(long, value_name = "FILE")]
     pub token: Option<PathBuf>,

@@ -407,7 +407,10 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
             }
             Some(TextLine::Bare { stamp, message }) => {
                 let stamp = self.with_context(stamp);
-                if let Some(c) = classify(message) {
+                // An application's CUDA error is its own, never a bare gridd message, though
+                // its text may read like a failure (`... Error: ...`).
+                let cuda = || crate::observe::app_log::classify(message).is_some();
+                if let Some(c) = classify(message).filter(|_| !cuda()) {
                     if stamp.is_some() {
                         self.stats.last_stamp = stamp;
                     }

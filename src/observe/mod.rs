@@ -1,5 +1,6 @@
-//! Sources turned into observations: `nvidia-smi` output and gridd's log.
+//! Sources turned into observations: `nvidia-smi` output, gridd's log and an application's.
 
+pub mod app_log;
 pub mod catalogue;
 pub mod entry;
 pub mod journal;

@@ -573,7 +573,9 @@ fn declares_entities(text: &str) -> bool {
     }
 }
 
-/// Parses `nvidia-smi -q -x`.
+/// Parses `nvidia-smi -q -x`, whole or a fragment pasted from it (one or more `<gpu>`
+/// elements, or the inside of one, with or without the XML declaration): a fragment is read
+/// as if `<nvidia_smi_log>` enclosed it.
 pub fn parse_xml(text: &str) -> Result<SmiSnapshot, String> {
     // nvidia-smi's XML names an external DTD (`<!DOCTYPE nvidia_smi_log SYSTEM "...">`),
     // which is never loaded, and declares no entities. A document that declares some is not
@@ -584,54 +586,110 @@ pub fn parse_xml(text: &str) -> Result<SmiSnapshot, String> {
             "XML with a DTD internal subset or entity declarations: nvidia-smi -q -x never writes one; give the unedited output of `nvidia-smi -q -x`".into(),
         );
     }
+    let whole = xml_document(text);
+    if let Ok(doc) = &whole
+        && doc.root_element().has_tag_name("nvidia_smi_log")
+    {
+        return Ok(snapshot_of(doc.root_element(), true));
+    }
+    let body = without_prolog(text);
+    if !body.starts_with("<nvidia_smi_log") {
+        let wrapped = format!("<nvidia_smi_log>{body}</nvidia_smi_log>");
+        if let Ok(doc) = xml_document(&wrapped)
+            && holds_smi_elements(doc.root_element())
+        {
+            return Ok(snapshot_of(doc.root_element(), false));
+        }
+    }
+    match whole {
+        Ok(doc) => Err(format!(
+            "XML but not nvidia-smi -q -x output (root element <{}>, expected <nvidia_smi_log>)",
+            doc.root_element().tag_name().name()
+        )),
+        Err(e) => Err(format!("not valid nvidia-smi XML: {e}")),
+    }
+}
+
+fn xml_document(text: &str) -> Result<roxmltree::Document<'_>, roxmltree::Error> {
     let opts = roxmltree::ParsingOptions {
         allow_dtd: true,
         // nvidia-smi -q -x of eight GPUs is about 5000 nodes.
         nodes_limit: 1_000_000,
         ..Default::default()
     };
-    let doc = roxmltree::Document::parse_with_options(text, opts)
-        .map_err(|e| format!("not valid nvidia-smi XML: {e}"))?;
-    let root = doc.root_element();
-    if root.tag_name().name() != "nvidia_smi_log" {
-        return Err(format!(
-            "XML but not nvidia-smi -q -x output (root element <{}>, expected <nvidia_smi_log>)",
-            root.tag_name().name()
-        ));
-    }
-    let child_text = |n: roxmltree::Node, path: &[&str]| -> Option<String> {
-        let mut node = n;
-        for name in path {
-            node = node.children().find(|c| c.has_tag_name(*name))?;
+    roxmltree::Document::parse_with_options(text, opts)
+}
+
+/// The text after the XML declaration and the DOCTYPE, where a paste kept them.
+fn without_prolog(text: &str) -> &str {
+    let mut rest = text.trim_start();
+    for (open, close) in [("<?xml", "?>"), ("<!DOCTYPE", ">")] {
+        if rest.starts_with(open)
+            && let Some(end) = rest.find(close)
+        {
+            rest = rest[end + close.len()..].trim_start();
         }
-        node.text()
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(String::from)
-    };
-    let mut snap = SmiSnapshot {
-        whole: true,
+    }
+    rest
+}
+
+/// The elements a fragment of `nvidia-smi -q -x` is known by: a GPU, or the parts of one.
+const FRAGMENT_ELEMENTS: [&str; 4] = [
+    "gpu",
+    "product_name",
+    "gpu_virtualization_mode",
+    "vgpu_software_licensed_product",
+];
+
+fn holds_smi_elements(root: roxmltree::Node) -> bool {
+    root.children()
+        .any(|c| FRAGMENT_ELEMENTS.iter().any(|n| c.has_tag_name(*n)))
+}
+
+/// The text of the element at `path` under `n`, trimmed; `None` when missing or empty.
+fn child_text(n: roxmltree::Node, path: &[&str]) -> Option<String> {
+    let mut node = n;
+    for name in path {
+        node = node.children().find(|c| c.has_tag_name(*name))?;
+    }
+    node.text()
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(String::from)
+}
+
+/// The snapshot `<nvidia_smi_log>` (or the element enclosing a fragment) holds: its `<gpu>`
+/// elements, or, in a fragment of one GPU's inside, that GPU.
+fn snapshot_of(root: roxmltree::Node, whole: bool) -> SmiSnapshot {
+    let mut gpus: Vec<SmiGpu> = root
+        .children()
+        .filter(|c| c.has_tag_name("gpu"))
+        .map(gpu_of)
+        .collect();
+    if gpus.is_empty() && !whole && holds_smi_elements(root) {
+        gpus.push(gpu_of(root));
+    }
+    SmiSnapshot {
+        whole,
         driver_version: child_text(root, &["driver_version"]),
         timestamp: child_text(root, &["timestamp"]).and_then(|t| parse_smi_timestamp(&t)),
+        gpus,
         ..SmiSnapshot::default()
-    };
-    for gpu in root.children().filter(|c| c.has_tag_name("gpu")) {
-        let lic = gpu
-            .children()
-            .find(|c| c.has_tag_name("vgpu_software_licensed_product"));
-        snap.gpus.push(SmiGpu {
-            bus_id: gpu.attribute("id").map(String::from),
-            profile: child_text(gpu, &["product_name"]),
-            virtualization_mode: child_text(
-                gpu,
-                &["gpu_virtualization_mode", "virtualization_mode"],
-            ),
-            license_status: lic.and_then(|l| child_text(l, &["license_status"])),
-            edition: lic.and_then(|l| child_text(l, &["licensed_product_name"])),
-            has_license_section: lic.is_some(),
-        });
     }
-    Ok(snap)
+}
+
+fn gpu_of(gpu: roxmltree::Node) -> SmiGpu {
+    let lic = gpu
+        .children()
+        .find(|c| c.has_tag_name("vgpu_software_licensed_product"));
+    SmiGpu {
+        bus_id: gpu.attribute("id").map(String::from),
+        profile: child_text(gpu, &["product_name"]),
+        virtualization_mode: child_text(gpu, &["gpu_virtualization_mode", "virtualization_mode"]),
+        license_status: lic.and_then(|l| child_text(l, &["license_status"])),
+        edition: lic.and_then(|l| child_text(l, &["licensed_product_name"])),
+        has_license_section: lic.is_some(),
+    }
 }
 
 #[cfg(test)]
@@ -768,6 +826,61 @@ vGPU Software Licensed Product\nProduct Name : NVIDIA Virtual Compute Server\nLi
                 .contains("nvidia_smi_log")
         );
         assert!(parse(b"<nvidia_smi_log>").is_err());
+    }
+
+    #[test]
+    fn an_xml_fragment_is_read_as_if_nvidia_smi_log_enclosed_it() {
+        let gpu = |bus: &str, status: &str| {
+            format!(
+                "<gpu id=\"{bus}\">\n\t<product_name>NVIDIA RTX Pro 6000 Blackwell DC-48C</product_name>\n\
+                 \t<vgpu_software_licensed_product>\n\
+                 \t\t<licensed_product_name>NVIDIA Virtual Compute Server</licensed_product_name>\n\
+                 \t\t<license_status>{status}</license_status>\n\
+                 \t</vgpu_software_licensed_product>\n</gpu>\n"
+            )
+        };
+        let two = gpu("00000000:02:01.0", "Licensed (Expiry: 2030-1-1 0:0:0 GMT)")
+            + &gpu("00000000:03:01.0", "Unlicensed (Restricted)");
+        let header =
+            "<?xml version=\"1.0\" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM \"nvsmi_device_v12.dtd\">\n";
+        for text in [two.clone(), format!("{header}{two}")] {
+            let s = parse(text.as_bytes()).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(!s.whole, "a fragment is an excerpt");
+            let seen: Vec<_> = s
+                .gpus
+                .iter()
+                .map(|g| (g.bus_id.as_deref(), g.license_status.as_deref()))
+                .collect();
+            assert_eq!(
+                seen,
+                [
+                    (
+                        Some("00000000:02:01.0"),
+                        Some("Licensed (Expiry: 2030-1-1 0:0:0 GMT)")
+                    ),
+                    (Some("00000000:03:01.0"), Some("Unlicensed (Restricted)")),
+                ]
+            );
+        }
+        // One GPU's element alone, and the inside of one.
+        let one = parse(gpu("00000000:02:01.0", "Unlicensed").as_bytes()).unwrap();
+        assert_eq!(one.gpus.len(), 1);
+        let inside = "<product_name>GRID A100-4C</product_name>\n<vgpu_software_licensed_product>\n\
+            <licensed_product_name>NVIDIA Virtual Compute Server</licensed_product_name>\n\
+            <license_status>Unlicensed (Restricted)</license_status>\n</vgpu_software_licensed_product>\n";
+        let s = parse(inside.as_bytes()).unwrap();
+        assert_eq!(s.gpus[0].profile.as_deref(), Some("GRID A100-4C"));
+        assert_eq!(
+            s.gpus[0].license_status.as_deref(),
+            Some("Unlicensed (Restricted)")
+        );
+        // A whole output without its header is whole.
+        let s = parse(format!("<nvidia_smi_log>{two}</nvidia_smi_log>").as_bytes()).unwrap();
+        assert!(s.whole && s.gpus.len() == 2);
+        // Other XML, and a whole output cut short, are still refused.
+        assert!(parse(b"<a>1</a><b>2</b>").is_err());
+        assert!(parse(b"<nvidia_smi_log><gpu>").is_err());
+        assert!(parse(gpu("x", "Licensed").trim_end_matches(">\n").as_bytes()).is_err());
     }
 
     #[test]

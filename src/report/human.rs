@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use chrono::{DateTime, Local, Utc};
 
-use super::{Report, State};
+use super::{Gpu, Report, State, vgpu_tally};
 use crate::text::escape;
 
 fn describe(state: State) -> &'static str {
@@ -42,6 +42,9 @@ pub fn summary_line(r: &Report) -> String {
     let mut line = format!("{word}: {}", r.state.as_str());
     if r.state == State::NoGpu {
         line.push_str(": no NVIDIA GPU in this guest, nothing to license");
+    }
+    if let Some(tally) = vgpu_tally(r) {
+        let _ = write!(line, ": {}", escape(&tally));
     }
     if let Some(l) = &r.license
         && r.state == State::Licensed
@@ -89,7 +92,10 @@ fn license_lines(o: &mut String, r: &Report) {
         if let Some(ed) = &l.edition {
             let _ = writeln!(o, "Edition:  {}", escape(ed));
         }
-        if let Some(st) = &l.status {
+        // Several vGPUs, each licensed on its own: how many hold a license, and which not.
+        if let Some(tally) = vgpu_tally(r) {
+            let _ = writeln!(o, "Status:   {}", escape(&tally));
+        } else if let Some(st) = &l.status {
             let _ = writeln!(o, "Status:   {}", escape(st));
         }
         if let Some(exp) = l.expiry {
@@ -103,10 +109,10 @@ fn where_lines(o: &mut String, r: &Report) {
     for g in &r.gpus {
         let _ = writeln!(
             o,
-            "GPU:      {} {} ({})",
-            escape(g.bus_id.as_deref().unwrap_or("-")),
-            escape(g.profile.as_deref().unwrap_or("unknown profile")),
+            "GPU:      {} ({}){}",
+            escape(&g.name()),
             escape(g.virtualization_mode.as_deref().unwrap_or("mode not shown")),
+            gpu_license(g),
         );
     }
     if let Some(dls) = &r.dls {
@@ -126,6 +132,18 @@ fn where_lines(o: &mut String, r: &Report) {
                 .and_then(|v| v.as_str().map(String::from))
                 .unwrap_or_default()
         );
+    }
+}
+
+/// A GPU's own license after its name: `: Licensed until 2026-12-07 10:00:00 UTC`,
+/// `: Unlicensed (Restricted)`; nothing for a GPU that shows no license status.
+fn gpu_license(g: &Gpu) -> String {
+    match (g.license_status.as_deref(), g.expiry) {
+        (Some(_), Some(exp)) if g.state == Some(State::Licensed) => {
+            format!(": Licensed until {}", exp.format("%Y-%m-%d %H:%M:%S UTC"))
+        }
+        (Some(status), _) => format!(": {}", escape(status)),
+        (None, _) => String::new(),
     }
 }
 

@@ -485,6 +485,8 @@ mod tests {
                     virtualization_mode: Some("VGPU".into()),
                     license_status: None,
                     edition: Some("NVIDIA RTX Virtual Workstation".into()),
+                    state: None,
+                    expiry: None,
                 },
                 crate::report::Gpu {
                     bus_id: Some("00000000:02:02.0".into()),
@@ -492,6 +494,8 @@ mod tests {
                     virtualization_mode: Some("VGPU".into()),
                     license_status: None,
                     edition: None,
+                    state: None,
+                    expiry: None,
                 },
             ],
             events: vec![],

@@ -234,6 +234,8 @@ pub struct License {
     pub expiry: Option<DateTime<Utc>>,
 }
 
+/// One GPU of the guest. NVIDIA licenses each vGPU of a VM on its own: its own state and
+/// expiry (reports of earlier versions lack them).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Gpu {
     pub bus_id: Option<String>,
@@ -241,6 +243,57 @@ pub struct Gpu {
     pub virtualization_mode: Option<String>,
     pub license_status: Option<String>,
     pub edition: Option<String>,
+    /// This GPU's own state (`licensed`, `unlicensed`, `restricted`, `not_licensable`,
+    /// `unknown`); null when nvidia-smi's output tells nothing of it.
+    #[serde(default)]
+    pub state: Option<State>,
+    /// This GPU's lease expiry, where its License Status gives a date.
+    #[serde(default, with = "rfc3339_secs::option")]
+    pub expiry: Option<DateTime<Utc>>,
+}
+
+impl Gpu {
+    /// Whether nvidia-smi shows a license status for it: a vGPU, licensed or not.
+    pub fn is_vgpu(&self) -> bool {
+        self.license_status.is_some()
+    }
+
+    /// `00000000:03:01.0 NVIDIA RTX Pro 6000 Blackwell DC-48C`, as a person names it.
+    pub fn name(&self) -> String {
+        format!(
+            "{} {}",
+            self.bus_id.as_deref().unwrap_or("-"),
+            self.profile.as_deref().unwrap_or("unknown profile")
+        )
+    }
+}
+
+/// With several vGPUs, how many hold a license and which do not: `1 of 2 vGPUs licensed;
+/// not licensed: 00000000:03:01.0 NVIDIA RTX Pro 6000 Blackwell DC-48C (Unlicensed
+/// (Restricted))`. `None` with one vGPU or none, whose status says it all.
+pub fn vgpu_tally(r: &Report) -> Option<String> {
+    let vgpus: Vec<&Gpu> = r.gpus.iter().filter(|g| g.is_vgpu()).collect();
+    if vgpus.len() < 2 {
+        return None;
+    }
+    let (licensed, not): (Vec<&Gpu>, Vec<&Gpu>) =
+        vgpus.iter().partition(|g| g.state == Some(State::Licensed));
+    let mut line = format!("{} of {} vGPUs licensed", licensed.len(), vgpus.len());
+    if !not.is_empty() {
+        let named: Vec<String> = not
+            .iter()
+            .map(|g| {
+                format!(
+                    "{} ({})",
+                    g.name(),
+                    g.license_status.as_deref().unwrap_or("?")
+                )
+            })
+            .collect();
+        line.push_str("; not licensed: ");
+        line.push_str(&named.join(", "));
+    }
+    Some(line)
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1975,6 +1975,9 @@ fn same_report(a: &Report, b: &Report) -> bool {
 /// The one line `systemctl status` shows.
 pub fn status_line(r: &Report) -> String {
     let mut line = r.state.as_str().to_string();
+    if let Some(tally) = crate::report::vgpu_tally(r) {
+        line.push_str(&format!(", {tally}"));
+    }
     if let Some(l) = &r.license {
         if let Some(ed) = &l.edition {
             line.push_str(&format!(", {ed}"));

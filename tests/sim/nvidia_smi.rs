@@ -4,7 +4,8 @@
 //! leave a process of another session holding its output (`detached_holder`) or print
 //! without end (`endless`);
 //! `driver_version` sets the version printed and the wording of an unlicensed GPU (535's
-//! plain `Unlicensed`); `gpu_count` the number of vGPUs; `platform_licensed` prints
+//! plain `Unlicensed`); `gpu_count` the number of vGPUs, `gpu_profiles` their profiles and
+//! `unlicensed_gpus` those gridd holds no license for; `platform_licensed` prints
 //! `Licensed (Expiry: N/A)`.
 //!
 //!     sim-nvidia-smi [--sim-dir DIR] [-q [-x]] [-L]
@@ -157,6 +158,20 @@ fn bus_id(first: &str, i: u32) -> String {
     format!("{head}:{:02X}.0", dev + i)
 }
 
+/// The `i`th vGPU's license: gridd's, unless it holds none for this one
+/// (`unlicensed_gpus`).
+fn gpu_state(cfg: &SimConfig, state: &GpuState, i: u32) -> GpuState {
+    if cfg.unlicensed_gpus.contains(&i) {
+        GpuState {
+            licensed: false,
+            expiry: None,
+            ..state.clone()
+        }
+    } else {
+        state.clone()
+    }
+}
+
 impl Gpu {
     fn new(cfg: &SimConfig, state: &GpuState, now: i64, i: u32) -> Gpu {
         let bus = bus_id(&cfg.bus_id, i);
@@ -174,13 +189,14 @@ impl Gpu {
                 license: None,
             };
         }
+        let edition = shared::edition_of(cfg.gpu_profile(i));
         Gpu {
             bus_id: bus,
-            product: cfg.profile.clone(),
-            brand: cfg.edition(),
+            product: cfg.gpu_profile(i).to_string(),
+            brand: edition.clone(),
             uuid: format!("GPU-62f13b27-1eda-11b2-a8b5-0869ebe252{:02x}", 0x64 + i),
             mode: "VGPU",
-            license: Some((cfg.edition(), state.license_status(cfg, now))),
+            license: Some((edition, gpu_state(cfg, state, i).license_status(cfg, now))),
         }
     }
 

@@ -136,8 +136,15 @@ pub struct SimConfig {
     pub driver_version: String,
     /// How gridd words a failure to reach the DLS.
     pub network_failure: NetworkFailure,
-    /// How many vGPUs the VM has (nvidia-smi lists each; one license covers them all).
+    /// How many vGPUs the VM has (nvidia-smi lists each, each with its own license section).
     pub gpu_count: u32,
+    /// The profiles of the vGPUs, first to last, where they differ (a MIG-backed slice beside
+    /// a whole-card profile); a vGPU past the list's end has `profile`.
+    pub gpu_profiles: Vec<String>,
+    /// The vGPUs (by index, from 0) gridd holds no license for, as when the DLS has none of
+    /// their edition: nvidia-smi shows them unlicensed (restricted after `grace_seconds`),
+    /// whatever the others hold.
+    pub unlicensed_gpus: Vec<u32>,
     /// A cloud GPU instance whose platform licenses the GPU: gridd never leases, nvidia-smi
     /// says `Licensed (Expiry: N/A)`.
     pub platform_licensed: bool,
@@ -166,6 +173,8 @@ impl Default for SimConfig {
             driver_version: "550.90.07".into(),
             network_failure: NetworkFailure::Full,
             gpu_count: 1,
+            gpu_profiles: Vec::new(),
+            unlicensed_gpus: Vec::new(),
             platform_licensed: false,
         }
     }
@@ -175,14 +184,14 @@ impl SimConfig {
     /// The edition the profile asks for: the driver's rule (domain.md, "Profile letter and
     /// edition"), the profile's last letter.
     pub fn edition(&self) -> String {
-        let name = self.profile.split_whitespace().last().unwrap_or_default();
-        match name.chars().last().map(|c| c.to_ascii_uppercase()) {
-            Some('Q') => "NVIDIA RTX Virtual Workstation",
-            Some('A') => "NVIDIA Virtual Applications",
-            Some('C') => "NVIDIA Virtual Compute Server",
-            _ => "NVIDIA Virtual PC",
-        }
-        .to_string()
+        edition_of(&self.profile)
+    }
+
+    /// The `i`th vGPU's profile.
+    pub fn gpu_profile(&self, i: u32) -> &str {
+        self.gpu_profiles
+            .get(i as usize)
+            .map_or(&self.profile, String::as_str)
     }
 
     /// The driver's major version (550 of `550.90.07`).
@@ -293,6 +302,19 @@ impl GpuState {
             }
         }
     }
+}
+
+/// The edition a profile asks for: the driver's rule (domain.md, "Profile letter and
+/// edition"), the profile's last letter.
+pub fn edition_of(profile: &str) -> String {
+    let name = profile.split_whitespace().last().unwrap_or_default();
+    match name.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('Q') => "NVIDIA RTX Virtual Workstation",
+        Some('A') => "NVIDIA Virtual Applications",
+        Some('C') => "NVIDIA Virtual Compute Server",
+        _ => "NVIDIA Virtual PC",
+    }
+    .to_string()
 }
 
 /// `2026-12-1 7:3:9 GMT`: gridd's and nvidia-smi's format, no zero padding.

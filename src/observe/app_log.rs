@@ -1,0 +1,201 @@
+//! An application's own log (a training job's, a notebook's, a container's): the CUDA errors
+//! in it, and whether they name the license. Users meet an unlicensed vGPU through these
+//! words, not gridd's, and read them as memory or code bugs.
+//!
+//! - CUDA error 102, `cudaErrorDeviceNotLicensed` (`CUDA_ERROR_DEVICE_NOT_LICENSED`), whose
+//!   text is `device doesn't have valid Grid license` (PyTorch: `RuntimeError: CUDA error:
+//!   device doesn't have valid Grid license`): the license, beyond doubt.
+//! - `operation not supported` and `busy or unavailable` from CUDA (TensorFlow:
+//!   `cudaSetDevice() on GPU:0 failed. Status: operation not supported`): how a vGPU
+//!   throttled for want of a license fails, but also what a CUDA runtime newer than its
+//!   driver allows, or a device held by another process, gives. Beside a license line they
+//!   are part of it; alone, only a hint to look at the license, never a verdict.
+//! - Any other CUDA error (out of memory, invalid device ordinal, ...): never the license.
+
+/// What a CUDA error line says of the license.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weight {
+    /// CUDA error 102: the device holds no valid license.
+    License,
+    /// `operation not supported`, `busy or unavailable`: may be the license.
+    Hint,
+    /// Any other CUDA error: not the license.
+    Other,
+}
+
+/// One CUDA error line of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaError {
+    /// 1-based.
+    pub line: usize,
+    /// The line, trimmed (and cut to [`MAX_TEXT`] bytes).
+    pub text: String,
+    pub weight: Weight,
+}
+
+/// The CUDA errors of an application's log: the first of each weight.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppLog {
+    pub license: Option<CudaError>,
+    pub hint: Option<CudaError>,
+    pub other: Option<CudaError>,
+}
+
+impl AppLog {
+    /// Whether the log holds any CUDA error.
+    pub fn any(&self) -> bool {
+        self.license.is_some() || self.hint.is_some() || self.other.is_some()
+    }
+}
+
+/// A line's text kept in a report at most this long.
+pub const MAX_TEXT: usize = 400;
+
+/// The wordings of CUDA error 102 (runtime and driver API names, its text, PyTorch's
+/// older `cuda runtime error (102)`), lowercased.
+const LICENSE_WORDS: [&str; 6] = [
+    "device doesn't have valid grid license",
+    "device doesn\u{2019}t have valid grid license",
+    "cudaerrordevicenotlicensed",
+    "cuda_error_device_not_licensed",
+    "cuda runtime error (102)",
+    "cuda error 102",
+];
+
+/// What a throttled vGPU's CUDA calls fail with, among other causes.
+const HINT_WORDS: [&str; 2] = ["operation not supported", "busy or unavailable"];
+
+/// What marks a line as a CUDA error at all.
+const CUDA_WORDS: [&str; 7] = [
+    "cuda error",
+    "cuda runtime error",
+    "cuda out of memory",
+    "cudaerror",
+    "cuda_error",
+    "cudasetdevice",
+    "cuda-capable device",
+];
+
+/// Classifies one line: `None` when it is no CUDA error.
+pub fn classify(line: &str) -> Option<Weight> {
+    let lower = line.to_lowercase();
+    if LICENSE_WORDS.iter().any(|w| lower.contains(w)) {
+        return Some(Weight::License);
+    }
+    if !CUDA_WORDS.iter().any(|w| lower.contains(w)) {
+        return None;
+    }
+    Some(if HINT_WORDS.iter().any(|w| lower.contains(w)) {
+        Weight::Hint
+    } else {
+        Weight::Other
+    })
+}
+
+/// Reads an application's log, any text (invalid UTF-8 is replaced).
+///
+/// ```
+/// use vgpu_license_agent::observe::app_log;
+///
+/// let log = "Traceback (most recent call last):\n\
+///     RuntimeError: CUDA error: device doesn't have valid Grid license\n";
+/// let found = app_log::scan(log.as_bytes());
+/// assert_eq!(found.license.unwrap().line, 2);
+/// let oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB.\n";
+/// assert!(app_log::scan(oom.as_bytes()).license.is_none());
+/// ```
+pub fn scan(input: &[u8]) -> AppLog {
+    let mut found = AppLog::default();
+    for (i, raw) in input.split(|&b| b == b'\n').enumerate() {
+        let line = String::from_utf8_lossy(raw);
+        let Some(weight) = classify(&line) else {
+            continue;
+        };
+        let slot = match weight {
+            Weight::License => &mut found.license,
+            Weight::Hint => &mut found.hint,
+            Weight::Other => &mut found.other,
+        };
+        if slot.is_none() {
+            *slot = Some(CudaError {
+                line: i + 1,
+                text: cut(line.trim()),
+                weight,
+            });
+        }
+        if found.license.is_some() && found.hint.is_some() && found.other.is_some() {
+            break;
+        }
+    }
+    found
+}
+
+fn cut(s: &str) -> String {
+    let mut end = s.len().min(MAX_TEXT);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_error_102_is_the_license_and_the_not_supported_family_a_hint() {
+        use Weight::*;
+        for (line, want) in [
+            (
+                "RuntimeError: CUDA error: device doesn't have valid Grid license",
+                Some(License),
+            ),
+            ("cudaErrorDeviceNotLicensed", Some(License)),
+            ("CUresult 102 CUDA_ERROR_DEVICE_NOT_LICENSED", Some(License)),
+            (
+                "RuntimeError: cuda runtime error (102) : device doesn't have valid Grid license at x.cpp:47",
+                Some(License),
+            ),
+            (
+                "tensorflow.python.framework.errors_impl.InternalError: cudaSetDevice() on GPU:0 failed. Status: operation not supported",
+                Some(Hint),
+            ),
+            (
+                "InternalError: CUDA runtime implicit initialization on GPU:0 failed. Status: all CUDA-capable devices are busy or unavailable",
+                Some(Hint),
+            ),
+            (
+                "RuntimeError: CUDA error: invalid device ordinal",
+                Some(Other),
+            ),
+            (
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB.",
+                Some(Other),
+            ),
+            (
+                "RuntimeError: cuda runtime error (101) : invalid device ordinal",
+                Some(Other),
+            ),
+            // Not CUDA's: a file system's or a network's words.
+            ("cp: operation not supported", None),
+            ("epoch 3: loss 0.12, out of memory errors: 0", None),
+        ] {
+            assert_eq!(classify(line), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn the_first_line_of_each_weight_is_kept_with_its_number() {
+        let log = "start\nRuntimeError: CUDA error: invalid device ordinal\n\
+            cudaSetDevice() on GPU:0 failed. Status: operation not supported\n\
+            device doesn't have valid Grid license\n\
+            device doesn't have valid Grid license\n";
+        let found = scan(log.as_bytes());
+        assert_eq!(found.other.as_ref().map(|e| e.line), Some(2));
+        assert_eq!(found.hint.as_ref().map(|e| e.line), Some(3));
+        assert_eq!(found.license.as_ref().map(|e| e.line), Some(4));
+        let long = format!("CUDA error: {}\n", "x".repeat(10_000));
+        assert_eq!(scan(long.as_bytes()).other.unwrap().text.len(), MAX_TEXT);
+        assert!(!scan(b"all good\n").any());
+    }
+}
