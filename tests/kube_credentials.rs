@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::common::sim::kube_api::{FakeApi, node_object};
 use crate::common::sim::{self, Agent, Machine, Setup, write_gridd_conf};
+use crate::trust::config_check;
 
 const T: Duration = Duration::from_secs(30);
 const NODE: &str = "gpu-worker-1";
@@ -57,19 +58,6 @@ fn rotate(pki: &Path, n: u32, text: &str) -> PathBuf {
     std::os::unix::fs::symlink(&dated, &tmp).unwrap();
     std::fs::rename(&tmp, &link).unwrap();
     link
-}
-
-fn config_check(m: &Machine) -> (Option<i32>, String) {
-    let out = std::process::Command::new(crate::common::BIN)
-        .arg("--config")
-        .arg(&m.config)
-        .args(["config", "check"])
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The `PATCH .../status 200` requests the API has answered.

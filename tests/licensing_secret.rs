@@ -185,13 +185,7 @@ fn a_secret_without_the_token_and_a_bad_name_are_said() {
         config.replace(&format!("{NS}/{SECRET}"), "licensing-config"),
     )
     .unwrap();
-    let out = std::process::Command::new(crate::common::BIN)
-        .arg("--config")
-        .arg(&m.config)
-        .args(["config", "check"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = crate::trust::config_check(&m);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("NAMESPACE/NAME"), "{err}");
 }

@@ -233,7 +233,7 @@ fn refused_without_a_request(a: &Agent, api: &FakeApi, why: &str) {
 }
 
 /// `config check` of `m`'s config: its exit code and standard error.
-fn config_check(m: &Machine) -> (Option<i32>, String) {
+pub(crate) fn config_check(m: &Machine) -> (Option<i32>, String) {
     let out = std::process::Command::new(crate::common::BIN)
         .arg("--config")
         .arg(&m.config)

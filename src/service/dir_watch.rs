@@ -49,13 +49,7 @@ pub struct Watch {
 impl Watch {
     /// Watches what `settings` name; `None` (logged) where inotify cannot be had.
     pub fn start(settings: &Settings) -> Option<Watch> {
-        let fd = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(std::io::Error::from)
-            // SAFETY: the AsyncFd owns the Inotify, so the descriptor it registers stays open
-            // (and the same one) until the registration ends with it.
-            .and_then(|i| unsafe { AsyncFd::register(Fd(i)) }.map_err(std::io::Error::from))
-            .map_err(|e| warn!("cannot watch the token directory: {e}; checking it on each tick"))
-            .ok()?;
+        let fd = inotify("the token directory", "checking it on each tick")?;
         let w = Watch {
             fd,
             dirs: RefCell::default(),
@@ -118,20 +112,12 @@ impl Watch {
     /// Where inotify fails, never: the periodic look at the token stands in.
     pub async fn changed(&self) {
         loop {
-            let read = match self.fd.readable().await {
-                Ok(mut ready) => {
-                    ready.try_io(|fd| fd.get_ref().0.read_events().map_err(std::io::Error::from))
-                }
-                Err(e) => Ok(Err(e)),
-            };
-            let events = match read {
-                Ok(Ok(events)) => events,
-                Ok(Err(e)) => {
-                    warn!("the token directory's watch failed: {e}; checking it on each tick");
-                    return std::future::pending().await;
-                }
-                Err(_would_block) => continue,
-            };
+            let events = next_events(
+                &self.fd,
+                "the token directory's watch",
+                "checking it on each tick",
+            )
+            .await;
             let dirs = self.dirs.borrow();
             let wanted = events.iter().any(|e| {
                 if e.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
@@ -163,6 +149,42 @@ impl Watch {
     }
 }
 
+/// An inotify instance on the loop; `None` (logged: `what` is not watched, `instead` stands
+/// in) where it cannot be had.
+fn inotify(what: &str, instead: &str) -> Option<AsyncFd<Fd>> {
+    Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .map_err(std::io::Error::from)
+        // SAFETY: the AsyncFd owns the Inotify, so the descriptor it registers stays open
+        // (and the same one) until the registration ends with it.
+        .and_then(|i| unsafe { AsyncFd::register(Fd(i)) }.map_err(std::io::Error::from))
+        .map_err(|e| warn!("cannot watch {what}: {e}; {instead}"))
+        .ok()
+}
+
+/// The next events of `fd`; where reading fails (logged), none ever again.
+async fn next_events(
+    fd: &AsyncFd<Fd>,
+    what: &str,
+    instead: &str,
+) -> Vec<nix::sys::inotify::InotifyEvent> {
+    loop {
+        let read = match fd.readable().await {
+            Ok(mut ready) => {
+                ready.try_io(|fd| fd.get_ref().0.read_events().map_err(std::io::Error::from))
+            }
+            Err(e) => Ok(Err(e)),
+        };
+        match read {
+            Ok(Ok(events)) => return events,
+            Ok(Err(e)) => {
+                warn!("{what} failed: {e}; {instead}");
+                return std::future::pending().await;
+            }
+            Err(_would_block) => continue,
+        }
+    }
+}
+
 /// The next change [`Watch::changed`] reports; never, without a watch.
 pub async fn changed(watch: Option<&Watch>) {
     match watch {
@@ -189,12 +211,7 @@ impl DriverWatch {
     /// Watches the driver root `root` and its validations; `None` where inotify cannot be
     /// had (the reading's own pace stands in).
     pub fn start(root: &Path) -> Option<DriverWatch> {
-        let fd = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(std::io::Error::from)
-            // SAFETY: as in [`Watch::start`].
-            .and_then(|i| unsafe { AsyncFd::register(Fd(i)) }.map_err(std::io::Error::from))
-            .map_err(|e| warn!("cannot watch the driver pod's root: {e}; looking at each reading"))
-            .ok()?;
+        let fd = inotify("the driver pod's root", "looking at each reading")?;
         let w = DriverWatch {
             fd,
             root: root.to_path_buf(),
@@ -232,20 +249,12 @@ impl DriverWatch {
         let root_name = self.root.file_name();
         let validations_name = self.validations.file_name();
         loop {
-            let read = match self.fd.readable().await {
-                Ok(mut ready) => {
-                    ready.try_io(|fd| fd.get_ref().0.read_events().map_err(std::io::Error::from))
-                }
-                Err(e) => Ok(Err(e)),
-            };
-            let events = match read {
-                Ok(Ok(events)) => events,
-                Ok(Err(e)) => {
-                    warn!("the driver pod's watch failed: {e}; looking at each reading");
-                    return std::future::pending().await;
-                }
-                Err(_would_block) => continue,
-            };
+            let events = next_events(
+                &self.fd,
+                "the driver pod's watch",
+                "looking at each reading",
+            )
+            .await;
             let wanted = events.iter().any(|e| match &e.name {
                 Some(name) => {
                     let name = Some(name.as_os_str());
