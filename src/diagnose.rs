@@ -151,7 +151,30 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     if node.driver_root.is_some() {
         operator_fixes(&mut d.checks, &node);
     }
+    for c in &mut d.checks {
+        c.fix = c.fix.take().map(|f| not_self_referring(&f));
+    }
     d
+}
+
+/// Advice meant for `status` sends the reader to `diagnose`; within `diagnose` itself that
+/// clause says nothing: it goes, as a parenthesis or as the clause after a semicolon.
+fn not_self_referring(fix: &str) -> String {
+    const ME: &str = "`vgpu-license-agent diagnose`";
+    let Some(at) = fix.find(ME) else {
+        return fix.to_string();
+    };
+    let (before, after) = fix.split_at(at);
+    if let Some(open) = before.strip_suffix('(').map(str::trim_end)
+        && let Some(close) = after.find(')')
+    {
+        return format!("{open}{}", &after[close + 1..]);
+    }
+    if let Some(head) = before.strip_suffix("; ") {
+        let rest = after.find('.').map_or("", |end| &after[end..]);
+        return format!("{head}{rest}");
+    }
+    fix.to_string()
 }
 
 /// On a GPU Operator node every fix is one that works there: the token, the token directory
@@ -183,6 +206,10 @@ fn operator_fixes(checks: &mut [Check], node: &crate::node_mode::Node) {
 
 fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     let mut obs = live::observe(settings, now, state::MAX_EVENTS);
+    // What only the running service knows, as `status` shows it from the service's report.
+    if let Some((served, _)) = crate::status::from_service(settings) {
+        state::carry_service_findings(&mut obs, &served);
+    }
     let mode = state::licensing_mode(
         obs.token.as_ref(),
         obs.log.as_ref().map(|(f, _)| f),
@@ -196,12 +223,18 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
         return nothing_to_license(settings, obs);
     }
     let mut checks = local_checks(settings, now, smi, mode, obs.token.is_some());
-    let targets = obs.token.as_ref().map(probe::targets).unwrap_or_default();
+    // A token whose dates this guest's clock rejects still names its DLS: asking it is how the
+    // clock is measured ("not valid yet" is itself the sign of a clock behind).
+    let named = obs
+        .token
+        .clone()
+        .or_else(|| live::token_state(settings, now).token.ok());
+    let targets = named.as_ref().map(probe::targets).unwrap_or_default();
     let via = live::gridd_proxy(settings);
     checks.extend(proxy_check(&via));
     let via = via.ok().flatten();
     let probes = probe::probe_all(&targets, via.as_ref(), settings.service.probe_timeout);
-    if obs.token.is_some() {
+    if named.is_some() {
         let driver = smi.driver_version.as_deref();
         for p in &probes {
             checks.extend(probe_checks(p, settings, now, mode, driver));
@@ -443,6 +476,16 @@ fn token_ok_check(t: &crate::token::Token, path: &str, now: DateTime<Utc>) -> Ch
 /// No token usable now: why, and its fix.
 fn token_problem_check(p: &TokenProblem, path: &str, settings: &Settings) -> Check {
     let fix = match p {
+        // The platform brings the token: installing one by hand is not the way.
+        TokenProblem::Missing if settings.paths.token_source.is_some() => format!(
+            "the service installs the token from the token source {} (paths.token_source) once it holds one: see the token-source check",
+            settings
+                .paths
+                .token_source
+                .as_deref()
+                .map(crate::text::show_path)
+                .unwrap_or_default()
+        ),
         TokenProblem::Missing
         | TokenProblem::Invalid(_)
         | TokenProblem::Untimely(Untimely::Expired(_)) => INSTALL_FIX.to_string(),
@@ -493,6 +536,11 @@ fn source_check(settings: &Settings) -> Option<Check> {
             Status::Ok,
             format!("{shown}: {summary}"),
         ),
+        Err(why) if crate::policy::share_not_mounted(&why) => {
+            check("token-source", Status::Fail, format!("{shown}: {why}")).fix(format!(
+                "mount the share (`findmnt {shown}` shows none; `systemctl --failed` and `journalctl -b -u '*.mount'` say why): the Secret need not change, and the service installs its token as soon as it sees it"
+            ))
+        }
         Err(why) => check("token-source", Status::Fail, format!("{shown}: {why}")).fix(
             "put a valid client configuration token from the DLS into the source (rotate the Kubernetes Secret again); the service installs it as soon as it sees it",
         ),
@@ -1028,6 +1076,22 @@ fn covered(reason: Reason, checks: &[Check]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn advice_that_sends_the_reader_to_diagnose_loses_that_clause_here() {
+        assert_eq!(
+            not_self_referring("load it (`vgpu-license-agent diagnose` says which)."),
+            "load it."
+        );
+        assert_eq!(
+            not_self_referring(
+                "add a unit; `vgpu-license-agent diagnose` shows what is there. Then go."
+            ),
+            "add a unit. Then go."
+        );
+        let kept = "run `vgpu-license-agent diagnose` on the node";
+        assert_eq!(not_self_referring(kept), kept);
+    }
 
     #[test]
     fn exit_codes_follow_the_worst_check() {

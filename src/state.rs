@@ -406,6 +406,23 @@ pub fn advice(
 }
 
 /// nvidia-gridd's unit does not exist: `systemctl enable --now` cannot work.
+/// The advice where the finding's own words narrow the reason down: a gridd unit that does
+/// not exist, a token source whose share did not mount.
+fn advice_of_message(reason: Reason, message: &str) -> Option<String> {
+    match reason {
+        Reason::GriddNotRunning if crate::policy::unit_missing(message) => {
+            Some(GRIDD_MISSING_ADVICE.into())
+        }
+        Reason::TokenSourceRejected if crate::policy::share_not_mounted(message) => {
+            Some(SHARE_NOT_MOUNTED_ADVICE.into())
+        }
+        _ => None,
+    }
+}
+
+/// The token source's share did not mount: the Secret behind it may be fine.
+pub const SHARE_NOT_MOUNTED_ADVICE: &str = "The share that brings the token into this guest (paths.token_source: a KubeVirt virtiofs volume of the Secret) did not mount, so there is nothing to install yet; the Secret itself may be fine, and rotating it does not help. `findmnt` shows the mount missing; `systemctl --failed` and `journalctl -b -u '*.mount'` say why (the VM's volume, virtiofs in the guest). Once it is mounted, the service installs the token as soon as it sees it.";
+
 pub const GRIDD_MISSING_ADVICE: &str = "nvidia-gridd's systemd unit is not installed: it comes with the NVIDIA vGPU (GRID) guest driver (the data-center driver has none; some builds ship the daemon without its unit): install the GRID guest driver, or add a unit running /usr/bin/nvidia-gridd; `vgpu-license-agent diagnose` shows what is there.";
 
 /// What to do when no driver answers, from what nvidia-smi (or the shell) said: the driver
@@ -623,6 +640,35 @@ fn app_failure(state: State, app: Option<&AppLog>) -> Option<Failure> {
 }
 
 /// What the report's failure and its advice rest on, besides the observations.
+/// What the running service remembers and a one-shot observation cannot see (a file it
+/// refused and moved aside, a token source it refused, a Secret ahead of gridd's token), from
+/// the report it published: `diagnose` says what `status` says.
+pub fn carry_service_findings(obs: &mut Observations, served: &Report) {
+    let Some(f) = &served.failure else {
+        return;
+    };
+    let slot = match f.reason {
+        Reason::TokenRejected => &mut obs.token_rejected,
+        Reason::TokenSourceRejected => &mut obs.source_rejected,
+        Reason::TokenStale => &mut obs.token_stale,
+        _ => return,
+    };
+    slot.get_or_insert_with(|| f.message.clone());
+}
+
+/// A token's dates are judged by this guest's clock: where the DLS probe finds that clock
+/// off, a token that reads as expired or not yet valid is the clock's doing, and the clock
+/// is the failure (with the token's words after it).
+fn clock_before_dates(own: Option<Finding>, probe: Option<&Finding>) -> Option<Finding> {
+    match (own, probe) {
+        (Some((Reason::TokenExpired, token)), Some((Reason::ClockSkew, clock))) => Some((
+            Reason::ClockSkew,
+            format!("{clock}; by this clock, {token}"),
+        )),
+        (own, _) => own,
+    }
+}
+
 struct Grounds {
     /// The observation's time, where it is exact: what the agent's own findings are dated.
     exact_at: Option<DateTime<Utc>>,
@@ -684,6 +730,7 @@ impl Grounds {
             }
             (own, _) => own,
         };
+        let own_failure = clock_before_dates(own_failure, obs.probe_failure.as_ref());
         // Nothing here needs a license: the agent's token and gridd findings do not matter.
         let own_failure =
             own_failure.filter(|(r, _)| self.token_needed || *r != Reason::TokenMissing);
@@ -706,16 +753,14 @@ impl Grounds {
     fn own_failure(&self, (reason, message): Finding) -> Failure {
         Failure {
             reason,
-            advice: if reason == Reason::GriddNotRunning && crate::policy::unit_missing(&message) {
-                GRIDD_MISSING_ADVICE.into()
-            } else {
+            advice: advice_of_message(reason, &message).unwrap_or_else(|| {
                 advice(
                     reason,
                     self.dls_host.as_deref(),
                     None,
                     self.profile.as_deref(),
                 )
-            },
+            }),
             message,
             at: self.exact_at.map(LogTime::Utc),
         }
@@ -1020,7 +1065,8 @@ fn log_failure_of(f: GriddEvent, events: &[GriddEvent], profile: Option<&str>) -
 fn warning(reason: Reason, message: String, at: Option<LogTime>) -> Failure {
     Failure {
         reason,
-        advice: advice(reason, None, None, None),
+        advice: advice_of_message(reason, &message)
+            .unwrap_or_else(|| advice(reason, None, None, None)),
         message,
         at,
     }

@@ -574,6 +574,45 @@ fn a_token_under_the_download_name_is_the_token() {
     assert_eq!(line(&lines, "token-dir").0, "OK", "{out}");
     let (_, v) = g.json();
     assert_ne!(v["failure"]["reason"], "token_missing", "{v}");
+    // `token inspect` without a file reads the same token, under the name it has.
+    let r = g.root.run(&["token", "inspect"]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains("client_configuration_token_11-30-2026-10-00-00.tok")
+            && r.stdout.contains("Validity:   valid now"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// The guest's clock 20 minutes behind: the token the DLS issued a moment ago reads as not
+/// valid yet, and the DLS is asked all the same, so that the clock itself is measured and
+/// named as the cause.
+#[test]
+fn a_token_not_yet_valid_is_a_clock_behind_and_the_clock_is_measured() {
+    let port = dls(1200);
+    let issued = Utc::now().timestamp() + 1190;
+    let g = Guest::new(Some(&token_for("localhost", port, issued, 2_078_691_200)));
+    let (code, lines, out) = g.human();
+    assert_eq!(code, 2, "{out}");
+    let (status, msg) = line(&lines, "token");
+    assert_eq!(status, "FAIL", "{out}");
+    assert!(msg.contains("not valid before"), "{msg}");
+    assert_eq!(line(&lines, "dls-https").0, "OK", "{out}");
+    let (status, msg) = line(&lines, "clock");
+    assert_eq!(status, "FAIL", "{out}");
+    assert!(msg.contains("s behind DLS localhost"), "{msg}");
+
+    let (_, v) = g.json();
+    assert_eq!(v["failure"]["reason"], "clock_skew", "{v}");
+    let m = v["failure"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("behind DLS localhost") && m.contains("not valid before"),
+        "{m}"
+    );
+    let skew = v["dls_probes"][0]["clock_skew_seconds"].as_f64().unwrap();
+    assert!((-1202.0..=-1198.0).contains(&skew), "{skew}");
 }
 
 #[test]
@@ -1074,6 +1113,8 @@ fn an_inactive_unit_that_does_not_exist_is_not_installed() {
         "{msg}"
     );
     assert!(msg.contains("GRID"), "{msg}");
+    // Advice written for `status` sends the reader here; said here, it would send them round.
+    assert!(!out.contains("vgpu-license-agent diagnose`"), "{out}");
 }
 
 /// gridd inactive with a start job queued (a `systemctl --no-block restart` at boot, behind

@@ -49,15 +49,21 @@ fn new_token(m: &Machine, jti: &str) -> Vec<u8> {
 
 /// `status --json` as a monitoring check runs it: its exit code and report.
 fn status(m: &Machine) -> (Option<i32>, Value) {
+    let (code, out) = cli(m, &["status", "--json"]);
+    (code, serde_json::from_str(&out).unwrap_or(Value::Null))
+}
+
+/// A command of the agent with the machine's config: its exit code and standard output.
+fn cli(m: &Machine, args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
         .arg("--config")
         .arg(&m.config)
-        .args(["status", "--json"])
+        .args(args)
         .output()
         .unwrap();
     (
         out.status.code(),
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
     )
 }
 
@@ -143,6 +149,20 @@ fn scenario_a_truncated_token_beside_the_good_one_is_a_visible_warning() {
     let (code, s) = status(&m);
     assert_eq!(code, Some(1), "a warning: {s:#}");
     assert_eq!(s["failure"]["reason"], "token_rejected");
+    // `diagnose` at the same moment says the same, in its lines and in its report.
+    let (code, out) = cli(&m, &["diagnose"]);
+    assert_eq!(code, Some(1), "{out}");
+    let license = out.lines().find(|l| l.contains(" license ")).unwrap_or("");
+    assert!(
+        license.starts_with("WARN")
+            && license.contains("token_rejected")
+            && license.contains(DOWNLOAD),
+        "{out}"
+    );
+    let (code, out) = cli(&m, &["diagnose", "--json"]);
+    let d: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(code, Some(1), "{d:#}");
+    assert_eq!(d["failure"]["reason"], "token_rejected", "{d:#}");
     assert!(
         a.journal_lines()
             .iter()

@@ -249,7 +249,7 @@ fn scenario_token_source_rotated_under_the_running_service() {
 /// that an installed token stays where there is none.
 #[test]
 fn scenario_a_share_that_did_not_mount_is_said_as_such() {
-    let (_m, _source, agent) = with_source(|_, _| {});
+    let (m, _source, agent) = with_source(|_, _| {});
     let v = agent.wait_status("token_source_rejected", T, |v| {
         v["failure"]["reason"] == "token_source_rejected"
     });
@@ -259,4 +259,37 @@ fn scenario_a_share_that_did_not_mount_is_said_as_such() {
     assert!(message.contains("no token is installed"), "{message}");
     assert!(!message.contains("installed token stays"), "{message}");
     assert_eq!(v["exit_code"], 2, "critical: no token at all");
+    // The fix is the mount, not a Secret to rotate nor a token to install by hand.
+    let advice = v["failure"]["advice"].as_str().unwrap();
+    assert!(advice.contains("findmnt"), "{advice}");
+    assert!(
+        !advice.contains("put a valid client configuration token"),
+        "{advice}"
+    );
+    let human = run(&m, &["status"]);
+    let fix = human.lines().find(|l| l.starts_with("Fix:")).unwrap_or("");
+    assert!(fix.contains("did not mount"), "{human}");
+    let out = run(&m, &["diagnose"]);
+    for (name, wrong) in [
+        ("token-source", "rotate the Kubernetes Secret"),
+        ("token", "install --token-file"),
+    ] {
+        let l = out
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line: {out}"));
+        assert!(l.starts_with("FAIL") && !l.contains(wrong), "{l}");
+    }
+    assert!(out.contains("mount the share"), "{out}");
+}
+
+/// A command of the agent with the machine's config: its standard output.
+fn run(m: &Machine, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -15,10 +15,13 @@ use crate::token_inspect::{Inspection, read_limited, render};
 /// The `token inspect` command: exit 0 for a valid token, 1 for an expired or not yet valid
 /// one, and an error for what is not a token.
 pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitCode> {
-    let path: PathBuf = args
-        .file
-        .clone()
-        .unwrap_or_else(|| settings.paths.token_path());
+    // Without a file, the installed token as gridd finds it: under any name in the token
+    // directory (the DLS's download name, say), as `status` and the service find it.
+    let path: PathBuf = args.file.clone().unwrap_or_else(|| {
+        // On a GPU Operator node, the driver container's token under its root.
+        let settings = &crate::node::detect(settings).apply(settings);
+        crate::live::token_state(settings, Utc::now()).path
+    });
     let bytes = read_limited(&path)?;
     let token = Token::decode(&bytes).with_context(|| show_path(&path))?;
     let validity = token.validity(Utc::now());

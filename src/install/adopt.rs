@@ -211,9 +211,10 @@ fn file_in(source: &Path, token_file: &str, shown: &str) -> Result<PathBuf, Toke
         .collect();
     match (toks.as_slice(), files.as_slice()) {
         ([one], _) | ([], [(_, one)]) => Ok(one.clone()),
-        ([], []) if !is_mount_point(source) => Err(gone(
-            &"it is an empty directory of the file system above it, not a mounted share: the share that brings the token (a KubeVirt virtiofs Secret) did not mount here; see `findmnt` and `systemctl --failed` for its mount unit (the Secret itself may be fine)",
-        )),
+        ([], []) if !is_mount_point(source) => Err(gone(&format!(
+            "it is an empty directory of the file system above it, {}: the share that brings the token (a KubeVirt virtiofs Secret) did not mount here; see `findmnt` and `systemctl --failed` for its mount unit (the Secret itself may be fine)",
+            crate::policy::SHARE_NOT_MOUNTED
+        ))),
         ([], []) => Err(gone(&"it holds no file")),
         ([], _) => Err(gone(&format!(
             "it holds {} files, none named {token_file} or *.tok",
