@@ -4,6 +4,9 @@
 //! ([`observe`]), one pure state machine ([`state`]) turns them into a [`report::Report`], and
 //! every command is a way through that flow.
 
+// What decides lives in the model crate; its modules keep their names here.
+pub use vgpu_license_model::{gridd_conf, policy, report, shutdown, text, time, token, userdata};
+
 pub mod analyze;
 pub mod assemble;
 pub mod cli;
@@ -13,7 +16,6 @@ pub mod diagnose;
 pub mod dir;
 pub mod fsutil;
 pub mod gridd;
-pub mod gridd_conf;
 pub mod guest_identity;
 pub mod http;
 pub mod identity;
@@ -30,18 +32,11 @@ pub mod node_mode;
 pub mod observe;
 pub mod outdir;
 pub mod plan;
-pub mod policy;
 pub mod prepare;
 pub mod probe;
 pub mod remedy;
-pub mod report;
 pub mod service;
-pub mod shutdown;
 pub mod state;
 pub mod status;
-pub mod text;
-pub mod time;
-pub mod token;
 pub mod token_dir;
 pub mod token_inspect;
-pub mod userdata;

@@ -696,7 +696,7 @@ mod tests {
 
     fn token(exp_days: i64) -> String {
         let now = Utc::now().timestamp();
-        crate::token::tests::make_token(&serde_json::json!({
+        crate::token::testing::make_token(&serde_json::json!({
             "iat": now - 86400, "nbf": now - 86400, "exp": now + exp_days * 86400,
             "service_instance_configuration": {
                 "node_url_list": [{"url": "dls.example.com", "svc_port_set_idx": 0}],

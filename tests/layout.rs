@@ -14,7 +14,7 @@ const GROUPED: [&str; 6] = ["report", "observe", "service", "install", "probe", 
 
 /// Modules that only compute. `report` and `observe` stand for their submodules too, except
 /// those named in [`IO`].
-const PURE: [&str; 17] = [
+const PURE: [&str; 8] = [
     "state",
     "assemble",
     "plan",
@@ -22,16 +22,7 @@ const PURE: [&str; 17] = [
     "guest_identity",
     "service/core",
     "node_condition",
-    "report",
-    "policy",
     "remedy",
-    "token",
-    "gridd_conf",
-    "observe",
-    "time",
-    "text",
-    "shutdown",
-    "userdata",
 ];
 
 /// Modules that read or change the machine; a name stands for its submodules too, except

@@ -3,7 +3,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::*;
 use crate::token::Untimely;
-use crate::token::tests::make_token;
+use crate::token::testing::make_token;
 
 fn payload(jti: &str, exp: i64) -> serde_json::Value {
     serde_json::json!({

@@ -1,10 +1,6 @@
-//! Sources turned into observations: `nvidia-smi` output, gridd's log and an application's.
+//! Sources turned into observations: the model's parsers ([`vgpu_license_model::observe`]),
+//! and the PCI bus read here.
 
-pub mod app_log;
-pub mod catalogue;
-pub mod entry;
-pub mod journal;
-pub mod lines;
+pub use vgpu_license_model::observe::*;
+
 pub mod pci;
-pub mod smi;
-pub mod stamp;

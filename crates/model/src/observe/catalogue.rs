@@ -367,8 +367,8 @@ fn read_fields(fields: Fields, m: &str, rest: &str, c: &mut Classified) -> Optio
 /// is no gridd wording:
 ///
 /// ```
-/// use vgpu_license_agent::observe::catalogue::classify;
-/// use vgpu_license_agent::report::{EventKind, Reason};
+/// use vgpu_license_model::observe::catalogue::classify;
+/// use vgpu_license_model::report::{EventKind, Reason};
 ///
 /// let c = classify(
 ///     "Failed to acquire license from 10.0.0.5 (Info: NVIDIA RTX Virtual Workstation - \
@@ -441,7 +441,7 @@ mod tests {
     use super::*;
 
     fn sample(name: &str) -> String {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .join("tests/fixtures/samples")
             .join(name);
         std::fs::read_to_string(&path)

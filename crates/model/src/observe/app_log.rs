@@ -95,7 +95,7 @@ pub fn classify(line: &str) -> Option<Weight> {
 /// Reads an application's log, any text (invalid UTF-8 is replaced).
 ///
 /// ```
-/// use vgpu_license_agent::observe::app_log;
+/// use vgpu_license_model::observe::app_log;
 ///
 /// let log = "Traceback (most recent call last):\n\
 ///     RuntimeError: CUDA error: device doesn't have valid Grid license\n";

@@ -174,7 +174,7 @@ const DRIVER_ERRORS: [&str; 6] = [
 /// An excerpt of `nvidia-smi -q` in a licensed vGPU guest:
 ///
 /// ```
-/// use vgpu_license_agent::observe::smi::{self, LicenseStatus};
+/// use vgpu_license_model::observe::smi::{self, LicenseStatus};
 ///
 /// let out = "GPU 00000000:02:01.0
 ///     Product Name                          : NVIDIA L40S-24Q

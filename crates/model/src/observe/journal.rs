@@ -1140,7 +1140,10 @@ mod tests {
     /// A `journalctl -o json` export made of every gridd line of the bundled samples, with
     /// other programs' entries, blank and CRLF lines, and gridd's name in other fields between.
     fn export_of_samples() -> Vec<u8> {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/samples");
+        let dir = concat!(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../.."),
+            "/tests/fixtures/samples"
+        );
         let mut names: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -1237,7 +1240,7 @@ mod tests {
     #[test]
     fn text_and_small_files_are_read_as_one_stream() {
         let text = std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../.."),
             "/tests/fixtures/samples/gridd-log-fastapi-dls-1.txt"
         ))
         .unwrap();

@@ -113,7 +113,7 @@ mod tests {
 
     use super::*;
 
-    const CATALOG: &str = include_str!("../../packaging/vgpu-license-agent.catalog");
+    const CATALOG: &str = include_str!("../../../../packaging/vgpu-license-agent.catalog");
 
     /// The catalog's entries: ID -> text (Subject line and body).
     fn catalog_entries() -> BTreeMap<String, String> {

@@ -323,9 +323,11 @@ impl Token {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
+/// Tokens for tests, of this crate and of the agent's (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    use base64::Engine as _;
+    use serde_json::Value;
 
     /// Builds a token with the structure of a real one (see the sample payload), signed with
     /// 256 bytes of filler.
@@ -338,6 +340,12 @@ pub(crate) mod tests {
             e.encode([7u8; 256])
         )
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::make_token;
+    use super::*;
 
     fn payload() -> Value {
         serde_json::json!({
