@@ -39,59 +39,8 @@ pub fn redact(url: &Url) -> String {
     shown
 }
 
-/// Whether `url` goes to this machine: its host, as parsed (not as written: `localhost@host`
-/// and `127.0.0.1.host` name `host`), is a loopback address (127.0.0.0/8, ::1) or exactly
-/// `localhost`.
-fn is_loopback(url: &Url) -> bool {
-    match url.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(name)) => name == "localhost",
-        None => false,
-    }
-}
-
-/// The rule for every URL the agent sends to (`--token-url`, its redirects, the webhook):
-/// HTTPS, or plain HTTP only to the loopback (a local proxy or relay), judged by the URL's
-/// parsed host.
-pub fn allowed(url: &Url) -> bool {
-    url.scheme() == "https" || (url.scheme() == "http" && is_loopback(url))
-}
-
-/// `service.webhook_url` judged by [`allowed`], at config load and before each POST: the
-/// report it carries names the guest. The message never shows the URL, which often holds
-/// credentials.
-pub fn webhook_url(url: &str) -> Result<Url, String> {
-    let parsed = Url::parse(url.trim())
-        .map_err(|_| "service.webhook_url is not a URL; give an https:// URL".to_string())?;
-    if !allowed(&parsed) {
-        return Err(
-            "service.webhook_url: expected an https:// URL (plain http only to a loopback address: 127.0.0.0/8, ::1 or localhost)"
-                .into(),
-        );
-    }
-    Ok(parsed)
-}
-
-/// Where `metrics_listen` asks to listen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listen {
-    /// `:PORT`: every address of the guest, as node_exporter's `:9100`.
-    Any(u16),
-    /// `ADDRESS:PORT` (`[ADDRESS]:PORT` for IPv6).
-    At(std::net::SocketAddr),
-}
-
-/// `metrics_listen`'s value, or `None` when it is neither `ADDRESS:PORT` nor `:PORT`.
-pub fn listen_address(value: &str) -> Option<Listen> {
-    match value.strip_prefix(':') {
-        Some(port) if port.bytes().all(|b| b.is_ascii_digit()) => {
-            port.parse().ok().map(Listen::Any)
-        }
-        Some(_) => None,
-        None => value.parse().ok().map(Listen::At),
-    }
-}
+// The rules for a URL or an address in the config are the model's, kept under their names.
+pub use vgpu_license_model::config::{Listen, allowed, listen_address, webhook_url};
 
 /// An error and its causes on one line, with no URL in it.
 pub fn chain(e: reqwest::Error) -> String {

@@ -28,43 +28,31 @@ use crate::text::show_path;
 use crate::guest_identity::{CloneDetected, Identity};
 pub use crate::layout::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
 
-impl Identity {
-    /// Reads it below `root` (`/` on a guest; a fixture tree in tests).
-    pub fn read(root: &Path) -> Identity {
-        let text = |rel: &str| {
-            input::read_text(&root.join(rel), 4096, Links::Follow)
-                .ok()
+/// Reads this machine's identity below `root` (`/` on a guest; a fixture tree in tests).
+pub fn read(root: &Path) -> Identity {
+    let text = |rel: &str| {
+        input::read_text(&root.join(rel), 4096, Links::Follow)
+            .ok()
+            .map(|s| s.trim().to_ascii_lowercase())
+            .filter(|s| !s.is_empty())
+    };
+    let mut macs: Vec<String> = fs::read_dir(root.join("sys/class/net"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.file_name() != "lo")
+                .filter_map(|e| input::read_text(&e.path().join("address"), 64, Links::Follow).ok())
                 .map(|s| s.trim().to_ascii_lowercase())
-                .filter(|s| !s.is_empty())
-        };
-        let mut macs: Vec<String> = fs::read_dir(root.join("sys/class/net"))
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .filter(|e| e.file_name() != "lo")
-                    .filter_map(|e| {
-                        input::read_text(&e.path().join("address"), 64, Links::Follow).ok()
-                    })
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .filter(|m| !m.is_empty() && m != "00:00:00:00:00:00")
-                    .collect()
-            })
-            .unwrap_or_default();
-        macs.sort();
-        macs.dedup();
-        Identity {
-            // A machine-id made at this boot says nothing of the machine: not compared.
-            machine_id: text("etc/machine-id").filter(|_| !transient_machine_id(root)),
-            product_uuid: text("sys/class/dmi/id/product_uuid"),
-            macs,
-        }
-    }
-
-    /// Whether `self` (now) is another machine than `old`: the product UUID or the
-    /// machine-id changed (one that was unknown before does not count).
-    pub fn is_another_machine_than(&self, old: &Identity) -> bool {
-        let changed =
-            |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(a), Some(b)) if a != b);
-        changed(&self.product_uuid, &old.product_uuid) || changed(&self.machine_id, &old.machine_id)
+                .filter(|m| !m.is_empty() && m != "00:00:00:00:00:00")
+                .collect()
+        })
+        .unwrap_or_default();
+    macs.sort();
+    macs.dedup();
+    Identity {
+        // A machine-id made at this boot says nothing of the machine: not compared.
+        machine_id: text("etc/machine-id").filter(|_| !transient_machine_id(root)),
+        product_uuid: text("sys/class/dmi/id/product_uuid"),
+        macs,
     }
 }
 
@@ -112,7 +100,7 @@ pub fn check(settings: &Settings, root: &Path) -> anyhow::Result<Checked> {
     let state = &settings.paths.state_dir;
     fsutil::create_dir_mode(state, 0o755)
         .with_context(|| format!("cannot create {}", show_path(state)))?;
-    let now = Identity::read(root);
+    let now = read(root);
     let recorded: Option<Identity> = read_json(&state.join(IDENTITY_FILE));
     let result = match recorded {
         None => Checked::Recorded,
@@ -273,7 +261,7 @@ mod tests {
     fn identity_is_read_from_a_root() {
         let d = tempfile::tempdir().unwrap();
         root_with(d.path(), "ABC", "1234-UUID", "52:54:00:AA:BB:CC");
-        let i = Identity::read(d.path());
+        let i = read(d.path());
         assert_eq!(i.machine_id.as_deref(), Some("abc"));
         assert_eq!(i.product_uuid.as_deref(), Some("1234-uuid"));
         assert_eq!(i.macs, vec!["52:54:00:aa:bb:cc"]);

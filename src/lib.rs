@@ -5,10 +5,12 @@
 //! every command is a way through that flow.
 
 // What decides lives in the model crate; its modules keep their names here.
-pub use vgpu_license_model::{gridd_conf, policy, report, shutdown, text, time, token, userdata};
+pub use vgpu_license_model::{
+    assemble, gridd_conf, guest_identity, node_condition, node_mode, plan, policy, remedy, report,
+    shutdown, state, text, time, token, userdata,
+};
 
 pub mod analyze;
-pub mod assemble;
 pub mod cli;
 pub mod command;
 pub mod config;
@@ -16,7 +18,6 @@ pub mod diagnose;
 pub mod dir;
 pub mod fsutil;
 pub mod gridd;
-pub mod guest_identity;
 pub mod http;
 pub mod identity;
 pub mod image_prepared;
@@ -27,16 +28,11 @@ pub mod kube;
 pub mod layout;
 pub mod live;
 pub mod node;
-pub mod node_condition;
-pub mod node_mode;
 pub mod observe;
 pub mod outdir;
-pub mod plan;
 pub mod prepare;
 pub mod probe;
-pub mod remedy;
 pub mod service;
-pub mod state;
 pub mod status;
 pub mod token_dir;
 pub mod token_inspect;

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use vgpu_license_agent::cli::{Cli, Command, TokenCommand};
 use vgpu_license_agent::cli::{analyze, config, diagnose, install, prepare, status, token};
-use vgpu_license_agent::config::Settings;
 
 /// UNKNOWN in the monitoring-plugin convention: the check itself could not run.
 const UNKNOWN: u8 = 3;
@@ -88,7 +87,7 @@ fn quiet_on_closed_pipe() {
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let settings = || Settings::load(&cli.config);
+    let settings = || vgpu_license_agent::config::load(&cli.config);
     match &cli.command {
         Command::Analyze(args) => analyze::run(args),
         Command::Token(TokenCommand::Inspect(args)) => token::run(args, &settings()?),

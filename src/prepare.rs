@@ -225,7 +225,7 @@ fn no_link_on_the_way(root: &Path, p: &Path) -> anyhow::Result<()> {
 /// path of it taken below DIR.
 pub fn settings_under(root: &Path, config: &Path) -> anyhow::Result<Settings> {
     check_root(root)?;
-    let mut s = Settings::load(&under(root, config))?;
+    let mut s = crate::config::load(&under(root, config))?;
     paths_under(root, &mut s.paths)?;
     Ok(s)
 }

@@ -1,9 +1,12 @@
-//! The shape of `src/`: the modules' `crate::` imports form no cycle, and no pure module (one
-//! that only computes: the state machine, the report, the parsers) imports one that touches
-//! the machine (files, commands, the network). Read from the source files, as a reviewer
-//! would: a module is a file (or a `mod.rs`), and the files under `report/`, `observe/`,
-//! `service/`, `install/`, `probe/` and `cli/` are each their own module. Test code (a
-//! `#[cfg(test)] mod`, inline or in its own file) and comments do not count.
+//! The shape of the code. What decides is the model crate (`crates/model`), kept pure by
+//! the compiler: its dependencies, checked here, include nothing that acts (no runtime,
+//! sockets or system calls), and its clippy.toml refuses std's files, processes and clocks.
+//! Within the agent (`src/`), read from the source files as a reviewer would: the modules'
+//! `crate::` imports form no cycle, and the service's core, the one pure module still on this
+//! side, imports none that touches the machine. A module is a file (or a `mod.rs`), and the
+//! files under `report/`, `observe/`, `service/`, `install/`, `probe/` and `cli/` are each
+//! their own module. Test code (a `#[cfg(test)] mod`, inline or in its own file) and
+//! comments do not count.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -12,18 +15,8 @@ use std::path::Path;
 /// Directories whose files are each a module of their own here.
 const GROUPED: [&str; 6] = ["report", "observe", "service", "install", "probe", "cli"];
 
-/// Modules that only compute. `report` and `observe` stand for their submodules too, except
-/// those named in [`IO`].
-const PURE: [&str; 8] = [
-    "state",
-    "assemble",
-    "plan",
-    "node_mode",
-    "guest_identity",
-    "service/core",
-    "node_condition",
-    "remedy",
-];
+/// Modules of the agent that only compute (the rest of what decides is the model crate).
+const PURE: [&str; 1] = ["service/core"];
 
 /// Modules that read or change the machine; a name stands for its submodules too, except
 /// those named in [`PURE`] themselves: the service is here, but for its core (the state
@@ -361,10 +354,12 @@ fn the_reading_finds_a_cycle_and_a_pure_module_importing_io() {
     let src = d.path();
     fs::create_dir(src.join("observe")).unwrap();
     fs::create_dir(src.join("install")).unwrap();
+    fs::create_dir(src.join("service")).unwrap();
     let write = |p: &str, s: &str| fs::write(src.join(p), s).unwrap();
-    write("lib.rs", "pub mod state;\n");
+    write("lib.rs", "pub mod service;\n");
+    write("service/mod.rs", "pub mod core;\n");
     write(
-        "state.rs",
+        "service/core.rs",
         "use crate::observe::{smi, pci::read};\n// crate::live in a comment\n",
     );
     write("observe/mod.rs", "pub mod smi;\npub mod pci;\n");
@@ -382,7 +377,7 @@ fn the_reading_finds_a_cycle_and_a_pure_module_importing_io() {
     write("install/tests.rs", "use crate::state;\n");
     let edges = graph(src);
     assert_eq!(
-        edges["state"],
+        edges["service/core"],
         BTreeSet::from(["observe/smi".to_string(), "observe/pci".to_string()])
     );
     assert!(edges["live"].contains("install") && !edges["live"].contains("state"));
@@ -391,5 +386,38 @@ fn the_reading_finds_a_cycle_and_a_pure_module_importing_io() {
         cycles(&edges),
         vec![vec!["install".to_string(), "live".to_string()]]
     );
-    assert_eq!(pure_to_io(&edges), vec!["state -> observe/pci".to_string()]);
+    assert_eq!(
+        pure_to_io(&edges),
+        vec!["service/core -> observe/pci".to_string()]
+    );
+}
+
+/// The model's dependencies: none of them can read, write, run or dial.
+#[test]
+fn the_model_crate_depends_on_nothing_that_acts() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/model/Cargo.toml");
+    let manifest: toml::Table = fs::read_to_string(&manifest).unwrap().parse().unwrap();
+    let deps = manifest["dependencies"].as_table().unwrap();
+    assert!(
+        deps.contains_key("chrono"),
+        "the model's [dependencies] were read"
+    );
+    for acting in [
+        "tokio",
+        "nix",
+        "reqwest",
+        "hyper",
+        "hyper-util",
+        "rustls",
+        "socket2",
+        "libc",
+        "sd-notify",
+        "tracing-journald",
+        "ring",
+    ] {
+        assert!(
+            !deps.contains_key(acting),
+            "crates/model depends on {acting}: what acts belongs to the agent; pass the model values"
+        );
+    }
 }

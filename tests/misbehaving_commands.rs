@@ -77,7 +77,7 @@ impl Guest {
             ),
         )
         .unwrap();
-        let settings = Settings::load(&config).unwrap();
+        let settings = vgpu_license_agent::config::load(&config).unwrap();
         Guest {
             _dir: dir,
             sim,

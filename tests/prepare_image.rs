@@ -603,7 +603,6 @@ fn journalctl_with_previous_boot(root: &Root, boot_id: &str, at_micros: i64) {
 
 #[test]
 fn after_prepare_image_a_clones_first_boot_reports_no_last_shutdown_of_the_builder() {
-    use vgpu_license_agent::config::Settings;
     use vgpu_license_agent::live::previous_boot_shutdown;
     let this_boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let mut root = Root::new();
@@ -613,7 +612,7 @@ fn after_prepare_image_a_clones_first_boot_reports_no_last_shutdown_of_the_build
         1_764_460_800_000_000,
     );
     root.install_ok(&valid_token("builder"), &[]);
-    let settings = Settings::load(&root.config).unwrap();
+    let settings = vgpu_license_agent::config::load(&root.config).unwrap();
     // Not prepared: the previous boot's leaked lease is reported, as on any guest.
     let before = previous_boot_shutdown(&settings).expect("a last shutdown");
     assert!(!before.lease_returned);
@@ -628,7 +627,7 @@ fn after_prepare_image_a_clones_first_boot_reports_no_last_shutdown_of_the_build
     // was prepared: reported again.
     let later = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
     journalctl_with_previous_boot(&root, "f00dfeedf00dfeedf00dfeedf00dfeed", later);
-    let settings = Settings::load(&root.config).unwrap();
+    let settings = vgpu_license_agent::config::load(&root.config).unwrap();
     assert!(previous_boot_shutdown(&settings).is_some());
 }
 

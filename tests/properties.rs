@@ -624,7 +624,7 @@ fn the_documented_defaults_are_the_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.toml");
     std::fs::write(&path, &text).unwrap();
-    let loaded = Settings::load(&path).unwrap();
+    let loaded = vgpu_license_agent::config::load(&path).unwrap();
     let mut expected = Settings::default();
     expected.gridd.feature_type_configured = true;
     assert_eq!(loaded, expected);
@@ -711,7 +711,7 @@ fn load_config(
         std::fs::create_dir(dir.path().join("config.d")).unwrap();
         std::fs::write(dir.path().join("config.d/50-x.toml"), d).unwrap();
     }
-    Settings::load(&path)
+    vgpu_license_agent::config::load(&path)
 }
 
 /// A loaded config holds only what its own checks allow; an error is one line, escaped.

@@ -1,5 +1,5 @@
 //! `config check` and `config show`: the config as the service reads it. `check` loads it
-//! exactly as the service does at start and at reload (`Settings::load`, then the outputs on
+//! exactly as the service does at start and at reload (`config::load`, then the outputs on
 //! disk), so that `ExecReload=` can run it before the signal and a bad reload fails in
 //! `systemctl reload`; `show` prints the merged result, each key with its file of origin.
 
@@ -57,9 +57,8 @@ pub fn run(command: &ConfigCommand, main: &Path) -> anyhow::Result<ExitCode> {
 /// The config as the service takes it: every file parsed and validated, and the outputs
 /// checked against what is on disk.
 pub fn load(main: &Path) -> anyhow::Result<Settings> {
-    let settings = Settings::load(main)?;
-    settings
-        .check_outputs_on_disk()
+    let settings = crate::config::load(main)?;
+    crate::config::check_outputs_on_disk(&settings)
         .map_err(|message| anyhow!("config {}: {}", show_path(main), message))?;
     // What the Node writer would use: a kubeconfig and the files it names, the node's name.
     crate::kube::check(&settings).map_err(|e| anyhow!("config {}: {e:#}", show_path(main)))?;
@@ -119,7 +118,7 @@ fn defaults() -> Vec<(String, Vec<Entry>)> {
 }
 
 /// The default config with each file's keys laid over it, in the order the files are read
-/// (later wins, key by key, as in `Settings::load`).
+/// (later wins, key by key, as in `config::load`).
 fn merged(files: &[PathBuf]) -> Vec<(String, Vec<Entry>)> {
     let mut sections = defaults();
     for file in files {
@@ -234,7 +233,7 @@ mod tests {
                 "[service]\nmetrics_listen = \":9841\"\npoll_licensed_seconds = 60\n",
             ),
         ]);
-        let loaded = Settings::load(&main).unwrap();
+        let loaded = crate::config::load(&main).unwrap();
         let text = show(&main, &config_files(&main).0);
         let mut back = Settings::default();
         back.apply_toml(&text).unwrap();

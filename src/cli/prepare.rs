@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::anyhow;
 
 use crate::cli::PrepareImageArgs;
-use crate::config::Settings;
+
 use crate::prepare::{Request, prepare, settings_under};
 
 /// `vgpu-license-agent prepare-image`; `config` is the agent's config file (taken below
@@ -17,7 +17,7 @@ pub fn run(args: &PrepareImageArgs, config: &Path) -> anyhow::Result<()> {
             settings_under(root, config)?,
             root.join(config.strip_prefix("/").unwrap_or(config)),
         ),
-        None => (Settings::load(config)?, config.to_path_buf()),
+        None => (crate::config::load(config)?, config.to_path_buf()),
     };
     let req = Request {
         purge_client_state: args.purge_client_state,

@@ -37,8 +37,7 @@ use self::core::{Core, Effect, Event, HEARTBEAT, Now, Publication};
 pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::Result<ExitCode> {
     memory::one_arena();
     init_logging(log_stderr);
-    settings
-        .check_outputs_on_disk()
+    crate::config::check_outputs_on_disk(&settings)
         .map_err(|e| anyhow::anyhow!("{}: {e}", crate::text::show_path(config_path)))?;
     let _instance = instance::lock(&settings)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -531,8 +530,8 @@ fn earlier_restarts(settings: &Settings, started: f64) -> Vec<f64> {
 
 /// The config again (SIGHUP), checked as at the start.
 fn reload(config_path: &Path) -> Result<Settings, crate::config::ConfigError> {
-    Settings::load(config_path).and_then(|s| {
-        s.check_outputs_on_disk()
+    crate::config::load(config_path).and_then(|s| {
+        crate::config::check_outputs_on_disk(&s)
             .map(|()| s)
             .map_err(|message| crate::config::ConfigError {
                 file: config_path.to_path_buf(),

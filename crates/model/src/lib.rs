@@ -1,15 +1,31 @@
-//! What `vgpu-license-agent` decides, with no I/O: the token and its dates, times and text,
-//! the user-data decoder. The agent ([`vgpu_license_agent`](../vgpu_license_agent)) reads and
-//! changes the machine and asks this crate what it means.
+//! What `vgpu-license-agent` decides, with no I/O. The agent reads and changes the machine;
+//! this crate says what it means and what to do:
+//! - the sources read as values: nvidia-smi's and gridd's words ([`observe`]), the token
+//!   ([`token`]), gridd.conf ([`gridd_conf`]), the user-data a guest boots with
+//!   ([`userdata`]), the settings ([`config`]);
+//! - one observation ([`assemble`]) and its judgement ([`state`]): the [`report`], by the
+//!   rules of [`policy`];
+//! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`plan`]),
+//!   the node's mode ([`node_mode`]) and its Kubernetes condition ([`node_condition`]), a
+//!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
+//! - times and text as operators read them ([`time`], [`text`]).
 
 // Its tests read fixtures (see clippy.toml); the model itself reads nothing.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))]
 
+pub mod assemble;
+pub mod config;
 pub mod gridd_conf;
+pub mod guest_identity;
+pub mod node_condition;
+pub mod node_mode;
 pub mod observe;
+pub mod plan;
 pub mod policy;
+pub mod remedy;
 pub mod report;
 pub mod shutdown;
+pub mod state;
 pub mod text;
 pub mod time;
 pub mod token;

@@ -1,7 +1,7 @@
 //! An observation put together from what was read, as values: nvidia-smi's answer, the
 //! token (or why there is none), gridd's log so far, systemd's word and the probe's finding
 //! become the [`Observations`] that [`crate::state::evaluate`] judges. No I/O: the service's
-//! core, `status` and `diagnose` share it; [`crate::live`] does the reading.
+//! core, `status` and `diagnose` share it; the agent's `live` does the reading.
 
 use chrono::{DateTime, Utc};
 

@@ -238,7 +238,7 @@ pub struct Observations {
     pub app_log: Option<AppLog>,
 }
 
-/// The node as the agent found it ([`crate::node`] detects it): the mode, and on a GPU
+/// The node as the agent found it (the agent's `node` detects it): the mode, and on a GPU
 /// Operator node where its driver root is, whether the operator says its driver is ready,
 /// and the node's name for the `kubectl` commands of the advice.
 #[derive(Debug, Clone, Default)]

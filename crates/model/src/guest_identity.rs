@@ -1,5 +1,5 @@
 //! A guest's identity (what tells this machine from another) and the clone found at boot,
-//! as values. No I/O: [`crate::identity`] reads, records and compares them.
+//! as values. No I/O: the agent's `identity` reads, records and compares them.
 
 use std::path::PathBuf;
 
@@ -45,5 +45,14 @@ impl CloneDetected {
             show(&self.old.machine_id),
             show(&self.new.machine_id),
         )
+    }
+}
+impl Identity {
+    /// Whether `self` (now) is another machine than `old`: the product UUID or the
+    /// machine-id changed (one that was unknown before does not count).
+    pub fn is_another_machine_than(&self, old: &Identity) -> bool {
+        let changed =
+            |a: &Option<String>, b: &Option<String>| matches!((a, b), (Some(a), Some(b)) if a != b);
+        changed(&self.product_uuid, &old.product_uuid) || changed(&self.machine_id, &old.machine_id)
     }
 }

@@ -1,5 +1,5 @@
 //! The license as Kubernetes shows a node's health: the Node condition `VgpuLicensed`, made
-//! from the report. Pure: the API writer (`crate::kube`) sends it.
+//! from the report. Pure: the API writer (the agent's `kube`) sends it.
 //!
 //! `status`: `True` licensed, `False` unlicensed, restricted, failing or without a driver,
 //! `Unknown` when the agent cannot tell; a node with nothing to license (`no_gpu`,

@@ -1,6 +1,6 @@
 //! What the agent found of this node, as values: where the driver and gridd run (this host,
 //! or a GPU Operator's driver container) and so whether the agent manages or only observes,
-//! and the settings that follow from it. No I/O: [`crate::node`] looks at the machine.
+//! and the settings that follow from it. No I/O: the agent's `node` looks at the machine.
 
 use std::path::{Path, PathBuf};
 
