@@ -323,7 +323,8 @@ Reached once the guest holds a license: order units that need the GPU at full sp
 it (see \fBvgpu\-license\-agent\-run\fR(8)).
 .TP
 \fI/usr/share/doc/vgpu\-license\-agent/\fR
-The guides (install, fleet, KubeVirt), the Grafana dashboard and cloud\-init examples.
+The guides (install, KubeVirt, Kubernetes nodes, fleet, how it works, security, and more),
+the Grafana dashboard and cloud\-init examples.
 "#;
 
 const EXIT_STATUS: &str = r#".SH "EXIT STATUS"
