@@ -1,7 +1,7 @@
 //! Writes a synthetic `journalctl -o json` export for the benchmark: mostly other units'
 //! entries, a few percent nvidia-gridd's, covering every kind of gridd event.
 //!
-//! `cargo xtask gen-journal SIZE_MB [GRIDD_PERCENT] > journal.json`
+//! `cargo xtask gen-journal [SIZE_MB] [GRIDD_PERCENT] > journal.json` (1024 MiB, 3 % by default)
 
 use std::io::{self, BufWriter, Write};
 
