@@ -4,8 +4,8 @@
 #
 #   sudo bash bench/all.sh      (about 26 minutes on 2 cores)
 #
-# The output is kept in target/bench/all-<UTC time>.txt too; the README's tables are the run
-# copied to bench/all.txt. Exit status: non-zero when any benchmark failed (every one runs).
+# The output is kept in target/bench/all-<UTC time>.txt too; docs/benchmarks.md's tables are
+# the run copied to bench/all.txt. Exit status: non-zero when any benchmark failed (every one runs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"

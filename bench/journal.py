@@ -5,12 +5,12 @@ the same file in the same rounds: `cat FILE > /dev/null` (reading the file: the 
 instead; its output goes to a file: GNU grep stops at the first match when it writes to
 /dev/null).
 
-The export is 2 % nvidia-gridd entries of every kind (tests/../examples/gen-journal.rs), made
-once and kept in target/bench/. Each round runs every command once, one after the other
-(interleaved, so that the machine's moods fall on all of them), the page cache warm. Printed:
-each command's wall time, min/median/max over the rounds, its peak RSS, and per round its speed
-as a ratio to each baseline's in the same round (min/median/max); then the same on an eighth of
-the input (linear in size?) and the goals.
+The export is 2 % nvidia-gridd entries of every kind (`cargo xtask gen-journal`:
+xtask/src/gen_journal.rs), made once and kept in target/bench/. Each round runs every command
+once, one after the other (interleaved, so that the machine's moods fall on all of them), the
+page cache warm. Printed: each command's wall time, min/median/max over the rounds, its peak
+RSS, and per round its speed as a ratio to each baseline's in the same round (min/median/max);
+then the same on an eighth of the input (linear in size?) and the goals.
 
 Usage: python3 bench/journal.py [--size-mb 1000] [--rounds 7]
 (at most 1023 MiB: analyze reads at most 1 GiB of a saved journal)
@@ -29,7 +29,7 @@ def generate(size_mb):
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         print(f"generating {path} ...", file=sys.stderr, flush=True)
         with open(path + ".tmp", "wb") as f:
-            subprocess.run([os.path.join(ROOT, "target/release/examples/gen-journal"), str(size_mb), "2"],
+            subprocess.run([os.path.join(ROOT, "target/release/xtask"), "gen-journal", str(size_mb), "2"],
                            stdout=f, check=True)
         os.rename(path + ".tmp", path)
     return path
@@ -69,10 +69,11 @@ def main():
     if not 8 <= a.size_mb <= 1023:
         sys.exit("bench/journal.py: --size-mb must be between 8 and 1023 (analyze reads at most 1 GiB)")
     cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
-    subprocess.run([cargo, "build", "--release", "--quiet", "--example", "gen-journal"], cwd=ROOT, check=True)
+    # Both into ROOT/target, where the paths above look.
+    env = {k: v for k, v in os.environ.items() if k != "CARGO_TARGET_DIR"}
+    subprocess.run([cargo, "build", "--release", "--quiet", "--package", "xtask"], cwd=ROOT, check=True, env=env)
     # The binary the packages ship.
-    subprocess.run(["bash", "packaging/build-release.sh"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                   env={k: v for k, v in os.environ.items() if k != "CARGO_TARGET_DIR"})
+    subprocess.run(["bash", "packaging/build-release.sh"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=env)
     os.makedirs(BENCH, exist_ok=True)
     full, eighth = generate(a.size_mb), generate(a.size_mb // 8)
     size = os.path.getsize(full)

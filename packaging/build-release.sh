@@ -78,5 +78,5 @@ if [ -z "$HOT" ] || [ "$HOT" -lt $((HOT_MADE / 2)) ]; then
 fi
 
 echo "==> man pages and completions"
-cargo run --quiet --locked --example gen-docs -- "$DIST" >/dev/null
+cargo run --quiet --locked --package xtask -- gen-docs "$DIST" >/dev/null
 echo "binary: $SIZE bytes, static-pie, $HOT bytes of the service's code together: $DIST/$NAME"

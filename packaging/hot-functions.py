@@ -7,7 +7,7 @@ leaves it, the code that the service runs is spread over 3 MiB of the executable
 all of it ends up resident. packaging/build-release.sh links the functions named in
 packaging/hot-functions.txt first, into a section of their own (.text.hot), so that the
 service's code is a contiguous 1 MiB and the rest of the executable (the other commands) is
-never read in (README, Benchmarks: bench/exe_pages.py).
+never read in (docs/benchmarks.md: bench/exe_pages.py).
 
 This script makes that list. It builds the portable binary with its symbols
 (target/hot-functions/), runs it as the service under valgrind's callgrind in

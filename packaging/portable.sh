@@ -6,7 +6,7 @@
 # The binaries are static-pie executables against musl (zig's, built with zig cc): no shared
 # library at all, so they run on every x86_64 Linux with no floor on the guest's libc, and
 # the service's RSS holds none of libc.so's and ld.so's pages (1.4 MiB of it, linked against
-# glibc: README, Benchmarks). What musl does otherwise: host names are looked up in
+# glibc: docs/benchmarks.md). What musl does otherwise: host names are looked up in
 # /etc/hosts, then by DNS with /etc/resolv.conf (nameserver, search, ndots, timeout,
 # attempts), without /etc/nsswitch.conf's modules; systemd-resolved's stub in resolv.conf
 # and Kubernetes' search domains work as they do for glibc.

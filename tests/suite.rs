@@ -12,6 +12,7 @@ mod common;
 mod app_logs;
 mod config_cli;
 mod diagnose;
+mod docs;
 mod fleet;
 mod gpu_operator;
 mod hostile;

@@ -1,7 +1,7 @@
 //! The config file's man page, vgpu-license-agent.toml(5), made from the packaged default
 //! config (`packaging/config.toml`): each key's text is the comment above it there and its
 //! default the commented-out value, so that the page and the file cannot tell different
-//! stories. `examples/gen-docs.rs` writes it beside the command pages.
+//! stories. `xtask/src/gen_docs.rs` writes it beside the command pages.
 
 /// One key (or a few that share a comment) of a section.
 struct Item {

@@ -3,7 +3,7 @@
 //! domain functions that take plain requests (`install::install`, `diagnose::diagnose`, ...).
 //!
 //! This module is part of the library so that the man page and the shell completions
-//! (see `examples/gen-docs.rs`) are generated from the very same definitions.
+//! (see `xtask/src/gen_docs.rs`) are generated from the very same definitions.
 
 pub mod analyze;
 pub mod config;

@@ -1,7 +1,7 @@
 //! Writes a synthetic `journalctl -o json` export for the benchmark: mostly other units'
 //! entries, a few percent nvidia-gridd's, covering every kind of gridd event.
 //!
-//! Usage: gen-journal SIZE_MB [GRIDD_PERCENT] > journal.json
+//! `cargo xtask gen-journal [SIZE_MB] [GRIDD_PERCENT] > journal.json` (1024 MiB, 3 % by default)
 
 use std::io::{self, BufWriter, Write};
 
@@ -78,10 +78,8 @@ fn entry(out: &mut impl Write, us: u64, comm: &str, pid: &str, msg: &str) -> io:
     out.write_all(b"\n")
 }
 
-fn main() -> io::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let mb: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1024);
-    let percent: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+/// Writes about `mb` MiB of entries to standard output, `percent` % of them gridd's.
+pub fn run(mb: u64, percent: u64) -> io::Result<()> {
     let target = mb << 20;
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 20, stdout.lock());

@@ -2,7 +2,7 @@
 //! definitions the binary parses (`vgpu_license_agent::cli::Cli`), and the config file's page
 //! from the packaged default config.
 //!
-//! Usage: `cargo run --example gen-docs -- OUT_DIR` writes
+//! `cargo xtask gen-docs OUT_DIR` writes
 //! - `OUT_DIR/man/vgpu-license-agent.8` and one page per command
 //!   (`vgpu-license-agent-install.8`, ..., `vgpu-license-agent-token-inspect.8`), the
 //!   service's page `vgpu-license-agent-run.8` written out for people (what it watches,
@@ -16,9 +16,9 @@
 //! Debian changelog) so that builds are reproducible; without it the date is left empty.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::CommandFactory;
 use clap_complete::Shell;
 use clap_mangen::Man;
@@ -28,12 +28,8 @@ const NAME: &str = "vgpu-license-agent";
 const SECTION: &str = "8";
 const MANUAL: &str = "System Administration";
 
-fn main() -> Result<()> {
-    let mut args = std::env::args_os().skip(1);
-    let (Some(out), None) = (args.next(), args.next()) else {
-        bail!("usage: gen-docs OUT_DIR");
-    };
-    let out = PathBuf::from(out);
+/// Writes the pages and completions under `out`, printing each file's path.
+pub fn run(out: &Path) -> Result<()> {
     let man_dir = out.join("man");
     let completions_dir = out.join("completions");
     for dir in [&man_dir, &completions_dir] {
@@ -67,7 +63,7 @@ fn main() -> Result<()> {
         println!("{}", path.display());
     }
     let page = vgpu_license_agent::cli::manual::config_page(
-        include_str!("../packaging/config.toml"),
+        include_str!("../../packaging/config.toml"),
         &date,
         &source,
     );
@@ -327,7 +323,8 @@ Reached once the guest holds a license: order units that need the GPU at full sp
 it (see \fBvgpu\-license\-agent\-run\fR(8)).
 .TP
 \fI/usr/share/doc/vgpu\-license\-agent/\fR
-The guides (install, fleet, KubeVirt), the Grafana dashboard and cloud\-init examples.
+The guides (install, KubeVirt, Kubernetes nodes, fleet, how it works, security, and more),
+the Grafana dashboard and cloud\-init examples.
 "#;
 
 const EXIT_STATUS: &str = r#".SH "EXIT STATUS"
