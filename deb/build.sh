@@ -57,7 +57,7 @@ install -d "$DOC"
 gzip -9nc deb/changelog >"$DOC/changelog.gz"
 CRATES=$(cargo tree --quiet --locked -e normal,no-proc-macro --prefix none -f '{p} {l}' \
 	--target "$PORTABLE_TARGET" --package "$NAME" |
-	sed 's/ (\*)$//' | grep -v "^$NAME " | sort -u | sed 's/^/ /')
+	sed 's/ (\*)$//' | grep -v -e "^$NAME " -e "^vgpu-license-model " | sort -u | sed 's/^/ /')
 [ -n "$CRATES" ] || die "cargo tree listed no crates"
 awk -v crates="$CRATES" '$0 == "@CRATES@" { print crates; next } { print }' deb/copyright.in >"$DOC/copyright"
 chmod 0644 "$DOC/copyright" "$DOC/changelog.gz"

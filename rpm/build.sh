@@ -64,9 +64,11 @@ find "$WORK/stage" -exec touch --no-dereference --date="@$SOURCE_DATE_EPOCH" {} 
 
 # The crates linked into the binary: Fedora's bundled(crate(...)) provides, and the license
 # expression of the whole binary (the agent's own Apache-2.0 and each crate's, as declared).
+# The workspace's own crates (the agent and its model, named with their paths) are not
+# bundled crates.
 CRATES=$(cargo tree --quiet --locked -e normal,no-proc-macro --prefix none -f '{p} {l}' \
 	--target "$(rustc -vV | sed -n 's/^host: //p')" --package "$NAME" |
-	sed 's/ (\*)$//' | grep -v "^$NAME " | sort -u)
+	sed 's/ (\*)$//' | grep -v -e "^$NAME " -e "^vgpu-license-model " | sort -u)
 [ -n "$CRATES" ] || die "cargo tree listed no crates"
 PROVIDES=$(awk '{ v = substr($2, 2); gsub("-", "~", v); printf "Provides:       bundled(crate(%s)) = %s\n", $1, v }' <<<"$CRATES")
 LICENSE=$(awk '{ $1 = ""; $2 = ""; sub(/^ +/, ""); gsub("/", " OR "); print }' <<<"$CRATES" | awk '
