@@ -6,6 +6,7 @@
 
 pub mod analyze;
 pub mod assemble;
+pub mod backoff;
 pub mod cli;
 pub mod command;
 pub mod config;
