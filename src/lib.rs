@@ -28,6 +28,7 @@ pub mod live;
 pub mod node;
 pub mod node_condition;
 pub mod node_mode;
+pub mod node_writer;
 pub mod observe;
 pub mod outdir;
 pub mod plan;
