@@ -6,8 +6,8 @@
 
 // What decides lives in the model crate; its modules keep their names here.
 pub use vgpu_license_model::{
-    assemble, gridd_conf, guest_identity, node_condition, node_mode, plan, policy, remedy, report,
-    shutdown, state, text, time, token, userdata,
+    assemble, backoff, gridd_conf, guest_identity, node_condition, node_mode, node_writer, plan,
+    policy, remedy, report, shutdown, state, text, time, token, userdata,
 };
 
 pub mod analyze;

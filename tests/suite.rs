@@ -25,6 +25,7 @@ mod layout;
 mod licensing_secret;
 mod metrics_server;
 mod misbehaving_commands;
+mod node_writer;
 mod packaging;
 mod prepare_image;
 mod properties;

@@ -75,12 +75,7 @@ fn look_gap(took: Duration) -> Duration {
     (took * 4).clamp(TOKEN_READ_GAP, LOOK_GAP_MAX)
 }
 
-/// The moment: monotonic time since the service started, and the wall clock.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Now {
-    pub mono: Duration,
-    pub wall: DateTime<Utc>,
-}
+pub use crate::time::Now;
 
 /// What the world told the service.
 #[derive(Debug)]
@@ -1422,8 +1417,7 @@ impl Core {
         match &outcome.restart {
             Restart::Done => {
                 self.counters.gridd_restarts += 1;
-                self.remedy
-                    .restarted(&self.settings.service, secs(now), 0.5);
+                self.remedy.restarted(secs(now), 0.5);
                 info!(
                     message_id = message_ids::GRIDD_RESTARTED,
                     "restarted nvidia-gridd: {}",
@@ -1467,8 +1461,7 @@ impl Core {
             }
             Restart::Failed(why) => {
                 // A failed attempt counts against the budget and the backoff too.
-                self.remedy
-                    .restarted(&self.settings.service, secs(now), 0.5);
+                self.remedy.restarted(secs(now), 0.5);
                 error!(
                     "restarting nvidia-gridd failed: {}",
                     crate::text::escape(why)
@@ -1789,7 +1782,7 @@ impl Core {
             info!("restarting nvidia-gridd: {why}");
             self.busy.restart = true;
             let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;
-            self.remedy.restarted(&self.settings.service, t, jitter);
+            self.remedy.restarted(t, jitter);
             fx.push(Effect::RestartGridd { why });
         }
     }

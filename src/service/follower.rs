@@ -15,11 +15,19 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, warn};
 
 use super::core::Event;
+use crate::backoff::Backoff;
 use crate::observe::journal::LineParser;
 
 /// The longest journal entry (one line of JSON) the follower reads: far above any of gridd's
 /// (journald cuts a syslog line at 48 KiB); a longer one is skipped, never held whole.
 const FOLLOW_MAX_LINE: usize = 1 << 20;
+
+/// The waits before journalctl is started again: half a second, doubling, at most 30 s.
+const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+
+/// A journalctl that ran this long was following well: the next restart waits the first
+/// wait again.
+const RAN_WELL: Duration = Duration::from_secs(60);
 
 /// The most of journalctl's standard error read once it ended, for why it did.
 const STDERR_KEPT: u64 = 4096;
@@ -127,7 +135,7 @@ pub async fn follow_journal(
     tx: mpsc::UnboundedSender<Event>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = RESTART_BACKOFF;
     loop {
         let started = Instant::now();
         let why = match Journalctl::spawn(&argv) {
@@ -144,14 +152,13 @@ pub async fn follow_journal(
             }
         };
         warn!("journal follower stopped: {why}; restarting it");
-        if started.elapsed() > Duration::from_secs(60) {
-            backoff = Duration::from_millis(500);
+        if started.elapsed() > RAN_WELL {
+            backoff.reset();
         }
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(backoff.failed()) => {}
             _ = stop.changed() => return,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -205,6 +212,15 @@ fn stop_if_unreadable(said: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn journalctl_is_restarted_after_half_a_second_doubling_to_30_s() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            RESTART_BACKOFF.schedule(8),
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000].map(ms)
+        );
+    }
 
     #[tokio::test]
     async fn a_line_past_the_cap_is_skipped_and_the_next_one_read() {

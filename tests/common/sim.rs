@@ -1161,9 +1161,26 @@ impl Agent {
     /// `WATCHDOG_USEC`, say, so that a test receives what systemd would (READY, STATUS, the
     /// watchdog's pings) and can tell that the agent's loop never stalls.
     pub fn start_with_env(m: &Machine, env: &[(&str, &std::ffi::OsStr)]) -> Agent {
+        Agent::start_as(m, env, Command::new(BIN))
+    }
+
+    /// [`Agent::start_with_env`] on a node that booted `up` ago, whatever this machine's
+    /// uptime: the agent runs in a time namespace of its own (`unshare --time`, root's),
+    /// whose boot clock, and so its `/proc/uptime`, is set to say `up`. The same process
+    /// (`unshare` execs the agent), with the machine's monotonic and wall clocks.
+    pub fn start_booted(m: &Machine, env: &[(&str, &std::ffi::OsStr)], up: Duration) -> Agent {
+        let host = fs::read_to_string("/proc/uptime").unwrap();
+        let host: f64 = host.split_whitespace().next().unwrap().parse().unwrap();
+        let offset = up.as_secs() as i64 - host.ceil() as i64;
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--time", "--boottime", &offset.to_string(), BIN]);
+        Agent::start_as(m, env, cmd)
+    }
+
+    /// The agent started by `cmd` (the agent's program, or what execs it).
+    fn start_as(m: &Machine, env: &[(&str, &std::ffi::OsStr)], mut cmd: Command) -> Agent {
         let out = m.path("agent.out");
         let err = m.path("agent.err");
-        let mut cmd = Command::new(BIN);
         cmd.args(["run", "--config"])
             .arg(&m.config)
             .env_remove("VGPU_LICENSE_AGENT_CONFIG")

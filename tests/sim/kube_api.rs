@@ -40,7 +40,8 @@ pub enum ApiMode {
     Up,
     /// Every request is 403 Forbidden.
     Forbidden,
-    /// The port refuses connections.
+    /// The port refuses connections, and a connection made before is closed at its next
+    /// request, unanswered.
     Down,
     /// Every answer comes after this long.
     Slow(Duration),
@@ -619,6 +620,10 @@ fn serve(stream: TcpStream, inner: &Inner) -> io::Result<()> {
             parts.next().unwrap_or_default().to_string(),
         );
         let mode = *inner.mode.lock().unwrap();
+        // A server gone away answers nothing on the connections it had either.
+        if mode == ApiMode::Down {
+            return Ok(());
+        }
         if let ApiMode::Slow(d) = mode {
             std::thread::sleep(d);
         }

@@ -6,7 +6,8 @@
 //! - one observation ([`assemble`]) and its judgement ([`state`]): the [`report`], by the
 //!   rules of [`policy`];
 //! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`plan`]),
-//!   the node's mode ([`node_mode`]) and its Kubernetes condition ([`node_condition`]), a
+//!   the node's mode ([`node_mode`]), its Kubernetes condition ([`node_condition`]) and
+//!   when to write it ([`node_writer`]), the shared retry schedule ([`backoff`]), a
 //!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
 //! - times and text as operators read them ([`time`], [`text`]).
 
@@ -14,11 +15,13 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))]
 
 pub mod assemble;
+pub mod backoff;
 pub mod config;
 pub mod gridd_conf;
 pub mod guest_identity;
 pub mod node_condition;
 pub mod node_mode;
+pub mod node_writer;
 pub mod observe;
 pub mod plan;
 pub mod policy;

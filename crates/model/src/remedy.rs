@@ -3,8 +3,8 @@
 //! caller passes the time (seconds on a monotonic clock) and the jitter.
 
 use std::collections::VecDeque;
-use std::time::Duration;
 
+use crate::backoff::Backoff;
 use crate::config::Service;
 use crate::report::{Reason, State};
 
@@ -29,7 +29,7 @@ pub struct Remedy {
     /// No restart before this time.
     not_before: f64,
     /// The wait after the next restart.
-    backoff: Duration,
+    backoff: Backoff,
     /// Since when the guest has been without a license (reset by a restart).
     unlicensed_since: Option<f64>,
     /// Whether restarts were recorded since [`Remedy::take_changed`] last asked.
@@ -41,7 +41,7 @@ impl Remedy {
         Remedy {
             restarts: VecDeque::new(),
             not_before: 0.0,
-            backoff: cfg.restart_backoff,
+            backoff: Backoff::new(cfg.restart_backoff, cfg.restart_backoff_max),
             unlicensed_since: None,
             changed: false,
         }
@@ -97,7 +97,7 @@ impl Remedy {
         {
             // Healthy (or nothing gridd can do): start over.
             self.unlicensed_since = None;
-            self.backoff = cfg.restart_backoff;
+            self.backoff.reset();
             return Decision::Nothing;
         }
         if !crate::policy::restart_helps(reason) {
@@ -192,27 +192,26 @@ impl Remedy {
     /// A reloaded config: the restarts made so far still count against the budget, and the
     /// backoff reached stays within the new bounds.
     pub fn reconfigure(&mut self, cfg: &Service) {
-        self.backoff = self.backoff.clamp(
-            cfg.restart_backoff,
-            cfg.restart_backoff_max.max(cfg.restart_backoff),
-        );
+        self.backoff
+            .rebound(cfg.restart_backoff, cfg.restart_backoff_max);
     }
 
     /// Records a restart made at `now`: the backoff doubles (up to the maximum), the grace
     /// period starts again. `jitter` in [0, 1) spreads the wait (±20 %), so that a fleet does
     /// not restart in step.
-    pub fn restarted(&mut self, cfg: &Service, now: f64, jitter: f64) {
+    pub fn restarted(&mut self, now: f64, jitter: f64) {
         self.restarts.push_back(now);
         self.changed = true;
         let spread = 0.8 + 0.4 * jitter.clamp(0.0, 1.0);
-        self.not_before = now + self.backoff.as_secs_f64() * spread;
-        self.backoff = (self.backoff * 2).min(cfg.restart_backoff_max);
+        self.not_before = now + self.backoff.failed().as_secs_f64() * spread;
         self.unlicensed_since = Some(now);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::config::Settings;
 
@@ -223,7 +222,7 @@ mod tests {
         let mut r = Remedy::with_history(&c, &[-7200.0, -1800.0, -600.0], 0.0);
         assert_eq!(r.restarts_last_hour(0.0), 2);
         assert!(r.may_restart(&c, 0.0));
-        r.restarted(&c, 0.0, 0.5);
+        r.restarted(0.0, 0.5);
         assert_eq!(r.take_changed(0.0), Some(vec![-1800.0, -600.0, 0.0]));
         assert_eq!(r.take_changed(0.0), None);
         // The budget of 3 is spent until the oldest leaves the hour.
@@ -267,15 +266,15 @@ mod tests {
     fn a_new_token_without_a_license_waits_for_the_budget_not_the_backoff() {
         let c = cfg();
         let mut m = Remedy::new(&c);
-        m.restarted(&c, 0.0, 0.5);
+        m.restarted(0.0, 0.5);
         assert!(!m.may_restart_for_token(&c, 1.0, true), "licensed: backoff");
         assert_eq!(m.next_allowed_for_token(&c, 1.0, true), 60.0);
         assert!(
             m.may_restart_for_token(&c, 1.0, false),
             "unlicensed: at once"
         );
-        m.restarted(&c, 1.0, 0.5);
-        m.restarted(&c, 2.0, 0.5);
+        m.restarted(1.0, 0.5);
+        m.restarted(2.0, 0.5);
         assert!(
             !m.may_restart_for_token(&c, 3.0, false),
             "the budget still counts"
@@ -301,7 +300,7 @@ mod tests {
         for t in 120..3600 {
             let now = f64::from(t);
             if let Decision::Restart(_) = m.decide(&c, now, State::Unlicensed, reason) {
-                m.restarted(&c, now, 0.5);
+                m.restarted(now, 0.5);
                 restarts.push(t);
             }
         }
@@ -324,14 +323,14 @@ mod tests {
         let mut m = Remedy::new(&c);
         for t in [0.0, 1000.0, 2000.0] {
             assert!(m.may_restart(&c, t));
-            m.restarted(&c, t, 0.5);
+            m.restarted(t, 0.5);
         }
         // Budget spent: neither the remedy nor an owed restart may go.
         assert!(!m.may_restart(&c, 2500.0));
         let mut smaller = c.clone();
         smaller.restart_backoff_max = Duration::from_secs(100);
         m.reconfigure(&smaller);
-        assert_eq!(m.backoff, Duration::from_secs(100));
+        assert_eq!(m.backoff.peek(), Duration::from_secs(100));
         assert!(!m.may_restart(&smaller, 2500.0));
         assert!(matches!(
             m.decide(
@@ -344,9 +343,28 @@ mod tests {
         ));
         // Within backoff after a restart: not yet.
         let mut m = Remedy::new(&c);
-        m.restarted(&c, 0.0, 0.5);
+        m.restarted(0.0, 0.5);
         assert!(!m.may_restart(&c, 30.0));
         assert!(m.may_restart(&c, 60.0));
+    }
+
+    #[test]
+    fn the_restart_backoff_doubles_up_to_its_maximum_and_jitter_spreads_it() {
+        let mut c = cfg();
+        c.restart_budget_per_hour = 100;
+        let mut m = Remedy::new(&c);
+        let mut t = 0.0;
+        let mut waits = vec![];
+        for _ in 0..5 {
+            m.restarted(t, 0.5);
+            let next = m.next_allowed(&c, t);
+            waits.push(next - t);
+            t = next;
+        }
+        assert_eq!(waits, [60.0, 120.0, 240.0, 240.0, 240.0]);
+        let mut m = Remedy::new(&c);
+        m.restarted(0.0, 0.0);
+        assert_eq!(m.next_allowed(&c, 0.0), 48.0);
     }
 
     #[test]
@@ -355,13 +373,13 @@ mod tests {
         let mut m = Remedy::new(&c);
         let d = m.decide(&c, 0.0, State::Unlicensed, Some(Reason::GriddNotRunning));
         assert!(matches!(d, Decision::Restart(_)));
-        m.restarted(&c, 0.0, 0.0);
+        m.restarted(0.0, 0.0);
         // Licensed, but gridd died: it must run to renew the lease.
         assert!(matches!(
             m.decide(&c, 200.0, State::Licensed, Some(Reason::GriddNotRunning)),
             Decision::Restart(_)
         ));
         assert_eq!(m.decide(&c, 10.0, State::Licensed, None), Decision::Nothing);
-        assert_eq!(m.backoff, c.restart_backoff);
+        assert_eq!(m.backoff.peek(), c.restart_backoff);
     }
 }

@@ -2,9 +2,18 @@
 //! and RFC 3339 for the report, with the report's time types and how they are written.
 
 use std::fmt;
+use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, SecondsFormat, SubsecRound, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The moment, as the pure deciders are given it: monotonic time since the service started
+/// (what waits are counted in), and the wall clock (what is written).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Now {
+    pub mono: Duration,
+    pub wall: DateTime<Utc>,
+}
 
 /// RFC 3339 in UTC with a `Z`, to the second.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
