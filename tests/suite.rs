@@ -26,6 +26,7 @@ mod licensing_secret;
 mod metrics_server;
 mod misbehaving_commands;
 mod node_writer;
+mod one_answer;
 mod packaging;
 mod prepare_image;
 mod properties;
