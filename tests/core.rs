@@ -1153,3 +1153,47 @@ fn a_new_lease_ends_the_failure_logged_before_it() {
         r.failure
     );
 }
+
+/// A file copied beside the installed token minutes after the last nvidia-smi reading (a
+/// licensed core reads it minutes apart) and refused: the warning is dated when the file was
+/// refused, never before it was there.
+#[test]
+fn a_refused_token_is_dated_when_it_was_refused_not_at_the_last_reading() {
+    use vgpu_license_agent::plan::{Aside, Change};
+    use vgpu_license_agent::time::LogTime;
+    let mut sim = licensed_for_a_minute();
+    sim.run(S(100));
+    sim.world.adopt = || {
+        Ok(Box::new(Outcome {
+            dry_run: false,
+            token_summary: "token: 1900 bytes".into(),
+            changes: vec![Change::MoveStray {
+                from: "/etc/nvidia/ClientConfigToken/new.tok".into(),
+                to: "/var/lib/vgpu-license-agent/replaced/x/new.tok".into(),
+                why: Aside::Refused {
+                    why: "this is not a client configuration token".into(),
+                    valid: false,
+                },
+            }],
+            warnings: Vec::new(),
+            restart: Restart::NotNeeded,
+            restart_reason: None,
+            restart_command: String::new(),
+            kept_name: None,
+        }))
+    };
+    let copied = vgpu_license_agent::time::whole_secs(sim.now().wall);
+    sim.handle(Event::TokenDirChanged);
+    sim.run(S(1));
+    let r = sim.core.report().unwrap();
+    assert_eq!(sim.reason(), Some(Reason::TokenRejected), "{r:?}");
+    let Some(LogTime::Utc(at)) = r.failure.as_ref().unwrap().at else {
+        panic!("dated in UTC: {r:?}")
+    };
+    assert!(at >= copied, "dated {at}, refused at {copied}");
+    // A heartbeat later the warning keeps its date.
+    sim.run(HEARTBEAT + S(1));
+    let f = sim.core.report().unwrap().failure.clone().unwrap();
+    assert_eq!(f.reason, Reason::TokenRejected);
+    assert_eq!(f.at, Some(LogTime::Utc(at)), "the date stays");
+}

@@ -431,12 +431,17 @@ struct Adoption {
     failed: Option<Duration>,
     /// The token source holds a token the agent refused: why.
     source_rejected: Option<String>,
+    /// When the agent first refused it: the warning's date (the last nvidia-smi reading,
+    /// minutes old while licensed, may be older than the token).
+    source_rejected_at: Option<DateTime<Utc>>,
     /// The token source was read at least once (before, a missing token is not counted:
     /// the source may bring one).
     source_read: bool,
     /// Files meant as tokens that an adoption refused and moved aside: what to say, and
     /// until when (monotonic).
     rejected: Option<(String, Duration)>,
+    /// When the agent refused them: the warning's date.
+    rejected_at: Option<DateTime<Utc>>,
     /// The last rotation an adoption made: a note, and until when.
     rotated: Option<(String, Duration)>,
     /// The last "token not adopted" line logged: the same refusal, met again at each change
@@ -547,6 +552,7 @@ impl Adoption {
         }
         if !refused.is_empty() {
             self.rejected = Some((refused.join("; "), until));
+            self.rejected_at = Some(now.wall);
         } else if new_token {
             self.rejected = None;
         }
@@ -865,6 +871,7 @@ impl Core {
         };
         if rejected != self.adoption.source_rejected {
             self.published.dirty = true;
+            self.adoption.source_rejected_at = Some(now.wall);
         }
         self.adoption.source_rejected = rejected;
         self.adoption.source_read = true;
@@ -1691,14 +1698,27 @@ impl Core {
                 },
             );
         }
-        if let (Some(f), Some(((reason, message), since))) =
-            (report.failure.as_mut(), &self.own_since)
-            && f.reason == *reason
-            && f.message == *message
+        if let Some(f) = report.failure.as_mut()
+            && let Some(since) = self.failure_since(f)
         {
-            f.at = Some(LogTime::Utc(crate::time::whole_secs(*since)));
+            f.at = Some(LogTime::Utc(crate::time::whole_secs(since)));
         }
         report
+    }
+
+    /// Since when the agent's own finding `f` holds, where the agent knows it: the
+    /// observation's time (nvidia-smi's last answer, minutes old while licensed) may predate
+    /// what the finding is about.
+    fn failure_since(&self, f: &crate::report::Failure) -> Option<DateTime<Utc>> {
+        match f.reason {
+            Reason::TokenRejected => self.adoption.rejected_at,
+            Reason::TokenSourceRejected => self.adoption.source_rejected_at,
+            _ => self
+                .own_since
+                .as_ref()
+                .filter(|((reason, message), _)| f.reason == *reason && f.message == *message)
+                .map(|(_, since)| *since),
+        }
     }
 
     /// A new failure: counted once, logged with its catalog entry.
