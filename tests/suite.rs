@@ -14,6 +14,7 @@ mod config_cli;
 mod diagnose;
 mod fleet;
 mod gpu_operator;
+mod gridd_unit;
 mod hostile;
 mod identity;
 mod install;
