@@ -264,10 +264,7 @@ impl Outcome {
                 "would restart nvidia-gridd ({}): {reason}",
                 self.restart_command
             )),
-            Restart::Done => out.push(format!(
-                "restarted nvidia-gridd ({}): {reason}",
-                self.restart_command
-            )),
+            Restart::Done => out.push(restarted_line(&self.restart_command, reason)),
             Restart::NoUnit(unit) => out.push(format!(
                 "nvidia-gridd not restarted: there is no {unit} to restart (systemd has no such unit); install the NVIDIA vGPU (GRID) guest driver, which brings it: its nvidia-gridd reads this token when it starts"
             )),
@@ -275,6 +272,11 @@ impl Outcome {
         }
         out
     }
+}
+
+/// The line of a restart of gridd that was made: the command, and why.
+pub fn restarted_line(command: &str, why: &str) -> String {
+    format!("restarted nvidia-gridd ({command}): {why}")
 }
 
 /// A token that must not be installed: it does not decode, or is not valid now.

@@ -167,7 +167,8 @@ struct InFlight {
     smi: bool,
     unit: UnitQuestion,
     adopt: bool,
-    restart: bool,
+    /// A restart of the agent's own runs: why (said with its result, in one line).
+    restart: Option<String>,
     probe: bool,
     /// The token directory is being read.
     token: bool,
@@ -256,7 +257,7 @@ impl UnitQuestion {
 impl InFlight {
     /// The agent is restarting gridd, or adopting a token (which may restart it).
     fn own_work(&self) -> bool {
-        self.restart || self.adopt
+        self.restart.is_some() || self.adopt
     }
 }
 
@@ -477,7 +478,17 @@ fn say_outcome(outcome: &Outcome) {
         })
         .map(|c| c.describe(true))
         .collect();
+    // The restart made is said by [`say_restarted`], with its catalog entry.
+    let restart = (outcome.restart == Restart::Done).then(|| {
+        crate::plan::restarted_line(
+            &outcome.restart_command,
+            outcome.restart_reason.as_deref().unwrap_or(""),
+        )
+    });
     for line in outcome.lines() {
+        if Some(&line) == restart.as_ref() {
+            continue;
+        }
         if refused.contains(&line) {
             warn!(
                 message_id = message_ids::FAILURE_TOKEN_REJECTED,
@@ -491,6 +502,17 @@ fn say_outcome(outcome: &Outcome) {
     for w in &outcome.warnings {
         warn!("token: {}", crate::text::escape(w));
     }
+}
+
+/// A restart of gridd the agent made, in one line: the command and why, the reason also as a
+/// field (the catalog entry's text names it).
+fn say_restarted(command: &str, why: &str) {
+    info!(
+        message_id = message_ids::GRIDD_RESTARTED,
+        vgpu_license_reason = why,
+        "{}",
+        crate::text::escape(&crate::plan::restarted_line(command, why))
+    );
 }
 
 impl Adoption {
@@ -906,20 +928,22 @@ impl Core {
 
     /// The agent's restart of gridd ended: counted or said, and its failure probed anew.
     fn on_restarted(&mut self, result: Result<(), String>, now: Now, fx: &mut Vec<Effect>) {
-        self.busy.restart = false;
+        let why = self.busy.restart.take().unwrap_or_default();
         // Whether gridd runs now is asked once the agent's own work is over.
         self.busy.unit.after_own_work();
         self.own_work_ended(true, now, fx);
+        // One line per restart, said once its result is known: why, and how it went.
+        let command = self.settings.commands.restart_gridd.join(" ");
         match result {
             Ok(()) => {
                 self.counters.gridd_restarts += 1;
-                info!(
-                    message_id = message_ids::GRIDD_RESTARTED,
-                    "restarted nvidia-gridd"
-                );
+                say_restarted(&command, &why);
             }
-            Err(why) => error!(
-                "restarting nvidia-gridd failed: {}",
+            Err(e) => error!(
+                vgpu_license_reason = why.as_str(),
+                "restarting nvidia-gridd ({}) failed: {}; it was restarted because {}",
+                crate::text::escape(&command),
+                crate::text::escape(&e),
                 crate::text::escape(&why)
             ),
         }
@@ -1431,12 +1455,9 @@ impl Core {
                 self.counters.gridd_restarts += 1;
                 self.remedy
                     .restarted(&self.settings.service, secs(now), 0.5);
-                info!(
-                    message_id = message_ids::GRIDD_RESTARTED,
-                    "restarted nvidia-gridd: {}",
-                    crate::text::escape(
-                        outcome.restart_reason.as_deref().unwrap_or("for the token")
-                    )
+                say_restarted(
+                    &outcome.restart_command,
+                    outcome.restart_reason.as_deref().unwrap_or("for the token"),
                 );
                 self.schedule.smi_soon(now.mono + Duration::from_secs(1));
                 // Asked once the adoption is over.
@@ -1803,11 +1824,10 @@ impl Core {
         if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
             && self.node.mode == Mode::Manage
             && !unit_missing
-            && !self.busy.restart
+            && self.busy.restart.is_none()
             && !self.busy.adopt
         {
-            info!("restarting nvidia-gridd: {why}");
-            self.busy.restart = true;
+            self.busy.restart = Some(why.clone());
             let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;
             self.remedy.restarted(&self.settings.service, t, jitter);
             fx.push(Effect::RestartGridd { why });
