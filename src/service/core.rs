@@ -28,11 +28,12 @@ use crate::time::LogTime;
 use crate::token::{Token, TokenError};
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
-/// with time alone), and nvidia-smi's and the token's turns ride on its wakeups. Under
+/// with time alone), and the token's periodic look rides on its wakeups (nvidia-smi's turn
+/// keeps its own time). Under
 /// systemd's watchdog, half its interval when that is shorter. status.json and the metrics are
 /// written only when the report changed or holds a new observation (`status` tells a live
 /// service by the observation's age and the writer's pid). Each wakeup costs a guest a VM
-/// exit: a licensed, quiet agent wakes about once a heartbeat.
+/// exit: a licensed, quiet agent wakes about once a heartbeat, and for each reading.
 pub const HEARTBEAT: Duration = Duration::from_secs(120);
 /// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
 /// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
@@ -1089,16 +1090,11 @@ impl Core {
                 .map_or(now.mono, |t| t + MIN_REPORT_GAP)
                 .max(now.mono);
         }
-        // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
-        // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
-        let mut at = self.published.beat + self.heartbeat;
-        // A reading something asked for (a gridd line, a restart) keeps its own time.
-        if self.schedule.smi_for_event
-            || self.settings.service.poll_licensed < self.heartbeat
-            || !self.quiet()
-        {
-            at = at.min(self.schedule.smi);
-        }
+        // nvidia-smi's turn keeps its own time: the licensed pace is the config's
+        // (poll_licensed_seconds, "every 5 minutes"), not the next heartbeat after it (every
+        // 6 minutes with a 2-minute heartbeat). The token's periodic look (half an hour
+        // apart) comes on the heartbeat's wakeups, at most one heartbeat late.
+        let mut at = (self.published.beat + self.heartbeat).min(self.schedule.smi);
         if !self.quiet() {
             // Without a license (or with a failure) the next step comes at one of these
             // deadlines, each known; in between, nothing changes with time alone that a
