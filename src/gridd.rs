@@ -106,6 +106,22 @@ fn unit_exists(settings: &Settings) -> bool {
     })
 }
 
+/// Whether the restart command restarts gridd's systemd unit (it names the unit, as the
+/// default `systemctl restart nvidia-gridd.service` does) and systemd says there is no such
+/// unit: then the restart could only fail ("Unit ... not found"). Another restart command
+/// (a script, gridd without a unit) is run as configured.
+pub fn restart_unit_missing(settings: &Settings) -> bool {
+    let unit = settings.gridd.unit.as_str();
+    let stem = unit.strip_suffix(".service").unwrap_or(unit);
+    let names_it = settings
+        .commands
+        .restart_gridd
+        .iter()
+        .skip(1)
+        .any(|a| a == unit || a == stem);
+    names_it && !unit_exists(settings)
+}
+
 /// Whether systemd holds a job that starts gridd's unit (`systemctl list-jobs`: `ID UNIT TYPE
 /// STATE`; a restart's job is a start job once its stop is done).
 fn start_queued(settings: &Settings) -> bool {

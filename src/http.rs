@@ -57,6 +57,90 @@ pub fn chain(e: reqwest::Error) -> String {
     parts.join(": ").replace('\n', " ")
 }
 
+/// A server certificate the client refused, in the operator's words: what is wrong with it
+/// and what to do, on one line; `None` where `e` is no certificate's refusal. `host`: the
+/// server's, as the URL names it; `ca_file`: the `--ca-file` given, if any.
+pub fn certificate_problem(
+    e: &reqwest::Error,
+    host: &str,
+    ca_file: Option<&Path>,
+) -> Option<String> {
+    let refused = refused_certificate(e)?;
+    Some(describe_certificate(refused, host, ca_file))
+}
+
+/// The certificate error in `e`'s causes. An `io::Error` holds its own error (rustls' in
+/// tokio-rustls' in hyper's), which its `source()` skips.
+fn refused_certificate<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a rustls::CertificateError> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(rustls::Error::InvalidCertificate(ce)) = c.downcast_ref::<rustls::Error>() {
+            return Some(ce);
+        }
+        cause = match c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => c.source(),
+        };
+    }
+    None
+}
+
+fn describe_certificate(
+    c: &rustls::CertificateError,
+    host: &str,
+    ca_file: Option<&Path>,
+) -> String {
+    use rustls::CertificateError as C;
+    let trusted = match ca_file {
+        Some(p) => format!("the CA in --ca-file {}", show_path(p)),
+        None => "a CA this guest trusts (the system's CA certificates)".into(),
+    };
+    match c {
+        C::Other(o) if format!("{o:?}").contains("CaUsedAsEndEntity") => format!(
+            "{host} presents a CA certificate as its own (a self-signed certificate made as a CA, as `openssl req -x509` makes one), which is never accepted as a server's, also when given as --ca-file: give --ca-file the CA that signed the server's certificate, or have the server present a certificate for {host} signed by a CA and give that CA"
+        ),
+        C::UnknownIssuer => format!(
+            "the certificate {host} presents is not signed by {trusted}: give --ca-file the PEM certificate of the CA that signed it (its issuer), not the server's own certificate"
+        ),
+        C::Expired | C::ExpiredContext { .. } => format!(
+            "the certificate {host} presents has expired: renew it on the server (if it has not expired, set this guest's clock right)"
+        ),
+        C::NotValidYet | C::NotValidYetContext { .. } => format!(
+            "the certificate {host} presents is not valid yet: set this guest's clock right (or the certificate's dates on the server)"
+        ),
+        C::NotValidForName => format!(
+            "the certificate {host} presents is not made out to {host}: use a host name it names in the URL, or give the server a certificate for {host}"
+        ),
+        C::NotValidForNameContext { presented, .. } => format!(
+            "the certificate {host} presents is not made out to {host} but to {}: use one of those names in the URL, or give the server a certificate for {host}",
+            presented
+                .iter()
+                .map(|n| bare_name(n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        C::Revoked => format!(
+            "the certificate {host} presents has been revoked: install a new certificate on the server"
+        ),
+        other => format!(
+            "the certificate {host} presents was refused ({}): check the server's certificate, and that --ca-file is the CA that signed it",
+            rustls::Error::InvalidCertificate(other.clone())
+        ),
+    }
+}
+
+/// A name a certificate presents, as rustls gives it (`DnsName("localhost")`), bare.
+fn bare_name(n: &str) -> &str {
+    n.split_once('(')
+        .and_then(|(_, rest)| rest.strip_suffix(')'))
+        .map_or(n, |inner| inner.trim_matches('"'))
+}
+
 pub fn client(url: &Url, ca_file: Option<&Path>, timeout: Duration) -> anyhow::Result<Client> {
     // reqwest is built without a default provider: ring needs no C toolchain beyond cc.
     let _ = rustls::crypto::ring::default_provider().install_default();

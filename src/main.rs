@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use vgpu_license_agent::cli::{Cli, Command, TokenCommand};
 use vgpu_license_agent::cli::{analyze, config, diagnose, install, prepare, status, token};
 
@@ -11,7 +10,7 @@ const UNKNOWN: u8 = 3;
 
 fn main() -> ExitCode {
     hide_token_url();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_named() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -88,6 +87,7 @@ fn quiet_on_closed_pipe() {
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = || vgpu_license_agent::config::load(&cli.config);
+    cli.named_config_exists()?;
     match &cli.command {
         Command::Analyze(args) => analyze::run(args),
         Command::Token(TokenCommand::Inspect(args)) => token::run(args, &settings()?),

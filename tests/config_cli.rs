@@ -271,3 +271,80 @@ fn a_config_file_another_user_could_change_is_refused() {
     let r = root.run(&["config", "check"]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
 }
+
+/// Every path under `dir`, sorted.
+fn listing(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// [`Root::run`] with a time limit: a command still running after it (a service that
+/// started) is killed and fails the test.
+fn run_within(root: &Root, args: &[&str]) -> crate::common::Run {
+    let mut child = root
+        .cmd(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} still running after 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    root.finish(child.wait_with_output().unwrap())
+}
+
+/// A config file named on purpose (`--config`, or the environment) that is not there is a
+/// mistyped path, not the defaults: `config check` and the service both refuse it in one
+/// line, and change nothing; the other commands too.
+#[test]
+fn a_named_config_that_does_not_exist_is_an_error_everywhere() {
+    let root = Root::new();
+    let typo = root.path("agent/conifg.toml");
+    let typo = typo.to_str().unwrap();
+    let before = listing(root.dir.path());
+    for (args, code) in [
+        (vec!["config", "check", "--config", typo], 1),
+        (vec!["--config", typo, "config", "show"], 1),
+        (vec!["status", "--config", typo], 3),
+        (vec!["run", "--config", typo], 1),
+    ] {
+        let r = run_within(&root, &args);
+        assert_eq!(r.code, Some(code), "{args:?}: {}{}", r.stdout, r.stderr);
+        let line = r.error_line();
+        assert!(
+            line.contains(typo) && line.contains("does not exist") && line.contains("--config"),
+            "{args:?}: {line}"
+        );
+        assert_eq!(r.stdout, "", "{args:?}");
+    }
+    // Named by the environment, as a unit or a script may.
+    let mut cmd = root.cmd(&["config", "check"]);
+    let r = root.finish(cmd.env("VGPU_LICENSE_AGENT_CONFIG", typo).output().unwrap());
+    assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.error_line().contains("unset VGPU_LICENSE_AGENT_CONFIG"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(listing(root.dir.path()), before, "nothing changed");
+    // The file there: fine again.
+    let r = root.run(&["config", "check", "--config", root.config.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+}

@@ -74,6 +74,8 @@ struct World {
     /// When the core started an adoption, and the token reads it asked for.
     adopts: Vec<Duration>,
     token_reads: u32,
+    /// When the core asked nvidia-smi.
+    smi_reads: Vec<Duration>,
 }
 
 impl World {
@@ -94,6 +96,7 @@ impl World {
             adopt: || Err(AdoptError::NoToken(std::path::PathBuf::new())),
             adopts: Vec::new(),
             token_reads: 0,
+            smi_reads: Vec::new(),
         }
     }
 }
@@ -139,6 +142,9 @@ impl Sim {
             let mut answered = false;
             for e in queue {
                 let now = self.now();
+                if matches!(e, Effect::ReadSmi) {
+                    self.world.smi_reads.push(self.mono);
+                }
                 let event = match e {
                     Effect::ReadSmi if self.world.smi_hangs => Some(Event::Smi(SmiRead::TimedOut(
                         "nvidia-smi: it did not finish within 10s and was killed".into(),
@@ -276,8 +282,10 @@ fn licensed_and_quiet_the_core_wakes_once_per_heartbeat_at_most() {
     let before = sim.world.ticks;
     sim.run(S(3600));
     let wakes = sim.world.ticks - before;
-    // One per heartbeat: nvidia-smi (every 5 min) and the token check ride on them.
-    let most = 3600 / HEARTBEAT.as_secs() as u32 + 1;
+    // One per heartbeat, and one per reading of nvidia-smi (every 5 min, on its own time);
+    // the token's look rides on the heartbeat.
+    let readings = 3600 / settings().service.poll_licensed.as_secs() as u32;
+    let most = 3600 / HEARTBEAT.as_secs() as u32 + readings + 1;
     assert!(
         wakes <= most,
         "{wakes} wakeups in an idle hour, at most {most}"
@@ -1152,4 +1160,78 @@ fn a_new_lease_ends_the_failure_logged_before_it() {
         "{:?}",
         r.failure
     );
+}
+
+/// A file copied beside the installed token minutes after the last nvidia-smi reading (a
+/// licensed core reads it minutes apart) and refused: the warning is dated when the file was
+/// refused, never before it was there.
+#[test]
+fn a_refused_token_is_dated_when_it_was_refused_not_at_the_last_reading() {
+    use vgpu_license_agent::plan::{Aside, Change};
+    use vgpu_license_agent::time::LogTime;
+    let mut sim = licensed_for_a_minute();
+    sim.run(S(100));
+    sim.world.adopt = || {
+        Ok(Box::new(Outcome {
+            dry_run: false,
+            token_summary: "token: 1900 bytes".into(),
+            changes: vec![Change::MoveStray {
+                from: "/etc/nvidia/ClientConfigToken/new.tok".into(),
+                to: "/var/lib/vgpu-license-agent/replaced/x/new.tok".into(),
+                why: Aside::Refused {
+                    why: "this is not a client configuration token".into(),
+                    valid: false,
+                },
+            }],
+            warnings: Vec::new(),
+            restart: Restart::NotNeeded,
+            restart_reason: None,
+            restart_command: String::new(),
+            kept_name: None,
+        }))
+    };
+    let copied = vgpu_license_agent::time::whole_secs(sim.now().wall);
+    sim.handle(Event::TokenDirChanged);
+    sim.run(S(1));
+    let r = sim.core.report().unwrap();
+    assert_eq!(sim.reason(), Some(Reason::TokenRejected), "{r:?}");
+    let Some(LogTime::Utc(at)) = r.failure.as_ref().unwrap().at else {
+        panic!("dated in UTC: {r:?}")
+    };
+    assert!(at >= copied, "dated {at}, refused at {copied}");
+    // A heartbeat later the warning keeps its date.
+    sim.run(HEARTBEAT + S(1));
+    let f = sim.core.report().unwrap().failure.clone().unwrap();
+    assert_eq!(f.reason, Reason::TokenRejected);
+    assert_eq!(f.at, Some(LogTime::Utc(at)), "the date stays");
+}
+
+/// Licensed and quiet, nvidia-smi is read at the licensed pace the config sets (every 5
+/// minutes by default, as the config's comments and the README say), not at the next
+/// heartbeat after it.
+#[test]
+fn licensed_the_readings_come_at_the_licensed_pace() {
+    let mut sim = licensed_for_a_minute();
+    let pace = settings().service.poll_licensed;
+    assert_eq!(pace, S(300), "the default");
+    let from = sim.world.smi_reads.len();
+    sim.run(S(3600));
+    let reads = &sim.world.smi_reads[from..];
+    assert_eq!(reads.len(), 12, "12 readings an hour: {reads:?}");
+    for w in reads.windows(2) {
+        assert_eq!(w[1] - w[0], pace, "{reads:?}");
+    }
+    // A pace of the config's own (here 7 minutes) is kept the same way.
+    let mut s = settings();
+    s.service.poll_licensed = S(420);
+    let mut sim = Sim::new(s, World::new(LICENSED));
+    sim.log(ACQUIRED);
+    sim.run(S(60));
+    let from = sim.world.smi_reads.len();
+    sim.run(S(3600));
+    let reads = &sim.world.smi_reads[from..];
+    assert!(reads.len() >= 8, "{reads:?}");
+    for w in reads.windows(2) {
+        assert_eq!(w[1] - w[0], S(420), "{reads:?}");
+    }
 }

@@ -825,6 +825,42 @@ fn token_from_stdin_and_base64() {
     assert_eq!(root.restarts(), 2);
 }
 
+/// The token's file encoded twice (`base64` of `base64`, as a pipeline that encodes a value
+/// already encoded makes it): said as such, with how to give it, and nothing installed; the
+/// token (in either encoding) never printed.
+#[test]
+fn a_token_base64_encoded_twice_is_said_to_be() {
+    use base64::Engine;
+    let mut root = Root::new();
+    let tok = valid_token("twice");
+    root.secrets.push(tok.clone());
+    let std = base64::engine::general_purpose::STANDARD;
+    let once = std.encode(&tok);
+    let twice = std.encode(&once);
+    for value in [
+        twice.clone(),
+        format!("{twice}\n"),
+        std.encode(format!("{once}\n")),
+    ] {
+        let r = root.run(&["install", "--token-base64", &value]);
+        assert_eq!(r.code, Some(1), "{}", r.stderr);
+        let line = r.error_line();
+        assert!(line.contains("encoded twice"), "{line}");
+        assert!(
+            line.contains("base64 -w0 client_configuration_token.tok"),
+            "{line}"
+        );
+        assert!(!line.contains("three base64url parts"), "{line}");
+        assert!(
+            !line.contains(&once[..40]) && !line.contains(&twice[..40]),
+            "{line}"
+        );
+        assert!(r.stdout.is_empty(), "{}", r.stdout);
+        assert!(!root.token_path().exists());
+        assert_eq!(root.restarts(), 0);
+    }
+}
+
 /// A one-shot HTTP server on the loopback: answers each connection with the next response.
 fn serve(responses: Vec<Vec<u8>>) -> (u16, std::thread::JoinHandle<Vec<String>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -297,9 +297,9 @@ fn scenario_a_deferred_restart_is_made_at_its_deadline() {
                         .into_iter()
                         .filter(|e| entry_time(e) >= entry_time(&deferral))
                         .find(|e| {
-                            sim::message(e).starts_with(
-                                "restarted nvidia-gridd: an earlier restart is still owed",
-                            )
+                            let l = sim::message(e);
+                            l.starts_with("restarted nvidia-gridd (")
+                                && l.contains("): an earlier restart is still owed")
                         })
                         .map(|e| entry_time(&e))
                 },

@@ -429,6 +429,65 @@ fn scenario_gridd_crash_is_noticed_and_gridd_restarted() {
     });
 }
 
+/// Each restart of gridd the agent makes is one line of its journal, with its catalog entry,
+/// the command and the reason in it (and the reason as a field, for the catalog's text): the
+/// restart for the token at start (an adoption's), and the restart after a crash (a
+/// remedy's).
+#[test]
+fn scenario_one_restart_is_one_journal_line() {
+    let (m, a) = licensed(Setup::default());
+    let old = m.crash_gridd();
+    wait_for(
+        "a new gridd after the crash, licensed",
+        T,
+        || {
+            let pid = m.gridd_pid().filter(|p| *p != old)?;
+            let v = a.status()?;
+            (v["state"] == "licensed" && has_event(&v, &format!("Started ({pid})"))).then_some(())
+        },
+        || a.context(),
+    );
+    // The agent's lines of its restarts (gridd's own lines are not in its journal).
+    let restart_lines = || -> Vec<Value> {
+        m.agent_journal(a.pid())
+            .into_iter()
+            .filter(|e| {
+                let l = sim::message(e);
+                l.contains("restart") && l.contains("nvidia-gridd") && !l.contains("not restarted")
+            })
+            .collect()
+    };
+    wait_for(
+        "the line of the restart after the crash",
+        T,
+        || {
+            restart_lines()
+                .iter()
+                .any(|e| {
+                    e["MESSAGE_ID"] == message_ids::GRIDD_RESTARTED
+                        && sim::message(e).contains("is not running")
+                })
+                .then_some(())
+        },
+        || format!("{:#?}", restart_lines()),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let said = restart_lines();
+    let lines: Vec<String> = said.iter().map(sim::message).collect();
+    // At most one line per restart (under load journald may take a line late, or drop it:
+    // the count is a bound, each line's form is the point).
+    assert!(
+        said.len() <= m.restarts(),
+        "one line per restart: {lines:#?}"
+    );
+    for e in &said {
+        assert_eq!(e["MESSAGE_ID"], message_ids::GRIDD_RESTARTED, "{e:#}");
+        let why = e["VGPU_LICENSE_REASON"].as_str().unwrap_or_default();
+        assert!(!why.is_empty(), "the reason as a field: {e:#}");
+        assert!(sim::message(e).contains(why), "{e:#}");
+    }
+}
+
 /// nvidia-smi is read right after gridd says something, also while a license is held and
 /// nothing is wrong: each renewal's new expiry shows in status.json within seconds, with the
 /// licensed poll far away.

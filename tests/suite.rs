@@ -15,6 +15,7 @@ mod diagnose;
 mod docs;
 mod fleet;
 mod gpu_operator;
+mod gridd_unit;
 mod hostile;
 mod identity;
 mod install;

@@ -8,8 +8,12 @@ use std::process::{Command, Stdio};
 const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
 
 fn inspect(args: &[&str], stdin: Option<&[u8]>) -> (i32, String, String) {
+    // An empty config of its own: the defaults, whatever this machine's config says.
+    let config = tempfile::NamedTempFile::new().unwrap();
     let mut child = Command::new(BIN)
-        .args(["--config", "/nonexistent/config.toml", "token", "inspect"])
+        .arg("--config")
+        .arg(config.path())
+        .args(["token", "inspect"])
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -529,13 +529,140 @@ fn a_driver_root_another_user_owns_is_not_run() {
         || a.context(),
     );
     drop(a);
-    // Root's again: read, licensed.
+    // Root's again: read, and licensed once gridd's lease comes (the whole test may take
+    // less than gridd's first acquisition).
     chown(0);
-    let (code, out) = cli(&["status", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(
-        (code, &v["state"]),
-        (Some(0), &serde_json::json!("licensed")),
-        "{v:#}"
+    let last = std::cell::RefCell::new(String::new());
+    sim::wait_for(
+        "status licensed once nvidia-smi is root's again",
+        T,
+        || {
+            let (code, out) = cli(&["status", "--json"]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            last.replace(out);
+            (code == Some(0) && v["state"] == "licensed").then_some(())
+        },
+        || last.borrow().clone(),
     );
+}
+
+/// A CA of the test's own: its PEM, and what signs with it.
+fn test_ca(name: &str) -> (String, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let pem = params.self_signed(&key).unwrap().pem();
+    (pem, rcgen::Issuer::new(params, key))
+}
+
+/// A server's TLS config for a certificate made of `params`: signed by `issuer`, or
+/// self-signed; and the certificate's PEM.
+fn server_tls(
+    params: rcgen::CertificateParams,
+    issuer: Option<&rcgen::Issuer<'static, rcgen::KeyPair>>,
+) -> (String, Arc<rustls::ServerConfig>) {
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = match issuer {
+        Some(i) => params.signed_by(&key, i).unwrap(),
+        None => params.self_signed(&key).unwrap(),
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    (cert.pem(), Arc::new(config))
+}
+
+/// `install --token-url` against a server whose certificate the agent refuses, as
+/// operators give it: the server's own self-signed certificate as the CA, the wrong CA, a
+/// certificate for another name, an expired one. Each is one line that says what is wrong
+/// and what to do, in words (not rustls' `invalid peer certificate: ...`), at the first
+/// attempt (the next would meet the same certificate), and nothing is installed.
+#[test]
+fn a_refused_server_certificate_is_said_in_words() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa};
+    let root = Root::new();
+    let for_loopback = || CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let (_, ca) = test_ca("the DLS's CA");
+    let (other_ca_pem, _) = test_ca("another CA");
+    let mut self_signed = for_loopback();
+    self_signed.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let (self_signed_pem, self_signed_tls) = server_tls(self_signed, None);
+    let (_, signed_tls) = server_tls(for_loopback(), Some(&ca));
+    let (right_ca_pem, named_ca) = test_ca("a named CA");
+    let (_, localhost_tls) = server_tls(
+        CertificateParams::new(vec!["localhost".to_string()]).unwrap(),
+        Some(&named_ca),
+    );
+    let mut old = for_loopback();
+    old.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    old.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let (_, expired_tls) = server_tls(old, Some(&named_ca));
+    let cases: [(&str, Arc<rustls::ServerConfig>, &str, &[&str]); 4] = [
+        (
+            "self-signed.pem",
+            self_signed_tls,
+            &self_signed_pem,
+            &[
+                "presents a CA certificate as its own",
+                "--ca-file the CA that signed",
+            ],
+        ),
+        (
+            "other-ca.pem",
+            signed_tls,
+            &other_ca_pem,
+            &["is not signed by the CA in --ca-file", "other-ca.pem"],
+        ),
+        (
+            "named-ca.pem",
+            localhost_tls,
+            &right_ca_pem,
+            &["is not made out to 127.0.0.1 but to localhost"],
+        ),
+        (
+            "named-ca2.pem",
+            expired_tls,
+            &right_ca_pem,
+            &["has expired"],
+        ),
+    ];
+    for (file, tls, ca_pem, want) in cases {
+        let server = Server::start(Some(tls), |_| ok(b"never"));
+        let ca = root.file(file, ca_pem.as_bytes());
+        let url = format!("https://127.0.0.1:{}/t.tok", server.port);
+        let started = std::time::Instant::now();
+        let r = root.run(&[
+            "install",
+            "--token-url",
+            &url,
+            "--ca-file",
+            ca.to_str().unwrap(),
+            "--retries",
+            "3",
+        ]);
+        assert_eq!(r.code, Some(1), "{file}: {}", r.stderr);
+        let line = r.error_line();
+        for w in want {
+            assert!(line.contains(w), "{file}: want {w:?}: {line}");
+        }
+        assert!(!line.contains("invalid peer certificate"), "{line}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{file}: not retried (1 + 2 + 4 s of backoff): {:?}",
+            started.elapsed()
+        );
+        assert!(!root.token_path().exists(), "{file}");
+    }
 }

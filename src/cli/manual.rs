@@ -125,7 +125,8 @@ wins over the same key in an earlier one, key by key. A missing \fIconfig.toml\f
 defaults. Only files whose names end in \fB.toml\fR are drop\-ins: any other file there
 (\fI50\-local.conf\fR, an editor's backup) is ignored, and \fBvgpu\-license\-agent config
 check\fR says so. \fB\-\-config\fR \fIFILE\fR or \fB$VGPU_LICENSE_AGENT_CONFIG\fR names
-another main file; its drop\-ins are then read from \fIconfig.d/\fR beside that file.
+another main file, which must exist (a path named that is not there is an error, not the
+defaults); its drop\-ins are then read from \fIconfig.d/\fR beside that file.
 .PP
 Prefer a drop\-in over editing \fIconfig.toml\fR: a package upgrade never touches one, and
 cloud\-init's \fBwrite_files\fR can create it. The packaged \fIconfig.toml\fR lists every key

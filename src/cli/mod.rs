@@ -35,12 +35,65 @@ pub struct Cli {
         global = true,
         value_name = "FILE",
         env = "VGPU_LICENSE_AGENT_CONFIG",
-        default_value = "/etc/vgpu-license-agent/config.toml"
+        default_value = DEFAULT_CONFIG
     )]
     pub config: PathBuf,
 
+    /// How the config's path was named, where it was (`--config` or the environment): a
+    /// file named on purpose must exist, where the default's absence means the defaults.
+    #[arg(skip)]
+    pub config_named_by: Option<&'static str>,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The config's default path.
+pub const DEFAULT_CONFIG: &str = "/etc/vgpu-license-agent/config.toml";
+
+impl Cli {
+    /// Parses the command line, and whether the config's path was named rather than the
+    /// default.
+    pub fn try_parse_named() -> Result<Cli, clap::Error> {
+        use clap::parser::ValueSource;
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().try_get_matches()?;
+        let mut cli = Cli::from_arg_matches(&matches)?;
+        cli.config_named_by = match matches.value_source("config") {
+            Some(ValueSource::CommandLine) => Some("--config"),
+            Some(ValueSource::EnvVariable) => Some("VGPU_LICENSE_AGENT_CONFIG"),
+            _ => None,
+        };
+        Ok(cli)
+    }
+
+    /// A config named on purpose that is not there is an error (a mistyped path would
+    /// otherwise pass for the defaults); the default path's absence means the defaults.
+    /// `analyze` reads no config; `prepare-image --root DIR` reads it below DIR.
+    pub fn named_config_exists(&self) -> anyhow::Result<()> {
+        let Some(by) = self.config_named_by else {
+            return Ok(());
+        };
+        let path = match &self.command {
+            Command::Analyze(_) => return Ok(()),
+            Command::PrepareImage(PrepareImageArgs {
+                root: Some(root), ..
+            }) => root.join(self.config.strip_prefix("/").unwrap_or(&self.config)),
+            _ => self.config.clone(),
+        };
+        if matches!(path.try_exists(), Ok(false)) {
+            let instead = if by == "--config" {
+                "leave --config out"
+            } else {
+                "unset VGPU_LICENSE_AGENT_CONFIG"
+            };
+            anyhow::bail!(
+                "the config file {} named by {by} does not exist: name an existing file, or {instead} to read {DEFAULT_CONFIG} (whose absence means the defaults)",
+                crate::text::show_path(&path)
+            );
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Subcommand)]

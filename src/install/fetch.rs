@@ -10,7 +10,8 @@ use anyhow::{anyhow, bail};
 use reqwest::{Client, Url};
 
 use crate::http::{
-    BodyError, GetError, allowed, block_on, body_capped, chain, client, get_following, redact,
+    BodyError, GetError, allowed, block_on, body_capped, certificate_problem, chain, client,
+    get_following, redact,
 };
 
 /// How one attempt ended.
@@ -23,11 +24,24 @@ enum Attempt {
 }
 
 /// One GET of the token: connect, headers and body, all within `timeout`.
-async fn attempt(client: &Client, url: &Url, shown: &str, timeout: Duration) -> Attempt {
+async fn attempt(
+    client: &Client,
+    url: &Url,
+    shown: &str,
+    timeout: Duration,
+    ca_file: Option<&Path>,
+) -> Attempt {
     let whole = async {
         let mut resp = match get_following(client, url).await {
             Ok(r) => r,
             Err(GetError::Send(e)) if e.is_timeout() => return Attempt::Retry(too_slow(timeout)),
+            // A refused certificate is the same at the next attempt: said at once, in words.
+            Err(GetError::Send(e))
+                if let Some(why) =
+                    certificate_problem(&e, url.host_str().unwrap_or_default(), ca_file) =>
+            {
+                return Attempt::Fail(anyhow!("cannot download the token from {shown}: {why}"));
+            }
             Err(GetError::Send(e)) => return Attempt::Retry(chain(e)),
             Err(GetError::Refused(why)) => {
                 return Attempt::Fail(anyhow!(
@@ -107,7 +121,7 @@ pub fn fetch(
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(8));
             }
-            match attempt(&client, &url, &shown, timeout).await {
+            match attempt(&client, &url, &shown, timeout, ca_file).await {
                 Attempt::Done(bytes) => return Ok(bytes),
                 Attempt::Fail(e) => return Err(e),
                 Attempt::Retry(why) => last = why,

@@ -823,6 +823,13 @@ fn restart_for(
         };
         return;
     }
+    if crate::gridd::restart_unit_missing(settings) {
+        // Nothing to restart: the gridd a driver install brings starts with this token.
+        state.restart_pending = false;
+        save_state(state, settings, outcome);
+        outcome.restart = Restart::NoUnit(settings.gridd.unit.clone());
+        return;
+    }
     state.restart_pending = true;
     save_state(state, settings, outcome);
     match restart_gridd(settings) {

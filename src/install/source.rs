@@ -68,10 +68,7 @@ pub fn from_base64(text: &str) -> anyhow::Result<Vec<u8>> {
             "--token-base64 is empty; give the token file's content encoded with `base64 -w0 client_configuration_token.tok`"
         );
     }
-    B64_STD
-        .decode(&compact)
-        .or_else(|_| B64_URL.decode(&compact))
-        .map_err(|_| {
+    let bytes = decode_base64(&compact).map_err(|_| {
             if compact.matches('.').count() == 2 {
                 anyhow!(
                     "--token-base64 is not base64: it looks like the token's text itself; encode the file with `base64 -w0 client_configuration_token.tok`, or use --token-file"
@@ -81,7 +78,36 @@ pub fn from_base64(text: &str) -> anyhow::Result<Vec<u8>> {
                     "--token-base64 is not valid base64 (cut or altered?); encode the token file with `base64 -w0 client_configuration_token.tok` and pass the whole output"
                 )
             }
+        })?;
+    if encoded_token(&bytes) {
+        bail!(
+            "--token-base64 was encoded twice: it decodes to the token's base64, not to the token; encode the token file once, `base64 -w0 client_configuration_token.tok`, and pass that (or use --token-file)"
+        );
+    }
+    Ok(bytes)
+}
+
+/// Base64 in either alphabet.
+fn decode_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    B64_STD.decode(text).or_else(|_| B64_URL.decode(text))
+}
+
+/// Whether `bytes` are no token but base64 whose decoding is shaped like one (three
+/// base64url parts separated by '.'): a value encoded once too often.
+fn encoded_token(bytes: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return false;
+    };
+    let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    if compact.contains('.') {
+        return false;
+    }
+    decode_base64(&compact).is_ok_and(|inner| {
+        std::str::from_utf8(&inner).is_ok_and(|t| {
+            let parts: Vec<&str> = t.trim().split('.').collect();
+            parts.len() == 3 && parts.iter().all(|p| !p.is_empty())
         })
+    })
 }
 
 /// The token's bytes from whichever source was given.

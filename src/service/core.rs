@@ -28,11 +28,12 @@ use crate::time::LogTime;
 use crate::token::{Token, TokenError};
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
-/// with time alone), and nvidia-smi's and the token's turns ride on its wakeups. Under
+/// with time alone), and the token's periodic look rides on its wakeups (nvidia-smi's turn
+/// keeps its own time). Under
 /// systemd's watchdog, half its interval when that is shorter. status.json and the metrics are
 /// written only when the report changed or holds a new observation (`status` tells a live
 /// service by the observation's age and the writer's pid). Each wakeup costs a guest a VM
-/// exit: a licensed, quiet agent wakes about once a heartbeat.
+/// exit: a licensed, quiet agent wakes about once a heartbeat, and for each reading.
 pub const HEARTBEAT: Duration = Duration::from_secs(120);
 /// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
 /// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
@@ -162,7 +163,8 @@ struct InFlight {
     smi: bool,
     unit: UnitQuestion,
     adopt: bool,
-    restart: bool,
+    /// A restart of the agent's own runs: why (said with its result, in one line).
+    restart: Option<String>,
     probe: bool,
     /// The token directory is being read.
     token: bool,
@@ -251,7 +253,7 @@ impl UnitQuestion {
 impl InFlight {
     /// The agent is restarting gridd, or adopting a token (which may restart it).
     fn own_work(&self) -> bool {
-        self.restart || self.adopt
+        self.restart.is_some() || self.adopt
     }
 }
 
@@ -426,12 +428,17 @@ struct Adoption {
     failed: Option<Duration>,
     /// The token source holds a token the agent refused: why.
     source_rejected: Option<String>,
+    /// When the agent first refused it: the warning's date (the last nvidia-smi reading,
+    /// minutes old while licensed, may be older than the token).
+    source_rejected_at: Option<DateTime<Utc>>,
     /// The token source was read at least once (before, a missing token is not counted:
     /// the source may bring one).
     source_read: bool,
     /// Files meant as tokens that an adoption refused and moved aside: what to say, and
     /// until when (monotonic).
     rejected: Option<(String, Duration)>,
+    /// When the agent refused them: the warning's date.
+    rejected_at: Option<DateTime<Utc>>,
     /// The last rotation an adoption made: a note, and until when.
     rotated: Option<(String, Duration)>,
     /// The last "token not adopted" line logged: the same refusal, met again at each change
@@ -467,7 +474,17 @@ fn say_outcome(outcome: &Outcome) {
         })
         .map(|c| c.describe(true))
         .collect();
+    // The restart made is said by [`say_restarted`], with its catalog entry.
+    let restart = (outcome.restart == Restart::Done).then(|| {
+        crate::plan::restarted_line(
+            &outcome.restart_command,
+            outcome.restart_reason.as_deref().unwrap_or(""),
+        )
+    });
     for line in outcome.lines() {
+        if Some(&line) == restart.as_ref() {
+            continue;
+        }
         if refused.contains(&line) {
             warn!(
                 message_id = message_ids::FAILURE_TOKEN_REJECTED,
@@ -481,6 +498,17 @@ fn say_outcome(outcome: &Outcome) {
     for w in &outcome.warnings {
         warn!("token: {}", crate::text::escape(w));
     }
+}
+
+/// A restart of gridd the agent made, in one line: the command and why, the reason also as a
+/// field (the catalog entry's text names it).
+fn say_restarted(command: &str, why: &str) {
+    info!(
+        message_id = message_ids::GRIDD_RESTARTED,
+        vgpu_license_reason = why,
+        "{}",
+        crate::text::escape(&crate::plan::restarted_line(command, why))
+    );
 }
 
 impl Adoption {
@@ -542,6 +570,7 @@ impl Adoption {
         }
         if !refused.is_empty() {
             self.rejected = Some((refused.join("; "), until));
+            self.rejected_at = Some(now.wall);
         } else if new_token {
             self.rejected = None;
         }
@@ -860,6 +889,7 @@ impl Core {
         };
         if rejected != self.adoption.source_rejected {
             self.published.dirty = true;
+            self.adoption.source_rejected_at = Some(now.wall);
         }
         self.adoption.source_rejected = rejected;
         self.adoption.source_read = true;
@@ -894,20 +924,22 @@ impl Core {
 
     /// The agent's restart of gridd ended: counted or said, and its failure probed anew.
     fn on_restarted(&mut self, result: Result<(), String>, now: Now, fx: &mut Vec<Effect>) {
-        self.busy.restart = false;
+        let why = self.busy.restart.take().unwrap_or_default();
         // Whether gridd runs now is asked once the agent's own work is over.
         self.busy.unit.after_own_work();
         self.own_work_ended(true, now, fx);
+        // One line per restart, said once its result is known: why, and how it went.
+        let command = self.settings.commands.restart_gridd.join(" ");
         match result {
             Ok(()) => {
                 self.counters.gridd_restarts += 1;
-                info!(
-                    message_id = message_ids::GRIDD_RESTARTED,
-                    "restarted nvidia-gridd"
-                );
+                say_restarted(&command, &why);
             }
-            Err(why) => error!(
-                "restarting nvidia-gridd failed: {}",
+            Err(e) => error!(
+                vgpu_license_reason = why.as_str(),
+                "restarting nvidia-gridd ({}) failed: {}; it was restarted because {}",
+                crate::text::escape(&command),
+                crate::text::escape(&e),
                 crate::text::escape(&why)
             ),
         }
@@ -1053,16 +1085,11 @@ impl Core {
                 .map_or(now.mono, |t| t + MIN_REPORT_GAP)
                 .max(now.mono);
         }
-        // nvidia-smi's and the token's turns (minutes apart) come on the heartbeat's wakeups,
-        // at most one heartbeat late; a turn shorter than the heartbeat keeps its own.
-        let mut at = self.published.beat + self.heartbeat;
-        // A reading something asked for (a gridd line, a restart) keeps its own time.
-        if self.schedule.smi_for_event
-            || self.settings.service.poll_licensed < self.heartbeat
-            || !self.quiet()
-        {
-            at = at.min(self.schedule.smi);
-        }
+        // nvidia-smi's turn keeps its own time: the licensed pace is the config's
+        // (poll_licensed_seconds, "every 5 minutes"), not the next heartbeat after it (every
+        // 6 minutes with a 2-minute heartbeat). The token's periodic look (half an hour
+        // apart) comes on the heartbeat's wakeups, at most one heartbeat late.
+        let mut at = (self.published.beat + self.heartbeat).min(self.schedule.smi);
         if !self.quiet() {
             // Without a license (or with a failure) the next step comes at one of these
             // deadlines, each known; in between, nothing changes with time alone that a
@@ -1418,12 +1445,9 @@ impl Core {
             Restart::Done => {
                 self.counters.gridd_restarts += 1;
                 self.remedy.restarted(secs(now), 0.5);
-                info!(
-                    message_id = message_ids::GRIDD_RESTARTED,
-                    "restarted nvidia-gridd: {}",
-                    crate::text::escape(
-                        outcome.restart_reason.as_deref().unwrap_or("for the token")
-                    )
+                say_restarted(
+                    &outcome.restart_command,
+                    outcome.restart_reason.as_deref().unwrap_or("for the token"),
                 );
                 self.schedule.smi_soon(now.mono + Duration::from_secs(1));
                 // Asked once the adoption is over.
@@ -1684,14 +1708,27 @@ impl Core {
                 },
             );
         }
-        if let (Some(f), Some(((reason, message), since))) =
-            (report.failure.as_mut(), &self.own_since)
-            && f.reason == *reason
-            && f.message == *message
+        if let Some(f) = report.failure.as_mut()
+            && let Some(since) = self.failure_since(f)
         {
-            f.at = Some(LogTime::Utc(crate::time::whole_secs(*since)));
+            f.at = Some(LogTime::Utc(crate::time::whole_secs(since)));
         }
         report
+    }
+
+    /// Since when the agent's own finding `f` holds, where the agent knows it: the
+    /// observation's time (nvidia-smi's last answer, minutes old while licensed) may predate
+    /// what the finding is about.
+    fn failure_since(&self, f: &crate::report::Failure) -> Option<DateTime<Utc>> {
+        match f.reason {
+            Reason::TokenRejected => self.adoption.rejected_at,
+            Reason::TokenSourceRejected => self.adoption.source_rejected_at,
+            _ => self
+                .own_since
+                .as_ref()
+                .filter(|((reason, message), _)| f.reason == *reason && f.message == *message)
+                .map(|(_, since)| *since),
+        }
     }
 
     /// A new failure: counted once, logged with its catalog entry.
@@ -1776,11 +1813,10 @@ impl Core {
         if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
             && self.node.mode == Mode::Manage
             && !unit_missing
-            && !self.busy.restart
+            && self.busy.restart.is_none()
             && !self.busy.adopt
         {
-            info!("restarting nvidia-gridd: {why}");
-            self.busy.restart = true;
+            self.busy.restart = Some(why.clone());
             let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;
             self.remedy.restarted(t, jitter);
             fx.push(Effect::RestartGridd { why });

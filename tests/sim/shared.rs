@@ -148,6 +148,9 @@ pub struct SimConfig {
     /// A cloud GPU instance whose platform licenses the GPU: gridd never leases, nvidia-smi
     /// says `Licensed (Expiry: N/A)`.
     pub platform_licensed: bool,
+    /// Whether systemd has `nvidia-gridd.service` (the driver installed brings it); without
+    /// it `systemctl` answers for it as for any unit it does not know.
+    pub gridd_unit: bool,
 }
 
 impl Default for SimConfig {
@@ -176,6 +179,7 @@ impl Default for SimConfig {
             gpu_profiles: Vec::new(),
             unlicensed_gpus: Vec::new(),
             platform_licensed: false,
+            gridd_unit: true,
         }
     }
 }

@@ -8,7 +8,9 @@
 //!     sim-systemctl show -p ActiveState,MainPID UNIT
 //!     sim-systemctl restart|start|stop UNIT
 //!
-//! The sim dir comes from `--sim-dir DIR` or `$SIM_DIR`. Any other unit is `inactive`.
+//! The sim dir comes from `--sim-dir DIR` or `$SIM_DIR`. Any other unit, and gridd's where
+//! the machine has none (`gridd_unit` false), is one systemd does not know: `inactive`,
+//! `LoadState=not-found`, and `Unit ... not found.` (exit 5) to restart, start or stop it.
 
 #[path = "shared.rs"]
 mod shared;
@@ -22,7 +24,8 @@ fn main() {
             "--no-pager" | "--quiet" | "-q" | "--system" | "--no-legend"
         )
     });
-    let is_gridd = |u: &str| u == "nvidia-gridd.service" || u == "nvidia-gridd";
+    let has_unit = shared::SimConfig::load(&dir).gridd_unit;
+    let is_gridd = |u: &str| has_unit && (u == "nvidia-gridd.service" || u == "nvidia-gridd");
     let unit = args.last().cloned().unwrap_or_default();
     let running = if is_gridd(&unit) {
         shared::running_gridd(&dir)
@@ -100,6 +103,16 @@ fn main() {
                 eprintln!("Job for {unit} failed: {e}");
                 std::process::exit(1);
             }
+        }
+        "restart" | "start" | "stop" | "try-restart" => {
+            // systemd's words and exit code for a unit it has not loaded.
+            let unit = if unit.contains('.') {
+                unit
+            } else {
+                format!("{unit}.service")
+            };
+            eprintln!("Failed to {verb} {unit}: Unit {unit} not found.");
+            std::process::exit(5);
         }
         _ => {
             eprintln!("sim-systemctl: not simulated: {}", args.join(" "));

@@ -201,6 +201,10 @@ pub enum Restart {
     Deferred,
     /// Restarted.
     Done,
+    /// Not tried: the restart command restarts gridd's systemd unit, and systemd has no such
+    /// unit (the driver that brings it is not installed). gridd reads the token when it
+    /// first starts. The unit's name.
+    NoUnit(String),
     /// The restart command failed or ran out of time: why, on one line. The restart stays
     /// pending: the next install or adopt retries it.
     Failed(String),
@@ -260,14 +264,19 @@ impl Outcome {
                 "would restart nvidia-gridd ({}): {reason}",
                 self.restart_command
             )),
-            Restart::Done => out.push(format!(
-                "restarted nvidia-gridd ({}): {reason}",
-                self.restart_command
+            Restart::Done => out.push(restarted_line(&self.restart_command, reason)),
+            Restart::NoUnit(unit) => out.push(format!(
+                "nvidia-gridd not restarted: there is no {unit} to restart (systemd has no such unit); install the NVIDIA vGPU (GRID) guest driver, which brings it: its nvidia-gridd reads this token when it starts"
             )),
             Restart::Failed(_) => {}
         }
         out
     }
+}
+
+/// The line of a restart of gridd that was made: the command, and why.
+pub fn restarted_line(command: &str, why: &str) -> String {
+    format!("restarted nvidia-gridd ({command}): {why}")
 }
 
 /// A token that must not be installed: it does not decode, or is not valid now.
