@@ -147,7 +147,10 @@ fn scenario_the_node_condition_follows_the_license() {
     // The other writer's condition is as it was.
     assert_eq!(api.condition(NODE, "KernelDeadlock"), Some(npd_condition()));
     // The failure's message, once.
-    let failure = a.status().unwrap()["failure"]["message"]
+    // (status.json and the condition are written apart: the report with the failure is
+    // waited for, not assumed.)
+    let failure = a.wait_status("the failure", T, |v| v["failure"]["message"].is_string())
+        ["failure"]["message"]
         .as_str()
         .unwrap()
         .to_string();
