@@ -1,12 +1,11 @@
 //! The shape of the code. What decides is the model crate (`crates/model`), kept pure by
 //! the compiler: its dependencies, checked here, include nothing that acts (no runtime,
 //! sockets or system calls), and its clippy.toml refuses std's files, processes and clocks.
-//! Within the agent (`src/`), read from the source files as a reviewer would: the modules'
-//! `crate::` imports form no cycle, and the service's core, the one pure module still on this
-//! side, imports none that touches the machine. A module is a file (or a `mod.rs`), and the
-//! files under `report/`, `observe/`, `service/`, `install/`, `probe/` and `cli/` are each
-//! their own module. Test code (a `#[cfg(test)] mod`, inline or in its own file) and
-//! comments do not count.
+//! Within the agent (`src/`), read from the source files as a reviewer would, the modules'
+//! `crate::` imports form no cycle. A module is a file (or a `mod.rs`), and the files under
+//! `report/`, `observe/`, `service/`, `install/`, `probe/` and `cli/` are each their own
+//! module. Test code (a `#[cfg(test)] mod`, inline or in its own file) and comments do not
+//! count.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -15,50 +14,12 @@ use std::path::Path;
 /// Directories whose files are each a module of their own here.
 const GROUPED: [&str; 6] = ["report", "observe", "service", "install", "probe", "cli"];
 
-/// Modules of the agent that only compute (the rest of what decides is the model crate).
-const PURE: [&str; 1] = ["service/core"];
-
-/// Modules that read or change the machine; a name stands for its submodules too, except
-/// those named in [`PURE`] themselves: the service is here, but for its core (the state
-/// machine that the loop feeds with events).
-/// `layout` is here: besides the state directory's names it holds `check_state_dir`, which
-/// lists that directory.
-const IO: [&str; 20] = [
-    "live",
-    "kube",
-    "node",
-    "journal_boot",
-    "install",
-    "service",
-    "command",
-    "probe",
-    "http",
-    "fsutil",
-    "input",
-    "identity",
-    "prepare",
-    "diagnose",
-    "status",
-    "gridd",
-    "observe/pci",
-    "token_dir",
-    "image_prepared",
-    "layout",
-];
-
+/// Whether `module` is `name` or inside it (`observe/smi` is inside `observe`).
 fn within(module: &str, name: &str) -> bool {
     module == name
         || module
             .strip_prefix(name)
             .is_some_and(|r| r.starts_with('/'))
-}
-
-fn is_io(module: &str) -> bool {
-    !PURE.contains(&module) && IO.iter().any(|n| within(module, n))
-}
-
-fn is_pure(module: &str) -> bool {
-    !is_io(module) && PURE.iter().any(|n| within(module, n))
 }
 
 /// The module a file is (`src/observe/smi.rs`: `observe/smi`, `src/live.rs`: `live`).
@@ -287,19 +248,6 @@ fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     w.found
 }
 
-/// Every `pure -> I/O` import.
-fn pure_to_io(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    edges
-        .iter()
-        .filter(|(from, _)| is_pure(from))
-        .flat_map(|(from, tos)| {
-            tos.iter()
-                .filter(|to| is_io(to))
-                .map(move |to| format!("{from} -> {to}"))
-        })
-        .collect()
-}
-
 fn src_graph() -> BTreeMap<String, BTreeSet<String>> {
     graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
 }
@@ -311,24 +259,6 @@ fn the_modules_import_each_other_in_no_cycle() {
     assert!(
         found.is_empty(),
         "modules of src/ that import each other in a cycle: {found:?}; move what both need into a module of its own that neither imports back"
-    );
-}
-
-#[test]
-fn no_pure_module_imports_one_that_touches_the_machine() {
-    let edges = src_graph();
-    // Every module named above is one of src/: a renamed one must be renamed here too, or
-    // the rule would silently stop holding for it.
-    for name in PURE.iter().chain(IO.iter()) {
-        assert!(
-            edges.keys().any(|m| within(m, name)),
-            "{name} is named in tests/layout.rs but is no module of src/"
-        );
-    }
-    let found = pure_to_io(&edges);
-    assert!(
-        found.is_empty(),
-        "pure modules importing I/O ones: {found:?}; pass the value in, or move the pure part out of the I/O module"
     );
 }
 
@@ -346,10 +276,9 @@ fn the_state_directory_layout_is_a_leaf() {
     }
 }
 
-/// The reading itself: a cycle, a pure-to-I/O import, a `use` group, comments and test
-/// code, on a made-up tree.
+/// The reading itself: a cycle, a `use` group, comments and test code, on a made-up tree.
 #[test]
-fn the_reading_finds_a_cycle_and_a_pure_module_importing_io() {
+fn the_reading_finds_a_cycle_through_groups_comments_and_tests() {
     let d = tempfile::tempdir().unwrap();
     let src = d.path();
     fs::create_dir(src.join("observe")).unwrap();
@@ -385,10 +314,6 @@ fn the_reading_finds_a_cycle_and_a_pure_module_importing_io() {
     assert_eq!(
         cycles(&edges),
         vec![vec!["install".to_string(), "live".to_string()]]
-    );
-    assert_eq!(
-        pure_to_io(&edges),
-        vec!["service/core -> observe/pci".to_string()]
     );
 }
 

@@ -450,8 +450,9 @@ fn the_journal_gets_the_agents_lines_not_its_http_clients() {
     let foreign: Vec<String> = entries
         .iter()
         .filter(|e| {
+            // The agent's own crates: the agent, and the model where its core decides.
             let target = e["TARGET"].as_str().unwrap_or("vgpu_license_agent");
-            !target.starts_with("vgpu_license_agent")
+            !target.starts_with("vgpu_license_agent") && !target.starts_with("vgpu_license_model")
         })
         .map(|e| format!("{} {}", e["TARGET"], sim::message(e)))
         .collect();

@@ -6,7 +6,8 @@
 //! textfile and socket, the journal, systemd's status line, the webhook). The shell owns no
 //! licensing logic.
 
-pub mod core;
+/// The service's judgement, without I/O: the model's ([`vgpu_license_model::service`]).
+pub use vgpu_license_model::service as core;
 mod dir_watch;
 mod follower;
 pub mod instance;
@@ -61,7 +62,8 @@ pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::
 /// where there is no journald. Never both under systemd, whose standard error is the journal.
 /// The agent's own lines from INFO up and its libraries' warnings and errors only: an HTTP
 /// client's DEBUG and TRACE lines would bury the agent's in the journal and in `kubectl
-/// logs`. `RUST_LOG` (`debug`, or `vgpu_license_agent=debug,hyper=trace`, ...) says otherwise.
+/// logs`. `RUST_LOG` (`debug`, or `vgpu_license_agent=debug,vgpu_license_model=debug,hyper=trace`,
+/// ...) says otherwise.
 fn init_logging(log_stderr: bool) {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
@@ -94,6 +96,8 @@ fn log_filter(rust_log: Option<&str>) -> (tracing_subscriber::filter::Targets, O
     use tracing_subscriber::filter::{LevelFilter, Targets};
     let default = Targets::new()
         .with_target(env!("CARGO_CRATE_NAME"), LevelFilter::INFO)
+        // The core's own lines come from the model, where it decides.
+        .with_target("vgpu_license_model", LevelFilter::INFO)
         .with_default(LevelFilter::WARN);
     match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
         None => (default, None),
@@ -390,7 +394,8 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let watched = watch.is_some() && settings.paths.token_source.is_none();
     remove_leftovers(&settings);
     let restarts = earlier_restarts(&settings, started);
-    let mut core = Core::with_restarts(settings, heartbeat, watched, clock.now(), &restarts);
+    let mut core = Core::with_restarts(settings, heartbeat, watched, clock.now(), &restarts)
+        .for_process(std::process::id());
     let shell = Shell {
         tx,
         metrics_tx,

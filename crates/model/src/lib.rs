@@ -9,6 +9,7 @@
 //!   the node's mode ([`node_mode`]), its Kubernetes condition ([`node_condition`]) and
 //!   when to write it ([`node_writer`]), the shared retry schedule ([`backoff`]), a
 //!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
+//! - the service's judgement over time ([`service`]): events and the time in, effects out;
 //! - times and text as operators read them ([`time`], [`text`]).
 
 // Its tests read fixtures (see clippy.toml); the model itself reads nothing.
@@ -27,6 +28,7 @@ pub mod plan;
 pub mod policy;
 pub mod remedy;
 pub mod report;
+pub mod service;
 pub mod shutdown;
 pub mod state;
 pub mod text;

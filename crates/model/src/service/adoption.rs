@@ -1,0 +1,463 @@
+//! A token dropped in the directory, or given by the token source: read, adopted with
+//! install's plan, refused or deferred, and what is said of it.
+
+use super::*;
+
+/// Adopting the token that the token directory (or the token source) holds.
+#[derive(Debug, Default)]
+pub(super) struct Adoption {
+    /// The directory changed during an adoption: another one follows it.
+    pub(super) again: bool,
+    /// The last adoption failed at this time: the directory's changes (many of them the
+    /// adoption's own undo) do not start another one before [`ADOPT_AFTER_FAILURE`].
+    pub(super) failed: Option<Duration>,
+    /// The token source holds a token the agent refused: why.
+    pub(super) source_rejected: Option<String>,
+    /// When the agent first refused it: the warning's date (the last nvidia-smi reading,
+    /// minutes old while licensed, may be older than the token).
+    pub(super) source_rejected_at: Option<DateTime<Utc>>,
+    /// The token source was read at least once (before, a missing token is not counted:
+    /// the source may bring one).
+    pub(super) source_read: bool,
+    /// Files meant as tokens that an adoption refused and moved aside: what to say, and
+    /// until when (monotonic).
+    pub(super) rejected: Option<(String, Duration)>,
+    /// When the agent refused them: the warning's date.
+    pub(super) rejected_at: Option<DateTime<Utc>>,
+    /// The last rotation an adoption made: a note, and until when.
+    pub(super) rotated: Option<(String, Duration)>,
+    /// The last "token not adopted" line logged: the same refusal, met again at each change
+    /// of the directory while it stands, is said once (until something else happens).
+    pub(super) refusal_said: Option<String>,
+    /// The last adoption deferred gridd's restart, and said so; and until when.
+    pub(super) deferral_said: bool,
+    pub(super) deferred_until: Option<Duration>,
+    /// The directory's changes start no adoption before this (monotonic): the last one's end
+    /// and the gap its length set ([`look_gap`]).
+    pub(super) calm_at: Duration,
+    /// Its deadline came while an adoption ran: the next one is made as that one ends.
+    pub(super) due: bool,
+}
+
+/// An adoption that changed something, said line by line: each names what it is about
+/// ("token: ...", "restarted ..."). A file meant as a token that was refused is a warning:
+/// the operator who copied it believes the rotation went through. The token's warnings are
+/// said with what was done, not at every periodic look (the report keeps what lasts, an
+/// expiring token among it).
+pub(super) fn say_outcome(outcome: &Outcome) {
+    let refused: Vec<String> = outcome
+        .changes
+        .iter()
+        .filter(|c| {
+            matches!(
+                c,
+                Change::MoveStray {
+                    why: Aside::Refused { .. },
+                    ..
+                }
+            )
+        })
+        .map(|c| c.describe(true))
+        .collect();
+    // The restart made is said by [`say_restarted`], with its catalog entry.
+    let restart = (outcome.restart == Restart::Done).then(|| {
+        crate::plan::restarted_line(
+            &outcome.restart_command,
+            outcome.restart_reason.as_deref().unwrap_or(""),
+        )
+    });
+    for line in outcome.lines() {
+        if Some(&line) == restart.as_ref() {
+            continue;
+        }
+        if refused.contains(&line) {
+            warn!(
+                message_id = message_ids::FAILURE_TOKEN_REJECTED,
+                "token not adopted: {}",
+                crate::text::escape(&line)
+            );
+        } else {
+            info!("{}", crate::text::escape(&line));
+        }
+    }
+    for w in &outcome.warnings {
+        warn!("token: {}", crate::text::escape(w));
+    }
+}
+
+impl Adoption {
+    /// Whether a refusal is news: not the one last said.
+    pub(super) fn news(&mut self, line: &str) -> bool {
+        if self.refusal_said.as_deref() == Some(line) {
+            return false;
+        }
+        self.refusal_said = Some(line.to_string());
+        true
+    }
+
+    /// Remembers what an adoption refused or rotated, for the report of the next while. A
+    /// new token in place with nothing refused ends an earlier refusal: the operator
+    /// copied the right file.
+    pub(super) fn took(&mut self, outcome: &Outcome, now: Now) {
+        let until = now.mono + TOKEN_NOTICE_FOR;
+        let mut refused = Vec::new();
+        let mut new_token = false;
+        for c in &outcome.changes {
+            match c {
+                Change::MoveStray {
+                    from,
+                    to,
+                    why: Aside::Refused { why, valid },
+                } => refused.push(format!(
+                    "{} was not adopted and is now {}: {why}{}",
+                    crate::text::show_path(from),
+                    crate::text::show_path(to),
+                    if *valid {
+                        format!(
+                            "; to choose it instead: vgpu-license-agent install --token-file {}",
+                            crate::text::show_path(to)
+                        )
+                    } else {
+                        String::new()
+                    }
+                )),
+                Change::MoveStray {
+                    from,
+                    to,
+                    why: Aside::Previous,
+                } => {
+                    new_token = true;
+                    self.rotated = Some((
+                        format!(
+                            "The token was rotated at {}: a newer token replaces {}, which is kept at {} (to go back: vgpu-license-agent install --token-file {}).",
+                            crate::time::rfc3339(now.wall),
+                            crate::text::show_path(from),
+                            crate::text::show_path(to),
+                            crate::text::show_path(to)
+                        ),
+                        until,
+                    ));
+                }
+                Change::WriteToken { .. } => new_token = true,
+                _ => {}
+            }
+        }
+        if !refused.is_empty() {
+            self.rejected = Some((refused.join("; "), until));
+            self.rejected_at = Some(now.wall);
+        } else if new_token {
+            self.rejected = None;
+        }
+    }
+
+    /// What is still recent at `now`.
+    pub(super) fn recent(notice: &Option<(String, Duration)>, now: Now) -> Option<String> {
+        notice
+            .as_ref()
+            .filter(|(_, until)| now.mono < *until)
+            .map(|(s, _)| s.clone())
+    }
+}
+
+/// A restart of gridd the agent made, in one line: the command and why, the reason also as a
+/// field (the catalog entry's text names it).
+pub(super) fn say_restarted(command: &str, why: &str) {
+    info!(
+        message_id = message_ids::GRIDD_RESTARTED,
+        vgpu_license_reason = why,
+        "{}",
+        crate::text::escape(&crate::plan::restarted_line(command, why))
+    );
+}
+
+impl Core {
+    /// The token as read: a new one is news for the probe.
+    pub(super) fn on_token(&mut self, t: Result<Token, TokenProblem>, now: Now) {
+        self.busy.token = false;
+        if std::mem::take(&mut self.busy.token_again) {
+            // Changed again meanwhile: looked at again after a short gap, so that a burst of
+            // changes is a few looks, not one after another for its length.
+            let took = now.mono.saturating_sub(self.busy.token_since);
+            self.schedule.token_read = Some(now.mono + look_gap(took));
+        }
+        // A token file being written (made empty, then filled; or part written) is no
+        // verdict yet: looked at again once the directory has been still for a while.
+        let partial = matches!(
+            t,
+            Err(TokenProblem::Invalid(
+                TokenError::Empty | TokenError::Truncated(_)
+            ))
+        );
+        if let Some(changed) = self.seen.token_dir_changed
+            && partial
+            && now.mono < changed + SETTLE
+        {
+            self.schedule.token_read = Some(changed + SETTLE);
+            return;
+        }
+        if self
+            .seen
+            .token
+            .as_ref()
+            .is_some_and(|old| !same_token(old, &t))
+        {
+            // A new token is news: a vague failure is probed again at once, and what the
+            // last probe found was about the old token's DLS.
+            self.probing.last = None;
+            self.probing.failure = None;
+            self.published.dirty = true;
+        }
+        self.seen.token = Some(t);
+    }
+
+    /// An adoption's outcome: the source's verdict, what it changed, the restart it made.
+    pub(super) fn on_adopted(
+        &mut self,
+        result: Result<Box<Outcome>, AdoptError>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
+        self.busy.adopt = false;
+        // Only a failure whose undo changed the directory (a full disk, say) waits: a token
+        // or a directory refused as it stands (cloud-init still writing it, a FIFO at the
+        // token path) changes nothing, and the next change is looked at at once.
+        self.adoption.failed = match &result {
+            Err(AdoptError::Other(_)) => Some(now.mono),
+            _ => None,
+        };
+        // The source's verdict stands until the next adoption says otherwise (a good
+        // rotation, or the source fixed back to the installed token).
+        let rejected = match &result {
+            Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
+            Err(AdoptError::Superseded | AdoptError::Settling(_)) => {
+                self.adoption.source_rejected.clone()
+            }
+            _ => None,
+        };
+        if rejected != self.adoption.source_rejected {
+            self.published.dirty = true;
+            self.adoption.source_rejected_at = Some(now.wall);
+        }
+        self.adoption.source_rejected = rejected;
+        self.adoption.source_read = true;
+        if let Ok(o) = &result {
+            self.adoption.took(o, now);
+            self.published.dirty |= o.changed();
+        }
+        if result.as_ref().is_ok_and(|o| o.changed()) {
+            self.read_token(now, fx);
+        }
+        let restarted = result
+            .as_ref()
+            .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
+        let changed = result.as_ref().is_ok_and(|o| o.changed());
+        self.adopted(result, now);
+        self.own_work_ended(restarted, now, fx);
+        // An adoption that did something (a restart of gridd takes seconds) says nothing of
+        // how long a look takes.
+        self.adoption.calm_at = now.mono
+            + if restarted || changed {
+                TOKEN_READ_GAP
+            } else {
+                look_gap(now.mono.saturating_sub(self.busy.adopt_since))
+            };
+        let again = std::mem::take(&mut self.adoption.again);
+        if std::mem::take(&mut self.adoption.due) {
+            self.adopt(now, fx);
+        } else if again {
+            self.adopt_at(self.adoption.calm_at);
+        }
+    }
+
+    /// The token directory changed: adopt what is there, unless the last adoption failed
+    /// moments ago (then when the wait is over).
+    pub(super) fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        match self.adoption.failed {
+            Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
+                self.schedule.adopt = self.schedule.adopt.min(t + ADOPT_AFTER_FAILURE);
+            }
+            // A burst of changes (a sync tool writing thousands of files) is adopted a gap
+            // apart ([`look_gap`]), not in one adoption after another for its length: each
+            // reads the whole directory.
+            _ if now.mono < self.adoption.calm_at => self.adopt_at(self.adoption.calm_at),
+            _ => self.adopt(now, fx),
+        }
+    }
+
+    /// An adoption owed at `at`: the loop wakes for it.
+    pub(super) fn adopt_at(&mut self, at: Duration) {
+        self.schedule.adopt = self.schedule.adopt.min(at);
+        self.schedule.adopt_owed = true;
+    }
+
+    /// Reads the token directory, once at a time: a burst of changes (a sync tool writing
+    /// thousands of files) costs one read in flight and one more after it, not one each.
+    pub(super) fn read_token(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        if std::mem::replace(&mut self.busy.token, true) {
+            self.busy.token_again = true;
+        } else {
+            self.busy.token_since = now.mono;
+            fx.push(Effect::ReadToken);
+        }
+    }
+
+    /// A token dropped by cloud-init (or anyone): validated, mode fixed, strays moved aside,
+    /// gridd restarted: the same code as `install`.
+    pub(super) fn adopt(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        // Whether gridd already holds a license decides whether a token in place needs a
+        // restart: wait for the first report (it adopts at once).
+        let Some(report) = &self.published.report else {
+            return;
+        };
+        // Observing only: the token is the operator's (or the admin's) to put in place.
+        if self.node.mode == Mode::Observe {
+            return;
+        }
+        let licensed = report.state == State::Licensed;
+        if std::mem::replace(&mut self.busy.adopt, true) {
+            self.adoption.again = true;
+            return;
+        }
+        // A new token's restart spends the same budget as every restart, and with a license
+        // held the same backoff (40 rotations in 20 s are one restart now and the owed one
+        // later, not 40); a new token while no license is held is the fix arriving.
+        let retry_owed =
+            self.remedy
+                .may_restart_for_token(&self.settings.service, secs(now), licensed);
+        self.busy.adopt_since = now.mono;
+        fx.push(Effect::Adopt {
+            licensed,
+            retry_owed,
+        });
+    }
+
+    pub(super) fn adopted(&mut self, result: Result<Box<Outcome>, AdoptError>, now: Now) {
+        if !self.adoption_is_news(&result) {
+            return;
+        }
+        match result {
+            Ok(outcome) => {
+                // A restart still owed, met again by a look that changed nothing (the
+                // agent's own chmod wakes it, and so does each periodic look), was said
+                // when it was deferred: the journal says it once, and once when it is made.
+                let said_already = self.adoption.deferral_said
+                    && !outcome.changed()
+                    && outcome.restart == Restart::Deferred;
+                self.adoption.deferral_said = outcome.restart == Restart::Deferred;
+                if !said_already && (outcome.changed() || outcome.restart != Restart::NotNeeded) {
+                    say_outcome(&outcome);
+                    // A new token, or one now in place: a vague failure is news again.
+                    self.probing.last = None;
+                }
+                self.restart_done(&outcome, now, !said_already);
+            }
+            Err(AdoptError::NoToken(_)) => {}
+            Err(AdoptError::Settling(wait)) => {
+                // Judged once the writer is done: the deadline wakes the service.
+                self.adopt_at(now.mono + wait);
+            }
+            Err(AdoptError::Superseded) => {
+                info!("the token was replaced while being adopted: adopting the new one");
+                self.adoption.again = true;
+            }
+            // cloud-init may still be writing it: the next change or tick tries again.
+            Err(AdoptError::Rejected(why)) => {
+                warn!(
+                    "token not adopted: {}",
+                    crate::text::escape(&why.to_string())
+                )
+            }
+            Err(AdoptError::Refused(why) | AdoptError::Other(why)) => {
+                error!("token not adopted: {}", crate::text::escape(&why))
+            }
+            Err(AdoptError::SourceRejected(why)) => {
+                warn!(
+                    message_id = message_ids::FAILURE_TOKEN_SOURCE_REJECTED,
+                    "token not adopted: {}",
+                    crate::text::escape(&why)
+                )
+            }
+        }
+    }
+
+    /// Whether an adoption's outcome is to be said: a refusal only when it is not the one
+    /// last said. A change made, or another outcome, ends the refusal (the next one is news
+    /// again); a quiet look (nothing to do, a file still being written) does not.
+    pub(super) fn adoption_is_news(&mut self, result: &Result<Box<Outcome>, AdoptError>) -> bool {
+        let refusal = match result {
+            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
+            Err(
+                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
+            ) => Some(why.clone()),
+            _ => None,
+        };
+        match refusal {
+            Some(why) => self.adoption.news(&why),
+            None => {
+                match result {
+                    Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
+                    Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
+                    _ => self.adoption.refusal_said = None,
+                }
+                true
+            }
+        }
+    }
+
+    /// What an adoption's restart of gridd means for the service: counted, owed until the
+    /// budget allows, or failed (which counts too).
+    pub(super) fn restart_done(&mut self, outcome: &Outcome, now: Now, say_deferral: bool) {
+        match &outcome.restart {
+            Restart::Done => {
+                self.counters.gridd_restarts += 1;
+                self.remedy.restarted(secs(now), 0.5);
+                say_restarted(
+                    &outcome.restart_command,
+                    outcome.restart_reason.as_deref().unwrap_or("for the token"),
+                );
+                self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+                // Asked once the adoption is over.
+                self.busy.unit.after_own_work();
+            }
+            Restart::Deferred => {
+                // Owed: adopted again (and gridd restarted) once the budget allows, at that
+                // deadline, however quiet the service is meanwhile.
+                let licensed = self
+                    .published
+                    .report
+                    .as_ref()
+                    .is_some_and(|r| r.state == State::Licensed);
+                let at =
+                    self.remedy
+                        .next_allowed_for_token(&self.settings.service, secs(now), licensed);
+                // Whole seconds, rounded up: the restart comes when the line says. A later
+                // look that finds it still owed keeps the deadline said (rounding up again from
+                // a later moment would move it).
+                let until = match self.adoption.deferred_until {
+                    Some(t) if !say_deferral && t > now.mono => t,
+                    _ => {
+                        let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
+                        if say_deferral {
+                            info!(
+                                "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
+                                wait.as_secs_f64()
+                            );
+                        }
+                        now.mono + wait
+                    }
+                };
+                self.adoption.deferred_until = Some(until);
+                self.adopt_at(until);
+            }
+            Restart::Failed(why) => {
+                // A failed attempt counts against the budget and the backoff too.
+                self.remedy.restarted(secs(now), 0.5);
+                error!(
+                    "restarting nvidia-gridd failed: {}",
+                    crate::text::escape(why)
+                );
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,787 @@
+//! The service's judgement, without I/O: when to read nvidia-smi, ask systemd, adopt the
+//! token, restart gridd, probe the DLS and publish the report. Events (what the world told
+//! us) go in through [`Core::handle`], time passes through [`Core::tick`], and out come
+//! [`Effect`]s for the shell to carry out; [`Core::next_wake`] says when to call again. The
+//! time is passed in ([`Now`]), so tests drive the core with simulated time, in-process.
+//!
+//! What is remembered (deadlines, restarts, what was probed) lives here; what was read (the
+//! gridd fold, the last nvidia-smi answer, the token) too, as values. The per-reason policy is
+//! [`crate::policy`]'s; the report is [`crate::state::evaluate`]'s.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::{error, info, warn};
+
+use crate::assemble::{self, Parts, SmiRead, TokenProblem};
+use crate::config::Settings;
+use crate::node_mode::{Mode, Node};
+use crate::observe::journal::GriddEvent;
+use crate::observe::smi::SmiSnapshot;
+use crate::plan::{Aside, Change, Outcome, Restart, SETTLE};
+use crate::policy;
+use crate::remedy::{Decision, Remedy};
+use crate::report::metrics::{self, Counters};
+use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
+use crate::state::{LogFold, MAX_EVENTS, evaluate};
+use crate::time::LogTime;
+use crate::token::{Token, TokenError};
+
+mod adoption;
+mod failing;
+mod in_flight;
+mod node;
+mod report;
+mod schedule;
+mod seen;
+
+use adoption::{Adoption, say_restarted};
+use failing::Probing;
+use in_flight::InFlight;
+use report::Published;
+pub use report::status_line;
+use schedule::Schedule;
+pub use seen::stalled;
+use seen::{Seen, lease_expiry, same_token};
+
+/// The service's slowest pace: the report is remade at least this often (a state that changes
+/// with time alone), and the token's periodic look rides on its wakeups (nvidia-smi's turn
+/// keeps its own time). Under
+/// systemd's watchdog, half its interval when that is shorter. status.json and the metrics are
+/// written only when the report changed or holds a new observation (`status` tells a live
+/// service by the observation's age and the writer's pid). Each wakeup costs a guest a VM
+/// exit: a licensed, quiet agent wakes about once a heartbeat, and for each reading.
+pub const HEARTBEAT: Duration = Duration::from_secs(120);
+/// Reports are made at most this often: a burst of gridd lines (this boot's journal read at
+/// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
+/// is made at once.
+pub const MIN_REPORT_GAP: Duration = Duration::from_millis(100);
+/// How often systemd is asked whether gridd runs while no license is held.
+const UNIT_CHECK: Duration = Duration::from_secs(5);
+/// While something may change with time alone (grace, backoff, acquiring): look every second.
+const BUSY_TICK: Duration = Duration::from_secs(1);
+/// The same unchanged vague failure is probed again at most this often (or at the
+/// unlicensed poll interval, when longer).
+pub const PROBE_REPEAT: Duration = Duration::from_secs(30);
+/// A failure the probe only measures (clock skew that gridd named itself) is probed again at
+/// most this often: the gauge follows the clock, without a connection every half minute.
+pub const MEASURE_REPEAT: Duration = Duration::from_secs(300);
+/// The token is looked at again this often without a change seen: inotify misses none in a
+/// directory on a local file system (an overflow of its queue is a change too), so this look
+/// is for what no watch sees (a file system mounted over the directory later), and each look
+/// reads the token directory and gridd.conf, from the disk once they have left the page cache.
+const ADOPT_WATCHED: Duration = Duration::from_secs(1800);
+const ADOPT_UNWATCHED: Duration = Duration::from_secs(30);
+/// After a failed adoption, the token directory's changes start the next one no sooner than
+/// this (the periodic look and the end of the wait do): an adoption undone on a full state
+/// file system changes the directory itself, and must not wake the agent into a storm.
+const ADOPT_AFTER_FAILURE: Duration = Duration::from_secs(30);
+/// How long a refused token file, or a rotation made, stays in the report.
+pub const TOKEN_NOTICE_FOR: Duration = Duration::from_secs(24 * 3600);
+/// The least time between two looks at the token directory (reads and adoptions) that its
+/// changes cause.
+const TOKEN_READ_GAP: Duration = Duration::from_millis(500);
+
+/// The longest gap [`look_gap`] sets: a token copied in is looked at within it.
+const LOOK_GAP_MAX: Duration = Duration::from_secs(2);
+
+/// The gap before the next look that changes ask for, after a look that `took` this long:
+/// [`TOKEN_READ_GAP`], or four times the look where that is longer (a directory of 20,000
+/// files takes a while to read), up to [`LOOK_GAP_MAX`], so that a burst of changes keeps
+/// the looks to a fifth of a core or so, however large the directory.
+fn look_gap(took: Duration) -> Duration {
+    (took * 4).clamp(TOKEN_READ_GAP, LOOK_GAP_MAX)
+}
+
+pub use crate::time::Now;
+
+/// What the world told the service.
+#[derive(Debug)]
+pub enum Event {
+    /// The journal follower (re)started: the fold is rebuilt from this boot's entries.
+    JournalRestarted,
+    Gridd(Box<GriddEvent>),
+    Smi(SmiRead),
+    /// Whether gridd's unit runs (`None`: systemd could not say).
+    Unit(Option<Result<(), String>>),
+    /// The installed token, read again.
+    Token(Result<Token, TokenProblem>),
+    /// gridd.conf's `ServerAddress` (the legacy license server), read with the token.
+    LegacyServer(Option<String>),
+    /// Something changed in the token directory or gridd.conf.
+    TokenDirChanged,
+    /// On a GPU Operator node, the driver pod's root or its ready marker changed.
+    DriverPodChanged,
+    Adopted(Result<Box<Outcome>, AdoptError>),
+    Restarted(Result<(), String>),
+    Probed {
+        verdict: Option<Finding>,
+        skew: Option<f64>,
+    },
+    /// A new config, already validated.
+    Reloaded(Box<Settings>),
+    /// What gridd did with its lease as the previous boot ended.
+    LastShutdown(Option<crate::shutdown::LastShutdown>),
+    /// A clone found at this boot, not reported before.
+    CloneDetected(Box<crate::guest_identity::CloneDetected>),
+    /// Where the driver runs, looked at again (a GPU Operator's driver pod comes and goes).
+    Node(Box<Node>),
+    /// A write of the Node condition: done, or why not.
+    NodeCondition(crate::node_condition::Outcome),
+    /// The licensing Secret (`kubernetes.licensing_secret`), read: what it holds, or why it
+    /// could not be read.
+    LicensingSecret(Result<crate::node_mode::SecretToken, String>),
+    /// Answers that came together (a reading, where the driver runs, systemd's word), in
+    /// order: one batch, one report.
+    Together(Vec<Event>),
+}
+
+pub use crate::plan::AdoptError;
+
+/// What the shell must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    ReadSmi,
+    CheckUnit,
+    ReadToken,
+    /// Adopt a dropped token with install's code.
+    Adopt {
+        licensed: bool,
+        retry_owed: bool,
+    },
+    RestartGridd {
+        why: String,
+    },
+    Probe(Vec<DlsEndpoint>),
+    /// Read the previous boot's journal for the last shutdown's lease.
+    ReadLastShutdown,
+    Publish(Box<Publication>),
+    /// The first report is out: tell systemd the service is ready.
+    Ready,
+}
+
+/// A report to send everywhere.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Publication {
+    pub report: Report,
+    /// status.json's content.
+    pub json: Vec<u8>,
+    pub metrics: String,
+    /// Write status.json, the metrics and systemd's status line (something changed, or a new
+    /// observation was made); else only the in-memory copy changed.
+    pub write: bool,
+    /// The state changed from an earlier one: tell the webhook.
+    pub webhook: bool,
+}
+
+/// The service's state and judgement.
+pub struct Core {
+    /// The settings the agent works with on this node ([`Node::apply`] of `base`).
+    settings: Settings,
+    /// The settings as the config gives them.
+    base: Settings,
+    /// Where the driver runs, and whether the agent manages or only observes.
+    node: Node,
+    /// The last write of the Node condition failed.
+    condition_failing: bool,
+    /// A write of the opt-in taint fails (one warning per streak).
+    taint_failing: bool,
+    heartbeat: Duration,
+    /// The process the reports name as their writer (`None` in tests of the core alone).
+    pid: Option<u32>,
+    watching: bool,
+    seen: Seen,
+    probing: Probing,
+    adoption: Adoption,
+    counters: Counters,
+    remedy: Remedy,
+    /// The failure last logged (and counted), so that each is logged once.
+    failure_key: Option<Finding>,
+    /// The agent's own finding, and since when it holds.
+    own_since: Option<(Finding, DateTime<Utc>)>,
+    busy: InFlight,
+    schedule: Schedule,
+    published: Published,
+}
+
+impl Core {
+    /// A core for `settings`. `heartbeat`: how often the report is remade at least (and the
+    /// watchdog pinged); `watching`: whether the token directory is watched.
+    pub fn new(settings: Settings, heartbeat: Duration, watching: bool, now: Now) -> Core {
+        Core::with_restarts(settings, heartbeat, watching, now, &[])
+    }
+
+    /// [`Core::new`], going on from the restarts of gridd that an earlier run of the agent
+    /// made (seconds on this core's clock: before its start, negative).
+    pub fn with_restarts(
+        settings: Settings,
+        heartbeat: Duration,
+        watching: bool,
+        now: Now,
+        restarts: &[f64],
+    ) -> Core {
+        let first_token_look = settings.service.first_token_look;
+        Core {
+            remedy: Remedy::with_history(&settings.service, restarts, secs(now)),
+            base: settings.clone(),
+            node: Node::default(),
+            condition_failing: false,
+            taint_failing: false,
+            settings,
+            heartbeat,
+            pid: None,
+            watching,
+            seen: Seen::new(),
+            probing: Probing::default(),
+            adoption: Adoption::default(),
+            counters: Counters {
+                mode: Mode::Manage.as_str(),
+                driver: "host",
+                ..Counters::default()
+            },
+            failure_key: None,
+            own_since: None,
+            busy: InFlight::default(),
+            schedule: Schedule {
+                smi: now.mono,
+                smi_for_event: false,
+                smi_started: None,
+                unit: now.mono,
+                probe: now.mono,
+                adopt: now.mono + first_token_look,
+                adopt_owed: false,
+                adopt_first: true,
+                token_read: None,
+            },
+            published: Published {
+                report: None,
+                metrics: String::new(),
+                beat: now.mono,
+                made: None,
+                dirty: false,
+                rewrite: false,
+                ready: false,
+            },
+        }
+    }
+
+    /// The reports name `pid` as their writer: `status` believes a report only while its
+    /// writer runs.
+    pub fn for_process(mut self, pid: u32) -> Core {
+        self.pid = Some(pid);
+        self
+    }
+
+    /// The first things to do: ask systemd, read nvidia-smi and the token. The token is
+    /// adopted once the first report says whether gridd already holds a license.
+    pub fn start(&mut self, now: Now) -> Vec<Effect> {
+        let mut fx = vec![Effect::ReadLastShutdown];
+        self.read_token(now, &mut fx);
+        self.check_unit(now, &mut fx);
+        self.read_smi(now, &mut fx);
+        fx
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The report is written out again at the next tick (a write of it failed).
+    pub fn write_again(&mut self) {
+        self.published.dirty = true;
+        self.published.rewrite = true;
+    }
+
+    /// Whether the first report is out (systemd was told the service is ready).
+    pub fn ready(&self) -> bool {
+        self.published.ready
+    }
+
+    /// The process that answers the question to systemd on its way, in systemd's stead, while
+    /// it still runs: gridd's, when systemd's last word before the question was that gridd
+    /// runs and no start or stop was logged since.
+    pub fn running_gridd(&self) -> Option<u32> {
+        self.busy.unit.vouched
+    }
+
+    pub fn report(&self) -> Option<&Report> {
+        self.published.report.as_ref()
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// One event. What follows from it over time comes from the next [`Core::tick`], which
+    /// the shell calls after each batch of events.
+    pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        self.published.dirty = true;
+        match event {
+            Event::JournalRestarted => self.seen.fold = LogFold::new(MAX_EVENTS),
+            Event::Gridd(e) => self.on_gridd(*e, now, &mut fx),
+            Event::Smi(read) => self.on_smi(read, now),
+            Event::Unit(u) => self.on_unit(u, now, &mut fx),
+            Event::Token(t) => self.on_token(t, now),
+            Event::LegacyServer(s) => self.seen.legacy_server = s,
+            Event::TokenDirChanged => {
+                self.seen.token_dir_changed = Some(now.mono);
+                self.read_token(now, &mut fx);
+                self.dir_changed(now, &mut fx);
+            }
+            Event::Node(n) => self.node_seen(*n, now, &mut fx),
+            // Where the driver runs is looked at with the reading; a moment later, so that
+            // the pod's other steps (the marker, the root, gridd) are done, and after a
+            // reading on its way, which may predate the change.
+            Event::DriverPodChanged => self
+                .schedule
+                .smi_soon(now.mono + Duration::from_millis(300)),
+            Event::NodeCondition(outcome) => self.condition_written(outcome),
+            Event::LicensingSecret(read) => self.secret_read(read),
+            Event::Adopted(result) => self.on_adopted(result, now, &mut fx),
+            Event::Restarted(result) => self.on_restarted(result, now, &mut fx),
+            Event::Probed { verdict, skew } => self.on_probed(verdict, skew),
+            Event::Reloaded(s) => self.reload(*s, now),
+            Event::LastShutdown(record) => self.on_last_shutdown(record),
+            Event::CloneDetected(c) => self.on_clone(*c),
+            Event::Together(events) => {
+                for e in events {
+                    fx.extend(self.handle(e, now));
+                }
+            }
+        }
+        fx
+    }
+
+    /// A line of gridd's: into the fold, nvidia-smi read right after, and systemd asked
+    /// where the unit's state may have moved.
+    fn on_gridd(&mut self, e: GriddEvent, now: Now, fx: &mut Vec<Effect>) {
+        let kind = e.what.kind;
+        if matches!(kind, EventKind::Acquired | EventKind::Renewed) {
+            // What the probe found was about the failure this license ended.
+            self.probing.failure = None;
+        }
+        // Read nvidia-smi right after gridd says something (coalesced), unless a reading
+        // started well after the line was logged: it shows what the line says (this boot's
+        // journal, read at start, asks for nothing more).
+        let said = e.stamp.and_then(|s| s.utc());
+        let before = |asked: Option<DateTime<Utc>>| {
+            said.zip(asked)
+                .is_some_and(|(said, asked)| said + chrono::Duration::seconds(1) <= asked)
+        };
+        let shown = before(self.schedule.smi_started);
+        // Likewise systemd's answer to a question asked well after the line.
+        let unit_knows = before(self.busy.unit.asked_at);
+        // A process that said it shuts down stands for nothing until systemd was asked.
+        if kind == EventKind::Shutdown {
+            self.seen.gridd_pid = None;
+        } else if e.pid.is_some() {
+            self.seen.gridd_pid = e.pid;
+        }
+        self.seen.fold.push(e);
+        if !shown {
+            self.schedule
+                .smi_soon(now.mono + Duration::from_millis(300));
+        }
+        if kind == EventKind::Started && self.node.driver_root.is_some() {
+            // A new driver pod's gridd: the token it runs with is the new pod's.
+            self.read_token(now, fx);
+        }
+        // A start or stop changes the unit's state; and a line from gridd while systemd was
+        // last heard saying it is not running means that answer is old.
+        if unit_knows {
+            return;
+        }
+        if kind == EventKind::Started {
+            self.busy.unit.gridd_moved();
+            // systemd's "not running" was said before this start: void until it answers
+            // again, so that no report meanwhile calls the new gridd down (nor restarts it).
+            if matches!(self.seen.unit, Some(Err(_))) {
+                self.seen.unit = None;
+            }
+        }
+        if matches!(kind, EventKind::Started | EventKind::Shutdown)
+            || matches!(self.seen.unit, Some(Err(_)))
+        {
+            self.check_unit(now, fx);
+        }
+    }
+
+    /// systemd's answer about gridd's unit: believed unless the agent's own work was under
+    /// way, which asks again once it is over.
+    fn on_unit(&mut self, u: Option<Result<(), String>>, now: Now, fx: &mut Vec<Effect>) {
+        let own_work = self.busy.own_work();
+        let not_running = matches!(u, Some(Err(_)));
+        let (believed, again) = self.busy.unit.answered(not_running, own_work);
+        // One set aside is asked again once the agent's own restart is over (at once if it
+        // is over already).
+        if believed {
+            self.seen.unit = u;
+        }
+        if again {
+            self.check_unit(now, fx);
+        }
+    }
+
+    /// What the previous boot's journal says of its end.
+    fn on_last_shutdown(&mut self, record: Option<crate::shutdown::LastShutdown>) {
+        if let Some(r) = record.as_ref().filter(|r| !r.lease_returned) {
+            warn!(
+                "the previous shutdown left the lease held on the DLS until it expires: {}",
+                crate::text::escape(&r.message)
+            );
+        }
+        self.seen.last_shutdown = record;
+    }
+
+    /// A clone found at boot: said once, and kept for the report.
+    fn on_clone(&mut self, c: crate::guest_identity::CloneDetected) {
+        warn!(
+            message_id = message_ids::CLONE_DETECTED,
+            "{}",
+            crate::text::escape(&c.message())
+        );
+        self.seen.clone = Some(c);
+    }
+
+    /// What is due at `now`: periodic reads, the report, a restart or a probe.
+    pub fn tick(&mut self, now: Now) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        if self.schedule.token_read.is_some_and(|t| now.mono >= t) {
+            // The directory changed during the last look: look again, and adopt what is there
+            // (the shell sends no new event for changes it knows a read is owed for).
+            self.schedule.token_read = None;
+            self.read_token(now, &mut fx);
+            self.dir_changed(now, &mut fx);
+        }
+        // In case a change escaped the watcher (or there is none): look at the token again.
+        if now.mono >= self.schedule.adopt {
+            let owed = std::mem::take(&mut self.schedule.adopt_owed);
+            self.schedule.adopt_first = false;
+            self.schedule.adopt = now.mono
+                + if self.watching {
+                    ADOPT_WATCHED
+                } else {
+                    ADOPT_UNWATCHED
+                };
+            // An adoption owed (a writer settling, a deferred restart, the gap after a look
+            // in a burst) comes with its reads already; the periodic look reads the token too.
+            if !owed {
+                self.read_token(now, &mut fx);
+            }
+            // A deadline met while an adoption runs (a deferred restart's) is kept: the next
+            // adoption follows that one at once.
+            if self.busy.adopt {
+                self.adoption.due = true;
+            } else {
+                self.adopt(now, &mut fx);
+            }
+        }
+        let licensed = self
+            .published
+            .report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed);
+        // The report is remade while something may change with time alone (grace, backoff,
+        // expiry), and at least as often as the heartbeat.
+        if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
+            self.published.dirty = true;
+        }
+        if now.mono >= self.schedule.smi {
+            self.read_smi(now, &mut fx);
+        }
+        // Without a license, whether gridd runs decides the next step: ask systemd every few
+        // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
+        if now.mono >= self.schedule.unit
+            && self.published.report.as_ref().is_some_and(|r| {
+                !matches!(
+                    r.state,
+                    State::Licensed | State::NotLicensable | State::NoGpu | State::NoDriver
+                )
+            })
+        {
+            self.schedule.unit = now.mono + UNIT_CHECK;
+            self.check_unit(now, &mut fx);
+        }
+        let readable = self.readable();
+        let gap_over = self.published.gap_over(now.mono);
+        // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
+        // looked at the token leaves the report to their answers: one report, not a
+        // heartbeat's and then (held back by the gap, a second wakeup) the answers'.
+        let asked = fx.iter().any(|e| {
+            matches!(
+                e,
+                Effect::ReadSmi | Effect::ReadToken | Effect::Adopt { .. }
+            )
+        });
+        if self.published.dirty && readable && gap_over && !(asked && self.quiet()) {
+            self.published.dirty = false;
+            self.published.made = Some(now.mono);
+            self.publish(now, &mut fx);
+            if !self.published.ready {
+                self.published.ready = true;
+                fx.push(Effect::Ready);
+                self.adopt(now, &mut fx);
+            }
+        }
+        self.remedy_step(now, &mut fx);
+        fx
+    }
+
+    /// When [`Core::tick`] is next due: a report held back by the gap, else the next deadline
+    /// (nvidia-smi's turn, a unit check, a probe, the restart's grace or backoff), at most one
+    /// heartbeat away and at least a second, so that an idle hour, and a failing one, cost
+    /// a wakeup per deadline rather than one a second.
+    pub fn next_wake(&self, now: Now) -> Duration {
+        let mut wake = self.next_wake_but_token(now);
+        // A restart owed for a new token is made when the journal said it would be.
+        if self.schedule.adopt_owed || self.schedule.adopt_first {
+            wake = wake.min(self.schedule.adopt.max(now.mono));
+        }
+        self.schedule
+            .token_read
+            .map_or(wake, |t| wake.min(t.max(now.mono)))
+    }
+
+    fn next_wake_but_token(&self, now: Now) -> Duration {
+        if self.published.dirty && self.readable() {
+            return self
+                .published
+                .made
+                .map_or(now.mono, |t| t + MIN_REPORT_GAP)
+                .max(now.mono);
+        }
+        // nvidia-smi's turn keeps its own time: the licensed pace is the config's
+        // (poll_licensed_seconds, "every 5 minutes"), not the next heartbeat after it (every
+        // 6 minutes with a 2-minute heartbeat). The token's periodic look (half an hour
+        // apart) comes on the heartbeat's wakeups, at most one heartbeat late.
+        let mut at = (self.published.beat + self.heartbeat).min(self.schedule.smi);
+        if !self.quiet() {
+            // Without a license (or with a failure) the next step comes at one of these
+            // deadlines, each known; in between, nothing changes with time alone that a
+            // heartbeat late would matter for (a lease's or a token's warning, a notice's end).
+            let ahead = |t: Duration| (t > now.mono).then_some(t);
+            let remedy = self
+                .remedy
+                .next_change(&self.settings.service, secs(now))
+                .map(|t| Duration::from_secs_f64(t.max(0.0)));
+            for t in [
+                ahead(self.schedule.unit),
+                ahead(self.schedule.probe),
+                remedy.and_then(ahead),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                at = at.min(t);
+            }
+        }
+        at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
+    }
+
+    /// A license held and no failure: nothing changes with time alone.
+    fn quiet(&self) -> bool {
+        self.published
+            .report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed && r.failure.is_none())
+    }
+
+    /// The first report waits for the first nvidia-smi answer (or failure) and the token.
+    fn readable(&self) -> bool {
+        (self.seen.smi.is_some() || self.seen.smi_error.is_some()) && self.seen.token.is_some()
+    }
+
+    fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        if std::mem::replace(&mut self.busy.smi, true) {
+            return;
+        }
+        // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
+        self.schedule.smi = now.mono + Duration::from_secs(3600);
+        self.schedule.smi_for_event = false;
+        self.schedule.smi_started = Some(now.wall);
+        fx.push(Effect::ReadSmi);
+        // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
+        // the same pace (and at the same moment, so that both answers make one report).
+        self.check_unit(now, fx);
+    }
+
+    fn check_unit(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let running = (matches!(self.seen.unit, Some(Ok(()))) && self.busy.unit.settled())
+            .then_some(self.seen.gridd_pid)
+            .flatten();
+        if self.busy.unit.ask() {
+            self.busy.unit.vouched = running;
+            self.busy.unit.asked_at = Some(now.wall);
+            fx.push(Effect::CheckUnit);
+        }
+    }
+
+    /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
+    /// the attempt made): a "not running" answer set aside while it ran is checked again.
+    fn own_work_ended(&mut self, restarted: bool, now: Now, fx: &mut Vec<Effect>) {
+        if restarted {
+            self.busy.unit.gridd_moved();
+        }
+        if self.busy.unit.owed(self.busy.own_work()) {
+            self.check_unit(now, fx);
+        }
+    }
+
+    /// The time to the next periodic reading: the licensed pace while the report says
+    /// licensed (before the first report, while the reading just made does), a minute near
+    /// the lease's end, and the short pace without a license.
+    fn smi_interval(&self, now: Now) -> Duration {
+        let svc = &self.settings.service;
+        // The reading just taken shows no license (gridd returned it, the driver pod is
+        // going): the report of the reading before may still say licensed, and its 5-minute
+        // interval would hide what comes next (the pod's root gone, a new pod).
+        let fresh_unlicensed = self.seen.smi_error.is_some()
+            || self
+                .seen
+                .smi
+                .as_ref()
+                .is_some_and(|s| !s.no_device && crate::state::smi_state(s) != State::Licensed);
+        if fresh_unlicensed {
+            return svc.poll_unlicensed;
+        }
+        let expiry = match &self.published.report {
+            Some(r) if r.state == State::Licensed => {
+                r.license.as_ref().and_then(|l| l.expiry).map(Some)
+            }
+            None => self
+                .seen
+                .smi
+                .as_ref()
+                .filter(|s| crate::state::smi_state(s) == State::Licensed)
+                .map(lease_expiry),
+            Some(_) => return svc.poll_unlicensed,
+        };
+        match expiry {
+            None => svc.poll_unlicensed,
+            Some(Some(e)) if (e - now.wall).num_seconds() < 3600 => {
+                svc.poll_licensed.min(Duration::from_secs(60))
+            }
+            Some(_) => svc.poll_licensed,
+        }
+    }
+
+    /// A reading of nvidia-smi: the license as it shows it, or why it shows none. One the
+    /// agent could not even start (its own limits) leaves the last reading standing, as old
+    /// as it is: stale, not wrong.
+    fn on_smi(&mut self, read: SmiRead, now: Now) {
+        self.busy.smi = false;
+        match read {
+            SmiRead::Unstarted(why) => {
+                if self.seen.smi_unstarted.as_deref() != Some(why.as_str()) {
+                    warn!("{}", crate::text::escape(&why));
+                }
+                self.seen.smi_unstarted = Some(why);
+            }
+            SmiRead::Snapshot(s) => {
+                self.seen.smi_unstarted = None;
+                self.seen.observed_at = Some(now.wall);
+                if crate::state::smi_state(&s) == State::Licensed {
+                    self.probing.failure = None;
+                }
+                let lease = match (lease_expiry(&s), self.seen.lease) {
+                    (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
+                    (Some(exp), _) => Some((exp, now.wall)),
+                    (None, _) => None,
+                };
+                if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
+                    self.seen.lease_at_start =
+                        self.seen.smi.is_none() && self.seen.smi_error.is_none();
+                }
+                self.seen.lease = lease;
+                self.seen.smi = Some(s);
+                self.seen.smi_error = None;
+            }
+            SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
+                self.seen.smi_unstarted = None;
+                self.seen.observed_at = Some(now.wall);
+                if self.seen.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
+                    warn!("nvidia-smi: {}", crate::text::escape(why));
+                }
+                self.seen.smi_error = Some(read);
+            }
+        }
+        // Something gridd said while this reading ran (a restart) keeps the reading it asked
+        // for: this one may show the license from before it.
+        let next = now.mono + self.smi_interval(now);
+        self.schedule.smi = if self.schedule.smi_for_event {
+            self.schedule.smi.min(next)
+        } else {
+            next
+        };
+    }
+
+    /// The restarts of gridd in the last hour, when they changed since the last call: the
+    /// shell keeps them for the agent's next run, so that the budget is one per guest.
+    pub fn restarts_changed(&mut self, now: Now) -> Option<Vec<f64>> {
+        self.remedy.take_changed(secs(now))
+    }
+
+    /// A reloaded config. What was set up at start (the follower, the watcher, the
+    /// listeners) keeps its old settings: say so rather than pretend.
+    fn reload(&mut self, s: Settings, now: Now) {
+        self.base = s.clone();
+        let s = self.node.apply(&s);
+        let (old, new) = (&self.settings, &s);
+        for (key, changed) in [
+            (
+                "commands.journalctl",
+                old.commands.journalctl != new.commands.journalctl,
+            ),
+            (
+                "paths.token_dir",
+                old.paths.token_dir != new.paths.token_dir,
+            ),
+            (
+                "paths.gridd_conf",
+                old.paths.gridd_conf != new.paths.gridd_conf,
+            ),
+            (
+                "service.metrics_socket",
+                old.service.metrics_socket != new.service.metrics_socket,
+            ),
+            (
+                "service.metrics_listen",
+                old.service.metrics_listen != new.service.metrics_listen,
+            ),
+        ] {
+            if changed {
+                warn!(
+                    "{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent)"
+                );
+            }
+        }
+        self.remedy.reconfigure(&s.service);
+        // What is set up at start keeps its old value until the restart, as said above: the
+        // watcher still watches the old token directory, so the core does not switch to a
+        // new one it would only see at the periodic look.
+        let mut s = s;
+        s.paths.token_dir.clone_from(&self.settings.paths.token_dir);
+        s.paths
+            .gridd_conf
+            .clone_from(&self.settings.paths.gridd_conf);
+        s.commands
+            .journalctl
+            .clone_from(&self.settings.commands.journalctl);
+        s.service
+            .metrics_socket
+            .clone_from(&self.settings.service.metrics_socket);
+        s.service
+            .metrics_listen
+            .clone_from(&self.settings.service.metrics_listen);
+        self.settings = s;
+        self.schedule.smi_soon(now.mono);
+    }
+}
+
+fn secs(now: Now) -> f64 {
+    now.mono.as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,109 @@
+//! On a Kubernetes node: where the driver runs, the Node condition's writes and the
+//! licensing Secret.
+
+use super::*;
+
+impl Core {
+    /// A write to the Node: a failure of the condition's patch or of the taint's is a
+    /// warning naming which (once per streak of each in the journal) and a count, never more.
+    pub(super) fn condition_written(&mut self, outcome: crate::node_condition::Outcome) {
+        use crate::node_condition::{TAINT_EFFECT, TAINT_KEY, TYPE};
+        if let Some(result) = outcome.condition {
+            let what = format!("the Node condition {TYPE}");
+            self.node_write(
+                result,
+                &what,
+                |c| &mut c.condition_failing,
+                "was not written",
+            );
+        }
+        if let Some((want, result)) = outcome.taint {
+            let what = format!("the taint {TAINT_KEY}:{TAINT_EFFECT}");
+            let failed = if want {
+                "could not be put on the Node"
+            } else {
+                "could not be taken off the Node"
+            };
+            self.node_write(result, &what, |c| &mut c.taint_failing, failed);
+        }
+    }
+
+    /// The licensing Secret, read: a failure to read it is a warning once per streak (it is
+    /// also in the report's notes while it lasts).
+    pub(super) fn secret_read(&mut self, read: Result<crate::node_mode::SecretToken, String>) {
+        let was_failing = matches!(self.seen.secret, Some(Err(_)));
+        match &read {
+            Err(why) if !was_failing => warn!(
+                "the licensing Secret is not read (tried again at each heartbeat): {}",
+                crate::text::escape(why)
+            ),
+            Ok(_) if was_failing => info!("the licensing Secret is read again"),
+            _ => {}
+        }
+        self.seen.secret = Some(read);
+    }
+
+    /// One part of a Node write: `failing` is its streak's flag.
+    pub(super) fn node_write(
+        &mut self,
+        result: Result<(), String>,
+        what: &str,
+        failing: fn(&mut Self) -> &mut bool,
+        failed: &str,
+    ) {
+        match result {
+            Ok(()) => {
+                if std::mem::take(failing(self)) {
+                    info!("{what} is written again");
+                }
+            }
+            Err(why) => {
+                self.counters.node_condition_errors += 1;
+                self.published.dirty = true;
+                if !std::mem::replace(failing(self), true) {
+                    warn!(
+                        "{what} {failed} (retried with backoff): {}",
+                        crate::text::escape(&why)
+                    );
+                }
+            }
+        }
+    }
+
+    /// Where the driver runs, as just looked at: on a change, the settings of the new place
+    /// and a reading there at once.
+    pub(super) fn node_seen(&mut self, node: Node, now: Now, fx: &mut Vec<Effect>) {
+        if node == self.node {
+            return;
+        }
+        let moved = node.driver_root != self.node.driver_root || node.mode != self.node.mode;
+        // The operator's driver pod came or went (its marker): its root, its token, changed.
+        let pod_changed = node.driver_ready != self.node.driver_ready;
+        if moved {
+            match &node.driver_root {
+                Some(root) => info!(
+                    "GPU Operator node: the driver runs in the operator's driver container (root {}); observing only",
+                    crate::text::show_path(root)
+                ),
+                None if node.mode == Mode::Observe => {
+                    info!("service.mode = \"observe\": observing only")
+                }
+                None => {}
+            }
+            if node.manage_refused {
+                warn!(
+                    "service.mode = \"manage\" is refused on a GPU Operator node (the operator owns the token, gridd.conf and gridd): observing only"
+                );
+            }
+        }
+        self.settings = node.apply(&self.base);
+        self.counters.mode = node.mode.as_str();
+        self.counters.driver = node.driver();
+        self.node = node;
+        self.published.dirty = true;
+        if moved || pod_changed {
+            self.schedule.smi_soon(now.mono);
+            self.read_token(now, fx);
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! The service's report: its observations (what the service remembers, as values), the
+//! report made of them, and what status.json, the metrics and the journal last got.
+
+use super::*;
+
+/// The reports made, and what status.json and the metrics last got.
+#[derive(Debug)]
+pub(super) struct Published {
+    /// The latest report.
+    pub(super) report: Option<Report>,
+    /// The metrics last written.
+    pub(super) metrics: String,
+    /// When the latest report was written or remade for the heartbeat, or the service started:
+    /// a report is remade at least every heartbeat, and the periodic turns ride on its beat.
+    pub(super) beat: Duration,
+    /// When the latest report was made.
+    pub(super) made: Option<Duration>,
+    /// Something happened since the latest report.
+    pub(super) dirty: bool,
+    /// The next report is written whatever it holds (the last write failed).
+    pub(super) rewrite: bool,
+    /// systemd was told the service is ready (after the first report).
+    pub(super) ready: bool,
+}
+
+impl Published {
+    /// The report is remade at least every `heartbeat` (a state that changes with time alone).
+    pub(super) fn heartbeat_due(&self, now: Duration, heartbeat: Duration) -> bool {
+        now >= self.beat + heartbeat
+    }
+
+    /// A report is made at most every [`MIN_REPORT_GAP`].
+    pub(super) fn gap_over(&self, now: Duration) -> bool {
+        self.made.is_none_or(|t| now >= t + MIN_REPORT_GAP)
+    }
+
+    /// A report made at `now`: whether status.json and the metrics are written (the report
+    /// changed, its metrics did, or it holds a new observation: `status` tells a live service
+    /// by its `observed_at`); else only the copy in memory moves.
+    pub(super) fn made_at(
+        &mut self,
+        now: Duration,
+        heartbeat: Duration,
+        report: &Report,
+        metrics: &str,
+    ) -> bool {
+        let (changed, observed) = match &self.report {
+            Some(old) => (
+                !same_report(old, report),
+                old.observed_at != report.observed_at,
+            ),
+            None => (true, true),
+        };
+        let write =
+            std::mem::take(&mut self.rewrite) || changed || observed || self.metrics != metrics;
+        if write || self.heartbeat_due(now, heartbeat) {
+            self.beat = now;
+        }
+        if write {
+            self.metrics = metrics.to_string();
+        }
+        self.report = Some(report.clone());
+        write
+    }
+}
+
+/// Whether the report's failure is a missing token.
+pub(super) fn f_is_missing(report: &Report) -> bool {
+    report
+        .failure
+        .as_ref()
+        .is_some_and(|f| f.reason == Reason::TokenMissing)
+}
+
+pub(super) fn log_state_change(report: &Report, previous: Option<State>) {
+    let edition = report
+        .license
+        .as_ref()
+        .and_then(|l| l.edition.clone())
+        .unwrap_or_default();
+    let expiry = report
+        .license
+        .as_ref()
+        .and_then(|l| l.expiry)
+        .map(crate::time::rfc3339)
+        .unwrap_or_default();
+    let id = if report.state == State::Licensed {
+        message_ids::LICENSED
+    } else {
+        message_ids::STATE_CHANGED
+    };
+    info!(
+        message_id = id,
+        vgpu_license_state = report.state.as_str(),
+        vgpu_license_previous_state = previous.map_or("none", State::as_str),
+        vgpu_license_edition = crate::text::escape(&edition).as_ref(),
+        vgpu_license_expiry = expiry.as_str(),
+        "license state: {}",
+        crate::text::escape(&status_line(report))
+    );
+}
+
+/// Two reports differ for the outside when anything but the time of observation differs.
+pub(super) fn same_report(a: &Report, b: &Report) -> bool {
+    // Every field but the observation's time and the agent's pid: a field added to the report
+    // stops this compiling until it is placed on one side or the other.
+    let Report {
+        schema,
+        state,
+        observed_at: _,
+        license,
+        gpus,
+        events,
+        failure,
+        dls,
+        licensing_mode,
+        events_omitted,
+        notes,
+        exit_code,
+        agent_pid: _,
+        last_shutdown,
+        mode,
+        driver_root,
+    } = a;
+    *schema == b.schema
+        && *state == b.state
+        && *license == b.license
+        && *gpus == b.gpus
+        && *events == b.events
+        && *failure == b.failure
+        && *dls == b.dls
+        && *licensing_mode == b.licensing_mode
+        && *events_omitted == b.events_omitted
+        && *notes == b.notes
+        && *exit_code == b.exit_code
+        && *last_shutdown == b.last_shutdown
+        && *mode == b.mode
+        && *driver_root == b.driver_root
+}
+
+/// The one line `systemctl status` shows.
+pub fn status_line(r: &Report) -> String {
+    let mut line = r.state.as_str().to_string();
+    if let Some(tally) = crate::report::vgpu_tally(r) {
+        line.push_str(&format!(", {tally}"));
+    }
+    if let Some(l) = &r.license {
+        if let Some(ed) = &l.edition {
+            line.push_str(&format!(", {ed}"));
+        }
+        if let Some(exp) = l.expiry {
+            line.push_str(&format!(", expires {}", crate::time::rfc3339(exp)));
+        }
+    }
+    if let Some(f) = &r.failure {
+        line.push_str(&format!("; {}: {}", f.reason.as_str(), f.message));
+    }
+    line
+}
+
+impl Core {
+    /// Makes the report and says where it goes.
+    pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let obs = self.observations(now);
+        let report = self.report_of(obs);
+        self.log_new_failure(&report);
+        let previous = self.published.report.as_ref().map(|r| r.state);
+        if previous != Some(report.state) {
+            log_state_change(&report, previous);
+        }
+        let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+        json.push(b'\n');
+        self.counters.driver_version = self
+            .seen
+            .smi
+            .as_ref()
+            .and_then(|s| s.driver_version.clone());
+        let metrics_text = metrics::render(&report, &self.counters);
+        let write = self
+            .published
+            .made_at(now.mono, self.heartbeat, &report, &metrics_text);
+        let webhook = previous.is_some() && previous != Some(report.state);
+        fx.push(Effect::Publish(Box::new(Publication {
+            report,
+            json,
+            metrics: metrics_text,
+            write,
+            webhook,
+        })));
+    }
+
+    /// What the service has seen, as the observations a report is made of.
+    /// What the licensing Secret says against the token gridd runs with: `token_stale`, or a
+    /// note that it could not be read.
+    pub(super) fn licensing_secret(&self, obs: &mut crate::state::Observations) {
+        let Some(name) = &self.settings.kubernetes.licensing_secret else {
+            return;
+        };
+        match &self.seen.secret {
+            Some(Ok(held)) => {
+                let installed = self.seen.token.as_ref().and_then(|t| t.as_ref().ok());
+                obs.token_stale = crate::node_mode::stale(name, held, installed);
+            }
+            Some(Err(why)) => obs.own_notes.push(format!(
+                "the licensing Secret {name} could not be read: {why}"
+            )),
+            None => {}
+        }
+    }
+
+    pub(super) fn observations(&mut self, now: Now) -> crate::state::Observations {
+        let smi = match (&self.seen.smi, &self.seen.smi_error) {
+            (_, Some(failed)) => failed.clone().into_snapshot(),
+            (Some(s), None) => s.clone(),
+            (None, None) => SmiSnapshot::default(),
+        };
+        let missing = Err(TokenProblem::Missing);
+        let obs = assemble::assemble(
+            &self.settings,
+            now.wall,
+            Parts {
+                smi,
+                fold: Some(self.seen.fold.clone()),
+                token: self.seen.token.as_ref().unwrap_or(&missing),
+                unit: self.seen.unit.as_ref(),
+                probe: self.probing.failure.clone(),
+            },
+        );
+        // The agent's own findings hold since they were first seen, not since this moment.
+        let own = obs
+            .own_failure
+            .clone()
+            .or_else(|| self.probing.failure.clone());
+        match (&own, &self.own_since) {
+            (Some(o), Some((k, _))) if o == k => {}
+            (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
+            (None, _) => self.own_since = None,
+        }
+        let mut obs = obs;
+        obs.legacy_server.clone_from(&self.seen.legacy_server);
+        // A lease the agent saw come (or move): what gridd logged before it is over.
+        obs.lease_since = self
+            .seen
+            .lease
+            .filter(|_| !self.seen.lease_at_start)
+            .map(|(_, since)| since);
+        obs.renewal_stalled = self
+            .seen
+            .lease
+            .and_then(|(exp, since)| stalled(exp, since, now.wall));
+        obs.source_rejected
+            .clone_from(&self.adoption.source_rejected);
+        obs.node = Some(self.node.seen());
+        obs.token_rejected = Adoption::recent(&self.adoption.rejected, now);
+        obs.token_notes
+            .extend(Adoption::recent(&self.adoption.rotated, now));
+        if let Some(why) = &self.seen.smi_unstarted {
+            obs.own_notes.push(format!(
+                "{why}: the last reading stands, as of its time (observed_at)"
+            ));
+        }
+        self.counters.token_rejected =
+            obs.token_rejected.is_some() || obs.source_rejected.is_some();
+        self.licensing_secret(&mut obs);
+        self.counters.token_stale = obs.token_stale.is_some();
+        // The observation is as old as nvidia-smi's last answer, however often it is written.
+        if let Some(at) = self.seen.observed_at {
+            obs.at = Some(at);
+        }
+        self.counters.token_expiry = self
+            .seen
+            .token
+            .as_ref()
+            .and_then(|t| t.as_ref().ok())
+            .and_then(|t| t.expires)
+            .map(|e| e.timestamp());
+        obs
+    }
+
+    /// The report of `obs`, with what only the service knows (its pid, the last shutdown, a
+    /// clone found at boot, since when its own finding holds).
+    pub(super) fn report_of(&self, obs: crate::state::Observations) -> Report {
+        let mut report = evaluate(obs);
+        report.agent_pid = self.pid;
+        report.last_shutdown.clone_from(&self.seen.last_shutdown);
+        if let Some(c) = &self.seen.clone {
+            // The agent's own event, before gridd's lines of this boot (it ran before gridd).
+            report.events.insert(
+                0,
+                crate::report::Event {
+                    at: Some(LogTime::Utc(c.at)),
+                    kind: EventKind::CloneDetected,
+                    server: None,
+                    edition: None,
+                    expiry: None,
+                    reason: None,
+                    message: c.message(),
+                },
+            );
+        }
+        if let Some(f) = report.failure.as_mut()
+            && let Some(since) = self.failure_since(f)
+        {
+            f.at = Some(LogTime::Utc(crate::time::whole_secs(since)));
+        }
+        report
+    }
+
+    /// Since when the agent's own finding `f` holds, where the agent knows it: the
+    /// observation's time (nvidia-smi's last answer, minutes old while licensed) may predate
+    /// what the finding is about.
+    pub(super) fn failure_since(&self, f: &crate::report::Failure) -> Option<DateTime<Utc>> {
+        match f.reason {
+            Reason::TokenRejected => self.adoption.rejected_at,
+            Reason::TokenSourceRejected => self.adoption.source_rejected_at,
+            _ => self
+                .own_since
+                .as_ref()
+                .filter(|((reason, message), _)| f.reason == *reason && f.message == *message)
+                .map(|(_, since)| *since),
+        }
+    }
+
+    /// A new failure: counted once, logged with its catalog entry.
+    pub(super) fn log_new_failure(&mut self, report: &Report) {
+        let key = report.failure.as_ref().map(|f| {
+            (
+                f.reason,
+                format!(
+                    "{}|{}",
+                    f.message,
+                    f.at.map(|a| a.to_string()).unwrap_or_default()
+                ),
+            )
+        });
+        // With a token source, no token before the source is read is not yet a failure: the
+        // source may bring one.
+        let premature = f_is_missing(report)
+            && self.settings.paths.token_source.is_some()
+            && !self.adoption.source_read;
+        if let Some(f) = &report.failure
+            && key != self.failure_key
+            && !premature
+        {
+            self.counters.count_failure(f.reason);
+            warn!(
+                message_id = message_ids::for_reason(f.reason),
+                vgpu_license_reason = f.reason.as_str(),
+                "{}: {} -> {}",
+                f.reason.as_str(),
+                crate::text::escape(&f.message),
+                crate::text::escape(&f.advice)
+            );
+        }
+        if !premature {
+            self.failure_key = key;
+        }
+    }
+
+    /// The failure before any probe: the agent's own (token, unit), else gridd's.
+    pub(super) fn base_reason(&self, now: Now) -> Option<Reason> {
+        let token = self
+            .seen
+            .token
+            .as_ref()
+            .map(|t| assemble::token_at(t, now.wall))
+            .and_then(Result::err)
+            .map(|p| p.reason());
+        let unit = match &self.seen.unit {
+            Some(Err(_)) => Some(Reason::GriddNotRunning),
+            _ => None,
+        };
+        let log = self.seen.fold.failure_reason();
+        let own = policy::own_failure(token, unit, log);
+        policy::most_telling(own, None, log.map(|r| (r, r)))
+    }
+}

@@ -1,0 +1,101 @@
+//! What the service has seen: gridd's log folded, the last nvidia-smi answer, the token,
+//! the lease and since when.
+
+use super::*;
+
+/// What the world last said: gridd's lines, nvidia-smi, systemd, the token, what the agent
+/// found at start.
+#[derive(Debug)]
+pub(super) struct Seen {
+    pub(super) fold: LogFold,
+    pub(super) smi: Option<SmiSnapshot>,
+    /// The last reading, when it failed or timed out.
+    pub(super) smi_error: Option<SmiRead>,
+    /// Why the agent could not start the last reading at all (its own limits), while it
+    /// cannot: the reading before stands.
+    pub(super) smi_unstarted: Option<String>,
+    /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which a
+    /// report remade on the heartbeat does not move.
+    pub(super) observed_at: Option<DateTime<Utc>>,
+    pub(super) unit: Option<Result<(), String>>,
+    /// The process that logged gridd's latest line (the journal's `_PID`).
+    pub(super) gridd_pid: Option<u32>,
+    pub(super) token: Option<Result<Token, TokenProblem>>,
+    /// When the token directory last changed (the watch's word).
+    pub(super) token_dir_changed: Option<Duration>,
+    pub(super) legacy_server: Option<String>,
+    /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
+    pub(super) lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// That lease was there at the agent's first reading: as old as it is, not one the agent
+    /// saw come (gridd's failures since it came still count).
+    pub(super) lease_at_start: bool,
+    pub(super) last_shutdown: Option<crate::shutdown::LastShutdown>,
+    pub(super) clone: Option<crate::guest_identity::CloneDetected>,
+    /// The licensing Secret as last read, or why it could not be.
+    pub(super) secret: Option<Result<crate::node_mode::SecretToken, String>>,
+}
+
+impl Seen {
+    pub(super) fn new() -> Seen {
+        Seen {
+            fold: LogFold::new(MAX_EVENTS),
+            smi: None,
+            smi_error: None,
+            smi_unstarted: None,
+            observed_at: None,
+            unit: None,
+            gridd_pid: None,
+            token: None,
+            token_dir_changed: None,
+            legacy_server: None,
+            lease: None,
+            lease_at_start: false,
+            last_shutdown: None,
+            clone: None,
+            secret: None,
+        }
+    }
+}
+
+/// The expiry of the lease nvidia-smi shows (the first licensed GPU's).
+pub(super) fn lease_expiry(s: &SmiSnapshot) -> Option<DateTime<Utc>> {
+    s.gpus.iter().find_map(|g| {
+        match crate::observe::smi::classify_status(g.license_status.as_deref()?) {
+            crate::observe::smi::LicenseStatus::Licensed(exp) => exp,
+            _ => None,
+        }
+    })
+}
+
+/// gridd renews a lease at about a fifth of its period. An expiry that has not moved for
+/// two fifths of what was left of it when first seen (and at least ten minutes) means the
+/// renewals are failing: since when that holds, and what to say.
+pub fn stalled(
+    expiry: DateTime<Utc>,
+    since: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<(DateTime<Utc>, String)> {
+    let left_then = expiry - since;
+    let allowed = (left_then * 2 / 5).max(chrono::Duration::minutes(10));
+    let from = since + allowed;
+    if now < from || now >= expiry {
+        return None;
+    }
+    // The text stays the same while the stall lasts: it is one failure, counted once.
+    Some((
+        from,
+        format!(
+            "the lease's expiry has not moved since {} although gridd renews at about a fifth of the lease: renewals are failing; the license runs out at {}",
+            crate::time::rfc3339(since),
+            crate::time::rfc3339(expiry)
+        ),
+    ))
+}
+
+pub(super) fn same_token(a: &Result<Token, TokenProblem>, b: &Result<Token, TokenProblem>) -> bool {
+    match (a, b) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(a), Err(b)) => a == b,
+        _ => false,
+    }
+}

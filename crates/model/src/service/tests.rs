@@ -1,0 +1,111 @@
+use super::in_flight::UnitQuestion;
+use super::*;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[test]
+fn an_event_brings_nvidia_smis_reading_forward_never_back() {
+    let mut due = Schedule {
+        smi: secs(60),
+        smi_for_event: false,
+        smi_started: None,
+        unit: secs(0),
+        probe: secs(0),
+        adopt: secs(0),
+        adopt_owed: false,
+        adopt_first: false,
+        token_read: None,
+    };
+    due.smi_soon(secs(90));
+    assert_eq!((due.smi, due.smi_for_event), (secs(60), false));
+    due.smi_soon(secs(5));
+    assert_eq!((due.smi, due.smi_for_event), (secs(5), true));
+}
+
+#[test]
+fn status_json_is_written_on_news_or_a_new_observation_and_reports_keep_their_gap() {
+    let heartbeat = secs(30);
+    let mut p = Published {
+        report: None,
+        metrics: String::new(),
+        beat: secs(0),
+        made: None,
+        dirty: false,
+        rewrite: false,
+        ready: false,
+    };
+    let r = evaluate(crate::state::Observations::default());
+    assert!(p.made_at(secs(1), heartbeat, &r, "m"), "the first");
+    assert!(!p.made_at(secs(2), heartbeat, &r, "m"), "nothing new");
+    assert!(p.made_at(secs(3), heartbeat, &r, "m2"), "new metrics");
+    let mut other = r.clone();
+    other.state = if r.state == State::Licensed {
+        State::Unlicensed
+    } else {
+        State::Licensed
+    };
+    assert!(p.made_at(secs(4), heartbeat, &other, "m2"), "a new state");
+    assert!(!p.made_at(secs(600), heartbeat, &other, "m2"), "time alone");
+    assert!(!p.heartbeat_due(secs(601), heartbeat), "just remade");
+    assert!(p.heartbeat_due(secs(630), heartbeat));
+    other.observed_at = Some("2026-12-03T12:00:00Z".parse().unwrap());
+    assert!(
+        p.made_at(secs(631), heartbeat, &other, "m2"),
+        "a new observation"
+    );
+    assert_eq!(p.report.as_ref().map(|r| r.state), Some(other.state));
+    assert!(p.gap_over(secs(0)), "none made yet");
+    p.made = Some(secs(10));
+    assert!(!p.gap_over(secs(10) + MIN_REPORT_GAP / 2));
+    assert!(p.gap_over(secs(10) + MIN_REPORT_GAP));
+}
+
+#[test]
+fn one_unit_question_at_a_time_and_one_more_if_wanted_meanwhile() {
+    let mut q = UnitQuestion::default();
+    assert!(q.ask());
+    assert!(!q.ask(), "one is on its way");
+    assert_eq!(q.answered(false, false), (true, true), "the wanted one now");
+    assert!(q.ask());
+    assert_eq!(q.answered(true, false), (true, false));
+}
+
+#[test]
+fn not_running_from_before_gridd_started_is_asked_again_not_believed() {
+    let mut q = UnitQuestion::default();
+    assert!(q.ask());
+    q.gridd_moved();
+    assert_eq!(q.answered(true, false), (false, true));
+    assert!(q.ask());
+    assert_eq!(
+        q.answered(true, false),
+        (true, false),
+        "asked after the start"
+    );
+    // A start while none is on its way: the next question is after it.
+    q.gridd_moved();
+    assert!(q.ask());
+    assert_eq!(q.answered(true, false), (true, false));
+    // "Running" is believed whenever it was asked.
+    assert!(q.ask());
+    q.gridd_moved();
+    assert_eq!(q.answered(false, false), (true, false));
+}
+
+#[test]
+fn not_running_during_the_agents_own_work_waits_for_its_end() {
+    let mut q = UnitQuestion::default();
+    assert!(q.ask());
+    assert_eq!(q.answered(true, true), (false, false), "not while it runs");
+    assert!(q.owed(false) && !q.owed(true));
+    assert!(q.ask());
+    assert!(!q.owed(false), "asked since");
+    assert_eq!(q.answered(true, false), (true, false));
+    // Owed at the end of a restart with a question on its way: asked on its answer.
+    assert!(q.ask());
+    q.after_own_work();
+    q.gridd_moved();
+    assert_eq!(q.answered(false, false), (true, true));
+}
