@@ -178,7 +178,8 @@ impl Core {
             // Changed again meanwhile: looked at again after a short gap, so that a burst of
             // changes is a few looks, not one after another for its length.
             let took = now.mono.saturating_sub(self.busy.token_since);
-            self.schedule.token_read = Some(now.mono + look_gap(took));
+            self.schedule
+                .set(Timer::TokenRead, now.mono + look_gap(took));
         }
         // A token file being written (made empty, then filled; or part written) is no
         // verdict yet: looked at again once the directory has been still for a while.
@@ -192,7 +193,7 @@ impl Core {
             && partial
             && now.mono < changed + SETTLE
         {
-            self.schedule.token_read = Some(changed + SETTLE);
+            self.schedule.set(Timer::TokenRead, changed + SETTLE);
             return;
         }
         if self
@@ -274,7 +275,8 @@ impl Core {
     pub(super) fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
         match self.adoption.failed {
             Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
-                self.schedule.adopt = self.schedule.adopt.min(t + ADOPT_AFTER_FAILURE);
+                self.schedule
+                    .set_earlier(Timer::Look, t + ADOPT_AFTER_FAILURE);
             }
             // A burst of changes (a sync tool writing thousands of files) is adopted a gap
             // apart ([`look_gap`]), not in one adoption after another for its length: each
@@ -286,8 +288,7 @@ impl Core {
 
     /// An adoption owed at `at`: the loop wakes for it.
     pub(super) fn adopt_at(&mut self, at: Duration) {
-        self.schedule.adopt = self.schedule.adopt.min(at);
-        self.schedule.adopt_owed = true;
+        self.schedule.set_earlier(Timer::Owed, at);
     }
 
     /// Reads the token directory, once at a time: a burst of changes (a sync tool writing

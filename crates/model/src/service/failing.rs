@@ -45,10 +45,11 @@ impl Core {
                     .to_string(),
             );
             let news = self.probing.last.as_ref() != Some(&key);
-            if worth_it && !self.busy.probe && (news || now.mono >= self.schedule.probe) {
+            if worth_it && !self.busy.probe && (news || self.schedule.due(Timer::Probe, now.mono)) {
                 self.busy.probe = true;
                 self.probing.last = Some(key);
-                self.schedule.probe = now.mono + self.settings.service.poll_unlicensed.max(repeat);
+                let every = self.settings.service.poll_unlicensed.max(repeat);
+                self.schedule.set(Timer::Probe, now.mono + every);
                 let nodes = report.dls.clone().unwrap_or_default();
                 fx.push(Effect::Probe(nodes));
             }

@@ -40,7 +40,7 @@ use failing::Probing;
 use in_flight::InFlight;
 use report::Published;
 pub use report::status_line;
-use schedule::Schedule;
+use schedule::{Schedule, Timer};
 pub use seen::stalled;
 use seen::{Seen, lease_expiry, same_token};
 
@@ -242,16 +242,15 @@ impl Core {
             failure_key: None,
             own_since: None,
             busy: InFlight::default(),
-            schedule: Schedule {
-                smi: now.mono,
-                smi_for_event: false,
-                smi_started: None,
-                unit: now.mono,
-                probe: now.mono,
-                adopt: now.mono + first_token_look,
-                adopt_owed: false,
-                adopt_first: true,
-                token_read: None,
+            schedule: {
+                let mut s = Schedule::default();
+                for t in [Timer::Smi, Timer::Unit, Timer::Probe] {
+                    s.set(t, now.mono);
+                }
+                for t in [Timer::Look, Timer::FirstLook] {
+                    s.set(t, now.mono + first_token_look);
+                }
+                s
             },
             published: Published {
                 report: None,
@@ -447,23 +446,25 @@ impl Core {
     /// What is due at `now`: periodic reads, the report, a restart or a probe.
     pub fn tick(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
-        if self.schedule.token_read.is_some_and(|t| now.mono >= t) {
+        if self.schedule.due(Timer::TokenRead, now.mono) {
             // The directory changed during the last look: look again, and adopt what is there
             // (the shell sends no new event for changes it knows a read is owed for).
-            self.schedule.token_read = None;
+            self.schedule.stop(Timer::TokenRead);
             self.read_token(now, &mut fx);
             self.dir_changed(now, &mut fx);
         }
         // In case a change escaped the watcher (or there is none): look at the token again.
-        if now.mono >= self.schedule.adopt {
-            let owed = std::mem::take(&mut self.schedule.adopt_owed);
-            self.schedule.adopt_first = false;
-            self.schedule.adopt = now.mono
-                + if self.watching {
-                    ADOPT_WATCHED
-                } else {
-                    ADOPT_UNWATCHED
-                };
+        let looks = [Timer::Look, Timer::FirstLook, Timer::Owed];
+        if self.schedule.any_due(&looks, now.mono) {
+            let owed = self.schedule.at(Timer::Owed).is_some();
+            self.schedule.stop(Timer::Owed);
+            self.schedule.stop(Timer::FirstLook);
+            let every = if self.watching {
+                ADOPT_WATCHED
+            } else {
+                ADOPT_UNWATCHED
+            };
+            self.schedule.set(Timer::Look, now.mono + every);
             // An adoption owed (a writer settling, a deferred restart, the gap after a look
             // in a burst) comes with its reads already; the periodic look reads the token too.
             if !owed {
@@ -487,12 +488,12 @@ impl Core {
         if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
             self.published.dirty = true;
         }
-        if now.mono >= self.schedule.smi {
+        if self.schedule.smi().is_some_and(|t| now.mono >= t) {
             self.read_smi(now, &mut fx);
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
         // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
-        if now.mono >= self.schedule.unit
+        if self.schedule.due(Timer::Unit, now.mono)
             && self.published.report.as_ref().is_some_and(|r| {
                 !matches!(
                     r.state,
@@ -500,7 +501,7 @@ impl Core {
                 )
             })
         {
-            self.schedule.unit = now.mono + UNIT_CHECK;
+            self.schedule.set(Timer::Unit, now.mono + UNIT_CHECK);
             self.check_unit(now, &mut fx);
         }
         let readable = self.readable();
@@ -534,12 +535,15 @@ impl Core {
     /// a wakeup per deadline rather than one a second.
     pub fn next_wake(&self, now: Now) -> Duration {
         let mut wake = self.next_wake_but_token(now);
-        // A restart owed for a new token is made when the journal said it would be.
-        if self.schedule.adopt_owed || self.schedule.adopt_first {
-            wake = wake.min(self.schedule.adopt.max(now.mono));
+        // A restart owed for a new token is made when the journal said it would be, and the
+        // first look keeps its own time (with either, the periodic look's deadline counts
+        // too, whichever comes first).
+        let s = &self.schedule;
+        if s.at(Timer::Owed).is_some() || s.at(Timer::FirstLook).is_some() {
+            let looks = s.earliest(&[Timer::Look, Timer::FirstLook, Timer::Owed]);
+            wake = looks.map_or(wake, |t| wake.min(t.max(now.mono)));
         }
-        self.schedule
-            .token_read
+        s.at(Timer::TokenRead)
             .map_or(wake, |t| wake.min(t.max(now.mono)))
     }
 
@@ -555,7 +559,8 @@ impl Core {
         // (poll_licensed_seconds, "every 5 minutes"), not the next heartbeat after it (every
         // 6 minutes with a 2-minute heartbeat). The token's periodic look (half an hour
         // apart) comes on the heartbeat's wakeups, at most one heartbeat late.
-        let mut at = (self.published.beat + self.heartbeat).min(self.schedule.smi);
+        let beat = self.published.beat + self.heartbeat;
+        let mut at = self.schedule.smi().map_or(beat, |smi| beat.min(smi));
         if !self.quiet() {
             // Without a license (or with a failure) the next step comes at one of these
             // deadlines, each known; in between, nothing changes with time alone that a
@@ -566,8 +571,8 @@ impl Core {
                 .next_change(&self.settings.service, secs(now))
                 .map(|t| Duration::from_secs_f64(t.max(0.0)));
             for t in [
-                ahead(self.schedule.unit),
-                ahead(self.schedule.probe),
+                self.schedule.at(Timer::Unit).and_then(ahead),
+                self.schedule.at(Timer::Probe).and_then(ahead),
                 remedy.and_then(ahead),
             ]
             .into_iter()
@@ -597,9 +602,7 @@ impl Core {
             return;
         }
         // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
-        self.schedule.smi = now.mono + Duration::from_secs(3600);
-        self.schedule.smi_for_event = false;
-        self.schedule.smi_started = Some(now.wall);
+        self.schedule.smi_started(now);
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
@@ -708,12 +711,9 @@ impl Core {
         }
         // Something gridd said while this reading ran (a restart) keeps the reading it asked
         // for: this one may show the license from before it.
+        // (An event's earlier reading, asked meanwhile, stays: see `Schedule::smi_soon`.)
         let next = now.mono + self.smi_interval(now);
-        self.schedule.smi = if self.schedule.smi_for_event {
-            self.schedule.smi.min(next)
-        } else {
-            next
-        };
+        self.schedule.set(Timer::Smi, next);
     }
 
     /// The restarts of gridd in the last hour, when they changed since the last call: the

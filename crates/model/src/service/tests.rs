@@ -1,4 +1,5 @@
 use super::in_flight::UnitQuestion;
+use super::schedule::Timer;
 use super::*;
 
 fn secs(s: u64) -> Duration {
@@ -7,21 +8,25 @@ fn secs(s: u64) -> Duration {
 
 #[test]
 fn an_event_brings_nvidia_smis_reading_forward_never_back() {
-    let mut due = Schedule {
-        smi: secs(60),
-        smi_for_event: false,
-        smi_started: None,
-        unit: secs(0),
-        probe: secs(0),
-        adopt: secs(0),
-        adopt_owed: false,
-        adopt_first: false,
-        token_read: None,
-    };
+    let mut due = Schedule::default();
+    due.set(Timer::Smi, secs(60));
     due.smi_soon(secs(90));
-    assert_eq!((due.smi, due.smi_for_event), (secs(60), false));
+    assert_eq!(due.smi(), Some(secs(60)));
     due.smi_soon(secs(5));
-    assert_eq!((due.smi, due.smi_for_event), (secs(5), true));
+    assert_eq!(due.smi(), Some(secs(5)));
+    due.smi_soon(secs(30));
+    assert_eq!(due.smi(), Some(secs(5)), "never put back");
+    // A reading starts: nothing more until it answers; an event meanwhile is kept over the
+    // pace the answer sets.
+    let now = Now {
+        mono: secs(5),
+        wall: chrono::DateTime::UNIX_EPOCH,
+    };
+    due.smi_started(now);
+    assert_eq!(due.smi(), Some(secs(3605)));
+    due.smi_soon(secs(6));
+    due.set(Timer::Smi, secs(305));
+    assert_eq!(due.smi(), Some(secs(6)));
 }
 
 #[test]
