@@ -577,14 +577,15 @@ fn a_token_caught_while_it_is_written_is_looked_at_again_not_reported() {
     assert_eq!(sim.reason(), Some(Reason::TokenInvalid));
 }
 
-/// An adoption that restarts gridd, as it ends: what `install` reports.
+/// An adoption that leaves gridd's restart due, as it ends: what `install` reports; the
+/// core then makes the restart itself.
 fn restarted_for_the_token() -> Event {
     Event::Adopted(Ok(Box::new(Outcome {
         dry_run: false,
         token_summary: String::new(),
         changes: Vec::new(),
         warnings: Vec::new(),
-        restart: Restart::Done,
+        restart: Restart::Due,
         restart_reason: Some("the token changed".into()),
         kept_name: None,
         restart_command: "systemctl restart nvidia-gridd".into(),
@@ -625,7 +626,23 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
     );
     sim.core.tick(sim.now());
     assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));
+    // The adoption leaves the restart due: the core makes it, and asks again once it is over.
     let fx = sim.core.handle(restarted_for_the_token(), now);
+    assert!(
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::RestartGridd {
+                for_token: true,
+                ..
+            }
+        )),
+        "the core makes the token's restart: {fx:?}"
+    );
+    assert!(
+        !fx.contains(&Effect::CheckUnit),
+        "asked mid-restart: {fx:?}"
+    );
+    let fx = sim.core.handle(Event::Restarted(Ok(())), now);
     assert!(fx.contains(&Effect::CheckUnit), "not asked again: {fx:?}");
     sim.world.pid = 101;
     sim.carry_out(fx);
@@ -644,6 +661,8 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
     sim.core.handle(Event::TokenDirChanged, now);
     let mut fx = sim.core.handle(restarted_for_the_token(), now);
     fx.extend(sim.core.handle(inactive(), now));
+    fx.extend(sim.core.handle(Event::Restarted(Ok(())), now));
+    fx.retain(|e| !matches!(e, Effect::RestartGridd { .. }));
     assert!(fx.contains(&Effect::CheckUnit), "not asked again: {fx:?}");
     sim.core.tick(sim.now());
     assert_eq!((sim.state(), sim.reason()), (State::Licensed, None));

@@ -17,11 +17,11 @@ use super::*;
 pub fn adopt_dropped_token(
     settings: &Settings,
     licensed: bool,
-    retry_owed: bool,
+    may_restart: bool,
 ) -> Result<Outcome, AdoptError> {
     // The token is whatever file gridd would read as one, under any name.
     let listing = super::read_token_dir(settings)?;
-    adopt_listing(settings, listing, licensed, retry_owed)
+    adopt_listing(settings, listing, licensed, may_restart)
 }
 
 /// [`adopt_dropped_token`] of the directory as `listing` shows it.
@@ -29,7 +29,7 @@ fn adopt_listing(
     settings: &Settings,
     listing: crate::token_dir::Listing,
     licensed: bool,
-    retry_owed: bool,
+    may_restart: bool,
 ) -> Result<Outcome, AdoptError> {
     if let Some(why) = &listing.refusal {
         return Err(AdoptError::Refused(format!(
@@ -52,17 +52,22 @@ fn adopt_listing(
             )));
         }
     }
-    adopt_bytes(settings, &found.bytes, licensed, retry_owed, true)
+    let how = Adoption {
+        licensed,
+        may_restart,
+        in_place: true,
+    };
+    adopt_bytes(settings, &found.bytes, how)
 }
 
 /// The service's adoption of a token's bytes (from the token directory or the source):
-/// validated, then installed with the config's FeatureType and a restart where one is due.
+/// validated, then installed with the config's FeatureType. A restart the changes need is
+/// [`Restart::Due`](crate::plan::Restart::Due) where `may_restart` (the service's core makes
+/// it), else deferred: owed until the budget allows.
 pub(super) fn adopt_bytes(
     settings: &Settings,
     bytes: &[u8],
-    licensed: bool,
-    retry_owed: bool,
-    in_place: bool,
+    how: Adoption,
 ) -> Result<Outcome, AdoptError> {
     let (token, _) = validate(bytes, Utc::now(), false).map_err(AdoptError::Rejected)?;
     Ok(run_core(
@@ -76,24 +81,42 @@ pub(super) fn adopt_bytes(
             dry_run: false,
             // Token changes spend the same restart budget and backoff as every other restart
             // of gridd: while they say wait, the restart is owed.
-            restart: retry_owed,
-            licensed,
+            restart: how.may_restart,
+            licensed: how.licensed,
             owe_restart: true,
             summary: summary(bytes, &token),
             warnings: crlf_warning(bytes)
                 .into_iter()
                 .chain(expiry_warning(&token, Utc::now()))
                 .collect(),
-            in_place,
+            in_place: how.in_place,
         },
         settings,
     )?)
 }
 
+/// How the service adopts: whether gridd holds a license, whether its remedy allows a
+/// restart now, and whether the bytes were read from the token path itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Adoption {
+    /// gridd already holds a license: a token it found on its own needs no restart.
+    pub licensed: bool,
+    /// The restart budget and backoff allow a restart now; else one the changes need is
+    /// owed.
+    pub may_restart: bool,
+    /// The bytes were read from the token path before the lock: adopted only if they are
+    /// still what is there.
+    pub in_place: bool,
+}
+
 /// The service's adoption: from `paths.token_source` when one is set and holds a token other
 /// than the installed one, else a token dropped into the token directory
 /// ([`adopt_dropped_token`]).
-pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> Result<Outcome, AdoptError> {
+pub fn adopt(
+    settings: &Settings,
+    licensed: bool,
+    may_restart: bool,
+) -> Result<Outcome, AdoptError> {
     if let Some(source) = &settings.paths.token_source {
         let installed = scan_token_dir(settings)
             .ok()
@@ -128,7 +151,12 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> Result<Ou
         if installed.as_deref() != Some(bytes.as_slice()) {
             // A bad token is refused here, before anything changes: the installed one stays.
             // A new token: gridd must be restarted for it, license held or not.
-            return adopt_bytes(settings, &bytes, false, retry_owed, false).map_err(|e| match e {
+            let how = Adoption {
+                licensed: false,
+                may_restart,
+                in_place: false,
+            };
+            return adopt_bytes(settings, &bytes, how).map_err(|e| match e {
                 AdoptError::Rejected(r) => refused(r),
                 e => e,
             });
@@ -141,7 +169,7 @@ pub fn adopt(settings: &Settings, licensed: bool, retry_owed: bool) -> Result<Ou
     if let Some(wait) = listing.settling(Utc::now(), SETTLE) {
         return Err(AdoptError::Settling(wait));
     }
-    adopt_listing(settings, listing, licensed, retry_owed)
+    adopt_listing(settings, listing, licensed, may_restart)
 }
 
 /// Whether `paths.token_source` holds a token that would be installed (`Ok` also when none

@@ -803,9 +803,10 @@ fn token_changes(
     kept_name
 }
 
-/// The restart that the changes need, remembering that one is owed until it succeeds: made
-/// now, or owed (`owe_restart`: the service makes it when its budget allows), or left to
-/// the caller.
+/// The restart that the changes need, remembering that one is owed until it succeeds: due
+/// (the caller makes it: [`make_restart`]), owed for later (`owe_restart`: the service makes
+/// it when its budget allows), left to the user (`--no-restart`), or none where systemd has
+/// no gridd unit.
 fn restart_for(
     state: &mut InstallState,
     outcome: &mut Outcome,
@@ -832,14 +833,41 @@ fn restart_for(
     }
     state.restart_pending = true;
     save_state(state, settings, outcome);
-    match restart_gridd(settings) {
-        Ok(()) => {
-            state.restart_pending = false;
-            save_state(state, settings, outcome);
-            outcome.restart = Restart::Done;
-        }
-        Err(e) => outcome.restart = Restart::Failed(e),
+    outcome.restart = Restart::Due;
+}
+
+/// Makes the restart a plan left due (`install`; the service makes its own through its
+/// core): once it succeeds, none is owed any more.
+pub fn make_restart(settings: &Settings, outcome: &mut Outcome) {
+    if outcome.restart != Restart::Due {
+        return;
     }
+    outcome.restart = match restart_gridd(settings) {
+        Ok(()) => {
+            if let Err(e) = restart_made(settings) {
+                outcome.warnings.push(e);
+            }
+            Restart::Done
+        }
+        Err(e) => Restart::Failed(e),
+    };
+}
+
+/// A restart of gridd made for the token in place succeeded: none is owed any more
+/// (recorded under the install lock). An error says what could not be recorded.
+pub fn restart_made(settings: &Settings) -> Result<(), String> {
+    let _lock = take_lock(settings).map_err(|e| format!("{e:#}"))?;
+    let mut state = InstallState::load(&settings.paths.state_dir);
+    if !state.restart_pending {
+        return Ok(());
+    }
+    state.restart_pending = false;
+    state.save(&settings.paths.state_dir).map_err(|e| {
+        format!(
+            "cannot record the restart in {}: {e}; the next adoption may restart nvidia-gridd once more",
+            crate::text::show_path(&settings.paths.state_dir)
+        )
+    })
 }
 
 /// How many installs' worth of moved-aside files `replaced/` keeps: the oldest go first.
@@ -1002,7 +1030,7 @@ pub fn install_at(
 ) -> anyhow::Result<Outcome> {
     check_feature_type(req.feature_type)?;
     let (token, warning) = validate(&req.token, now, req.force)?;
-    run_core(
+    let mut outcome = run_core(
         InstallRequest {
             bytes: &req.token,
             feature_type: FeatureType::Set(req.feature_type),
@@ -1024,7 +1052,9 @@ pub fn install_at(
         CoreError::Failed(e) => e,
         // Not in place: an install writes its own bytes over whatever is there.
         CoreError::Superseded => anyhow!("the token was replaced during the install"),
-    })
+    })?;
+    make_restart(settings, &mut outcome);
+    Ok(outcome)
 }
 
 pub fn check_feature_type(ft: u8) -> anyhow::Result<()> {

@@ -17,6 +17,18 @@ fn payload(jti: &str, exp: i64) -> serde_json::Value {
     })
 }
 
+/// The service's adoption as a whole: adopted, then the restart it leaves due made (the
+/// service's core makes it through its own restart of gridd, then records it).
+fn adopt_dropped_token(
+    s: &Settings,
+    licensed: bool,
+    may_restart: bool,
+) -> Result<Outcome, AdoptError> {
+    let mut o = adopt::adopt_dropped_token(s, licensed, may_restart)?;
+    make_restart(s, &mut o);
+    Ok(o)
+}
+
 fn tok(jti: &str) -> Vec<u8> {
     make_token(&payload(jti, 2078691200)).into_bytes()
 }
@@ -253,6 +265,15 @@ fn validity_is_checked_against_the_given_time() {
 /// An `install` that replaces the token while the service is adopting the one it read: the
 /// adoption, once it holds the lock, finds the token is no longer the bytes it read and
 /// changes nothing (writing them would put the old token back over the new one).
+/// An adoption allowed to restart, without a license, of bytes read in place or not.
+fn how(in_place: bool) -> adopt::Adoption {
+    adopt::Adoption {
+        licensed: false,
+        may_restart: true,
+        in_place,
+    }
+}
+
 #[test]
 fn an_install_during_an_adoption_is_never_undone() {
     let d = tempfile::tempdir().unwrap();
@@ -261,7 +282,7 @@ fn an_install_during_an_adoption_is_never_undone() {
     // What the adoption read before the lock, and what install put there meanwhile.
     let read_before = tok("old");
     fs::write(s.paths.token_path(), tok("new")).unwrap();
-    let e = adopt::adopt_bytes(&s, &read_before, false, true, true).unwrap_err();
+    let e = adopt::adopt_bytes(&s, &read_before, how(true)).unwrap_err();
     assert!(matches!(e, AdoptError::Superseded), "{e}");
     assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("new"));
     assert_eq!(restarts(d.path()), 0);
@@ -271,7 +292,7 @@ fn an_install_during_an_adoption_is_never_undone() {
     assert_eq!(o.restart, Restart::Done);
     assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("new"));
     // The token source's bytes are the operator's word, not a stale read: they are written.
-    let o = adopt::adopt_bytes(&s, &tok("source"), false, true, false).unwrap();
+    let o = adopt::adopt_bytes(&s, &tok("source"), how(false)).unwrap();
     assert!(o.changed());
     assert_eq!(fs::read(s.paths.token_path()).unwrap(), tok("source"));
 }

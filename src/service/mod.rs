@@ -156,10 +156,17 @@ impl Shell {
                 Effect::ReadToken => reads.token = true,
                 Effect::Adopt {
                     licensed,
-                    retry_owed,
-                } => reads.adopt = Some((licensed, retry_owed)),
-                Effect::RestartGridd { .. } => blocking(tx, move || {
-                    Event::Restarted(crate::live::restart_gridd(&settings))
+                    may_restart,
+                } => reads.adopt = Some((licensed, may_restart)),
+                Effect::RestartGridd { for_token, .. } => blocking(tx, move || {
+                    let restarted = crate::live::restart_gridd(&settings);
+                    if restarted.is_ok()
+                        && for_token
+                        && let Err(e) = install::restart_made(&settings)
+                    {
+                        tracing::warn!("{}", crate::text::escape(&e));
+                    }
+                    Event::Restarted(restarted)
                 }),
                 Effect::Probe(nodes) => blocking(tx, move || {
                     let (verdict, skew) = probe_dls(&settings, &nodes);
@@ -302,8 +309,8 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
         events.push(Event::LegacyServer(live::legacy_server(settings)));
         events.push(Event::Token(live::token_state(settings, Utc::now()).token));
     }
-    if let Some((licensed, retry_owed)) = reads.adopt {
-        let adopted = install::adopt(settings, licensed, retry_owed).map(Box::new);
+    if let Some((licensed, may_restart)) = reads.adopt {
+        let adopted = install::adopt(settings, licensed, may_restart).map(Box::new);
         events.push(Event::Adopted(adopted));
     }
     if reads.smi {
@@ -331,7 +338,7 @@ struct Reads {
     smi: bool,
     unit: bool,
     token: bool,
-    /// An adoption: (licensed, retry_owed).
+    /// An adoption: (licensed, may_restart).
     adopt: Option<(bool, bool)>,
     /// How the last boot ended (and what check-identity found at this one).
     last_shutdown: bool,

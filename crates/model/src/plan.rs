@@ -199,6 +199,10 @@ pub enum Restart {
     /// The service's restart budget or backoff says wait: the restart stays owed and is made
     /// once they allow it.
     Deferred,
+    /// Due: the changes need it and nothing says wait; it is owed (remembered, so that a
+    /// crash does not lose it) until the caller makes it: `install` at once, the service
+    /// through its own restart of gridd, which its remedy sees.
+    Due,
     /// Restarted.
     Done,
     /// Not tried: the restart command restarts gridd's systemd unit, and systemd has no such
@@ -265,6 +269,10 @@ impl Outcome {
                 self.restart_command
             )),
             Restart::Done => out.push(restarted_line(&self.restart_command, reason)),
+            Restart::Due => out.push(format!(
+                "nvidia-gridd to be restarted ({}): {reason}",
+                self.restart_command
+            )),
             Restart::NoUnit(unit) => out.push(format!(
                 "nvidia-gridd not restarted: there is no {unit} to restart (systemd has no such unit); install the NVIDIA vGPU (GRID) guest driver, which brings it: its nvidia-gridd reads this token when it starts"
             )),

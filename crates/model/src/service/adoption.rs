@@ -59,13 +59,10 @@ pub(super) fn say_outcome(outcome: &Outcome) {
         })
         .map(|c| c.describe(true))
         .collect();
-    // The restart made is said by [`say_restarted`], with its catalog entry.
-    let restart = (outcome.restart == Restart::Done).then(|| {
-        crate::plan::restarted_line(
-            &outcome.restart_command,
-            outcome.restart_reason.as_deref().unwrap_or(""),
-        )
-    });
+    // The restart is said once it is made, by [`say_restarted`], with its catalog entry.
+    let restart = matches!(outcome.restart, Restart::Done | Restart::Due)
+        .then(|| outcome.lines().pop())
+        .flatten();
     for line in outcome.lines() {
         if Some(&line) == restart.as_ref() {
             continue;
@@ -252,7 +249,7 @@ impl Core {
             .as_ref()
             .is_ok_and(|o| matches!(o.restart, Restart::Done | Restart::Failed(_)));
         let changed = result.as_ref().is_ok_and(|o| o.changed());
-        self.adopted(result, now);
+        self.adopted(result, now, fx);
         self.own_work_ended(restarted, now, fx);
         // An adoption that did something (a restart of gridd takes seconds) says nothing of
         // how long a look takes.
@@ -322,17 +319,22 @@ impl Core {
         // A new token's restart spends the same budget as every restart, and with a license
         // held the same backoff (40 rotations in 20 s are one restart now and the owed one
         // later, not 40); a new token while no license is held is the fix arriving.
-        let retry_owed =
+        let may_restart =
             self.remedy
                 .may_restart_for_token(&self.settings.service, secs(now), licensed);
         self.busy.adopt_since = now.mono;
         fx.push(Effect::Adopt {
             licensed,
-            retry_owed,
+            may_restart,
         });
     }
 
-    pub(super) fn adopted(&mut self, result: Result<Box<Outcome>, AdoptError>, now: Now) {
+    pub(super) fn adopted(
+        &mut self,
+        result: Result<Box<Outcome>, AdoptError>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
         if !self.adoption_is_news(&result) {
             return;
         }
@@ -350,7 +352,7 @@ impl Core {
                     // A new token, or one now in place: a vague failure is news again.
                     self.probing.last = None;
                 }
-                self.restart_done(&outcome, now, !said_already);
+                self.restart_done(&outcome, now, !said_already, fx);
             }
             Err(AdoptError::NoToken(_)) => {}
             Err(AdoptError::Settling(wait)) => {
@@ -405,10 +407,34 @@ impl Core {
         }
     }
 
-    /// What an adoption's restart of gridd means for the service: counted, owed until the
-    /// budget allows, or failed (which counts too).
-    pub(super) fn restart_done(&mut self, outcome: &Outcome, now: Now, say_deferral: bool) {
+    /// What an adoption's restart of gridd means for the service: due (made here, as every
+    /// restart of the agent's own, so that the remedy sees it before it happens), owed until
+    /// the budget allows, or (an older agent's adoption) made or failed, which counts too.
+    pub(super) fn restart_done(
+        &mut self,
+        outcome: &Outcome,
+        now: Now,
+        say_deferral: bool,
+        fx: &mut Vec<Effect>,
+    ) {
         match &outcome.restart {
+            Restart::Due if self.busy.restart.is_some() => {
+                // A restart of the agent's own runs, begun before this token was in place:
+                // the owed one follows it (the next adoption finds it still owed).
+                self.adopt_at(now.mono + Duration::from_secs(1));
+            }
+            Restart::Due => {
+                let why = outcome
+                    .restart_reason
+                    .clone()
+                    .unwrap_or_else(|| "for the token".into());
+                self.busy.restart = Some(why.clone());
+                self.remedy.restarted(secs(now), 0.5);
+                fx.push(Effect::RestartGridd {
+                    why,
+                    for_token: true,
+                });
+            }
             Restart::Done => {
                 self.counters.gridd_restarts += 1;
                 self.remedy.restarted(secs(now), 0.5);

@@ -67,7 +67,10 @@ impl Core {
             self.busy.restart = Some(why.clone());
             let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;
             self.remedy.restarted(t, jitter);
-            fx.push(Effect::RestartGridd { why });
+            fx.push(Effect::RestartGridd {
+                why,
+                for_token: false,
+            });
         }
     }
 

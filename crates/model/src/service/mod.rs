@@ -147,10 +147,13 @@ pub enum Effect {
     /// Adopt a dropped token with install's code.
     Adopt {
         licensed: bool,
-        retry_owed: bool,
+        may_restart: bool,
     },
+    /// Restart gridd, as every restart of the agent's own is made: `why`, and whether it is
+    /// the restart a new token is owed (once made, none is owed any more).
     RestartGridd {
         why: String,
+        for_token: bool,
     },
     Probe(Vec<DlsEndpoint>),
     /// Read the previous boot's journal for the last shutdown's lease.
