@@ -1,15 +1,19 @@
 //! `analyze`: saved outputs through the same parsers and state machine that the service
 //! feeds live.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
+use crate::assemble::{Source, TokenProblem, observe};
 use crate::cli::AnalyzeArgs;
+use crate::config::Settings;
 use crate::input::{self, Links, ReadError};
 use crate::observe::app_log::{self, AppLog};
 use crate::observe::{journal, smi};
 use crate::report::Report;
-use crate::state::{LogFold, Observations, evaluate};
+use crate::state::{LogFold, evaluate};
 use crate::token::Token;
 
 /// An input that could not be read or understood (exit code 3, unknown).
@@ -76,20 +80,14 @@ fn scan_journal(
 /// Builds the report from saved outputs.
 pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
     check_inputs(args)?;
-    let mut obs = Observations {
-        expiry_warning: chrono::Duration::hours(12),
-        ..Observations::default()
-    };
-    let mut notes = Vec::new();
+    let mut saved = Saved::default();
     if let Some(path) = &args.smi {
-        add_smi(path, &mut obs, &mut notes)?;
+        add_smi(path, &mut saved)?;
     }
-    let timed_log = match &args.journal {
-        Some(path) => add_journal(path, args.max_events, &mut obs, &mut notes)?,
-        None => false,
-    };
-    let app_log = app_log_of(args, &obs)?;
-    obs.app_log = app_log.as_ref().map(|(_, found)| found.clone());
+    if let Some(path) = &args.journal {
+        add_journal(path, args.max_events, &mut saved)?;
+    }
+    saved.app_log = app_log_of(args, &saved)?;
     if let Some(path) = &args.token {
         let bytes = read_all(
             path,
@@ -98,24 +96,59 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
         )?;
         let token = Token::decode(&bytes)
             .map_err(|e| InputError(format!("{}: {e}", crate::text::show_path(path))))?;
-        obs.token = Some(token);
+        saved.token = Some(Ok(token));
     }
-    let mut report = evaluate(obs);
-    if let Some((path, found)) = &app_log {
-        notes.extend(app_log_notes(path, found, &report));
-    }
-    // Times of day without a year, and no dated line to take it from.
-    if timed_log && report.events.iter().all(|e| e.at.is_none()) {
-        notes.push(no_year_note());
-    }
-    report.notes.extend(notes);
-    Ok(report)
+    Ok(evaluate(observe(&Settings::default(), &saved)))
 }
 
-/// Syslog-style lines without a year (journalctl's default output, /var/log/messages), with
-/// no dated line after them to take it from: their times cannot be placed.
-fn no_year_note() -> String {
-    "gridd's lines carry no year (journalctl's default output, or syslog), so no event has a time and a lease cannot be judged against the clock: save the log with `journalctl -u nvidia-gridd -o short-iso` (or `-o json`)".into()
+/// What the saved outputs hold: the answers of a source of observations, taken as they were
+/// (no present moment judges them).
+#[derive(Default)]
+struct Saved {
+    smi: Option<smi::SmiSnapshot>,
+    log: Option<(LogFold, journal::ScanStats)>,
+    token: Option<Result<Token, TokenProblem>>,
+    app_log: Option<(PathBuf, AppLog)>,
+    /// What the outputs are or lack.
+    notes: Vec<String>,
+}
+
+impl Source for Saved {
+    /// nvidia-smi's time, else the time of gridd's last line (exact where it has a zone).
+    fn at(&self) -> Option<(DateTime<Utc>, bool)> {
+        if let Some(at) = self.smi.as_ref().and_then(|s| s.timestamp) {
+            return Some((at.and_utc(), false));
+        }
+        let last = self.log.as_ref()?.1.last_stamp?;
+        match last.utc() {
+            Some(at) => Some((at, true)),
+            None => last.naive_as_utc().map(|at| (at, false)),
+        }
+    }
+
+    fn smi(&self) -> Option<smi::SmiSnapshot> {
+        self.smi.clone()
+    }
+
+    fn log(&self) -> Option<&LogFold> {
+        self.log.as_ref().map(|(fold, _)| fold)
+    }
+
+    fn log_stats(&self) -> Option<&journal::ScanStats> {
+        self.log.as_ref().map(|(_, stats)| stats)
+    }
+
+    fn token(&self) -> Option<&Result<Token, TokenProblem>> {
+        self.token.as_ref()
+    }
+
+    fn app_log(&self) -> Option<(PathBuf, AppLog)> {
+        self.app_log.clone()
+    }
+
+    fn input_notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
 }
 
 /// Something to analyze, and standard input read for one of them at most.
@@ -145,15 +178,15 @@ const MAX_APP_LOG_BYTES: usize = 256 << 20;
 /// The application's log to read and its CUDA errors: `--app-log`, or else a `--journal`
 /// file that held no gridd line (people give the job's log where gridd's is asked for) and
 /// holds CUDA errors. Standard input, once read as a journal, is not read again.
-fn app_log_of(
-    args: &AnalyzeArgs,
-    obs: &Observations,
-) -> Result<Option<(std::path::PathBuf, AppLog)>, InputError> {
+fn app_log_of(args: &AnalyzeArgs, saved: &Saved) -> Result<Option<(PathBuf, AppLog)>, InputError> {
     if let Some(path) = &args.app_log {
         let bytes = read_all(path, MAX_APP_LOG_BYTES, "an application's log")?;
         return Ok(Some((path.clone(), app_log::scan(&bytes))));
     }
-    let no_gridd = obs.log.as_ref().is_some_and(|(fold, _)| fold.total() == 0);
+    let no_gridd = saved
+        .log
+        .as_ref()
+        .is_some_and(|(fold, _)| fold.total() == 0);
     let Some(path) = args
         .journal
         .as_ref()
@@ -166,73 +199,24 @@ fn app_log_of(
     Ok(found.any().then(|| (path.clone(), found)))
 }
 
-/// What an application's log says of the license, where the failure does not say it already.
-fn app_log_notes(path: &Path, found: &AppLog, report: &Report) -> Vec<String> {
-    let at = |e: &app_log::CudaError| {
-        format!(
-            "{} line {}: `{}`",
-            crate::text::show_path(path),
-            e.line,
-            crate::text::escape(&e.text)
-        )
-    };
-    if let Some(e) = &found.license {
-        let told = report.failure.as_ref().is_some_and(|f| f.message == e.text);
-        return if told {
-            Vec::new()
-        } else {
-            vec![format!(
-                "{}: CUDA error 102, the application was refused the GPU because the vGPU held no license then",
-                at(e)
-            )]
-        };
-    }
-    let mut notes = Vec::new();
-    if let Some(e) = &found.hint {
-        notes.push(format!(
-            "{}: this is how CUDA fails on a vGPU throttled for want of a license, though other causes give it too (a CUDA runtime newer than the driver allows, the device held by another process): run `vgpu-license-agent status` on the guest to see its license",
-            at(e)
-        ));
-    }
-    if let Some(e) = &found.other {
-        notes.push(format!(
-            "{}: a CUDA error that is not a license error (a license failure reads `device doesn't have valid Grid license`, CUDA error 102)",
-            at(e)
-        ));
-    }
-    if !found.any() {
-        notes.push(format!(
-            "{}: no CUDA error found",
-            crate::text::show_path(path)
-        ));
-    }
-    notes
-}
-
 /// A saved `nvidia-smi -q`: the snapshot and its time, and notes on what it lacks.
-fn add_smi(path: &Path, obs: &mut Observations, notes: &mut Vec<String>) -> Result<(), InputError> {
+fn add_smi(path: &Path, saved: &mut Saved) -> Result<(), InputError> {
     let snap = read_smi(path)?;
     if snap.gpus.is_empty() && snap.driver_error.is_none() && !snap.whole && !snap.host_view {
-        notes.push(format!(
+        saved.notes.push(format!(
             "{}: no nvidia-smi -q output found (no `GPU ...` section, no `License Status` line)",
             crate::text::show_path(path)
         ));
     }
-    notes.extend(smi_notes(&snap));
-    obs.at = snap.timestamp.map(|t| t.and_utc());
-    obs.smi = Some(snap);
+    saved.notes.extend(smi_notes(&snap));
+    saved.smi = Some(snap);
     Ok(())
 }
 
-/// gridd's saved log: its events, folded, and its last time where nvidia-smi's output gave
-/// none; notes on a log without gridd's lines or without times. Whether gridd's lines carry
-/// a time of day (they may still lack a year).
-fn add_journal(
-    path: &Path,
-    max_events: usize,
-    obs: &mut Observations,
-    notes: &mut Vec<String>,
-) -> Result<bool, InputError> {
+/// gridd's saved log: its events, folded, and how it was read; notes on a log without
+/// gridd's lines or without times.
+fn add_journal(path: &Path, max_events: usize, saved: &mut Saved) -> Result<(), InputError> {
+    let notes = &mut saved.notes;
     let mut fold = LogFold::new(max_events);
     let stats = scan_journal(path, |e| fold.push(e))?;
     if fold.total() == 0 {
@@ -247,13 +231,8 @@ fn add_journal(
             crate::text::show_path(path)
         ));
     }
-    if let Some(last) = stats.last_stamp.filter(|_| obs.at.is_none()) {
-        obs.at_is_exact = last.utc().is_some();
-        obs.at = last.utc().or_else(|| last.naive_as_utc());
-    }
-    let timed = fold.total() > 0 && stats.last_stamp.is_some();
-    obs.log = Some((fold, stats));
-    Ok(timed)
+    saved.log = Some((fold, stats));
+    Ok(())
 }
 
 /// What a saved nvidia-smi output is, where it is not a guest's whole `nvidia-smi -q`: the

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::assemble::{TokenProblem, token_at};
+use crate::assemble::{self, TokenProblem, token_at};
 use crate::config::Settings;
 use crate::gridd::UnitState;
 use crate::gridd_conf::{GriddConf, feature_type_advice};
@@ -205,35 +205,32 @@ fn operator_fixes(checks: &mut [Check], node: &crate::node_mode::Node) {
 }
 
 fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
-    let mut obs = live::observe(settings, now, state::MAX_EVENTS);
+    let mut look = live::look(settings, now, state::MAX_EVENTS);
     // What only the running service knows, as `status` shows it from the service's report.
-    if let Some((served, _)) = crate::status::from_service(settings) {
-        state::carry_service_findings(&mut obs, &served);
+    look.served = crate::status::from_service(settings).map(|(served, _)| served);
+    if look.smi.no_device {
+        // Nothing to license: no check below applies, and none fails.
+        return nothing_to_license(settings, assemble::observe(settings, &look));
     }
+    // A token whose dates this guest's clock rejects still names its DLS: asking it is how the
+    // clock is measured ("not valid yet" is itself the sign of a clock behind).
+    let named = look.token.as_ref().ok().cloned();
+    let targets = named.as_ref().map(probe::targets).unwrap_or_default();
+    let via = live::gridd_proxy(settings);
+    let proxy = via.as_ref().ok().and_then(Option::as_ref);
+    let probes = probe::probe_all(&targets, proxy, settings.service.probe_timeout);
+    // The probe's finding is an observation: `evaluate` applies it where gridd was vague.
+    look.probe = probe::verdict(&probes, settings.service.clock_skew_max);
+    let obs = assemble::observe(settings, &look);
     let mode = state::licensing_mode(
         obs.token.as_ref(),
         obs.log.as_ref().map(|(f, _)| f),
         obs.smi.as_ref(),
         obs.legacy_server.as_deref(),
     );
-    let empty = SmiSnapshot::default();
-    let smi = obs.smi.as_ref().unwrap_or(&empty);
-    if smi.no_device {
-        // Nothing to license: no check below applies, and none fails.
-        return nothing_to_license(settings, obs);
-    }
+    let smi = &look.smi;
     let mut checks = local_checks(settings, now, smi, mode, obs.token.is_some());
-    // A token whose dates this guest's clock rejects still names its DLS: asking it is how the
-    // clock is measured ("not valid yet" is itself the sign of a clock behind).
-    let named = obs
-        .token
-        .clone()
-        .or_else(|| live::token_state(settings, now).token.ok());
-    let targets = named.as_ref().map(probe::targets).unwrap_or_default();
-    let via = live::gridd_proxy(settings);
     checks.extend(proxy_check(&via));
-    let via = via.ok().flatten();
-    let probes = probe::probe_all(&targets, via.as_ref(), settings.service.probe_timeout);
     if named.is_some() {
         let driver = smi.driver_version.as_deref();
         for p in &probes {
@@ -247,9 +244,6 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
             "DLS checks skipped: no usable token names a DLS",
         ));
     }
-
-    // The probe's finding is an observation: `evaluate` applies it where gridd was vague.
-    obs.probe_failure = probe::verdict(&probes, settings.service.clock_skew_max);
     let report = state::evaluate(obs);
     checks.push(license_check(&report, &checks));
     Diagnosis {

@@ -11,6 +11,7 @@ use crate::config::Settings;
 use crate::journal_boot::this_boot_arg;
 use crate::observe::journal::{self, ScanStats};
 use crate::observe::smi::{self, SmiSnapshot};
+use crate::report::{Reason, Report};
 use crate::state::{LogFold, Observations};
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
@@ -227,7 +228,7 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     }
 }
 
-use crate::assemble::{Parts, SmiRead, TokenProblem, assemble};
+use crate::assemble::{self, SmiRead, Source, TokenProblem};
 pub use crate::gridd::{gridd_process_runs, gridd_running, restart_gridd};
 
 /// The license server gridd.conf names (`ServerAddress`, non-empty), if any: what tells a
@@ -257,8 +258,28 @@ pub fn gridd_proxy(settings: &Settings) -> Result<Option<crate::gridd_conf::Prox
     read_gridd_conf(settings).map_or(Ok(None), |c| c.proxy())
 }
 
-/// Everything observable now (`status` and `diagnose`: no DLS probe here).
-pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Observations {
+/// What a one-shot look at the machine saw (`status`, `diagnose`): the answers of a source of
+/// observations. The DLS probe and the service's report are `diagnose`'s to add.
+pub struct Look {
+    pub now: DateTime<Utc>,
+    pub smi: SmiSnapshot,
+    /// gridd's journal of this boot (nothing when it could not be read).
+    pub fold: Option<LogFold>,
+    /// Why gridd's journal was not read whole, or at all.
+    pub journal_note: Option<String>,
+    pub token: Result<Token, TokenProblem>,
+    pub unit: Option<Result<(), String>>,
+    pub legacy_server: Option<String>,
+    pub node: crate::state::NodeSeen,
+    /// The DLS probe's finding (`diagnose`).
+    pub probe: Option<crate::report::Finding>,
+    /// The running service's report: what only the service remembers (a file it refused, a
+    /// token source it refused, a Secret ahead of gridd's token), as `status` shows it.
+    pub served: Option<Report>,
+}
+
+/// Looks at everything observable now (no DLS probe here).
+pub fn look(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Look {
     let smi = read_smi(settings).into_snapshot();
     let read = read_journal(settings, max_events);
     let journal_note = match &read {
@@ -269,22 +290,78 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
         )),
         Ok(_) => None,
     };
-    let fold = read.ok().map(|(fold, _)| fold);
-    let token = token_state(settings, now).token;
-    let unit = gridd_running(settings);
-    let mut obs = assemble(
-        settings,
+    Look {
         now,
-        Parts {
-            smi,
-            fold,
-            token: &token,
-            unit: unit.as_ref(),
-            probe: None,
-        },
-    );
-    obs.legacy_server = legacy_server(settings);
-    obs.node = Some(crate::node::detect(settings).seen());
-    obs.own_notes.extend(journal_note);
-    obs
+        smi,
+        fold: read.ok().map(|(fold, _)| fold),
+        journal_note,
+        token: token_state(settings, now).token,
+        unit: gridd_running(settings),
+        legacy_server: legacy_server(settings),
+        node: crate::node::detect(settings).seen(),
+        probe: None,
+        served: None,
+    }
+}
+
+/// Everything observable now, as observations (`status`).
+pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Observations {
+    assemble::observe(settings, &look(settings, now, max_events))
+}
+
+impl Look {
+    /// What the service's report says of a failure only it sees.
+    fn served(&self, reason: Reason) -> Option<String> {
+        crate::state::served_finding(self.served.as_ref()?, reason)
+    }
+}
+
+impl Source for Look {
+    fn now(&self) -> Option<DateTime<Utc>> {
+        Some(self.now)
+    }
+
+    fn smi(&self) -> Option<SmiSnapshot> {
+        Some(self.smi.clone())
+    }
+
+    fn log(&self) -> Option<&LogFold> {
+        self.fold.as_ref()
+    }
+
+    fn token(&self) -> Option<&Result<Token, TokenProblem>> {
+        Some(&self.token)
+    }
+
+    fn unit(&self) -> Option<&Result<(), String>> {
+        self.unit.as_ref()
+    }
+
+    fn probe(&self) -> Option<crate::report::Finding> {
+        self.probe.clone()
+    }
+
+    fn legacy_server(&self) -> Option<String> {
+        self.legacy_server.clone()
+    }
+
+    fn source_rejected(&self) -> Option<String> {
+        self.served(Reason::TokenSourceRejected)
+    }
+
+    fn token_rejected(&self) -> Option<String> {
+        self.served(Reason::TokenRejected)
+    }
+
+    fn token_stale(&self) -> Option<String> {
+        self.served(Reason::TokenStale)
+    }
+
+    fn own_notes(&self) -> Vec<String> {
+        self.journal_note.iter().cloned().collect()
+    }
+
+    fn node(&self) -> Option<crate::state::NodeSeen> {
+        Some(self.node.clone())
+    }
 }

@@ -1,14 +1,19 @@
-//! An observation put together from what was read, as values: nvidia-smi's answer, the
-//! token (or why there is none), gridd's log so far, systemd's word and the probe's finding
-//! become the [`Observations`] that [`crate::state::evaluate`] judges. No I/O: the service's
-//! core, `status` and `diagnose` share it; the agent's `live` does the reading.
+//! Observations made of what was read, as values: every source (the service's memory, a
+//! one-shot look at the machine, saved outputs) answers the questions of [`Source`], and
+//! [`observe`] makes of the answers the [`Observations`] that [`crate::state::evaluate`]
+//! judges. No I/O: the agent's `live` and `analyze` do the reading.
+
+use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 
 use crate::config::Settings;
+use crate::guest_identity::CloneDetected;
+use crate::observe::app_log::AppLog;
+use crate::observe::journal::ScanStats;
 use crate::observe::smi::SmiSnapshot;
-use crate::report::{Finding, Reason};
-use crate::state::{LogFold, Observations};
+use crate::report::{Finding, LastShutdown, Reason};
+use crate::state::{LogFold, NodeSeen, Observations, Since};
 use crate::token::{Token, TokenError, Untimely};
 
 /// What running `nvidia-smi -q` gave.
@@ -87,53 +92,187 @@ impl std::fmt::Display for TokenProblem {
     }
 }
 
-/// What was read, as values: the parts of an observation.
-pub struct Parts<'a> {
-    pub smi: SmiSnapshot,
-    /// gridd's log so far (live, it ends now).
-    pub fold: Option<LogFold>,
-    /// The installed token as last read (its validity is judged again at `now`).
-    pub token: &'a Result<Token, TokenProblem>,
-    /// Whether gridd's unit runs (`None`: systemd could not say).
-    pub unit: Option<&'a Result<(), String>>,
-    /// The DLS probe's finding, for `evaluate` to apply where gridd's failure is vague.
-    pub probe: Option<Finding>,
+/// The questions every source of observations answers: the service's memory, a one-shot look
+/// at the machine (`status`, `diagnose`), saved outputs (`analyze`). Each answer defaults to
+/// nothing: a source answers what it can know, and [`observe`] makes the observations of the
+/// answers. A fact new to the report is a new question here, answered by the sources that know
+/// it.
+pub trait Source {
+    /// The moment of a look at the machine: the token's dates are judged at it, and gridd's
+    /// log so far ends at it. Nothing for saved outputs, which are taken as they were.
+    fn now(&self) -> Option<DateTime<Utc>> {
+        None
+    }
+    /// The observation's time, and whether it is exact (a saved output's local time without
+    /// its zone is not). By default the look's moment.
+    fn at(&self) -> Option<(DateTime<Utc>, bool)> {
+        self.now().map(|now| (now, true))
+    }
+    /// What nvidia-smi said.
+    fn smi(&self) -> Option<SmiSnapshot> {
+        None
+    }
+    /// gridd's log, folded.
+    fn log(&self) -> Option<&LogFold> {
+        None
+    }
+    /// How a saved log was read (its last line's time); a look's log ends at [`Source::now`].
+    fn log_stats(&self) -> Option<&ScanStats> {
+        None
+    }
+    /// The installed token as read (judged at [`Source::now`]), or why there is none.
+    /// Nothing: the token was not looked at.
+    fn token(&self) -> Option<&Result<Token, TokenProblem>> {
+        None
+    }
+    /// Whether gridd's unit runs (nothing: systemd could not say, or was not asked).
+    fn unit(&self) -> Option<&Result<(), String>> {
+        None
+    }
+    /// The DLS probe's finding.
+    fn probe(&self) -> Option<Finding> {
+        None
+    }
+    /// The license server gridd.conf names (the legacy licensing path).
+    fn legacy_server(&self) -> Option<String> {
+        None
+    }
+    /// When the lease nvidia-smi shows now was seen to come.
+    fn lease_since(&self) -> Option<DateTime<Utc>> {
+        None
+    }
+    /// Since when the lease's expiry counts as stalled, and what to say.
+    fn renewal_stalled(&self) -> Option<(DateTime<Utc>, String)> {
+        None
+    }
+    /// Why the token source's token was refused.
+    fn source_rejected(&self) -> Option<String> {
+        None
+    }
+    /// A file refused beside the installed token, recently: which and why.
+    fn token_rejected(&self) -> Option<String> {
+        None
+    }
+    /// Why the licensing Secret's token is not the one gridd runs with.
+    fn token_stale(&self) -> Option<String> {
+        None
+    }
+    /// What the service has to say about the token for a while.
+    fn token_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The agent's own trouble in observing.
+    fn own_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Where the agent found the driver.
+    fn node(&self) -> Option<NodeSeen> {
+        None
+    }
+    /// An application's log and its CUDA errors.
+    fn app_log(&self) -> Option<(PathBuf, AppLog)> {
+        None
+    }
+    /// What saved outputs are or lack.
+    fn input_notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The service process that writes the report.
+    fn agent_pid(&self) -> Option<u32> {
+        None
+    }
+    /// What gridd did with its lease as the previous boot ended.
+    fn last_shutdown(&self) -> Option<LastShutdown> {
+        None
+    }
+    /// A clone found at this boot.
+    fn clone_detected(&self) -> Option<CloneDetected> {
+        None
+    }
+    /// Since when the agent's own findings hold, where the source remembers.
+    fn since(&self) -> Since {
+        Since::default()
+    }
 }
 
-/// The one way observations are put together, for `run`, `status` and `diagnose`. No I/O.
-pub fn assemble(settings: &Settings, now: DateTime<Utc>, parts: Parts<'_>) -> Observations {
-    let mut obs = Observations {
-        at: Some(now),
-        at_is_exact: true,
+/// The one way observations are made, whatever their source. No I/O.
+pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
+    let (at, at_is_exact) = src
+        .at()
+        .map_or((None, false), |(at, exact)| (Some(at), exact));
+    Observations {
+        smi: src.smi(),
+        log: log_of(src),
+        saved_log_timed: saved_log_timed(src),
+        token: judged_token(src).and_then(Result::ok),
+        own_failure: own_failure(src),
+        probe_failure: src.probe(),
+        legacy_server: src.legacy_server(),
+        at,
+        at_is_exact,
         expiry_warning: chrono::Duration::from_std(settings.service.expiry_warning)
             .unwrap_or(chrono::Duration::hours(12)),
-        smi: Some(parts.smi),
-        probe_failure: parts.probe,
-        ..Observations::default()
-    };
-    // gridd's own last words may say why it is not running (see `policy::own_failure`).
-    let log_reason = parts.fold.as_ref().and_then(|f| f.failure_reason());
-    if let Some(fold) = parts.fold {
-        // Live, the log ends now: a lease past its expiry is not held.
-        let stats = crate::observe::journal::ScanStats {
-            last_stamp: Some(crate::observe::journal::Stamp::from_utc(now)),
-            ..Default::default()
-        };
-        obs.log = Some((fold, stats));
+        renewal_stalled: src.renewal_stalled(),
+        lease_since: src.lease_since(),
+        source_rejected: src.source_rejected(),
+        token_rejected: src.token_rejected(),
+        token_stale: src.token_stale(),
+        token_notes: src.token_notes(),
+        own_notes: src.own_notes(),
+        node: src.node(),
+        app_log: src.app_log(),
+        input_notes: src.input_notes(),
+        agent_pid: src.agent_pid(),
+        last_shutdown: src.last_shutdown(),
+        clone_detected: src.clone_detected(),
+        since: src.since(),
     }
-    let token_failure = match token_at(parts.token, now) {
-        Ok(t) => {
-            obs.token = Some(t);
-            None
-        }
-        Err(p) => Some((p.reason(), p.to_string())),
+}
+
+/// The token as judged at the look's moment; a saved one as it was (no present to judge its
+/// dates against).
+fn judged_token(src: &impl Source) -> Option<Result<Token, TokenProblem>> {
+    let token = src.token()?;
+    Some(match src.now() {
+        Some(now) => token_at(token, now),
+        None => token.clone(),
+    })
+}
+
+/// gridd's log and how it ends: a look's log ends at the look's moment (a lease past its
+/// expiry is not held), a saved one at its last line.
+fn log_of(src: &impl Source) -> Option<(LogFold, ScanStats)> {
+    let fold = src.log()?.clone();
+    let stats = match src.now() {
+        Some(now) => ScanStats {
+            last_stamp: Some(crate::observe::journal::Stamp::from_utc(now)),
+            ..ScanStats::default()
+        },
+        None => src.log_stats().cloned().unwrap_or_default(),
     };
-    let unit_down = match parts.unit {
+    Some((fold, stats))
+}
+
+/// A saved log whose gridd lines carry a time of day (they may still lack a year).
+fn saved_log_timed(src: &impl Source) -> bool {
+    src.now().is_none()
+        && src.log().is_some_and(|f| f.total() > 0)
+        && src.log_stats().is_some_and(|s| s.last_stamp.is_some())
+}
+
+/// The agent's own failure at the source's moment, of the two it finds itself: the token's
+/// problem, else gridd's unit not running unless gridd's last words say why
+/// ([`crate::policy::own_failure`]).
+pub fn own_failure(src: &impl Source) -> Option<Finding> {
+    let token_failure = judged_token(src)
+        .and_then(Result::err)
+        .map(|p| (p.reason(), p.to_string()));
+    let unit_down = match src.unit() {
         Some(Err(why)) => Some((Reason::GriddNotRunning, why.clone())),
         _ => None,
     };
-    obs.own_failure = crate::policy::own_failure(token_failure, unit_down, log_reason);
-    obs
+    let log_reason = src.log().and_then(LogFold::failure_reason);
+    crate::policy::own_failure(token_failure, unit_down, log_reason)
 }
 
 /// A token read earlier, judged at `now`: one valid then may have expired since.
@@ -147,5 +286,69 @@ pub fn token_at(
             .map(|()| t.clone())
             .map_err(TokenProblem::Untimely),
         Err(p) => Err(p.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Reason, State};
+    use crate::state::evaluate;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn expired_token() -> Result<Token, TokenProblem> {
+        Ok(Token {
+            algorithm: None,
+            issuer: None,
+            audience: None,
+            token_id: None,
+            issued_at: None,
+            not_before: None,
+            expires: Some(at("2025-01-01T00:00:00Z")),
+            instance_ref: None,
+            scope_refs: Vec::new(),
+            nodes: Vec::new(),
+        })
+    }
+
+    /// A source that answers nothing but a token, and the moment of its look if any.
+    struct TokenOnly(Result<Token, TokenProblem>, Option<DateTime<Utc>>);
+
+    impl Source for TokenOnly {
+        fn now(&self) -> Option<DateTime<Utc>> {
+            self.1
+        }
+        fn token(&self) -> Option<&Result<Token, TokenProblem>> {
+            Some(&self.0)
+        }
+    }
+
+    struct Nothing;
+    impl Source for Nothing {}
+
+    #[test]
+    fn a_source_that_answers_nothing_is_observed_as_unknown() {
+        let obs = observe(&Settings::default(), &Nothing);
+        assert!(obs.smi.is_none() && obs.log.is_none() && obs.token.is_none());
+        assert!(obs.at.is_none() && !obs.at_is_exact);
+        let report = evaluate(obs);
+        assert_eq!(report.state, State::Unknown);
+        assert!(report.failure.is_none(), "{report:?}");
+    }
+
+    #[test]
+    fn a_look_judges_the_token_at_its_moment_a_saved_token_is_taken_as_it_was() {
+        let now = at("2026-01-01T00:00:00Z");
+        let look = observe(&Settings::default(), &TokenOnly(expired_token(), Some(now)));
+        assert!(look.token.is_none());
+        assert_eq!(look.own_failure.map(|f| f.0), Some(Reason::TokenExpired));
+        assert_eq!(look.at, Some(now));
+
+        let saved = observe(&Settings::default(), &TokenOnly(expired_token(), None));
+        assert!(saved.token.is_some(), "a saved token names its DLS");
+        assert!(saved.own_failure.is_none());
     }
 }

@@ -2,15 +2,17 @@
 //! no clock (the caller passes the moment of observation).
 
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
-use crate::observe::app_log::AppLog;
+use crate::guest_identity::CloneDetected;
+use crate::observe::app_log::{self, AppLog};
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
 use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};
 use crate::report::{
-    DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, License, LicensingMode, Reason, Report,
-    SCHEMA, State,
+    DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, LastShutdown, License, LicensingMode,
+    Reason, Report, SCHEMA, State,
 };
 use crate::time::{LogTime, rfc3339, whole_secs};
 use crate::token::Token;
@@ -233,9 +235,50 @@ pub struct Observations {
     pub own_notes: Vec<String>,
     /// Where the agent found the driver: set for live observations, `None` for `analyze`.
     pub node: Option<NodeSeen>,
-    /// The CUDA errors of an application's log (`analyze` only): CUDA error 102 means the
+    /// An application's log and its CUDA errors (`analyze` only): CUDA error 102 means the
     /// vGPU held no license when the application asked for it.
-    pub app_log: Option<AppLog>,
+    pub app_log: Option<(PathBuf, AppLog)>,
+    /// What saved outputs are or lack (`analyze`: a host's view, an excerpt, a log without
+    /// gridd's lines): said after everything else.
+    pub input_notes: Vec<String>,
+    /// A saved log's gridd lines carry a time of day: where none of its events gets a date,
+    /// their year is missing, and the report says so.
+    pub saved_log_timed: bool,
+    /// The service process that writes the report.
+    pub agent_pid: Option<u32>,
+    /// What gridd did with its lease as the previous boot ended (the service).
+    pub last_shutdown: Option<LastShutdown>,
+    /// A clone found at this boot (the service): the agent's own event, before gridd's.
+    pub clone_detected: Option<CloneDetected>,
+    /// Since when the agent's own findings hold, where the service remembers: the report's
+    /// failure is dated so, rather than by the observation's time.
+    pub since: Since,
+}
+
+/// Since when the agent's own findings hold (the service's memory).
+#[derive(Debug, Clone, Default)]
+pub struct Since {
+    /// The file refused beside the token (a `token_rejected` failure).
+    pub token_rejected: Option<DateTime<Utc>>,
+    /// The token source's token refused (a `token_source_rejected` failure).
+    pub source_rejected: Option<DateTime<Utc>>,
+    /// The agent's own finding (token, unit, probe), and since when it holds.
+    pub own: Option<(Finding, DateTime<Utc>)>,
+}
+
+impl Since {
+    /// Since when the report's failure `f` holds, where it is known.
+    fn of(&self, f: &Failure) -> Option<DateTime<Utc>> {
+        match f.reason {
+            Reason::TokenRejected => self.token_rejected,
+            Reason::TokenSourceRejected => self.source_rejected,
+            _ => self
+                .own
+                .as_ref()
+                .filter(|((reason, message), _)| f.reason == *reason && f.message == *message)
+                .map(|(_, since)| *since),
+        }
+    }
 }
 
 /// The node as the agent found it (the agent's `node` detects it): the mode, and on a GPU
@@ -546,34 +589,124 @@ pub fn evaluate(mut obs: Observations) -> Report {
         &mut notes,
     );
     let failure = grounds.refined(failure, &obs);
-    let failure = failure.or_else(|| app_failure(state, obs.app_log.as_ref()));
+    let app = obs.app_log.as_ref().map(|(_, found)| found);
+    let failure = failure.or_else(|| app_failure(state, app));
     notes.extend(obs.token_notes.iter().cloned());
     if let Some(node) = &obs.node {
         notes.extend(node_notes(node));
     }
     let license = smi_license(obs.smi.as_ref()).or(log.license);
     let expiring = expiry_notes(&obs, state, license.as_ref(), &mut notes);
+    let mut events: Vec<Event> = log.events.iter().map(event_of).collect();
+    notes.extend(saved_notes(&obs, failure.as_ref(), &events));
+    if let Some(c) = &obs.clone_detected {
+        // The agent's own event, before gridd's lines of this boot (it ran before gridd).
+        events.insert(0, clone_event(c));
+    }
+    let failure = failure.map(|f| dated(f, &obs.since));
     Report {
         schema: SCHEMA.to_string(),
         state,
         observed_at: grounds.exact_at,
         license,
         gpus: gpus_of(obs.smi.as_ref()),
-        events: log.events.iter().map(event_of).collect(),
+        events,
         exit_code: exit_code_of(state, failure.is_some(), expiring),
         failure,
         dls: obs.token.as_ref().map(dls_of),
         licensing_mode: Some(mode),
         events_omitted: log.omitted,
         notes,
-        agent_pid: None,
-        last_shutdown: None,
+        agent_pid: obs.agent_pid,
+        last_shutdown: obs.last_shutdown.take(),
         mode: obs
             .node
             .as_ref()
             .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
     }
+}
+
+/// The failure, dated since when the agent's own finding holds where that is known.
+fn dated(mut f: Failure, since: &Since) -> Failure {
+    if let Some(since) = since.of(&f) {
+        f.at = Some(LogTime::Utc(whole_secs(since)));
+    }
+    f
+}
+
+/// A clone found at boot, as the report's event.
+fn clone_event(c: &CloneDetected) -> Event {
+    Event {
+        at: Some(LogTime::Utc(c.at)),
+        kind: EventKind::CloneDetected,
+        server: None,
+        edition: None,
+        expiry: None,
+        reason: None,
+        message: c.message(),
+    }
+}
+
+/// What the report says of saved outputs, last: what they are or lack, an application's log,
+/// a log whose lines carry no year.
+fn saved_notes(obs: &Observations, failure: Option<&Failure>, events: &[Event]) -> Vec<String> {
+    let mut notes = obs.input_notes.clone();
+    if let Some((path, found)) = &obs.app_log {
+        notes.extend(app_log_notes(path, found, failure));
+    }
+    // Times of day without a year, and no dated line to take it from.
+    if obs.saved_log_timed && events.iter().all(|e| e.at.is_none()) {
+        notes.push(NO_YEAR.into());
+    }
+    notes
+}
+
+/// Syslog-style lines without a year (journalctl's default output, /var/log/messages), with
+/// no dated line after them to take it from: their times cannot be placed.
+const NO_YEAR: &str = "gridd's lines carry no year (journalctl's default output, or syslog), so no event has a time and a lease cannot be judged against the clock: save the log with `journalctl -u nvidia-gridd -o short-iso` (or `-o json`)";
+
+/// What an application's log says of the license, where the failure does not say it already.
+fn app_log_notes(path: &Path, found: &AppLog, failure: Option<&Failure>) -> Vec<String> {
+    let at = |e: &app_log::CudaError| {
+        format!(
+            "{} line {}: `{}`",
+            crate::text::show_path(path),
+            e.line,
+            crate::text::escape(&e.text)
+        )
+    };
+    if let Some(e) = &found.license {
+        let told = failure.is_some_and(|f| f.message == e.text);
+        return if told {
+            Vec::new()
+        } else {
+            vec![format!(
+                "{}: CUDA error 102, the application was refused the GPU because the vGPU held no license then",
+                at(e)
+            )]
+        };
+    }
+    let mut notes = Vec::new();
+    if let Some(e) = &found.hint {
+        notes.push(format!(
+            "{}: this is how CUDA fails on a vGPU throttled for want of a license, though other causes give it too (a CUDA runtime newer than the driver allows, the device held by another process): run `vgpu-license-agent status` on the guest to see its license",
+            at(e)
+        ));
+    }
+    if let Some(e) = &found.other {
+        notes.push(format!(
+            "{}: a CUDA error that is not a license error (a license failure reads `device doesn't have valid Grid license`, CUDA error 102)",
+            at(e)
+        ));
+    }
+    if !found.any() {
+        notes.push(format!(
+            "{}: no CUDA error found",
+            crate::text::show_path(path)
+        ));
+    }
+    notes
 }
 
 /// What the report says of the observation itself and of how the guest is licensed, before
@@ -642,18 +775,11 @@ fn app_failure(state: State, app: Option<&AppLog>) -> Option<Failure> {
 /// What the report's failure and its advice rest on, besides the observations.
 /// What the running service remembers and a one-shot observation cannot see (a file it
 /// refused and moved aside, a token source it refused, a Secret ahead of gridd's token), from
-/// the report it published: `diagnose` says what `status` says.
-pub fn carry_service_findings(obs: &mut Observations, served: &Report) {
-    let Some(f) = &served.failure else {
-        return;
-    };
-    let slot = match f.reason {
-        Reason::TokenRejected => &mut obs.token_rejected,
-        Reason::TokenSourceRejected => &mut obs.source_rejected,
-        Reason::TokenStale => &mut obs.token_stale,
-        _ => return,
-    };
-    slot.get_or_insert_with(|| f.message.clone());
+/// the report it published: its failure's words where it is of `reason`, so that `diagnose`
+/// says what `status` says.
+pub fn served_finding(served: &Report, reason: Reason) -> Option<String> {
+    let f = served.failure.as_ref()?;
+    (f.reason == reason).then(|| f.message.clone())
 }
 
 /// A token's dates are judged by this guest's clock: where the DLS probe finds that clock
@@ -698,7 +824,10 @@ impl Grounds {
                 .as_ref()
                 .and_then(|t| t.nodes.first())
                 .map(|n| n.host.clone()),
-            state: app_state(state_of(obs.smi.as_ref(), log_state), obs.app_log.as_ref()),
+            state: app_state(
+                state_of(obs.smi.as_ref(), log_state),
+                obs.app_log.as_ref().map(|(_, found)| found),
+            ),
         }
     }
 

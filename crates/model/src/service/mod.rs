@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::{error, info, warn};
 
-use crate::assemble::{self, Parts, SmiRead, TokenProblem};
+use crate::assemble::{self, SmiRead, TokenProblem};
 use crate::config::Settings;
 use crate::node_mode::{Mode, Node};
 use crate::observe::journal::GriddEvent;
@@ -24,7 +24,6 @@ use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
 use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
 use crate::state::{LogFold, MAX_EVENTS, evaluate};
-use crate::time::LogTime;
 use crate::token::{Token, TokenError};
 
 mod adoption;

@@ -161,8 +161,7 @@ pub fn status_line(r: &Report) -> String {
 impl Core {
     /// Makes the report and says where it goes.
     pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let obs = self.observations(now);
-        let report = self.report_of(obs);
+        let report = evaluate(self.observations(now));
         self.log_new_failure(&report);
         let previous = self.published.report.as_ref().map(|r| r.state);
         if previous != Some(report.state) {
@@ -189,84 +188,20 @@ impl Core {
         })));
     }
 
-    /// What the service has seen, as the observations a report is made of.
-    /// What the licensing Secret says against the token gridd runs with: `token_stale`, or a
-    /// note that it could not be read.
-    pub(super) fn licensing_secret(&self, obs: &mut crate::state::Observations) {
-        let Some(name) = &self.settings.kubernetes.licensing_secret else {
-            return;
-        };
-        match &self.seen.secret {
-            Some(Ok(held)) => {
-                let installed = self.seen.token.as_ref().and_then(|t| t.as_ref().ok());
-                obs.token_stale = crate::node_mode::stale(name, held, installed);
-            }
-            Some(Err(why)) => obs.own_notes.push(format!(
-                "the licensing Secret {name} could not be read: {why}"
-            )),
-            None => {}
-        }
-    }
-
+    /// The observations a report is made of: the service's memory at `now`, answered as a
+    /// source. Since when the agent's own finding holds is remembered first (it holds since
+    /// it was first seen, not since this moment); the metrics take their counts.
     pub(super) fn observations(&mut self, now: Now) -> crate::state::Observations {
-        let smi = match (&self.seen.smi, &self.seen.smi_error) {
-            (_, Some(failed)) => failed.clone().into_snapshot(),
-            (Some(s), None) => s.clone(),
-            (None, None) => SmiSnapshot::default(),
-        };
-        let missing = Err(TokenProblem::Missing);
-        let obs = assemble::assemble(
-            &self.settings,
-            now.wall,
-            Parts {
-                smi,
-                fold: Some(self.seen.fold.clone()),
-                token: self.seen.token.as_ref().unwrap_or(&missing),
-                unit: self.seen.unit.as_ref(),
-                probe: self.probing.failure.clone(),
-            },
-        );
-        // The agent's own findings hold since they were first seen, not since this moment.
-        let own = obs
-            .own_failure
-            .clone()
-            .or_else(|| self.probing.failure.clone());
+        let own = assemble::own_failure(&self.memory(now)).or_else(|| self.probing.failure.clone());
         match (&own, &self.own_since) {
             (Some(o), Some((k, _))) if o == k => {}
             (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
             (None, _) => self.own_since = None,
         }
-        let mut obs = obs;
-        obs.legacy_server.clone_from(&self.seen.legacy_server);
-        // A lease the agent saw come (or move): what gridd logged before it is over.
-        obs.lease_since = self
-            .seen
-            .lease
-            .filter(|_| !self.seen.lease_at_start)
-            .map(|(_, since)| since);
-        obs.renewal_stalled = self
-            .seen
-            .lease
-            .and_then(|(exp, since)| stalled(exp, since, now.wall));
-        obs.source_rejected
-            .clone_from(&self.adoption.source_rejected);
-        obs.node = Some(self.node.seen());
-        obs.token_rejected = Adoption::recent(&self.adoption.rejected, now);
-        obs.token_notes
-            .extend(Adoption::recent(&self.adoption.rotated, now));
-        if let Some(why) = &self.seen.smi_unstarted {
-            obs.own_notes.push(format!(
-                "{why}: the last reading stands, as of its time (observed_at)"
-            ));
-        }
+        let obs = assemble::observe(&self.settings, &self.memory(now));
         self.counters.token_rejected =
             obs.token_rejected.is_some() || obs.source_rejected.is_some();
-        self.licensing_secret(&mut obs);
         self.counters.token_stale = obs.token_stale.is_some();
-        // The observation is as old as nvidia-smi's last answer, however often it is written.
-        if let Some(at) = self.seen.observed_at {
-            obs.at = Some(at);
-        }
         self.counters.token_expiry = self
             .seen
             .token
@@ -277,48 +212,9 @@ impl Core {
         obs
     }
 
-    /// The report of `obs`, with what only the service knows (its pid, the last shutdown, a
-    /// clone found at boot, since when its own finding holds).
-    pub(super) fn report_of(&self, obs: crate::state::Observations) -> Report {
-        let mut report = evaluate(obs);
-        report.agent_pid = self.pid;
-        report.last_shutdown.clone_from(&self.seen.last_shutdown);
-        if let Some(c) = &self.seen.clone {
-            // The agent's own event, before gridd's lines of this boot (it ran before gridd).
-            report.events.insert(
-                0,
-                crate::report::Event {
-                    at: Some(LogTime::Utc(c.at)),
-                    kind: EventKind::CloneDetected,
-                    server: None,
-                    edition: None,
-                    expiry: None,
-                    reason: None,
-                    message: c.message(),
-                },
-            );
-        }
-        if let Some(f) = report.failure.as_mut()
-            && let Some(since) = self.failure_since(f)
-        {
-            f.at = Some(LogTime::Utc(crate::time::whole_secs(since)));
-        }
-        report
-    }
-
-    /// Since when the agent's own finding `f` holds, where the agent knows it: the
-    /// observation's time (nvidia-smi's last answer, minutes old while licensed) may predate
-    /// what the finding is about.
-    pub(super) fn failure_since(&self, f: &crate::report::Failure) -> Option<DateTime<Utc>> {
-        match f.reason {
-            Reason::TokenRejected => self.adoption.rejected_at,
-            Reason::TokenSourceRejected => self.adoption.source_rejected_at,
-            _ => self
-                .own_since
-                .as_ref()
-                .filter(|((reason, message), _)| f.reason == *reason && f.message == *message)
-                .map(|(_, since)| *since),
-        }
+    /// The service's memory at `now`, as a source of observations.
+    pub(super) fn memory(&self, now: Now) -> Memory<'_> {
+        Memory { core: self, now }
     }
 
     /// A new failure: counted once, logged with its catalog entry.
@@ -359,19 +255,139 @@ impl Core {
 
     /// The failure before any probe: the agent's own (token, unit), else gridd's.
     pub(super) fn base_reason(&self, now: Now) -> Option<Reason> {
-        let token = self
+        let own = assemble::own_failure(&self.memory(now)).map(|(reason, _)| reason);
+        let log = self.seen.fold.failure_reason();
+        policy::most_telling(own, None, log.map(|r| (r, r)))
+    }
+}
+
+/// No token read yet: none is installed, as far as the service knows.
+static NOT_READ: Result<Token, TokenProblem> = Err(TokenProblem::Missing);
+
+/// The service's memory at one moment: what it has seen, found and done, as the answers of
+/// a source of observations.
+pub(super) struct Memory<'a> {
+    core: &'a Core,
+    now: Now,
+}
+
+impl assemble::Source for Memory<'_> {
+    fn now(&self) -> Option<DateTime<Utc>> {
+        Some(self.now.wall)
+    }
+
+    /// The observation is as old as nvidia-smi's last answer, however often it is written.
+    fn at(&self) -> Option<(DateTime<Utc>, bool)> {
+        Some((self.core.seen.observed_at.unwrap_or(self.now.wall), true))
+    }
+
+    fn smi(&self) -> Option<SmiSnapshot> {
+        let seen = &self.core.seen;
+        Some(match (&seen.smi, &seen.smi_error) {
+            (_, Some(failed)) => failed.clone().into_snapshot(),
+            (Some(s), None) => s.clone(),
+            (None, None) => SmiSnapshot::default(),
+        })
+    }
+
+    fn log(&self) -> Option<&LogFold> {
+        Some(&self.core.seen.fold)
+    }
+
+    fn token(&self) -> Option<&Result<Token, TokenProblem>> {
+        Some(self.core.seen.token.as_ref().unwrap_or(&NOT_READ))
+    }
+
+    fn unit(&self) -> Option<&Result<(), String>> {
+        self.core.seen.unit.as_ref()
+    }
+
+    fn probe(&self) -> Option<Finding> {
+        self.core.probing.failure.clone()
+    }
+
+    fn legacy_server(&self) -> Option<String> {
+        self.core.seen.legacy_server.clone()
+    }
+
+    /// A lease the agent saw come (or move): what gridd logged before it is over.
+    fn lease_since(&self) -> Option<DateTime<Utc>> {
+        let seen = &self.core.seen;
+        seen.lease
+            .filter(|_| !seen.lease_at_start)
+            .map(|(_, since)| since)
+    }
+
+    fn renewal_stalled(&self) -> Option<(DateTime<Utc>, String)> {
+        self.core
             .seen
-            .token
+            .lease
+            .and_then(|(exp, since)| stalled(exp, since, self.now.wall))
+    }
+
+    fn source_rejected(&self) -> Option<String> {
+        self.core.adoption.source_rejected.clone()
+    }
+
+    fn token_rejected(&self) -> Option<String> {
+        Adoption::recent(&self.core.adoption.rejected, self.now)
+    }
+
+    /// What the licensing Secret says against the token gridd runs with.
+    fn token_stale(&self) -> Option<String> {
+        let name = self.core.settings.kubernetes.licensing_secret.as_ref()?;
+        let Some(Ok(held)) = &self.core.seen.secret else {
+            return None;
+        };
+        let installed = self.core.seen.token.as_ref().and_then(|t| t.as_ref().ok());
+        crate::node_mode::stale(name, held, installed)
+    }
+
+    fn token_notes(&self) -> Vec<String> {
+        Adoption::recent(&self.core.adoption.rotated, self.now)
+            .into_iter()
+            .collect()
+    }
+
+    fn own_notes(&self) -> Vec<String> {
+        let seen = &self.core.seen;
+        let unstarted = seen
+            .smi_unstarted
             .as_ref()
-            .map(|t| assemble::token_at(t, now.wall))
-            .and_then(Result::err)
-            .map(|p| p.reason());
-        let unit = match &self.seen.unit {
-            Some(Err(_)) => Some(Reason::GriddNotRunning),
+            .map(|why| format!("{why}: the last reading stands, as of its time (observed_at)"));
+        let secret = match (
+            &self.core.settings.kubernetes.licensing_secret,
+            &seen.secret,
+        ) {
+            (Some(name), Some(Err(why))) => Some(format!(
+                "the licensing Secret {name} could not be read: {why}"
+            )),
             _ => None,
         };
-        let log = self.seen.fold.failure_reason();
-        let own = policy::own_failure(token, unit, log);
-        policy::most_telling(own, None, log.map(|r| (r, r)))
+        unstarted.into_iter().chain(secret).collect()
+    }
+
+    fn node(&self) -> Option<crate::state::NodeSeen> {
+        Some(self.core.node.seen())
+    }
+
+    fn agent_pid(&self) -> Option<u32> {
+        self.core.pid
+    }
+
+    fn last_shutdown(&self) -> Option<crate::shutdown::LastShutdown> {
+        self.core.seen.last_shutdown.clone()
+    }
+
+    fn clone_detected(&self) -> Option<crate::guest_identity::CloneDetected> {
+        self.core.seen.clone.clone()
+    }
+
+    fn since(&self) -> crate::state::Since {
+        crate::state::Since {
+            token_rejected: self.core.adoption.rejected_at,
+            source_rejected: self.core.adoption.source_rejected_at,
+            own: self.core.own_since.clone(),
+        }
     }
 }
