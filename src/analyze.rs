@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::assemble::{Source, TokenProblem, observe};
 use crate::cli::AnalyzeArgs;
 use crate::config::Settings;
-use crate::input::{self, Links, ReadError};
+use crate::files::input::{self, Links, ReadError};
+use crate::model::assemble::{Source, TokenProblem, observe};
+use crate::model::report::Report;
+use crate::model::state::{LogFold, evaluate};
 use crate::observe::app_log::{self, AppLog};
 use crate::observe::{journal, smi};
-use crate::report::Report;
-use crate::state::{LogFold, evaluate};
 use crate::token::Token;
 
 /// An input that could not be read or understood (exit code 3, unknown).
@@ -95,7 +95,7 @@ pub fn analyze(args: &AnalyzeArgs) -> Result<Report, InputError> {
             "a client configuration token",
         )?;
         let token = Token::decode(&bytes)
-            .map_err(|e| InputError(format!("{}: {e}", crate::text::show_path(path))))?;
+            .map_err(|e| InputError(format!("{}: {e}", crate::model::text::show_path(path))))?;
         saved.token = Some(Ok(token));
     }
     Ok(evaluate(observe(&Settings::default(), &saved)))
@@ -205,7 +205,7 @@ fn add_smi(path: &Path, saved: &mut Saved) -> Result<(), InputError> {
     if snap.gpus.is_empty() && snap.driver_error.is_none() && !snap.whole && !snap.host_view {
         saved.notes.push(format!(
             "{}: no nvidia-smi -q output found (no `GPU ...` section, no `License Status` line)",
-            crate::text::show_path(path)
+            crate::model::text::show_path(path)
         ));
     }
     saved.notes.extend(smi_notes(&snap));
@@ -222,13 +222,13 @@ fn add_journal(path: &Path, max_events: usize, saved: &mut Saved) -> Result<(), 
     if fold.total() == 0 {
         notes.push(format!(
             "{}: no nvidia-gridd lines found",
-            crate::text::show_path(path)
+            crate::model::text::show_path(path)
         ));
     }
     if fold.total() > 0 && stats.last_stamp.is_none() {
         notes.push(format!(
             "{}: gridd's lines carry no time (`journalctl -o cat`?), so no event has a time and a lease cannot be judged against the clock: save the log with `journalctl -u nvidia-gridd -o json` (or `-o short-iso`)",
-            crate::text::show_path(path)
+            crate::model::text::show_path(path)
         ));
     }
     saved.log = Some((fold, stats));
@@ -240,7 +240,8 @@ fn add_journal(path: &Path, max_events: usize, saved: &mut Saved) -> Result<(), 
 /// vGPU guest that stops before the license section.
 pub fn smi_notes(snap: &smi::SmiSnapshot) -> Vec<String> {
     let show = |v: &Option<String>| {
-        crate::text::escape(v.as_deref().filter(|s| !s.is_empty()).unwrap_or("?")).into_owned()
+        crate::model::text::escape(v.as_deref().filter(|s| !s.is_empty()).unwrap_or("?"))
+            .into_owned()
     };
     let mut notes = Vec::new();
     if snap.host_view {
@@ -270,7 +271,7 @@ pub fn smi_notes(snap: &smi::SmiSnapshot) -> Vec<String> {
     if let Some(profile) = vgpu.filter(|_| no_status) {
         notes.push(format!(
             "the license section is not in this output: the vGPU profile {} needs a license, and whether it holds one is shown under `vGPU Software Licensed Product` near the end of `nvidia-smi -q`; give the whole output",
-            crate::text::escape(profile)
+            crate::model::text::escape(profile)
         ));
     }
     notes

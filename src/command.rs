@@ -384,7 +384,7 @@ mod tests {
         let pidfile = d.path().join("pid");
         let script = format!(
             "echo first; (echo $$ >/dev/null; sleep 300) & echo $! >{}; echo last",
-            crate::text::show_path(&pidfile)
+            crate::model::text::show_path(&pidfile)
         );
         let start = Instant::now();
         let o = run(&sh(&script), Duration::from_secs(20)).unwrap();

@@ -65,7 +65,7 @@ pub fn check_outputs_on_disk(settings: &Settings) -> Result<(), String> {
         (
             "paths.status_file",
             &p.status_file,
-            crate::report::SCHEMA.as_bytes(),
+            crate::model::report::SCHEMA.as_bytes(),
         ),
         (
             "paths.metrics_textfile",
@@ -76,8 +76,12 @@ pub fn check_outputs_on_disk(settings: &Settings) -> Result<(), String> {
         match std::fs::symlink_metadata(path) {
             Err(_) => {}
             Ok(m) if m.is_file() => {
-                let head = crate::input::read_file(path, 1 << 20, crate::input::Links::Refuse)
-                    .unwrap_or_default();
+                let head = crate::files::input::read_file(
+                    path,
+                    1 << 20,
+                    crate::files::input::Links::Refuse,
+                )
+                .unwrap_or_default();
                 if !head.is_empty() && memchr::memmem::find(&head, mark).is_none() {
                     return Err(format!(
                         "{key} = {}: that file exists and is not the agent's (it does not hold what the agent writes there); the agent would overwrite it: choose another path or move the file away",
@@ -147,7 +151,7 @@ pub fn read_owned_safely(
     what: &str,
     risk: &str,
 ) -> Result<Vec<u8>, String> {
-    use crate::input::{Links, open_regular, read_capped};
+    use crate::files::input::{Links, open_regular, read_capped};
     let f = open_regular(file, Links::Follow).map_err(|e| format!("cannot read it: {e}"))?;
     let meta = f.metadata().map_err(|e| format!("cannot read it: {e}"))?;
     owned_safely(&meta, what, risk)?;
@@ -162,7 +166,7 @@ fn trusted_dir(dir: &Path) -> Result<(), String> {
 /// A config file's text, read through one descriptor that is checked first (a link is
 /// followed: a drop-in linked from elsewhere is fine where its target is root's alone).
 fn read_trusted(file: &Path) -> Result<String, String> {
-    use crate::input::{Links, open_regular, read_capped};
+    use crate::files::input::{Links, open_regular, read_capped};
     let f = open_regular(file, Links::Follow).map_err(|e| format!("cannot read: {e}"))?;
     let meta = f.metadata().map_err(|e| format!("cannot read: {e}"))?;
     trusted(&meta, "the file")?;
@@ -212,7 +216,7 @@ mod tests {
         );
         std::fs::write(
             &s.paths.status_file,
-            format!("{{\"schema\": \"{}\"}}", crate::report::SCHEMA),
+            format!("{{\"schema\": \"{}\"}}", crate::model::report::SCHEMA),
         )
         .unwrap();
         check_outputs_on_disk(&s).unwrap();

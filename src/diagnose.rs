@@ -5,23 +5,23 @@
 //!
 //! The same observation as `status` and the service ([`live::observe`]), so the report it
 //! prints with `--json` is the one they print; the DLS probe's verdict becomes the report's
-//! failure where the report knows nothing more specific ([`crate::policy::probe_refines`]).
+//! failure where the report knows nothing more specific ([`crate::model::policy::probe_refines`]).
 
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::assemble::{self, TokenProblem, token_at};
 use crate::config::Settings;
 use crate::gridd::UnitState;
-use crate::gridd_conf::{GriddConf, feature_type_advice};
 use crate::live;
+use crate::model::assemble::{self, TokenProblem, token_at};
+use crate::model::gridd_conf::{GriddConf, feature_type_advice};
+use crate::model::report::human::both_times;
+use crate::model::report::{LicensingMode, Reason, Report, State};
+use crate::model::state;
 use crate::observe::smi::SmiSnapshot;
 use crate::probe::{self, NodeProbe, StepName};
-use crate::report::human::both_times;
-use crate::report::{LicensingMode, Reason, Report, State};
-use crate::state;
 use crate::token::Untimely;
 
 /// How a check came out.
@@ -181,7 +181,7 @@ fn not_self_referring(fix: &str) -> String {
 /// and gridd.conf are the operator's Secret's, and a driver that does not answer is its
 /// driver pod. The token's mode is the entrypoint's copy of the Secret's (0644 as a Secret
 /// volume gives it), which gridd, as root, reads: nothing to fix.
-fn operator_fixes(checks: &mut [Check], node: &crate::node_mode::Node) {
+fn operator_fixes(checks: &mut [Check], node: &crate::model::node_mode::Node) {
     let name = node.node_name.as_deref();
     for c in checks.iter_mut().filter(|c| c.fix.is_some()) {
         match c.name {
@@ -194,10 +194,10 @@ fn operator_fixes(checks: &mut [Check], node: &crate::node_mode::Node) {
                 c.fix = None;
             }
             "token" | "token-dir" | "token-owner" | "gridd.conf" => {
-                c.fix = Some(crate::policy::operator_fix(name));
+                c.fix = Some(crate::model::policy::operator_fix(name));
             }
             "driver" if !node.driver_ready => {
-                c.fix = Some(crate::policy::driver_pod_advice(name));
+                c.fix = Some(crate::model::policy::driver_pod_advice(name));
             }
             _ => {}
         }
@@ -261,7 +261,7 @@ fn nothing_to_license(settings: &Settings, obs: state::Observations) -> Diagnosi
             Status::Ok,
             format!(
                 "no NVIDIA device on this guest's PCI bus ({}): nothing to license",
-                crate::text::show_path(&settings.paths.pci_devices)
+                crate::model::text::show_path(&settings.paths.pci_devices)
             ),
         )],
         probes: Vec::new(),
@@ -297,7 +297,7 @@ fn local_checks(
 }
 
 /// The proxy gridd.conf names, where it names one: the DLS checks go through it.
-fn proxy_check(via: &Result<Option<crate::gridd_conf::Proxy>, String>) -> Option<Check> {
+fn proxy_check(via: &Result<Option<crate::model::gridd_conf::Proxy>, String>) -> Option<Check> {
     match via {
         Ok(Some(proxy)) => Some(check(
             "proxy",
@@ -412,7 +412,7 @@ const INSTALL_FIX: &str = "generate a client configuration token on the DLS (Ser
 
 fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) -> Vec<Check> {
     let ts = live::token_state(settings, now);
-    let path = crate::text::show_path(&ts.path).to_string();
+    let path = crate::model::text::show_path(&ts.path).to_string();
     let main = match &token_at(&ts.token, now) {
         Ok(t) => token_ok_check(t, &path, now),
         // The platform or the legacy server licenses this guest: no token is the normal case.
@@ -431,7 +431,7 @@ fn token_checks(settings: &Settings, now: DateTime<Utc>, mode: LicensingMode) ->
         Err(p) => token_problem_check(p, &path, settings),
     };
     let mode = token_mode_check(ts.mode, &path);
-    let dir = crate::text::show_path(&settings.paths.token_dir);
+    let dir = crate::model::text::show_path(&settings.paths.token_dir);
     let strays = token_dir_check(settings, &ts, &dir);
     let owner = token_owner_check(&ts, &dir);
     let mut checks = vec![main, mode, strays];
@@ -477,7 +477,7 @@ fn token_problem_check(p: &TokenProblem, path: &str, settings: &Settings) -> Che
                 .paths
                 .token_source
                 .as_deref()
-                .map(crate::text::show_path)
+                .map(crate::model::text::show_path)
                 .unwrap_or_default()
         ),
         TokenProblem::Missing
@@ -485,7 +485,7 @@ fn token_problem_check(p: &TokenProblem, path: &str, settings: &Settings) -> Che
         | TokenProblem::Untimely(Untimely::Expired(_)) => INSTALL_FIX.to_string(),
         TokenProblem::Unreadable(_) => format!(
             "check the file's permissions (`ls -l {}`); `vgpu-license-agent install` sets them",
-            crate::text::show_path(&settings.paths.token_dir)
+            crate::model::text::show_path(&settings.paths.token_dir)
         ),
         TokenProblem::Untimely(Untimely::NotYetValid(_)) => "check this guest's clock (`timedatectl`); a DLS whose clock is ahead issues tokens that are not valid yet".into(),
     };
@@ -522,7 +522,7 @@ fn source_check(settings: &Settings) -> Option<Check> {
         .paths
         .token_source
         .as_deref()
-        .map(crate::text::show_path)
+        .map(crate::model::text::show_path)
         .unwrap_or_default();
     Some(match checked {
         Ok(summary) => check(
@@ -530,7 +530,7 @@ fn source_check(settings: &Settings) -> Option<Check> {
             Status::Ok,
             format!("{shown}: {summary}"),
         ),
-        Err(why) if crate::policy::share_not_mounted(&why) => {
+        Err(why) if crate::model::policy::share_not_mounted(&why) => {
             check("token-source", Status::Fail, format!("{shown}: {why}")).fix(format!(
                 "mount the share (`findmnt {shown}` shows none; `systemctl --failed` and `journalctl -b -u '*.mount'` say why): the Secret need not change, and the service installs its token as soon as it sees it"
             ))
@@ -579,12 +579,12 @@ fn token_dir_check(settings: &Settings, ts: &live::TokenState, dir: &str) -> Che
 /// warning where they are old tokens.
 fn strays_check(
     settings: &Settings,
-    listing: &crate::token_dir::Listing,
+    listing: &crate::token::dir::Listing,
     dir: &str,
 ) -> Option<Check> {
     let moved = format!(
         "move them out of {dir} (the running service moves strays to {}/replaced/ at its next look; `vgpu-license-agent install --token-file FILE` does too)",
-        crate::text::show_path(&settings.paths.state_dir)
+        crate::model::text::show_path(&settings.paths.state_dir)
     );
     let stuck = listing.stuck_writers(chrono::Utc::now());
     if !stuck.is_empty() {
@@ -609,7 +609,7 @@ fn strays_check(
     let not_tokens: Vec<_> = listing
         .strays
         .iter()
-        .filter(|s| s.kind != crate::token_dir::StrayKind::OldToken)
+        .filter(|s| s.kind != crate::token::dir::StrayKind::OldToken)
         .collect();
     if !not_tokens.is_empty() {
         let what = if listing.has_gridd_conf() {
@@ -660,14 +660,14 @@ fn token_owner_check(ts: &live::TokenState, dir: &str) -> Option<Check> {
         if t.uid != 0 && t.uid != me {
             wrong.push(format!(
                 "the token {} is owned by uid {}",
-                crate::text::show_path(&t.path),
+                crate::model::text::show_path(&t.path),
                 t.uid
             ));
         }
         if t.mode & 0o022 != 0 {
             wrong.push(format!(
                 "the token {} is writable by others (mode {:04o})",
-                crate::text::show_path(&t.path),
+                crate::model::text::show_path(&t.path),
                 t.mode
             ));
         }
@@ -689,7 +689,7 @@ fn token_owner_check(ts: &live::TokenState, dir: &str) -> Option<Check> {
             listing
                 .token
                 .as_ref()
-                .map(|t| crate::text::show_path(&t.path))
+                .map(|t| crate::model::text::show_path(&t.path))
                 .unwrap_or_default()
         ))
     })
@@ -697,7 +697,7 @@ fn token_owner_check(ts: &live::TokenState, dir: &str) -> Option<Check> {
 
 fn gridd_conf_check(settings: &Settings, smi: &SmiSnapshot, mode: LicensingMode) -> Check {
     let path = &settings.paths.gridd_conf;
-    let shown = crate::text::show_path(path);
+    let shown = crate::model::text::show_path(path);
     let bytes = match gridd_conf_bytes(path, &shown) {
         Ok(b) => b,
         Err(c) => return c,
@@ -737,10 +737,10 @@ type ConfFinding = (Status, String, Option<String>);
 
 /// gridd.conf's bytes, or the check that says why there are none to look at.
 fn gridd_conf_bytes(path: &std::path::Path, shown: &str) -> Result<Vec<u8>, Check> {
-    match crate::input::read_file(
+    match crate::files::input::read_file(
         path,
         crate::install::MAX_GRIDD_CONF_BYTES,
-        crate::input::Links::Refuse,
+        crate::files::input::Links::Refuse,
     ) {
         Ok(b) => Ok(b),
         Err(e) if e.is_not_found() => Err(check(
@@ -750,7 +750,7 @@ fn gridd_conf_bytes(path: &std::path::Path, shown: &str) -> Result<Vec<u8>, Chec
                 "{shown} is absent: nvidia-gridd runs on its defaults (it logs that it cannot open the file, harmlessly)"
             ),
         )),
-        Err(e @ crate::input::ReadError::NotRegular(_)) => Err(check(
+        Err(e @ crate::files::input::ReadError::NotRegular(_)) => Err(check(
             "gridd.conf",
             Status::Fail,
             format!("{shown} cannot be read: {e}"),
@@ -844,7 +844,7 @@ fn gridd_check(settings: &Settings) -> Check {
             format!("{unit} is {state}, with a start job queued: systemd starts it once what it is ordered after is up"),
         )
         .fix(format!("`systemctl list-jobs` shows what the start waits for; `systemctl status {unit}` shows it once started")),
-        Some(UnitState::Down(why)) if crate::policy::unit_missing(&why) => {
+        Some(UnitState::Down(why)) if crate::model::policy::unit_missing(&why) => {
             check("gridd", Status::Fail, why).fix(state::GRIDD_MISSING_ADVICE)
         }
         Some(UnitState::Down(why)) => check("gridd", Status::Fail, why).fix(format!(
@@ -871,7 +871,7 @@ fn step_check_name(step: StepName) -> &'static str {
 }
 
 fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode, driver: Option<&str>) -> String {
-    let (host, port) = (crate::text::escape(&p.host), p.port);
+    let (host, port) = (crate::model::text::escape(&p.host), p.port);
     if step == StepName::Dns && !crate::probe::is_host_name(&p.host) {
         return "the token names a DLS that is no host name: download a new token from the DLS (and check that nothing edited this one)".into();
     }
@@ -890,7 +890,7 @@ fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode, driver: Option<&
                 "check that {} is the DLS's HTTPS port (the port in the token) and that no proxy or middlebox intercepts TLS on the way",
                 p.endpoint()
             );
-            if let Some(v) = driver.filter(|v| crate::policy::needs_dls_3_4(v)) {
+            if let Some(v) = driver.filter(|v| crate::model::policy::needs_dls_3_4(v)) {
                 fix.push_str(&format!(
                     "; with driver {v} (vGPU 18 or later) the DLS must be 3.4 or later, and an older appliance fails the TLS handshake while DNS, TCP and the clock are fine: check its version in its web console and upgrade it"
                 ));
@@ -904,7 +904,7 @@ fn step_fix(step: StepName, p: &NodeProbe, mode: LicensingMode, driver: Option<&
 /// The fix of a failed DNS or TCP step where the way to the license service is the cause:
 /// gridd.conf's proxy, or the internet to NVIDIA's Cloud License Service.
 fn way_fix(step: StepName, p: &NodeProbe, mode: LicensingMode) -> Option<String> {
-    let (host, port) = (crate::text::escape(&p.host), p.port);
+    let (host, port) = (crate::model::text::escape(&p.host), p.port);
     match (step, &p.proxy) {
         (StepName::Dns, Some(proxy)) => Some(format!(
             "check the proxy's name in gridd.conf's ProxyServerAddress ({proxy}) and /etc/resolv.conf"
@@ -1061,7 +1061,7 @@ fn license_check(report: &Report, checks: &[Check]) -> Check {
 
 /// Whether a failing check already says what a failure of this reason says.
 fn covered(reason: Reason, checks: &[Check]) -> bool {
-    let names = crate::policy::of(reason).diagnose_checks;
+    let names = crate::model::policy::of(reason).diagnose_checks;
     checks
         .iter()
         .any(|c| c.status == Status::Fail && names.contains(&c.name))

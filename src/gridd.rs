@@ -62,7 +62,7 @@ pub fn unit_state(settings: &Settings) -> Option<UnitState> {
         UnitState::Down(format!(
             "{} {}",
             settings.gridd.unit,
-            crate::policy::NOT_INSTALLED
+            crate::model::policy::NOT_INSTALLED
         ))
     };
     Some(match state.as_str() {
@@ -200,7 +200,7 @@ mod tests {
     fn a_gridd_runs_until_it_dies_zombie_or_not() {
         let dir = tempfile::tempdir().unwrap();
         let bin = dir.path().join("nvidia-gridd");
-        crate::fsutil::write_test_program(&bin, "#!/bin/sh\nwhile :; do sleep 1; done\n");
+        crate::files::fsutil::write_test_program(&bin, "#!/bin/sh\nwhile :; do sleep 1; done\n");
         let mut child = std::process::Command::new(&bin).spawn().unwrap();
         let pid = child.id();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -20,8 +20,8 @@ use anyhow::{anyhow, bail};
 use reqwest::redirect::Policy;
 use reqwest::{Client, Url};
 
-use crate::input::{self, Links};
-use crate::text::show_path;
+use crate::files::input::{self, Links};
+use crate::model::text::show_path;
 
 /// A CA bundle larger than this is not one (the whole Mozilla store is about 200 KB).
 const MAX_CA_BYTES: usize = 4 << 20;

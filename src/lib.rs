@@ -1,38 +1,28 @@
 //! `vgpu-license-agent`: keeps an NVIDIA vGPU guest licensed.
 //!
 //! One flow: sources (token, gridd.conf, nvidia-smi, gridd's journal) become observations
-//! ([`observe`]), one pure state machine ([`state`]) turns them into a [`report::Report`], and
-//! every command is a way through that flow.
+//! ([`observe`]), one pure state machine ([`model::state`]) turns them into a
+//! [`model::report::Report`], and every command is a way through that flow. What decides is
+//! the model crate ([`model`]); this crate acts: it reads and changes the machine.
 
-// What decides lives in the model crate; its modules keep their names here.
-pub use vgpu_license_model::{
-    assemble, backoff, gridd_conf, guest_identity, node_condition, node_mode, node_writer, plan,
-    policy, remedy, report, shutdown, state, text, time, token, userdata,
-};
+// What decides: the model crate, as `crate::model`.
+pub use vgpu_license_model as model;
 
 pub mod analyze;
 pub mod cli;
 pub mod command;
 pub mod config;
 pub mod diagnose;
-pub mod dir;
-pub mod fsutil;
+pub mod files;
 pub mod gridd;
 pub mod http;
-pub mod identity;
-pub mod image_prepared;
-pub mod input;
+pub mod image;
 pub mod install;
-pub mod journal_boot;
 pub mod kube;
-pub mod layout;
 pub mod live;
 pub mod node;
 pub mod observe;
-pub mod outdir;
-pub mod prepare;
 pub mod probe;
 pub mod service;
 pub mod status;
-pub mod token_dir;
-pub mod token_inspect;
+pub mod token;

@@ -8,11 +8,11 @@ use chrono::{DateTime, Utc};
 
 use crate::command;
 use crate::config::Settings;
-use crate::journal_boot::this_boot_arg;
+use crate::model::report::{Reason, Report};
+use crate::model::state::{LogFold, Observations};
+use crate::node::journal_boot::this_boot_arg;
 use crate::observe::journal::{self, ScanStats};
 use crate::observe::smi::{self, SmiSnapshot};
-use crate::report::{Reason, Report};
-use crate::state::{LogFold, Observations};
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
 /// Runs `nvidia-smi -q` with the configured time limit, once the PCI bus shows an NVIDIA
@@ -138,9 +138,9 @@ pub fn read_journal(
 /// What gridd did with its lease as the previous boot ended, from that boot's journal (which
 /// a persistent journal keeps). `None` when there is no previous boot in the journal, or gridd
 /// held no lease at its end.
-pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::shutdown::LastShutdown> {
+pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::model::shutdown::LastShutdown> {
     // A clone's first boot: the previous boot in the journal the image kept is the builder's.
-    if crate::image_prepared::previous_boot_is_the_builders(settings) {
+    if crate::image::prepared::previous_boot_is_the_builders(settings) {
         return None;
     }
     let argv = journal_args_of(settings, false, "--boot=-1");
@@ -155,14 +155,14 @@ pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::shutdown::La
         events.push_back(e);
     })
     .ok()?;
-    crate::shutdown::judge(events.make_contiguous())
+    crate::model::shutdown::judge(events.make_contiguous())
 }
 
 /// The token directory as gridd sees it.
 #[derive(Debug)]
 pub struct TokenState {
     /// The installed token's path: the file gridd reads as the token, whatever its name
-    /// ([`crate::token_dir`]); the standard path when there is none.
+    /// ([`crate::token::dir`]); the standard path when there is none.
     pub path: PathBuf,
     /// The token, or why there is none usable. A token that decodes is `Ok` whatever its
     /// dates: its validity is judged at each observation ([`token_at`]).
@@ -172,12 +172,12 @@ pub struct TokenState {
     /// The file's owner, when it exists.
     pub uid: Option<u32>,
     /// The directory as scanned (`None` when it cannot be read at all).
-    pub listing: Option<crate::token_dir::Listing>,
+    pub listing: Option<crate::token::dir::Listing>,
 }
 
 impl TokenState {
     /// Other files in the token directory (gridd may read them and fail).
-    pub fn strays(&self) -> &[crate::token_dir::Stray] {
+    pub fn strays(&self) -> &[crate::token::dir::Stray] {
         self.listing.as_ref().map_or(&[], |l| l.strays.as_slice())
     }
 }
@@ -187,7 +187,7 @@ impl TokenState {
 /// observation.
 pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     let p = &settings.paths;
-    let listing = crate::token_dir::scan(&p.token_dir, &p.token_file, &p.gridd_conf, now);
+    let listing = crate::token::dir::scan(&p.token_dir, &p.token_file, &p.gridd_conf, now);
     let listing = match listing {
         Ok(l) => l,
         Err(e) => {
@@ -195,7 +195,7 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
                 path: p.token_path(),
                 token: Err(TokenProblem::Unreadable(format!(
                     "the token directory {} {e}",
-                    crate::text::show_path(&p.token_dir)
+                    crate::model::text::show_path(&p.token_dir)
                 ))),
                 mode: None,
                 uid: None,
@@ -207,12 +207,12 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
         None => (p.token_path(), Err(TokenProblem::Missing), None, None),
         Some(i) => {
             let token = match &i.content {
-                crate::token_dir::Content::Token(t) => Ok(t.clone()),
-                crate::token_dir::Content::Invalid(TokenError::TooLarge(_)) => Err(
+                crate::token::dir::Content::Token(t) => Ok(t.clone()),
+                crate::token::dir::Content::Invalid(TokenError::TooLarge(_)) => Err(
                     TokenProblem::Invalid(TokenError::TooLarge(MAX_TOKEN_BYTES + 1)),
                 ),
-                crate::token_dir::Content::Invalid(e) => Err(TokenProblem::Invalid(e.clone())),
-                crate::token_dir::Content::Unreadable(e) => {
+                crate::token::dir::Content::Invalid(e) => Err(TokenProblem::Invalid(e.clone())),
+                crate::token::dir::Content::Unreadable(e) => {
                     Err(TokenProblem::Unreadable(e.clone()))
                 }
             };
@@ -228,8 +228,8 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     }
 }
 
-use crate::assemble::{self, SmiRead, Source, TokenProblem};
 pub use crate::gridd::{gridd_process_runs, gridd_running, restart_gridd};
+use crate::model::assemble::{self, SmiRead, Source, TokenProblem};
 
 /// The license server gridd.conf names (`ServerAddress`, non-empty), if any: what tells a
 /// guest of the legacy licensing path where no token and no log says otherwise. An absent or
@@ -242,19 +242,19 @@ pub fn legacy_server(settings: &Settings) -> Option<String> {
 }
 
 /// gridd.conf as it is now; `None` when it is absent or unreadable (gridd runs without one).
-fn read_gridd_conf(settings: &Settings) -> Option<crate::gridd_conf::GriddConf> {
-    let bytes = crate::input::read_file(
+fn read_gridd_conf(settings: &Settings) -> Option<crate::model::gridd_conf::GriddConf> {
+    let bytes = crate::files::input::read_file(
         &settings.paths.gridd_conf,
-        crate::gridd_conf::MAX_GRIDD_CONF_BYTES,
-        crate::input::Links::Refuse,
+        crate::model::gridd_conf::MAX_GRIDD_CONF_BYTES,
+        crate::files::input::Links::Refuse,
     )
     .ok()?;
-    Some(crate::gridd_conf::GriddConf::parse(&bytes))
+    Some(crate::model::gridd_conf::GriddConf::parse(&bytes))
 }
 
 /// The proxy gridd.conf names for gridd's way to its license service (`None`: none, or no
 /// gridd.conf); an error when it names one that gridd cannot use.
-pub fn gridd_proxy(settings: &Settings) -> Result<Option<crate::gridd_conf::Proxy>, String> {
+pub fn gridd_proxy(settings: &Settings) -> Result<Option<crate::model::gridd_conf::Proxy>, String> {
     read_gridd_conf(settings).map_or(Ok(None), |c| c.proxy())
 }
 
@@ -270,9 +270,9 @@ pub struct Look {
     pub token: Result<Token, TokenProblem>,
     pub unit: Option<Result<(), String>>,
     pub legacy_server: Option<String>,
-    pub node: crate::state::NodeSeen,
+    pub node: crate::model::state::NodeSeen,
     /// The DLS probe's finding (`diagnose`).
-    pub probe: Option<crate::report::Finding>,
+    pub probe: Option<crate::model::report::Finding>,
     /// The running service's report: what only the service remembers (a file it refused, a
     /// token source it refused, a Secret ahead of gridd's token), as `status` shows it.
     pub served: Option<Report>,
@@ -312,7 +312,7 @@ pub fn observe(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Ob
 impl Look {
     /// What the service's report says of a failure only it sees.
     fn served(&self, reason: Reason) -> Option<String> {
-        crate::state::served_finding(self.served.as_ref()?, reason)
+        crate::model::state::served_finding(self.served.as_ref()?, reason)
     }
 }
 
@@ -337,7 +337,7 @@ impl Source for Look {
         self.unit.as_ref()
     }
 
-    fn probe(&self) -> Option<crate::report::Finding> {
+    fn probe(&self) -> Option<crate::model::report::Finding> {
         self.probe.clone()
     }
 
@@ -361,7 +361,7 @@ impl Source for Look {
         self.journal_note.iter().cloned().collect()
     }
 
-    fn node(&self) -> Option<crate::state::NodeSeen> {
+    fn node(&self) -> Option<crate::model::state::NodeSeen> {
         Some(self.node.clone())
     }
 }

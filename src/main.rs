@@ -44,7 +44,7 @@ fn main() -> ExitCode {
             // Escaped: an error may quote a file name, a URL or a line from outside.
             eprintln!(
                 "vgpu-license-agent: error: {}",
-                vgpu_license_agent::text::escape(&line)
+                vgpu_license_model::text::escape(&line)
             );
             ExitCode::from(if check { UNKNOWN } else { 1 })
         }
@@ -94,7 +94,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Install(args) => install::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
         Command::PrepareImage(args) => prepare::run(args, &cli.config).map(|()| ExitCode::SUCCESS),
         Command::CheckIdentity(args) => {
-            vgpu_license_agent::identity::run(&settings()?, &args.root).map(|()| ExitCode::SUCCESS)
+            vgpu_license_agent::image::identity::run(&settings()?, &args.root)
+                .map(|()| ExitCode::SUCCESS)
         }
         Command::Run(args) => {
             vgpu_license_agent::service::run(settings()?, &cli.config, args.log_stderr)

@@ -5,8 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::Settings;
 use crate::live;
-use crate::report::Report;
-use crate::state::{MAX_EVENTS, evaluate};
+use crate::model::report::Report;
+use crate::model::state::{MAX_EVENTS, evaluate};
 
 /// Where a report came from.
 pub enum Source {
@@ -32,7 +32,8 @@ pub fn from_service(settings: &Settings) -> Option<(Report, Duration)> {
     // Root's own file, but bounded all the same: a FIFO or a huge file there must not hang
     // or fill `status`.
     let bytes =
-        crate::input::read_file(path, MAX_STATUS_BYTES, crate::input::Links::Refuse).ok()?;
+        crate::files::input::read_file(path, MAX_STATUS_BYTES, crate::files::input::Links::Refuse)
+            .ok()?;
     let report: Report = serde_json::from_slice(&bytes).ok()?;
     if !report.agent_pid.is_some_and(service_alive) {
         return None;

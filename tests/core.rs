@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
-use vgpu_license_agent::assemble::{SmiRead, TokenProblem};
 use vgpu_license_agent::config::Settings;
 use vgpu_license_agent::observe::journal::{self, GriddEvent};
 use vgpu_license_agent::observe::smi;
-use vgpu_license_agent::plan::{Outcome, Restart};
-use vgpu_license_agent::policy;
-use vgpu_license_agent::report::{Reason, State};
 use vgpu_license_agent::service::core::{
     AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
 };
 use vgpu_license_agent::token::{Token, TokenError, Untimely};
+use vgpu_license_model::assemble::{SmiRead, TokenProblem};
+use vgpu_license_model::plan::{Outcome, Restart};
+use vgpu_license_model::policy;
+use vgpu_license_model::report::{Reason, State};
 
 const LICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n";
 const UNLICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Unlicensed (Unrestricted)\n";
@@ -1186,8 +1186,8 @@ fn a_new_lease_ends_the_failure_logged_before_it() {
 /// refused, never before it was there.
 #[test]
 fn a_refused_token_is_dated_when_it_was_refused_not_at_the_last_reading() {
-    use vgpu_license_agent::plan::{Aside, Change};
-    use vgpu_license_agent::time::LogTime;
+    use vgpu_license_model::plan::{Aside, Change};
+    use vgpu_license_model::time::LogTime;
     let mut sim = licensed_for_a_minute();
     sim.run(S(100));
     sim.world.adopt = || {
@@ -1209,7 +1209,7 @@ fn a_refused_token_is_dated_when_it_was_refused_not_at_the_last_reading() {
             kept_name: None,
         }))
     };
-    let copied = vgpu_license_agent::time::whole_secs(sim.now().wall);
+    let copied = vgpu_license_model::time::whole_secs(sim.now().wall);
     sim.handle(Event::TokenDirChanged);
     sim.run(S(1));
     let r = sim.core.report().unwrap();

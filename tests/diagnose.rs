@@ -715,9 +715,9 @@ fn a_check_that_cannot_run_is_unknown_to_monitoring() {
 // it as gridd does, by CONNECT, and `diagnose` says so.
 
 use std::time::{Duration, Instant};
-use vgpu_license_agent::gridd_conf::Proxy;
 use vgpu_license_agent::probe::{NodeProbe, StepName, probe_node_via, verdict};
-use vgpu_license_agent::report::Reason;
+use vgpu_license_model::gridd_conf::Proxy;
+use vgpu_license_model::report::Reason;
 
 const T: Duration = Duration::from_millis(1500);
 

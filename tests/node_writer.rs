@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
-use vgpu_license_agent::node_condition::{Condition, Outcome, TAINT_SETTLE};
-use vgpu_license_agent::node_writer::{BACKOFF, NodeWriter, patch};
-use vgpu_license_agent::time::{Now, rfc3339};
+use vgpu_license_model::node_condition::{Condition, Outcome, TAINT_SETTLE};
+use vgpu_license_model::node_writer::{BACKOFF, NodeWriter, patch};
+use vgpu_license_model::time::{Now, rfc3339};
 
 fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()

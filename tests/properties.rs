@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use vgpu_license_agent::cli::Cli;
 use vgpu_license_agent::config::Settings;
-use vgpu_license_agent::gridd_conf::GriddConf;
 use vgpu_license_agent::observe::{journal, smi};
-use vgpu_license_agent::state::{LogFold, Observations, evaluate};
-use vgpu_license_agent::time::LogTime;
 use vgpu_license_agent::token::Token;
+use vgpu_license_model::gridd_conf::GriddConf;
+use vgpu_license_model::state::{LogFold, Observations, evaluate};
+use vgpu_license_model::time::LogTime;
 
 /// Every numeric key of the config.
 const NUMERIC_KEYS: &[(&str, &str)] = &[
@@ -142,7 +142,7 @@ fn everything(input: &[u8]) {
     assert!(message_bytes <= 3 * input.len());
     if let Ok(t) = Token::decode(input) {
         let now = chrono::Utc::now();
-        let _ = vgpu_license_agent::token_inspect::render("x", &t, t.validity(now));
+        let _ = vgpu_license_agent::token::inspect::render("x", &t, t.validity(now));
         let targets = vgpu_license_agent::probe::targets(&t);
         assert!(targets.len() <= 2 * t.nodes.len());
     }
@@ -150,17 +150,17 @@ fn everything(input: &[u8]) {
     assert_eq!(conf.to_bytes(), input, "gridd.conf is kept byte for byte");
     let _ = conf.proxy();
     let _ = conf.warnings(std::path::Path::new("/etc/nvidia/ClientConfigToken"));
-    let escaped = vgpu_license_agent::text::escape(&text);
+    let escaped = vgpu_license_model::text::escape(&text);
     assert!(!escaped.chars().any(char::is_control), "{escaped:?}");
     // `\u{9f}` for a 2-byte character, `\u{1f}` for a 1-byte one: at most 6 bytes a byte.
     assert!(escaped.len() <= 6 * text.len());
-    let shown = vgpu_license_agent::text::for_terminal(&text);
+    let shown = vgpu_license_model::text::for_terminal(&text);
     assert!(shown.len() <= 6 * text.len());
     let _ = journal::classify(&text);
     let _ = journal::reason_of_error(&text);
     let _ = smi::classify_status(&text);
     let _ = smi::expiry_in(&text);
-    let _ = vgpu_license_agent::time::parse_gmt(&text);
+    let _ = vgpu_license_model::time::parse_gmt(&text);
     let _ = serde_json::from_value::<LogTime>(serde_json::Value::String(text.to_string()));
     let _ = vgpu_license_agent::install::source::from_base64(&text);
     let report = evaluate(Observations {
@@ -1109,7 +1109,7 @@ proptest! {
     fn any_status_json_is_read_shown_or_ignored(
         bytes in prop_oneof![prop::collection::vec(any::<u8>(), 0..1024), status_json()],
     ) {
-        use vgpu_license_agent::report::{Report, human, metrics};
+        use vgpu_license_model::report::{Report, human, metrics};
         let dir = tempfile::tempdir().unwrap();
         let settings = state_settings(dir.path());
         std::fs::write(&settings.paths.status_file, &bytes).unwrap();
@@ -1119,7 +1119,7 @@ proptest! {
             // What a person reads says the state first, and carries no control character
             // of the file's (an escape sequence, a carriage return) to the terminal.
             prop_assert!(shown.starts_with("State:"), "{shown}");
-            let safe = vgpu_license_agent::text::for_terminal(&shown);
+            let safe = vgpu_license_model::text::for_terminal(&shown);
             prop_assert!(
                 !safe.chars().any(|c| c != '\n' && c.is_control()),
                 "{safe:?}"
@@ -1156,7 +1156,7 @@ proptest! {
             }),
         ],
     ) {
-        use vgpu_license_agent::identity;
+        use vgpu_license_agent::image::identity;
         let dir = tempfile::tempdir().unwrap();
         let settings = state_settings(dir.path());
         let root = dir.path().join("root");
@@ -1167,7 +1167,7 @@ proptest! {
         std::fs::write(state.join(identity::IDENTITY_FILE), &identity).unwrap();
         std::fs::write(state.join(identity::CLONE_FILE), &clone).unwrap();
         if let Some(c) = identity::take_unreported(&settings) {
-            let m = vgpu_license_agent::text::escape(&c.message()).into_owned();
+            let m = vgpu_license_model::text::escape(&c.message()).into_owned();
             prop_assert!(!m.contains('\n'), "{m}");
         }
         let _ = identity::check(&settings, &root);
@@ -1402,7 +1402,7 @@ proptest! {
         let stats = parser.stats().clone();
         drop(parser);
         prop_assert_eq!(stats.gridd_lines, total as u64);
-        let _ = vgpu_license_agent::shutdown::judge(&events.borrow());
+        let _ = vgpu_license_model::shutdown::judge(&events.borrow());
     }
 
     #[test]
@@ -1448,7 +1448,7 @@ proptest! {
         ],
     ) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        use vgpu_license_agent::report::metrics;
+        use vgpu_license_model::report::metrics;
         use vgpu_license_agent::service::metrics_server;
         let report = evaluate(Observations::default());
         let text = metrics::render(&report, &metrics::Counters::from_events(&report));

@@ -26,7 +26,7 @@ use crate::common::sim::{
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-use vgpu_license_agent::report::message_ids;
+use vgpu_license_model::report::message_ids;
 
 /// Deadline of a change the agent must make or report.
 pub(crate) const T: Duration = Duration::from_secs(30);

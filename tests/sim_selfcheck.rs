@@ -14,7 +14,7 @@ use crate::common::sim::{
 };
 use vgpu_license_agent::observe::journal::{self, GriddEvent};
 use vgpu_license_agent::observe::smi::{self, LicenseStatus, classify_status};
-use vgpu_license_agent::report::{EventKind, Reason};
+use vgpu_license_model::report::{EventKind, Reason};
 
 const T: Duration = Duration::from_secs(15);
 

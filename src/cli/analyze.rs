@@ -6,7 +6,7 @@ use anyhow::Context;
 
 use crate::analyze::analyze;
 use crate::cli::AnalyzeArgs;
-use crate::report::{human, metrics};
+use crate::model::report::{human, metrics};
 
 /// The `analyze` command.
 pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
@@ -17,9 +17,12 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     } else if args.json {
         let mut out = serde_json::to_string_pretty(&report).context("serializing the report")?;
         out.push('\n');
-        print!("{}", crate::text::for_terminal(&out));
+        print!("{}", crate::model::text::for_terminal(&out));
     } else {
-        print!("{}", crate::text::for_terminal(&human::render(&report)));
+        print!(
+            "{}",
+            crate::model::text::for_terminal(&human::render(&report))
+        );
     }
     Ok(ExitCode::from(report.exit_code))
 }

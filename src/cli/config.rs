@@ -10,7 +10,7 @@ use anyhow::anyhow;
 
 use crate::cli::ConfigCommand;
 use crate::config::{Settings, config_files};
-use crate::text::show_path;
+use crate::model::text::show_path;
 
 /// `config check` / `config show`.
 pub fn run(command: &ConfigCommand, main: &Path) -> anyhow::Result<ExitCode> {

@@ -18,7 +18,7 @@ pub fn run(args: &JsonArg, settings: &Settings) -> anyhow::Result<ExitCode> {
         out.push('\n');
         print!("{out}");
     } else {
-        print!("{}", crate::text::for_terminal(&render(&d.checks)));
+        print!("{}", crate::model::text::for_terminal(&render(&d.checks)));
     }
     Ok(ExitCode::from(d.exit_code()))
 }

@@ -7,7 +7,7 @@ use anyhow::anyhow;
 use crate::cli::InstallArgs;
 use crate::config::Settings;
 use crate::install::{Request, check_feature_type, install, nothing_changed, source};
-use crate::plan::{Outcome, Restart};
+use crate::model::plan::{Outcome, Restart};
 
 /// `vgpu-license-agent install`.
 pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
@@ -41,9 +41,9 @@ fn refuse_where_the_platform_licenses(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     if !args.force
-        && let crate::assemble::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
-        && crate::state::licensing_mode(None, None, Some(&smi), None)
-            == crate::report::LicensingMode::CloudProvider
+        && let crate::model::assemble::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
+        && crate::model::state::licensing_mode(None, None, Some(&smi), None)
+            == crate::model::report::LicensingMode::CloudProvider
     {
         return Err(anyhow!(
             "this guest is licensed by its cloud platform (nvidia-smi shows a license with no expiry and no token is installed): it needs no client configuration token, and installing one would send nvidia-gridd to a DLS instead; use --force to install it anyway; {}",
@@ -59,11 +59,11 @@ fn tell(outcome: &Outcome) -> anyhow::Result<()> {
     for w in &outcome.warnings {
         eprintln!(
             "vgpu-license-agent: warning: {}",
-            crate::text::escape(&w.to_string())
+            crate::model::text::escape(&w.to_string())
         );
     }
     for line in outcome.lines() {
-        println!("{}", crate::text::for_terminal(&line));
+        println!("{}", crate::model::text::for_terminal(&line));
     }
     if let Restart::Failed(why) = &outcome.restart {
         let what = if outcome.changed() {
@@ -107,7 +107,7 @@ fn needs_root(settings: &Settings) -> anyhow::Result<()> {
     match unwritable(settings) {
         Some((key, dir)) => Err(anyhow!(
             "install writes {} ({key}), which this user may not: run as root (sudo); {}",
-            crate::text::show_path(&dir),
+            crate::model::text::show_path(&dir),
             nothing_changed()
         )),
         None => Ok(()),

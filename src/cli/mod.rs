@@ -89,7 +89,7 @@ impl Cli {
             };
             anyhow::bail!(
                 "the config file {} named by {by} does not exist: name an existing file, or {instead} to read {DEFAULT_CONFIG} (whose absence means the defaults)",
-                crate::text::show_path(&path)
+                crate::model::text::show_path(&path)
             );
         }
         Ok(())
@@ -188,7 +188,7 @@ pub struct AnalyzeArgs {
     #[arg(long, conflicts_with = "json")]
     pub metrics: bool,
     /// Keep at most this many of the latest events in the report (1 to 100000).
-    #[arg(long, value_name = "N", default_value_t = crate::state::MAX_EVENTS, value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
+    #[arg(long, value_name = "N", default_value_t = crate::model::state::MAX_EVENTS, value_parser = clap::value_parser!(u32).range(1..=100_000).map(|n| n as usize))]
     pub max_events: usize,
 }
 
@@ -379,7 +379,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let base = ["vgpu-license-agent", "analyze"];
-        assert_eq!(events(&base), crate::state::MAX_EVENTS);
+        assert_eq!(events(&base), crate::model::state::MAX_EVENTS);
         assert_eq!(events(&[&base[..], &["--max-events", "7"]].concat()), 7);
     }
 }

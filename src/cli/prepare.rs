@@ -7,7 +7,7 @@ use anyhow::anyhow;
 
 use crate::cli::PrepareImageArgs;
 
-use crate::prepare::{Request, prepare, settings_under};
+use crate::image::{Request, prepare, settings_under};
 
 /// `vgpu-license-agent prepare-image`; `config` is the agent's config file (taken below
 /// `--root` when given).
@@ -28,7 +28,7 @@ pub fn run(args: &PrepareImageArgs, config: &Path) -> anyhow::Result<()> {
     };
     let done = prepare(&settings, &req, &config)?;
     for line in done.lines() {
-        println!("{}", crate::text::for_terminal(&line));
+        println!("{}", crate::model::text::for_terminal(&line));
     }
     if !done.unsearched.is_empty() {
         return Err(anyhow!(

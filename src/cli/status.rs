@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::StatusArgs;
 use crate::config::Settings;
-use crate::report::{State, human};
+use crate::model::report::{State, human};
 use crate::status::{Source, current};
 
 /// The `status` command.
@@ -50,7 +50,7 @@ fn done(args: &StatusArgs, state: State) -> bool {
 
 /// The current report and where it comes from, with `--wait` once the wait is [`done`] or
 /// over.
-fn wait(args: &StatusArgs, settings: &Settings) -> (crate::report::Report, Source) {
+fn wait(args: &StatusArgs, settings: &Settings) -> (crate::model::report::Report, Source) {
     let deadline = args.wait.map(|s| Instant::now() + Duration::from_secs(s));
     loop {
         let (report, source) = current(settings);
@@ -69,7 +69,7 @@ fn wait(args: &StatusArgs, settings: &Settings) -> (crate::report::Report, Sourc
 /// report, and what a wait ended without.
 fn print_human(
     args: &StatusArgs,
-    report: &crate::report::Report,
+    report: &crate::model::report::Report,
     source: Source,
     stale: Option<i64>,
 ) {
@@ -79,7 +79,7 @@ fn print_human(
         ),
         None => println!(
             "{}",
-            crate::text::for_terminal(&human::summary_line(report))
+            crate::model::text::for_terminal(&human::summary_line(report))
         ),
     }
     match source {
@@ -89,7 +89,10 @@ fn print_human(
         ),
         Source::Observed => println!("The service is not running: observed now."),
     }
-    print!("{}", crate::text::for_terminal(&human::render(report)));
+    print!(
+        "{}",
+        crate::model::text::for_terminal(&human::render(report))
+    );
     if args.wait.is_some() && !done(args, report.state) {
         println!(
             "Not licensed after waiting {} s{}",
@@ -106,7 +109,7 @@ fn print_human(
 /// How old the report's observation is (seconds), when that is older than the service's
 /// cadence allows: the licensed poll interval twice over, plus a command's time limit and the
 /// heartbeat.
-fn stale_for(report: &crate::report::Report, settings: &Settings) -> Option<i64> {
+fn stale_for(report: &crate::model::report::Report, settings: &Settings) -> Option<i64> {
     let age = (chrono::Utc::now() - report.observed_at?).num_seconds();
     let svc = &settings.service;
     let allowed = 2 * svc.poll_licensed.max(svc.poll_unlicensed).as_secs()
@@ -117,7 +120,7 @@ fn stale_for(report: &crate::report::Report, settings: &Settings) -> Option<i64>
 
 /// node-problem-detector's custom plugin: a line of at most 200 bytes (its default
 /// `max_output_length`), exit 0 OK, 1 a problem, 2 unknown.
-fn npd(report: &crate::report::Report, stale: Option<i64>) -> ExitCode {
+fn npd(report: &crate::model::report::Report, stale: Option<i64>) -> ExitCode {
     let (code, mut line) = match (stale, report.state) {
         (Some(age), _) => (
             2,
@@ -137,6 +140,6 @@ fn npd(report: &crate::report::Report, stale: Option<i64>) -> ExitCode {
         }
         line.truncate(cut);
     }
-    println!("{}", crate::text::escape(&line));
+    println!("{}", crate::model::text::escape(&line));
     ExitCode::from(code)
 }

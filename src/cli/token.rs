@@ -8,9 +8,9 @@ use chrono::Utc;
 
 use crate::cli::TokenInspectArgs;
 use crate::config::Settings;
-use crate::text::show_path;
+use crate::model::text::show_path;
+use crate::token::inspect::{Inspection, read_limited, render};
 use crate::token::{Token, Untimely};
-use crate::token_inspect::{Inspection, read_limited, render};
 
 /// The `token inspect` command: exit 0 for a valid token, 1 for an expired or not yet valid
 /// one, and an error for what is not a token.
@@ -36,7 +36,7 @@ pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitC
     } else {
         print!(
             "{}",
-            crate::text::for_terminal(&render(&file, &token, validity))
+            crate::model::text::for_terminal(&render(&file, &token, validity))
         );
     }
     Ok(match validity {

@@ -5,7 +5,7 @@
 use super::*;
 
 /// Adopts a token that cloud-init (`write_files`) or an operator put into the token directory,
-/// under any name ([`crate::token_dir`]; it keeps its name): validates it, sets its mode to 0744 (directory 0755), moves the other files of the
+/// under any name ([`crate::token::dir`]; it keeps its name): validates it, sets its mode to 0744 (directory 0755), moves the other files of the
 /// token directory aside, sets FeatureType from the config, and restarts nvidia-gridd when
 /// any of that changed or the agent has not restarted gridd since this token appeared.
 ///
@@ -27,7 +27,7 @@ pub fn adopt_dropped_token(
 /// [`adopt_dropped_token`] of the directory as `listing` shows it.
 fn adopt_listing(
     settings: &Settings,
-    listing: crate::token_dir::Listing,
+    listing: crate::token::dir::Listing,
     licensed: bool,
     may_restart: bool,
 ) -> Result<Outcome, AdoptError> {
@@ -41,11 +41,11 @@ fn adopt_listing(
         return Err(AdoptError::NoToken(settings.paths.token_dir.clone()));
     };
     match found.content {
-        crate::token_dir::Content::Token(_) => {}
-        crate::token_dir::Content::Invalid(e) => {
+        crate::token::dir::Content::Token(_) => {}
+        crate::token::dir::Content::Invalid(e) => {
             return Err(AdoptError::Rejected(TokenRejected::Invalid(e)));
         }
-        crate::token_dir::Content::Unreadable(why) => {
+        crate::token::dir::Content::Unreadable(why) => {
             return Err(AdoptError::Refused(format!(
                 "cannot read the token {}: {why}",
                 show_path(&found.path)
@@ -62,7 +62,7 @@ fn adopt_listing(
 
 /// The service's adoption of a token's bytes (from the token directory or the source):
 /// validated, then installed with the config's FeatureType. A restart the changes need is
-/// [`Restart::Due`](crate::plan::Restart::Due) where `may_restart` (the service's core makes
+/// [`Restart::Due`](crate::model::plan::Restart::Due) where `may_restart` (the service's core makes
 /// it), else deferred: owed until the budget allows.
 pub(super) fn adopt_bytes(
     settings: &Settings,
@@ -241,7 +241,7 @@ fn file_in(source: &Path, token_file: &str, shown: &str) -> Result<PathBuf, Toke
         ([one], _) | ([], [(_, one)]) => Ok(one.clone()),
         ([], []) if !is_mount_point(source) => Err(gone(&format!(
             "it is an empty directory of the file system above it, {}: the share that brings the token (a KubeVirt virtiofs Secret) did not mount here; see `findmnt` and `systemctl --failed` for its mount unit (the Secret itself may be fine)",
-            crate::policy::SHARE_NOT_MOUNTED
+            crate::model::policy::SHARE_NOT_MOUNTED
         ))),
         ([], []) => Err(gone(&"it holds no file")),
         ([], _) => Err(gone(&format!(

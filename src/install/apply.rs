@@ -5,7 +5,7 @@
 //! (the next install or adoption finishes the job).
 
 use super::*;
-use crate::dir::Dir;
+use crate::files::dir::Dir;
 
 /// How to take back one step of [`apply`] that already changed something.
 enum Undo {
@@ -97,7 +97,10 @@ fn write_err(what: &str, at: &Path, e: io::Error) -> anyhow::Error {
         }
     };
     io_err(
-        format!("cannot write {what} in {}", crate::text::show_path(at)),
+        format!(
+            "cannot write {what} in {}",
+            crate::model::text::show_path(at)
+        ),
         e,
         fix,
     )
@@ -184,7 +187,10 @@ fn small_fixes(
                 if let Change::ChmodDir { path, from, to } = change {
                     Dir::open(path).and_then(|d| d.set_mode(*to)).map_err(|e| {
                         io_err(
-                            format!("cannot change the mode of {}", crate::text::show_path(path)),
+                            format!(
+                                "cannot change the mode of {}",
+                                crate::model::text::show_path(path)
+                            ),
                             e,
                             "check the file system",
                         )
@@ -199,7 +205,7 @@ fn small_fixes(
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
                     return Err(io_err(
-                        format!("cannot remove {}", crate::text::show_path(path)),
+                        format!("cannot remove {}", crate::model::text::show_path(path)),
                         e,
                         "remove it yourself",
                     ));
@@ -293,7 +299,10 @@ fn finish(
         if let Change::ChmodToken { path, to, .. } = change {
             fsutil::chmod_checked(path, *to, previous.map(|p| p.ino)).map_err(|e| {
                 io_err(
-                    format!("cannot change the mode of {}", crate::text::show_path(path)),
+                    format!(
+                        "cannot change the mode of {}",
+                        crate::model::text::show_path(path)
+                    ),
                     e,
                     "check that it is still the token that was read, then run install again",
                 )
@@ -305,7 +314,7 @@ fn finish(
         stage.commit().map_err(|e| {
             anyhow!(
                 "the token is installed, but {} could not be replaced: {e}; make the directory writable and run install again",
-                crate::text::show_path(&paths.gridd_conf)
+                crate::model::text::show_path(&paths.gridd_conf)
             )
         })?;
         done.push(plan_entry(plan, |c| {
@@ -325,7 +334,7 @@ fn replaced_dir(
     undo: &mut Vec<Undo>,
 ) -> io::Result<(Dir, PathBuf)> {
     let state = Dir::open(&paths.state_dir)?;
-    let (root, created) = state.make_dir(crate::layout::REPLACED_DIR, REPLACED_MODE)?;
+    let (root, created) = state.make_dir(crate::files::layout::REPLACED_DIR, REPLACED_MODE)?;
     if created {
         undo.push(Undo::RemoveDir(replaced_root.to_path_buf()));
     }
@@ -405,15 +414,15 @@ fn move_strays(
 fn aside_err(dir: &Path, replaced_root: &Path, e: io::Error) -> anyhow::Error {
     if let Some(big) = e
         .get_ref()
-        .and_then(|i| i.downcast_ref::<crate::dir::NotCopied>())
+        .and_then(|i| i.downcast_ref::<crate::files::dir::NotCopied>())
     {
         return anyhow!("{big}; {}", nothing_changed());
     }
     io_err(
         format!(
             "cannot move the other files of {} aside into {}",
-            crate::text::show_path(dir),
-            crate::text::show_path(replaced_root)
+            crate::model::text::show_path(dir),
+            crate::model::text::show_path(replaced_root)
         ),
         e,
         "make room in the state directory or make it writable, then run install again",

@@ -103,7 +103,7 @@ pub fn fetch(
     let url = Url::parse(url.trim()).map_err(|e| {
         anyhow!(
             "--token-url is not a valid URL ({}); give an https:// URL of the token file",
-            crate::text::escape(&e.to_string())
+            crate::model::text::escape(&e.to_string())
         )
     })?;
     let shown = redact(&url);

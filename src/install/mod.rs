@@ -15,7 +15,7 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-use crate::plan::{AdoptError, Aside, Change, Outcome, Restart, SETTLE, TokenRejected};
+use crate::model::plan::{AdoptError, Aside, Change, Outcome, Restart, SETTLE, TokenRejected};
 pub use adopt::{adopt, adopt_dropped_token, check_source};
 use apply::apply;
 
@@ -31,15 +31,15 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
-use crate::fsutil::{self, LockError};
+use crate::files::fsutil::{self, LockError};
+use crate::files::input::{self, Links, ReadError};
+use crate::files::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::gridd::restart_gridd;
-use crate::gridd_conf::{self, Edit, GriddConf};
-use crate::input::{self, Links, ReadError};
-use crate::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
-use crate::text::show_path;
-use crate::time::rfc3339;
+use crate::model::gridd_conf::{self, Edit, GriddConf};
+use crate::model::text::show_path;
+use crate::model::time::rfc3339;
+use crate::token::dir::sha256_hex;
 use crate::token::{Token, TokenError};
-use crate::token_dir::sha256_hex;
 
 /// Mode of the installed token (NVIDIA's guidance: gridd need not own it).
 pub const TOKEN_MODE: u32 = 0o744;
@@ -114,7 +114,7 @@ fn summary(bytes: &[u8], token: &Token) -> String {
     let nodes: Vec<String> = token
         .nodes
         .iter()
-        .map(|n| format!("{}:{}", crate::text::escape(&n.host), n.lease_port))
+        .map(|n| format!("{}:{}", crate::model::text::escape(&n.host), n.lease_port))
         .collect();
     let until = token
         .expires
@@ -173,9 +173,9 @@ fn io_err(what: String, e: io::Error, fix: &str) -> anyhow::Error {
 /// What is in place now.
 struct Current {
     dir_mode: Option<u32>,
-    /// The installed token, whatever its name ([`crate::token_dir`]).
+    /// The installed token, whatever its name ([`crate::token::dir`]).
     token: Option<Previous>,
-    strays: Vec<crate::token_dir::Stray>,
+    strays: Vec<crate::token::dir::Stray>,
     temps: Vec<PathBuf>,
     conf: Option<ConfNow>,
 }
@@ -196,7 +196,7 @@ struct Previous {
     ino: u64,
 }
 
-pub use crate::gridd_conf::MAX_GRIDD_CONF_BYTES;
+pub use crate::model::gridd_conf::MAX_GRIDD_CONF_BYTES;
 
 /// A file the agent manages, read without following a link and without blocking, at most
 /// `cap` bytes.
@@ -209,12 +209,12 @@ fn read_no_follow(path: &Path, cap: usize) -> io::Result<Vec<u8>> {
 
 fn refuse_symlink(path: &Path, what: &str) -> anyhow::Error {
     let to = fs::read_link(path)
-        .map(|t| format!(" (pointing to {})", crate::text::show_path(&t)))
+        .map(|t| format!(" (pointing to {})", crate::model::text::show_path(&t)))
         .unwrap_or_default();
     anyhow!(
         "{what} {} is a symlink{to}; the agent never writes through a symlink: remove it (rm {}) and run install again; {}",
-        crate::text::show_path(path),
-        crate::text::show_path(path),
+        crate::model::text::show_path(path),
+        crate::model::text::show_path(path),
         nothing_changed()
     )
 }
@@ -267,11 +267,11 @@ fn refuse_owner(what: &str, path: &Path, uid: u32, me: u32, harm: &str) -> anyho
 /// user can rewrite it. One too large to be a token, or empty, is a stray instead: moved
 /// aside whole, never copied.
 fn previous_token(
-    t: crate::token_dir::Installed,
+    t: crate::token::dir::Installed,
     me: u32,
-    strays: &mut Vec<crate::token_dir::Stray>,
+    strays: &mut Vec<crate::token::dir::Stray>,
 ) -> anyhow::Result<Option<Previous>> {
-    if let crate::token_dir::Content::Unreadable(why) = &t.content {
+    if let crate::token::dir::Content::Unreadable(why) = &t.content {
         return Err(anyhow!(
             "cannot read the installed token {}: {why}; check its permissions; {}",
             show_path(&t.path),
@@ -279,18 +279,18 @@ fn previous_token(
         ));
     }
     refuse_owner("the token", &t.path, t.uid, me, "rewrite it")?;
-    if t.bytes.is_empty() && !matches!(t.content, crate::token_dir::Content::Token(_)) {
+    if t.bytes.is_empty() && !matches!(t.content, crate::token::dir::Content::Token(_)) {
         let meta = fs::symlink_metadata(&t.path).ok();
         let verdict = match &t.content {
-            crate::token_dir::Content::Invalid(e) => Some(e.to_string()),
+            crate::token::dir::Content::Invalid(e) => Some(e.to_string()),
             _ => None,
         };
-        strays.push(crate::token_dir::Stray {
+        strays.push(crate::token::dir::Stray {
             verdict,
-            ..crate::token_dir::Stray::plain(
+            ..crate::token::dir::Stray::plain(
                 t.path,
                 t.name,
-                crate::token_dir::StrayKind::NotAToken,
+                crate::token::dir::StrayKind::NotAToken,
                 meta.as_ref(),
             )
         });
@@ -328,7 +328,7 @@ fn gridd_conf_temps(settings: &Settings) -> Vec<PathBuf> {
 fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<ConfNow>> {
     let cannot_read = |e: io::Error, fix: &str| {
         io_err(
-            format!("cannot read {}", crate::text::show_path(conf_path)),
+            format!("cannot read {}", crate::model::text::show_path(conf_path)),
             e,
             fix,
         )
@@ -337,12 +337,12 @@ fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<ConfNow>> {
         Ok(m) if m.file_type().is_symlink() => Err(refuse_symlink(conf_path, "gridd.conf")),
         Ok(m) if !m.is_file() => Err(anyhow!(
             "{} is not a regular file; move it away and run install again; {}",
-            crate::text::show_path(conf_path),
+            crate::model::text::show_path(conf_path),
             nothing_changed()
         )),
         Ok(m) if m.len() > MAX_GRIDD_CONF_BYTES as u64 => Err(anyhow!(
             "{} is {} bytes, larger than 1 MiB, which no gridd.conf is (the driver's template is about 2 KB); move it away (gridd works without a gridd.conf) and run install again; {}",
-            crate::text::show_path(conf_path),
+            crate::model::text::show_path(conf_path),
             m.len(),
             nothing_changed()
         )),
@@ -397,11 +397,11 @@ pub(crate) fn lock_wait(settings: &Settings) -> Duration {
     settings.commands.timeout * 2 + Duration::from_secs(30)
 }
 
-pub use crate::layout::{check_state_dir, expected_in_state_dir};
+pub use crate::files::layout::{check_state_dir, expected_in_state_dir};
 
-/// The token directory as [`crate::token_dir`] sees it, refused (with nothing changed) when it
+/// The token directory as [`crate::token::dir`] sees it, refused (with nothing changed) when it
 /// is not a token directory.
-pub fn scan_token_dir(settings: &Settings) -> anyhow::Result<crate::token_dir::Listing> {
+pub fn scan_token_dir(settings: &Settings) -> anyhow::Result<crate::token::dir::Listing> {
     let listing = read_token_dir(settings)?;
     if let Some(why) = &listing.refusal {
         return Err(anyhow!("{why}; {}", nothing_changed()));
@@ -411,16 +411,16 @@ pub fn scan_token_dir(settings: &Settings) -> anyhow::Result<crate::token_dir::L
 
 /// The token directory as it stands, with its refusal (if any) in the listing: an error only
 /// where it cannot be read.
-pub(super) fn read_token_dir(settings: &Settings) -> anyhow::Result<crate::token_dir::Listing> {
+pub(super) fn read_token_dir(settings: &Settings) -> anyhow::Result<crate::token::dir::Listing> {
     let p = &settings.paths;
-    let listing = crate::token_dir::scan(&p.token_dir, &p.token_file, &p.gridd_conf, Utc::now())
+    let listing = crate::token::dir::scan(&p.token_dir, &p.token_file, &p.gridd_conf, Utc::now())
         .map_err(|e| {
-            anyhow!(
-                "the token directory {} (paths.token_dir) {e}; {}",
-                show_path(&p.token_dir),
-                nothing_changed()
-            )
-        })?;
+        anyhow!(
+            "the token directory {} (paths.token_dir) {e}; {}",
+            show_path(&p.token_dir),
+            nothing_changed()
+        )
+    })?;
     Ok(listing)
 }
 
@@ -450,7 +450,7 @@ fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
         io_err(
             format!(
                 "cannot create the agent's state directory {}",
-                crate::text::show_path(state_dir)
+                crate::model::text::show_path(state_dir)
             ),
             e,
             "make it writable (or set paths.state_dir in the agent's config)",
@@ -461,12 +461,12 @@ fn take_lock(settings: &Settings) -> anyhow::Result<fsutil::Lock> {
     fsutil::lock(&path, wait).map_err(|e| match e {
         LockError::Busy => anyhow!(
             "another install (or the service) has held the lock {} for {}s; wait for it to finish and run install again; {}",
-            crate::text::show_path(&path),
+            crate::model::text::show_path(&path),
             wait.as_secs(),
             nothing_changed()
         ),
         LockError::Io(e) => io_err(
-            format!("cannot take the lock {}", crate::text::show_path(&path)),
+            format!("cannot take the lock {}", crate::model::text::show_path(&path)),
             e,
             "check the state directory",
         ),
@@ -865,7 +865,7 @@ pub fn restart_made(settings: &Settings) -> Result<(), String> {
     state.save(&settings.paths.state_dir).map_err(|e| {
         format!(
             "cannot record the restart in {}: {e}; the next adoption may restart nvidia-gridd once more",
-            crate::text::show_path(&settings.paths.state_dir)
+            crate::model::text::show_path(&settings.paths.state_dir)
         )
     })
 }
@@ -877,7 +877,7 @@ pub const REPLACED_KEPT: usize = 20;
 /// gridd for, or under the standard name), a file meant as a token that is refused, or a
 /// plain stray.
 fn aside(
-    s: &crate::token_dir::Stray,
+    s: &crate::token::dir::Stray,
     state: &InstallState,
     token_file: &str,
     installed: Option<&str>,
@@ -984,7 +984,7 @@ fn save_state(state: &mut InstallState, settings: &Settings, outcome: &mut Outco
     if let Err(e) = state.save(&settings.paths.state_dir) {
         outcome.warnings.push(format!(
             "cannot record the install in {}: {e}; the next run may restart nvidia-gridd once more",
-            crate::text::show_path(&settings.paths.state_dir)
+            crate::model::text::show_path(&settings.paths.state_dir)
         ));
     }
 }
@@ -1005,14 +1005,14 @@ pub fn install(req: &Request, settings: &Settings) -> anyhow::Result<Outcome> {
 /// never reads the node's `/etc/nvidia`, and the operator's Secret is the place.
 fn refuse_where_observing(settings: &Settings) -> anyhow::Result<()> {
     let node = crate::node::detect(settings);
-    if node.mode == crate::node_mode::Mode::Manage {
+    if node.mode == crate::model::node_mode::Mode::Manage {
         return Ok(());
     }
     Err(match &node.driver_root {
         Some(root) => anyhow!(
             "this is a GPU Operator node: nvidia-gridd runs in the operator's driver container (root {}) and never reads a token installed here; {}; {}",
             show_path(root),
-            crate::policy::operator_fix(node.node_name.as_deref()),
+            crate::model::policy::operator_fix(node.node_name.as_deref()),
             nothing_changed()
         ),
         None => anyhow!(

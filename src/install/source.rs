@@ -10,7 +10,7 @@ use base64::Engine;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
 use crate::cli::TokenSource;
-use crate::input::{self, ReadError};
+use crate::files::input::{self, ReadError};
 use crate::token::{MAX_TOKEN_BYTES, TokenError};
 
 /// How long standard input may take to deliver a whole token where no config says (`token

@@ -153,7 +153,7 @@ fn adopt_keeps_the_feature_type_install_set_unless_the_config_names_one() {
     assert!(conf().contains("FeatureType=4"));
     // Nor is a passthrough value on a guest whose nvidia-smi shows a vGPU.
     let smi = d.path().join("nvidia-smi");
-    crate::fsutil::write_test_program(
+    crate::files::fsutil::write_test_program(
         &smi,
         "#!/bin/sh\nprintf 'GPU 00000000:00:05.0\\n    Product Name : NVIDIA L40S-24Q\\n    GPU Virtualization Mode\\n        Virtualization Mode : VGPU\\n    vGPU Software Licensed Product\\n        Product Name : NVIDIA RTX Virtual Workstation\\n        License Status : Unlicensed (Restricted)\\n'\n",
     );
@@ -178,7 +178,7 @@ fn an_adoption_that_keeps_feature_type_1_asks_nvidia_smi_nothing() {
     let d = tempfile::tempdir().unwrap();
     let mut s = settings(d.path());
     let smi = d.path().join("nvidia-smi");
-    crate::fsutil::write_test_program(
+    crate::files::fsutil::write_test_program(
         &smi,
         &format!(
             "#!/bin/sh\necho x >> {}\n",
@@ -511,7 +511,7 @@ fn in_place(
     s: &Settings,
     installed: &[u8],
     mode: u32,
-    strays: Vec<crate::token_dir::Stray>,
+    strays: Vec<crate::token::dir::Stray>,
 ) -> Current {
     Current {
         dir_mode: Some(TOKEN_DIR_MODE),
@@ -562,11 +562,11 @@ fn plan_for(
     Plan::make(req, cur, s, inputs)
 }
 
-fn stray(s: &Settings, name: &str) -> crate::token_dir::Stray {
-    crate::token_dir::Stray::plain(
+fn stray(s: &Settings, name: &str) -> crate::token::dir::Stray {
+    crate::token::dir::Stray::plain(
         s.paths.token_dir.join(name),
         name.into(),
-        crate::token_dir::StrayKind::NotAToken,
+        crate::token::dir::StrayKind::NotAToken,
         None,
     )
 }

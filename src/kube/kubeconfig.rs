@@ -13,7 +13,7 @@ use reqwest::Url;
 use serde_json::Value;
 
 use super::{Bearer, ClientCert, Pem, owned_file};
-use crate::text::show_path;
+use crate::model::text::show_path;
 
 /// What a kubeconfig's current context gives: where the API is, whom to trust, who the agent is.
 pub(super) struct Found {

@@ -30,9 +30,9 @@ use reqwest::{Client, RequestBuilder, Url};
 use serde_json::{Value, json};
 
 use crate::config::{Settings, Switch};
-use crate::input::{self, Links};
-use crate::node_condition::TYPE;
-use crate::text::show_path;
+use crate::files::input::{self, Links};
+use crate::model::node_condition::TYPE;
+use crate::model::text::show_path;
 
 pub use writer::write_condition;
 
@@ -145,10 +145,10 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
         .clone()
         .or_else(crate::node::node_name)
         .context("no node name: set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)")?;
-    if let Some(why) = crate::node_condition::node_name_problem(&node) {
+    if let Some(why) = crate::model::node_condition::node_name_problem(&node) {
         bail!(
             "the node name {:?} {why}; set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)",
-            crate::text::escape(&node)
+            crate::model::text::escape(&node)
         );
     }
     Ok(Some(Api {
@@ -351,7 +351,7 @@ impl Api {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let Some(taints) = crate::node_condition::taints(&current, want) else {
+        let Some(taints) = crate::model::node_condition::taints(&current, want) else {
             return Ok(false);
         };
         let body = json!({
@@ -412,7 +412,7 @@ impl Api {
             .ok()
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
             .and_then(|v| v["message"].as_str().map(String::from))
-            .map(|m| format!(": {}", crate::text::escape(&m)))
+            .map(|m| format!(": {}", crate::model::text::escape(&m)))
             .unwrap_or_default();
         let fix = match code.as_u16() {
             403 => fix_403,

@@ -58,13 +58,13 @@ pub fn read(devices: &Path) -> Option<Bus> {
         let dir: PathBuf = entry.path();
         // An attribute that cannot be read for want of the agent's own resources (EMFILE,
         // ENOMEM) leaves the bus unknown, never a bus without the GPU.
-        let attr = |name: &str| match crate::input::read_text(
+        let attr = |name: &str| match crate::files::input::read_text(
             &dir.join(name),
             64,
-            crate::input::Links::Follow,
+            crate::files::input::Links::Follow,
         ) {
             Ok(s) => Some(Some(s.trim().to_ascii_lowercase())),
-            Err(crate::input::ReadError::Io(e))
+            Err(crate::files::input::ReadError::Io(e))
                 if matches!(
                     e.raw_os_error(),
                     Some(nix::libc::EMFILE | nix::libc::ENFILE | nix::libc::ENOMEM)

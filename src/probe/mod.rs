@@ -25,9 +25,9 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme};
 use serde::{Deserialize, Serialize};
 
-use crate::gridd_conf::Proxy;
-use crate::report::{Finding, Reason};
-use crate::time::rfc3339;
+use crate::model::gridd_conf::Proxy;
+use crate::model::report::{Finding, Reason};
+use crate::model::time::rfc3339;
 use crate::token::Token;
 
 mod http;
@@ -195,7 +195,7 @@ impl NodeProbe {
 /// `host:port` for a message or a request line. A host that is no host name (control
 /// characters from a token) never gets past the DNS step, and is shown escaped.
 fn endpoint(host: &str, port: u16) -> String {
-    let host = crate::text::escape(host);
+    let host = crate::model::text::escape(host);
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -434,7 +434,7 @@ fn host_names(host: &str, via: Option<&Proxy>) -> Result<(), String> {
         if !is_host_name(name) {
             return Err(format!(
                 "{} is not a host name or an IP address",
-                crate::text::escape(name)
+                crate::model::text::escape(name)
             ));
         }
     }

@@ -90,7 +90,7 @@ impl Watch {
             Ok(wd) => {
                 self.dirs.borrow_mut().insert(wd, dir.to_path_buf());
             }
-            Err(e) => warn!("cannot watch {}: {e}", crate::text::show_path(dir)),
+            Err(e) => warn!("cannot watch {}: {e}", crate::model::text::show_path(dir)),
         }
     }
 

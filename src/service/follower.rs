@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, warn};
 
 use super::core::Event;
-use crate::backoff::Backoff;
+use crate::model::backoff::Backoff;
 use crate::observe::journal::LineParser;
 
 /// The longest journal entry (one line of JSON) the follower reads: far above any of gridd's

@@ -10,8 +10,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
-use crate::fsutil;
-use crate::layout::{RESTARTS_FILE, RUN_LOCK_FILE};
+use crate::files::fsutil;
+use crate::files::layout::{RESTARTS_FILE, RUN_LOCK_FILE};
 
 /// The lock of the running service, released when dropped (or when the process ends, however
 /// it ends).
@@ -23,9 +23,9 @@ pub struct Instance {
 /// Takes the service's lock, or says who holds it.
 pub fn lock(settings: &Settings) -> anyhow::Result<Instance> {
     let dir = &settings.paths.state_dir;
-    crate::layout::check_state_dir(settings).map_err(|e| anyhow::anyhow!("{e}"))?;
+    crate::files::layout::check_state_dir(settings).map_err(|e| anyhow::anyhow!("{e}"))?;
     fsutil::create_dir_mode(dir, 0o755)
-        .map_err(|e| anyhow::anyhow!("cannot make {}: {e}", crate::text::show_path(dir)))?;
+        .map_err(|e| anyhow::anyhow!("cannot make {}: {e}", crate::model::text::show_path(dir)))?;
     let path = dir.join(RUN_LOCK_FILE);
     let mut file = OpenOptions::new()
         .read(true)
@@ -35,7 +35,9 @@ pub fn lock(settings: &Settings) -> anyhow::Result<Instance> {
         .mode(0o644)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
         .open(&path)
-        .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", crate::text::show_path(&path)))?;
+        .map_err(|e| {
+            anyhow::anyhow!("cannot open {}: {e}", crate::model::text::show_path(&path))
+        })?;
     // A moment's wait: `running_pid` (a `config check --reload`) holds the lock shared for
     // an instant.
     let mut tries = 0;
@@ -57,7 +59,7 @@ pub fn lock(settings: &Settings) -> anyhow::Result<Instance> {
             );
         }
         Err(std::fs::TryLockError::Error(e)) => {
-            anyhow::bail!("cannot lock {}: {e}", crate::text::show_path(&path))
+            anyhow::bail!("cannot lock {}: {e}", crate::model::text::show_path(&path))
         }
     }
     let _ = file.set_len(0);
@@ -102,11 +104,13 @@ pub fn monotonic_now() -> f64 {
 /// system's monotonic seconds): negative, before it.
 pub fn load_restarts(settings: &Settings, start: f64) -> Vec<f64> {
     let path = settings.paths.state_dir.join(RESTARTS_FILE);
-    let Ok(bytes) = crate::input::read_file(&path, 64 << 10, crate::input::Links::Refuse) else {
+    let Ok(bytes) =
+        crate::files::input::read_file(&path, 64 << 10, crate::files::input::Links::Refuse)
+    else {
         return Vec::new();
     };
     match serde_json::from_slice::<Restarts>(&bytes) {
-        Ok(r) if Some(&r.boot_id) == crate::identity::boot_id().as_ref() => r
+        Ok(r) if Some(&r.boot_id) == crate::image::identity::boot_id().as_ref() => r
             .monotonic_seconds
             .iter()
             .filter(|t| t.is_finite())
@@ -118,7 +122,7 @@ pub fn load_restarts(settings: &Settings, start: f64) -> Vec<f64> {
 
 /// Keeps `restarts` (seconds on the clock that started at `start`) for the next run.
 pub fn save_restarts(settings: &Settings, start: f64, restarts: &[f64]) -> std::io::Result<()> {
-    let Some(boot_id) = crate::identity::boot_id() else {
+    let Some(boot_id) = crate::image::identity::boot_id() else {
         return Ok(());
     };
     let kept = Restarts {

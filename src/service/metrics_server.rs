@@ -41,7 +41,9 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tracing::{error, info, warn};
 
 use crate::http::Listen;
-use crate::report::metrics::{OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE, openmetrics};
+use crate::model::report::metrics::{
+    OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE, openmetrics,
+};
 
 /// The request head (request line and headers) may be this long; a scraper's is a few
 /// hundred bytes. (hyper reads no less than 8 KiB at a time, which this is.)
@@ -165,7 +167,7 @@ fn refusal(status: StatusCode) -> Answer {
 
 /// The answer to `method` on `path` (the request target's path, without its query) with
 /// `accept` (the request's `Accept` fields as one list), serving `metrics`, the text
-/// [`crate::report::metrics::render`] wrote. A `HEAD`'s body is counted but not sent (hyper).
+/// [`crate::model::report::metrics::render`] wrote. A `HEAD`'s body is counted but not sent (hyper).
 pub fn respond(method: &Method, path: &str, accept: Option<&str>, metrics: &str) -> Answer {
     if method != Method::GET && method != Method::HEAD {
         return refusal(StatusCode::METHOD_NOT_ALLOWED);
@@ -424,7 +426,7 @@ async fn accept_loop(
 /// else there is left alone and refused.
 fn bind_socket(path: &Path) -> Result<UnixListener, String> {
     use std::os::unix::fs::FileTypeExt;
-    let shown = crate::text::show_path(path);
+    let shown = crate::model::text::show_path(path);
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             std::fs::remove_file(path).map_err(|e| {
@@ -489,7 +491,7 @@ pub async fn serve(
         match bind_socket(path) {
             Ok(l) => tasks.push(tokio::spawn(accept_loop(
                 Listener::Unix(l),
-                crate::text::show_path(path),
+                crate::model::text::show_path(path),
                 metrics.clone(),
                 slots.clone(),
             ))),
@@ -497,7 +499,7 @@ pub async fn serve(
         }
     }
     if let Some(addr) = listen {
-        let shown = crate::text::escape(addr).to_string();
+        let shown = crate::model::text::escape(addr).to_string();
         match crate::http::listen_address(addr) {
             None => error!(
                 "service.metrics_listen = {shown}: expected an address and port, e.g. \"127.0.0.1:9841\", or \":9841\" for every address"

@@ -29,7 +29,7 @@ use tracing::{error, info, warn};
 use crate::config::Settings;
 use crate::install;
 use crate::live;
-use crate::report::Finding;
+use crate::model::report::Finding;
 
 pub use self::core::status_line;
 use self::core::{Core, Effect, Event, HEARTBEAT, Now, Publication};
@@ -39,7 +39,7 @@ pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::
     memory::one_arena();
     init_logging(log_stderr);
     crate::config::check_outputs_on_disk(&settings)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", crate::text::show_path(config_path)))?;
+        .map_err(|e| anyhow::anyhow!("{}: {e}", crate::model::text::show_path(config_path)))?;
     let _instance = instance::lock(&settings)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -105,7 +105,7 @@ fn log_filter(rust_log: Option<&str>) -> (tracing_subscriber::filter::Targets, O
             Ok(t) => (t, None),
             Err(e) => (
                 default,
-                Some(crate::text::escape(&e.to_string()).into_owned()),
+                Some(crate::model::text::escape(&e.to_string()).into_owned()),
             ),
         },
     }
@@ -140,7 +140,7 @@ struct Shell {
     /// The token directory's watch (none where it cannot be watched).
     watch: Option<dir_watch::Watch>,
     /// The Node condition for its writer (none when not on a Kubernetes node).
-    condition: Option<watch::Sender<Option<crate::node_condition::Condition>>>,
+    condition: Option<watch::Sender<Option<crate::model::node_condition::Condition>>>,
 }
 
 impl Shell {
@@ -164,7 +164,7 @@ impl Shell {
                         && for_token
                         && let Err(e) = install::restart_made(&settings)
                     {
-                        tracing::warn!("{}", crate::text::escape(&e));
+                        tracing::warn!("{}", crate::model::text::escape(&e));
                     }
                     Event::Restarted(restarted)
                 }),
@@ -203,7 +203,7 @@ impl Shell {
 
     fn publish(&self, settings: &Settings, p: Publication) {
         if let Some(c) = &self.condition {
-            let cond = crate::node_condition::of(&p.report, &status_line(&p.report));
+            let cond = crate::model::node_condition::of(&p.report, &status_line(&p.report));
             c.send_if_modified(|old| {
                 let changed = *old != cond;
                 *old = cond;
@@ -230,9 +230,11 @@ impl Shell {
             self.outputs
                 .borrow_mut()
                 .write(&settings.paths.status_file, &p.json, Write::MakeDir);
-            notify(&[sd_notify::NotifyState::Status(&crate::text::escape(
-                &status_line(&p.report),
-            ))]);
+            notify(
+                &[sd_notify::NotifyState::Status(&crate::model::text::escape(
+                    &status_line(&p.report),
+                ))],
+            );
         }
         if p.webhook
             && let Some(url) = settings.service.webhook_url.clone()
@@ -254,7 +256,7 @@ fn node_condition_writer(
     settings: &Settings,
     tx: &mpsc::UnboundedSender<Event>,
     stop: &watch::Receiver<bool>,
-) -> Option<watch::Sender<Option<crate::node_condition::Condition>>> {
+) -> Option<watch::Sender<Option<crate::model::node_condition::Condition>>> {
     let api = match crate::kube::target(settings) {
         Ok(Some(api)) => api,
         Ok(None) => {
@@ -270,8 +272,8 @@ fn node_condition_writer(
     };
     info!(
         "writing the condition {} of node {}",
-        crate::node_condition::TYPE,
-        crate::text::escape(&api.node)
+        crate::model::node_condition::TYPE,
+        crate::model::text::escape(&api.node)
     );
     if let Some(name) = settings.kubernetes.licensing_secret.clone() {
         info!("reading the licensing Secret {name} at each heartbeat");
@@ -324,7 +326,7 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
     }
     if reads.last_shutdown {
         // What check-identity found at this boot, reported once, with it.
-        if let Some(c) = crate::identity::take_unreported(settings) {
+        if let Some(c) = crate::image::identity::take_unreported(settings) {
             events.push(Event::CloneDetected(Box::new(c)));
         }
         events.push(Event::LastShutdown(live::previous_boot_shutdown(settings)));
@@ -380,7 +382,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // token directory is not watched.
     let node = crate::node::detect(&settings);
     let condition = node_condition_writer(&settings, &tx, &stop_rx);
-    let watch = (node.mode == crate::node_mode::Mode::Manage)
+    let watch = (node.mode == crate::model::node_mode::Mode::Manage)
         .then(|| dir_watch::Watch::start(&settings))
         .flatten();
     // Where a GPU Operator may run its driver pod, its comings and goings are watched.
@@ -458,7 +460,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             }
             _ = sighup.recv() => match reload(&config_path) {
                 Ok(s) => {
-                    info!("config reloaded from {}", crate::text::show_path(&config_path));
+                    info!("config reloaded from {}", crate::model::text::show_path(&config_path));
                     let effects = core.handle(Event::Reloaded(Box::new(s)), clock.now());
                     shell.carry_out(&core, effects);
                 }
@@ -517,11 +519,11 @@ fn remove_leftovers(settings: &Settings) {
         &settings.paths.status_file,
         &settings.paths.metrics_textfile,
     ] {
-        let n = crate::outdir::remove_leftovers(path);
+        let n = crate::files::outdir::remove_leftovers(path);
         if n > 0 {
             info!(
                 "removed {n} temporary file(s) that an interrupted write of {} left",
-                crate::text::show_path(path)
+                crate::model::text::show_path(path)
             );
         }
     }
@@ -661,7 +663,7 @@ struct Outputs {
     /// Files whose last write failed (logged once until they are written again).
     failing: HashSet<PathBuf>,
     /// The bytes a file written with [`Write::TouchSame`] last got, and the file written.
-    written: HashMap<PathBuf, (Vec<u8>, crate::outdir::Written)>,
+    written: HashMap<PathBuf, (Vec<u8>, crate::files::outdir::Written)>,
 }
 
 /// How [`Outputs::write`] writes a file.
@@ -685,8 +687,8 @@ impl Outputs {
             .filter(|(last, _)| last.as_slice() == bytes)
             .map(|(_, file)| *file);
         let outcome = match same {
-            Some(file) if crate::outdir::touch(path, file).unwrap_or(false) => Ok(None),
-            _ => crate::outdir::replace(path, bytes, 0o644, how == Write::MakeDir).map(Some),
+            Some(file) if crate::files::outdir::touch(path, file).unwrap_or(false) => Ok(None),
+            _ => crate::files::outdir::replace(path, bytes, 0o644, how == Write::MakeDir).map(Some),
         };
         match outcome {
             Ok(file) => {
@@ -695,7 +697,7 @@ impl Outputs {
                         .insert(path.to_path_buf(), (bytes.to_vec(), file));
                 }
                 if self.failing.remove(path) {
-                    info!("{} is written again", crate::text::show_path(path));
+                    info!("{} is written again", crate::model::text::show_path(path));
                 }
             }
             Err(e) => {
@@ -703,7 +705,7 @@ impl Outputs {
                 if self.failing.insert(path.to_path_buf()) {
                     warn!(
                         "cannot write {}: {e}; the last one written stays as it was, and this is logged again only once it can be written",
-                        crate::text::show_path(path)
+                        crate::model::text::show_path(path)
                     );
                 }
             }
@@ -730,7 +732,7 @@ async fn serve_metrics(
 /// skew measured against the first node that answered.
 fn probe_dls(
     settings: &Settings,
-    nodes: &[crate::report::DlsEndpoint],
+    nodes: &[crate::model::report::DlsEndpoint],
 ) -> (Option<Finding>, Option<f64>) {
     let targets: Vec<(String, u16)> = nodes.iter().map(|n| (n.host.clone(), n.port)).collect();
     // Through gridd.conf's proxy, as gridd goes; one gridd cannot use is diagnose's to explain.

@@ -6,10 +6,10 @@ use std::path::Path;
 use anyhow::anyhow;
 use serde::Serialize;
 
-use crate::input::{self, ReadError};
-use crate::report::human::both_times;
-use crate::text::escape;
-use crate::time::rfc3339;
+use crate::files::input::{self, ReadError};
+use crate::model::report::human::both_times;
+use crate::model::text::escape;
+use crate::model::time::rfc3339;
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError, Untimely};
 
 #[derive(Serialize)]

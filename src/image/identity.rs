@@ -21,12 +21,12 @@ use chrono::Utc;
 use serde::Deserialize;
 
 use crate::config::Settings;
-use crate::fsutil;
-use crate::input::{self, Links};
-use crate::text::show_path;
+use crate::files::fsutil;
+use crate::files::input::{self, Links};
+use crate::model::text::show_path;
 
-use crate::guest_identity::{CloneDetected, Identity};
-pub use crate::layout::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
+pub use crate::files::layout::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
+use crate::model::guest_identity::{CloneDetected, Identity};
 
 /// Reads this machine's identity below `root` (`/` on a guest; a fixture tree in tests).
 pub fn read(root: &Path) -> Identity {
@@ -96,7 +96,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
 
 /// The boot-time check: compares, moves gridd's client state aside on a clone, records.
 pub fn check(settings: &Settings, root: &Path) -> anyhow::Result<Checked> {
-    crate::layout::check_state_dir(settings)?;
+    crate::files::layout::check_state_dir(settings)?;
     let state = &settings.paths.state_dir;
     fsutil::create_dir_mode(state, 0o755)
         .with_context(|| format!("cannot create {}", show_path(state)))?;
@@ -109,7 +109,7 @@ pub fn check(settings: &Settings, root: &Path) -> anyhow::Result<Checked> {
             let stamp = Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
             let moved_to = move_client_state(settings, &stamp)?;
             let record = CloneDetected {
-                at: crate::time::whole_secs(Utc::now()),
+                at: crate::model::time::whole_secs(Utc::now()),
                 old,
                 new: now.clone(),
                 moved_to,
@@ -142,11 +142,11 @@ pub fn client_state_entries(dir: &Path, then: &str) -> anyhow::Result<Vec<(OsStr
         .file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| CLIENT_STATE_DIR_NAMES.contains(&n));
-    crate::dir::managed_entries(dir, |name, m| {
+    crate::files::dir::managed_entries(dir, |name, m| {
         own || (m.is_dir() && CLIENT_STATE_DIR_NAMES.contains(&name))
     })
     .map_err(|e| match e {
-        crate::dir::ManagedDirError::Unexpected(names) => anyhow!(
+        crate::files::dir::ManagedDirError::Unexpected(names) => anyhow!(
             "nvidia-gridd's client state {} (paths.gridd_client_state) holds what is not gridd's client state ({}): only gridd's own directories ({}) are ever emptied or moved; point paths.gridd_client_state at them in the agent's config; {then}",
             show_path(dir),
             shown(&names),
@@ -162,7 +162,7 @@ pub fn client_state_entries(dir: &Path, then: &str) -> anyhow::Result<Vec<(OsStr
 }
 
 fn shown(names: &[String]) -> String {
-    crate::text::few_and_count(names)
+    crate::model::text::few_and_count(names)
 }
 
 /// Moves the content of gridd's client state directories into
@@ -178,7 +178,10 @@ fn move_client_state(settings: &Settings, stamp: &str) -> anyhow::Result<Option<
     if plan.is_empty() {
         return Ok(None);
     }
-    let replaced = settings.paths.state_dir.join(crate::layout::REPLACED_DIR);
+    let replaced = settings
+        .paths
+        .state_dir
+        .join(crate::files::layout::REPLACED_DIR);
     fsutil::create_dir_mode(&replaced, 0o700)?;
     let into = fsutil::create_unique_dir(&replaced, &format!("{stamp}-clone"), 0o700)?;
     let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
@@ -219,7 +222,7 @@ pub fn run(settings: &Settings, root: &Path) -> anyhow::Result<()> {
     match check(settings, root)? {
         Checked::Recorded => println!("recorded this guest's identity"),
         Checked::Unchanged => println!("the same guest as at the last boot"),
-        Checked::Clone(c) => println!("{}", crate::text::escape(&c.message())),
+        Checked::Clone(c) => println!("{}", crate::model::text::escape(&c.message())),
     }
     Ok(())
 }

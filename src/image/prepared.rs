@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Settings;
-use crate::input::{self, Links};
+use crate::files::input::{self, Links};
 
 /// The record that an image was prepared, beside the state directory (the state directory
 /// itself is emptied, and holds only the agent's own files).

@@ -7,8 +7,8 @@ use std::fs;
 use anyhow::anyhow;
 
 use crate::config::Settings;
-use crate::fsutil;
-use crate::text::show_path;
+use crate::files::fsutil;
+use crate::model::text::show_path;
 
 /// Held while an install runs.
 pub const LOCK_FILE: &str = "install.lock";
@@ -49,7 +49,7 @@ pub fn expected_in_state_dir(name: &str, m: &fs::Metadata) -> bool {
 /// Refuses a state directory that is not the agent's own.
 pub fn check_state_dir(settings: &Settings) -> anyhow::Result<()> {
     let dir = &settings.paths.state_dir;
-    crate::dir::managed_entries(dir, expected_in_state_dir)
+    crate::files::dir::managed_entries(dir, expected_in_state_dir)
         .map(drop)
         .map_err(|e| {
             anyhow!(

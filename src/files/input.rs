@@ -235,7 +235,7 @@ pub fn named(path: &Path) -> String {
     if is_stdin(path) {
         "standard input".into()
     } else {
-        crate::text::show_path(path)
+        crate::model::text::show_path(path)
     }
 }
 

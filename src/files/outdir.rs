@@ -14,7 +14,7 @@ use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use crate::dir::Dir;
+use crate::files::dir::Dir;
 
 /// The most links followed in one path, as the kernel's own limit.
 const MAX_LINKS: usize = 40;
@@ -30,7 +30,7 @@ pub struct UnsafeLink {
 
 impl std::fmt::Display for UnsafeLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = crate::text::show_path(&self.link);
+        let shown = crate::model::text::show_path(&self.link);
         write!(
             f,
             "{shown} is a symlink in a directory that user {uid} can write, and root follows no link another user could have made: make {shown} a real directory (owned by root), or point the config at one",
@@ -127,8 +127,8 @@ pub fn replace(path: &Path, bytes: &[u8], mode: u32, create_dir: bool) -> io::Re
     };
     let temp = format!(
         "{}{}",
-        crate::fsutil::temp_prefix(&name.to_string_lossy()),
-        crate::fsutil::unique()
+        crate::files::fsutil::temp_prefix(&name.to_string_lossy()),
+        crate::files::fsutil::unique()
     );
     let written = dir
         .write_new(temp.as_str(), bytes, mode, false)
@@ -187,7 +187,7 @@ fn make_dir(dir: &Path) -> io::Result<Dir> {
 }
 
 /// Removes the temporary files that a write of `path` killed before its rename left behind
-/// (named by [`crate::fsutil::temp_prefix`], made by a process no longer alive). Returns how
+/// (named by [`crate::files::fsutil::temp_prefix`], made by a process no longer alive). Returns how
 /// many were removed.
 pub fn remove_leftovers(path: &Path) -> usize {
     let Ok((dir, name)) = parent_and_name(path) else {
@@ -196,7 +196,7 @@ pub fn remove_leftovers(path: &Path) -> usize {
     let Ok(dir) = open(dir) else {
         return 0;
     };
-    let prefix = crate::fsutil::temp_prefix(&name.to_string_lossy());
+    let prefix = crate::files::fsutil::temp_prefix(&name.to_string_lossy());
     let mut removed = 0;
     // The listing is of the very directory opened; one that cannot be read has none removed.
     let _ = dir.each_name(|entry| {
@@ -294,7 +294,7 @@ mod tests {
     fn a_dead_writers_temporary_is_removed_a_live_ones_kept() {
         let d = tempfile::tempdir().unwrap();
         let out = d.path().join("s.json");
-        let prefix = crate::fsutil::temp_prefix("s.json");
+        let prefix = crate::files::fsutil::temp_prefix("s.json");
         // Beyond pid_max: no such process.
         let dead = d.path().join(format!("{prefix}999999999-0-0"));
         let live = d.path().join(format!("{prefix}{}-0-0", std::process::id()));

@@ -70,7 +70,7 @@ impl Dir {
         }
     }
 
-    /// `/`, where [`crate::outdir`]'s walk starts.
+    /// `/`, where [`crate::files::outdir`]'s walk starts.
     pub fn root() -> io::Result<Dir> {
         Ok(Dir {
             file: File::open("/")?,
@@ -265,7 +265,7 @@ impl Dir {
     /// copied and then removed, but a file larger than [`MAX_STRAY_COPY_BYTES`] is refused
     /// ([`NotCopied`]) and anything else is never copied.
     pub fn move_to(&self, from: &OsStr, into: &Dir, to: &OsStr, shown: &Path) -> io::Result<()> {
-        let renamed = if crate::fsutil::fault("exdev") {
+        let renamed = if crate::files::fsutil::fault("exdev") {
             Err(nix::errno::Errno::EXDEV)
         } else {
             nix::fcntl::renameat(self.file.as_fd(), from, into.file.as_fd(), to)
@@ -299,8 +299,9 @@ impl Dir {
             if entry.meta.len() > MAX_STRAY_COPY_BYTES {
                 return Err(not_copied(Some(entry.meta.len())));
             }
-            let bytes = crate::input::read_capped(entry.open()?, MAX_STRAY_COPY_BYTES as usize)
-                .map_err(|e| io::Error::other(e.to_string()))?;
+            let bytes =
+                crate::files::input::read_capped(entry.open()?, MAX_STRAY_COPY_BYTES as usize)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
             into.write_copy(to, &bytes, entry.meta.mode() & 0o7777)
         } else {
             Err(not_copied(None))
@@ -309,7 +310,7 @@ impl Dir {
 
     /// Writes the copy `to` of a stray, synced; a copy cut short is removed.
     fn write_copy(&self, to: &OsStr, bytes: &[u8], mode: u32) -> io::Result<()> {
-        let written = if crate::fsutil::fault("copy-enospc") {
+        let written = if crate::files::fsutil::fault("copy-enospc") {
             // Half a copy, then a full disk.
             let _ = self.write_new(to, &bytes[..bytes.len() / 2], 0o600, true);
             Err(io::Error::from_raw_os_error(nix::libc::ENOSPC))
@@ -435,11 +436,11 @@ impl std::fmt::Display for ManagedDirError {
             ManagedDirError::Symlink(to) => write!(
                 f,
                 "is a symlink (to {}), and the agent never follows a symlink out of a directory it manages: make it a real directory, or point the config at the real one",
-                crate::text::show_path(to)
+                crate::model::text::show_path(to)
             ),
             ManagedDirError::NotDir => f.write_str("is not a directory: move that file away"),
             ManagedDirError::Unexpected(names) => {
-                let list = crate::text::few_and_count(names);
+                let list = crate::model::text::few_and_count(names);
                 write!(
                     f,
                     "holds what is not the agent's ({list}): the agent changes nothing in a directory it does not own; give it a directory of its own in the config, or move those away"
@@ -477,7 +478,7 @@ pub fn managed_entries(
             Err(e) => return Err(ManagedDirError::Io(e)),
         };
         if !ok {
-            unexpected.push(crate::text::escape(&name.to_string_lossy()).into_owned());
+            unexpected.push(crate::model::text::escape(&name.to_string_lossy()).into_owned());
         }
     }
     if !unexpected.is_empty() {
@@ -502,7 +503,7 @@ pub struct NotCopied {
 
 impl std::fmt::Display for NotCopied {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = crate::text::show_path(&self.path);
+        let shown = crate::model::text::show_path(&self.path);
         match self.size {
             Some(size) => write!(
                 f,
@@ -564,7 +565,7 @@ mod tests {
         // never blocks on the FIFO.
         fs::remove_file(t.path().join("a.tok")).unwrap();
         nix::unistd::mkfifo(&t.path().join("a.tok"), Mode::from_bits_truncate(0o600)).unwrap();
-        let bytes = crate::input::read_capped(entry.open().unwrap(), 100).unwrap();
+        let bytes = crate::files::input::read_capped(entry.open().unwrap(), 100).unwrap();
         assert_eq!(bytes, b"first");
     }
 

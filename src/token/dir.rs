@@ -36,9 +36,9 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
-use crate::dir::{Dir, Entry, NotOpened};
-use crate::input::{self, ReadError};
-use crate::text::show_path;
+use crate::files::dir::{Dir, Entry, NotOpened};
+use crate::files::input::{self, ReadError};
+use crate::model::text::show_path;
 use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
 /// More entries than a token directory ever has: such a directory is some other directory.
@@ -177,11 +177,11 @@ impl Listing {
         let mut all: Vec<String> = self
             .strays
             .iter()
-            .map(|s| crate::text::escape(&s.name.to_string_lossy()).into_owned())
+            .map(|s| crate::model::text::escape(&s.name.to_string_lossy()).into_owned())
             .collect();
         // The entries only counted still count in "and N more".
         all.extend(std::iter::repeat_n(String::new(), self.uncounted));
-        crate::text::few_and_count(&all)
+        crate::model::text::few_and_count(&all)
     }
 
     /// How long until every file looked at has been still for `settle`, at `now`; `None`
@@ -223,7 +223,7 @@ impl Listing {
                 let secs = u64::try_from((now - h.changed) / 1_000_000_000).ok()?;
                 (secs >= HELD_BOUND.as_secs()).then(|| {
                     (
-                        crate::text::escape(&h.name.to_string_lossy()).into_owned(),
+                        crate::model::text::escape(&h.name.to_string_lossy()).into_owned(),
                         secs,
                     )
                 })
@@ -241,8 +241,10 @@ impl Listing {
 
 /// A few names, escaped, and a count of the rest.
 pub fn names(all: impl Iterator<Item = String>) -> String {
-    let all: Vec<String> = all.map(|n| crate::text::escape(&n).into_owned()).collect();
-    crate::text::few_and_count(&all)
+    let all: Vec<String> = all
+        .map(|n| crate::model::text::escape(&n).into_owned())
+        .collect();
+    crate::model::text::few_and_count(&all)
 }
 
 /// Why the directory cannot be looked at at all.
@@ -384,7 +386,7 @@ impl Sorting<'_> {
         };
         let meta = entry.metadata().clone();
         let ft = meta.file_type();
-        if crate::fsutil::is_temp_name(&shown) && ft.is_file() {
+        if crate::files::fsutil::is_temp_name(&shown) && ft.is_file() {
             self.out.temps.push(path);
         } else if let Some(wrong) = self.not_of_a_token_dir(&name, &path, &shown, ft) {
             self.wrong.push(wrong);
@@ -416,9 +418,12 @@ impl Sorting<'_> {
         if self.conf_here && Some(name.as_os_str()) == self.gridd_conf.file_name() {
             Some(format!("the configured gridd.conf {}", show_path(path)))
         } else if ft.is_dir() {
-            Some(format!("the directory {}", crate::text::escape(shown)))
+            Some(format!(
+                "the directory {}",
+                crate::model::text::escape(shown)
+            ))
         } else if ft.is_block_device() || ft.is_char_device() {
-            Some(format!("the device {}", crate::text::escape(shown)))
+            Some(format!("the device {}", crate::model::text::escape(shown)))
         } else {
             None
         }
@@ -487,7 +492,7 @@ impl Sorting<'_> {
 /// gone.
 fn regular_content(entry: &Entry, worth_reading: bool) -> Option<(Vec<u8>, Content, bool)> {
     let meta = entry.metadata();
-    let writing = |file: &fs::File| crate::dir::open_for_writing(file) == Some(true);
+    let writing = |file: &fs::File| crate::files::dir::open_for_writing(file) == Some(true);
     let unread = |content| {
         let written = entry.open().is_ok_and(|f| writing(&f));
         Some((Vec::new(), content, written))
@@ -618,16 +623,16 @@ fn verdict(
     match &lost.content {
         Content::Token(t) => Some(match t.validity(now) {
             Err(crate::token::Untimely::Expired(at)) => {
-                format!("the token expired at {}", crate::time::rfc3339(at))
+                format!("the token expired at {}", crate::model::time::rfc3339(at))
             }
             Err(crate::token::Untimely::NotYetValid(at)) => format!(
                 "the token is not valid before {} (is this guest's clock right?)",
-                crate::time::rfc3339(at)
+                crate::model::time::rfc3339(at)
             ),
             Ok(()) => match chosen {
                 Some(c) => format!(
                     "a valid token, but {} appeared after it and is the token now (the newest valid token wins)",
-                    crate::text::escape(&c.name.to_string_lossy())
+                    crate::model::text::escape(&c.name.to_string_lossy())
                 ),
                 None => "a valid token, but not the one chosen".into(),
             },

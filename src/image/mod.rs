@@ -19,6 +19,9 @@
 //! every configured path is taken below DIR (and refused when a symlink on the way could lead
 //! out of it), and nothing on the builder itself (its services, its journal) is touched.
 
+pub mod identity;
+pub mod prepared;
+
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
@@ -29,9 +32,9 @@ use base64::Engine;
 use chrono::Utc;
 
 use crate::config::Settings;
-use crate::fsutil;
-use crate::input::{self, Links};
-use crate::text::show_path;
+use crate::files::fsutil;
+use crate::files::input::{self, Links};
+use crate::model::text::show_path;
 
 /// The agent's own unit.
 pub const AGENT_UNIT: &str = "vgpu-license-agent.service";
@@ -189,7 +192,7 @@ fn advice_for(p: &Path) -> &'static str {
     }
 }
 
-pub use crate::image_prepared::{ImagePrepared, marker_path, previous_boot_is_the_builders};
+pub use crate::image::prepared::{ImagePrepared, marker_path, previous_boot_is_the_builders};
 
 /// A path of the config, taken below `root`.
 fn under(root: &Path, p: &Path) -> PathBuf {
@@ -382,7 +385,7 @@ const DECODED_MAX: u64 = 4 << 20;
 
 /// Whether the file holds any of `needles`, read in blocks (a journal file can be large), or,
 /// a document of [`DECODED_MAX`] or less, holds one in a form cloud-init decodes (a MIME
-/// part, gzip, base64: [`crate::userdata`]).
+/// part, gzip, base64: [`crate::model::userdata`]).
 fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool> {
     let mut f = fs::OpenOptions::new()
         .read(true)
@@ -395,7 +398,7 @@ fn holds(path: &Path, needles: &[memchr::memmem::Finder<'_>]) -> io::Result<bool
         if found(&whole) {
             return Ok(true);
         }
-        let forms = crate::userdata::decoded_forms(&whole).map_err(io::Error::other)?;
+        let forms = crate::model::userdata::decoded_forms(&whole).map_err(io::Error::other)?;
         return Ok(forms.iter().any(|form| found(form)));
     }
     let keep = needles.iter().map(|n| n.needle().len()).max().unwrap_or(0);
@@ -501,7 +504,10 @@ fn cloud_init_plan(req: &Request) -> Vec<PathBuf> {
 fn known_tokens(settings: &Settings, token_entries: &[PathBuf]) -> Vec<Vec<u8>> {
     let mut files: Vec<PathBuf> = token_entries.to_vec();
     walk(
-        &settings.paths.state_dir.join(crate::layout::REPLACED_DIR),
+        &settings
+            .paths
+            .state_dir
+            .join(crate::files::layout::REPLACED_DIR),
         &mut files,
     );
     if let Some(src) = &settings.paths.token_source {
@@ -533,7 +539,7 @@ fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
         .map(|(_, p)| p)
         .collect();
     let mut remove = token_entries.clone();
-    crate::layout::check_state_dir(settings)?;
+    crate::files::layout::check_state_dir(settings)?;
     remove.extend(entries(&paths.state_dir).map_err(|e| {
         anyhow!(
             "cannot read {}: {e}; check it and run prepare-image again",
@@ -556,7 +562,7 @@ fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
         remove.extend(journal_files(req));
     }
     // The lock file is no state: it is removed last and silently, held until the end.
-    let lock_path = paths.state_dir.join(crate::layout::LOCK_FILE);
+    let lock_path = paths.state_dir.join(crate::files::layout::LOCK_FILE);
     remove.retain(|p| *p != lock_path);
     // In an image, cloud-init's and the journal's places too must be the image's own.
     if let Some(root) = &req.root {
@@ -602,7 +608,7 @@ fn client_state(
     let mut left = Vec::new();
     for dir in &paths.gridd_client_state {
         let inside: Vec<PathBuf> =
-            crate::identity::client_state_entries(dir, "nothing was removed")?
+            crate::image::identity::client_state_entries(dir, "nothing was removed")?
                 .into_iter()
                 .map(|(_, p)| p)
                 .collect();
@@ -695,7 +701,10 @@ fn clean(
     journal_cmds: &[Vec<String>],
     done: &mut Prepared,
 ) -> anyhow::Result<Option<fsutil::Lock>> {
-    let lock_path = settings.paths.state_dir.join(crate::layout::LOCK_FILE);
+    let lock_path = settings
+        .paths
+        .state_dir
+        .join(crate::files::layout::LOCK_FILE);
     let lock = prepare_lock(settings, &lock_path)?;
     done.removed = remove_all(plan(settings, req)?.remove)?;
     let _ = fs::remove_file(&lock_path);
@@ -838,9 +847,9 @@ fn run_journal_commands(settings: &Settings, cmds: &[Vec<String>]) -> anyhow::Re
 /// directory's parent exists).
 fn record_prepared(settings: &Settings, req: &Request) -> anyhow::Result<Option<PathBuf>> {
     let marker = ImagePrepared {
-        at: crate::time::rfc3339(Utc::now()),
+        at: crate::model::time::rfc3339(Utc::now()),
         boot_id: if req.root.is_none() {
-            crate::identity::boot_id()
+            crate::image::identity::boot_id()
         } else {
             None
         },

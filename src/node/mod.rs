@@ -13,10 +13,12 @@
 //! directory exists beside it (it stays while the driver pod is made again), and the host has
 //! no unit of gridd's own. Judged at each observation: the driver pod comes and goes.
 
+pub mod journal_boot;
+
 use std::path::{Path, PathBuf};
 
 use crate::config::{ServiceMode, Settings};
-use crate::node_mode::{Mode, Node};
+use crate::model::node_mode::{Mode, Node};
 
 /// Where gridd's unit files would be on the host.
 const UNIT_DIRS: [&str; 4] = [

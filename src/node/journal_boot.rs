@@ -96,7 +96,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("journalctl");
         let put = |body: &str| {
-            crate::fsutil::write_test_program(&script, &format!("#!/bin/sh\n{body}\n"))
+            crate::files::fsutil::write_test_program(&script, &format!("#!/bin/sh\n{body}\n"))
         };
         let mut settings = Settings::default();
         settings.commands.journalctl = script.display().to_string();
