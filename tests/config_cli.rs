@@ -347,4 +347,24 @@ fn a_named_config_that_does_not_exist_is_an_error_everywhere() {
     // The file there: fine again.
     let r = root.run(&["config", "check", "--config", root.config.to_str().unwrap()]);
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    // A directory of drop-ins alone is a config (how a drop-in is checked on its own, as
+    // cloud-init/check.sh does): accepted, and said to have no main file.
+    let only = tempfile::tempdir().unwrap();
+    fs::create_dir(only.path().join("config.d")).unwrap();
+    fs::write(
+        only.path().join("config.d/50-cloud-init.toml"),
+        "[gridd]\nfeature_type = 1\n",
+    )
+    .unwrap();
+    let main = only.path().join("config.toml");
+    let r = run_within(
+        &root,
+        &["config", "check", "--config", main.to_str().unwrap()],
+    );
+    assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("50-cloud-init.toml") && r.stdout.contains("there is no"),
+        "{}",
+        r.stdout
+    );
 }

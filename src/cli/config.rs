@@ -45,6 +45,12 @@ pub fn run(command: &ConfigCommand, main: &Path) -> anyhow::Result<ExitCode> {
                     "config OK: no config file ({} is missing): the defaults",
                     show_path(main)
                 );
+            } else if !read.iter().any(|p| p == main) {
+                println!(
+                    "config OK: {} (there is no {}: the defaults under the drop-ins)",
+                    files.join(", "),
+                    show_path(main)
+                );
             } else {
                 println!("config OK: {}", files.join(", "));
             }

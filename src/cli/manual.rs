@@ -126,7 +126,9 @@ defaults. Only files whose names end in \fB.toml\fR are drop\-ins: any other fil
 (\fI50\-local.conf\fR, an editor's backup) is ignored, and \fBvgpu\-license\-agent config
 check\fR says so. \fB\-\-config\fR \fIFILE\fR or \fB$VGPU_LICENSE_AGENT_CONFIG\fR names
 another main file, which must exist (a path named that is not there is an error, not the
-defaults); its drop\-ins are then read from \fIconfig.d/\fR beside that file.
+defaults), unless \fIconfig.d/\fR beside it holds drop\-ins: then they, over the defaults,
+are the config (how a drop\-in is checked on its own); its drop\-ins are read from
+\fIconfig.d/\fR beside that file.
 .PP
 Prefer a drop\-in over editing \fIconfig.toml\fR: a package upgrade never touches one, and
 cloud\-init's \fBwrite_files\fR can create it. The packaged \fIconfig.toml\fR lists every key

@@ -68,7 +68,8 @@ impl Cli {
     }
 
     /// A config named on purpose that is not there is an error (a mistyped path would
-    /// otherwise pass for the defaults); the default path's absence means the defaults.
+    /// otherwise pass for the defaults), unless drop-ins beside it make a config of their
+    /// own; the default path's absence means the defaults.
     /// `analyze` reads no config; `prepare-image --root DIR` reads it below DIR.
     pub fn named_config_exists(&self) -> anyhow::Result<()> {
         let Some(by) = self.config_named_by else {
@@ -81,7 +82,10 @@ impl Cli {
             }) => root.join(self.config.strip_prefix("/").unwrap_or(&self.config)),
             _ => self.config.clone(),
         };
-        if matches!(path.try_exists(), Ok(false)) {
+        // A directory of drop-ins alone is a config the loader takes as it is (the defaults
+        // under them): checking a drop-in on its own is done that way.
+        let dropins_only = !crate::config::config_files(&path).0.is_empty();
+        if matches!(path.try_exists(), Ok(false)) && !dropins_only {
             let instead = if by == "--config" {
                 "leave --config out"
             } else {
