@@ -181,7 +181,7 @@ fn not_self_referring(fix: &str) -> String {
 /// and gridd.conf are the operator's Secret's, and a driver that does not answer is its
 /// driver pod. The token's mode is the entrypoint's copy of the Secret's (0644 as a Secret
 /// volume gives it), which gridd, as root, reads: nothing to fix.
-fn operator_fixes(checks: &mut [Check], node: &crate::model::node_mode::Node) {
+fn operator_fixes(checks: &mut [Check], node: &crate::model::node::Node) {
     let name = node.node_name.as_deref();
     for c in checks.iter_mut().filter(|c| c.fix.is_some()) {
         match c.name {

@@ -26,7 +26,7 @@ use crate::files::input::{self, Links};
 use crate::model::text::show_path;
 
 pub use crate::files::layout::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};
-use crate::model::guest_identity::{CloneDetected, Identity};
+use crate::model::identity::{CloneDetected, Identity};
 
 /// Reads this machine's identity below `root` (`/` on a guest; a fixture tree in tests).
 pub fn read(root: &Path) -> Identity {

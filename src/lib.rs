@@ -16,6 +16,7 @@ pub mod diagnose;
 pub mod files;
 pub mod gridd;
 pub mod http;
+pub mod identity;
 pub mod image;
 pub mod install;
 pub mod kube;

@@ -94,8 +94,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Install(args) => install::run(args, &settings()?).map(|()| ExitCode::SUCCESS),
         Command::PrepareImage(args) => prepare::run(args, &cli.config).map(|()| ExitCode::SUCCESS),
         Command::CheckIdentity(args) => {
-            vgpu_license_agent::image::identity::run(&settings()?, &args.root)
-                .map(|()| ExitCode::SUCCESS)
+            vgpu_license_agent::identity::run(&settings()?, &args.root).map(|()| ExitCode::SUCCESS)
         }
         Command::Run(args) => {
             vgpu_license_agent::service::run(settings()?, &cli.config, args.log_stderr)

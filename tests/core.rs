@@ -16,7 +16,7 @@ use vgpu_license_agent::service::core::{
 };
 use vgpu_license_agent::token::{Token, TokenError, Untimely};
 use vgpu_license_model::assemble::{SmiRead, TokenProblem};
-use vgpu_license_model::plan::{Outcome, Restart};
+use vgpu_license_model::install::{Outcome, Restart};
 use vgpu_license_model::policy;
 use vgpu_license_model::report::{Reason, State};
 
@@ -1186,7 +1186,7 @@ fn a_new_lease_ends_the_failure_logged_before_it() {
 /// refused, never before it was there.
 #[test]
 fn a_refused_token_is_dated_when_it_was_refused_not_at_the_last_reading() {
-    use vgpu_license_model::plan::{Aside, Change};
+    use vgpu_license_model::install::{Aside, Change};
     use vgpu_license_model::time::LogTime;
     let mut sim = licensed_for_a_minute();
     sim.run(S(100));

@@ -273,7 +273,7 @@ fn the_state_directory_layout_is_a_leaf() {
         layout.is_subset(&allowed),
         "layout imports {layout:?}; it may import only {allowed:?}"
     );
-    for m in ["install", "image/identity", "image"] {
+    for m in ["install", "identity", "image"] {
         assert!(edges[m].contains("files/layout"), "{m} does not use layout");
     }
 }

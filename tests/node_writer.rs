@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
-use vgpu_license_model::node_condition::{Condition, Outcome, TAINT_SETTLE};
-use vgpu_license_model::node_writer::{BACKOFF, NodeWriter, patch};
+use vgpu_license_model::node::condition::{Condition, Outcome, TAINT_SETTLE};
+use vgpu_license_model::node::writer::{BACKOFF, NodeWriter, patch};
 use vgpu_license_model::time::{Now, rfc3339};
 
 fn t0() -> DateTime<Utc> {

@@ -1156,7 +1156,7 @@ proptest! {
             }),
         ],
     ) {
-        use vgpu_license_agent::image::identity;
+        use vgpu_license_agent::identity;
         let dir = tempfile::tempdir().unwrap();
         let settings = state_settings(dir.path());
         let root = dir.path().join("root");

@@ -7,7 +7,7 @@ use anyhow::anyhow;
 use crate::cli::InstallArgs;
 use crate::config::Settings;
 use crate::install::{Request, check_feature_type, install, nothing_changed, source};
-use crate::model::plan::{Outcome, Restart};
+use crate::model::install::{Outcome, Restart};
 
 /// `vgpu-license-agent install`.
 pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {

@@ -19,7 +19,6 @@
 //! every configured path is taken below DIR (and refused when a symlink on the way could lead
 //! out of it), and nothing on the builder itself (its services, its journal) is touched.
 
-pub mod identity;
 pub mod prepared;
 
 use std::fs;
@@ -608,7 +607,7 @@ fn client_state(
     let mut left = Vec::new();
     for dir in &paths.gridd_client_state {
         let inside: Vec<PathBuf> =
-            crate::image::identity::client_state_entries(dir, "nothing was removed")?
+            crate::identity::client_state_entries(dir, "nothing was removed")?
                 .into_iter()
                 .map(|(_, p)| p)
                 .collect();
@@ -849,7 +848,7 @@ fn record_prepared(settings: &Settings, req: &Request) -> anyhow::Result<Option<
     let marker = ImagePrepared {
         at: crate::model::time::rfc3339(Utc::now()),
         boot_id: if req.root.is_none() {
-            crate::image::identity::boot_id()
+            crate::identity::boot_id()
         } else {
             None
         },

@@ -62,7 +62,7 @@ fn adopt_listing(
 
 /// The service's adoption of a token's bytes (from the token directory or the source):
 /// validated, then installed with the config's FeatureType. A restart the changes need is
-/// [`Restart::Due`](crate::model::plan::Restart::Due) where `may_restart` (the service's core makes
+/// [`Restart::Due`](crate::model::install::Restart::Due) where `may_restart` (the service's core makes
 /// it), else deferred: owed until the budget allows.
 pub(super) fn adopt_bytes(
     settings: &Settings,

@@ -15,7 +15,7 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-use crate::model::plan::{AdoptError, Aside, Change, Outcome, Restart, SETTLE, TokenRejected};
+use crate::model::install::{AdoptError, Aside, Change, Outcome, Restart, SETTLE, TokenRejected};
 pub use adopt::{adopt, adopt_dropped_token, check_source};
 use apply::apply;
 
@@ -1005,7 +1005,7 @@ pub fn install(req: &Request, settings: &Settings) -> anyhow::Result<Outcome> {
 /// never reads the node's `/etc/nvidia`, and the operator's Secret is the place.
 fn refuse_where_observing(settings: &Settings) -> anyhow::Result<()> {
     let node = crate::node::detect(settings);
-    if node.mode == crate::model::node_mode::Mode::Manage {
+    if node.mode == crate::model::node::Mode::Manage {
         return Ok(());
     }
     Err(match &node.driver_root {

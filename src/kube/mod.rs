@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 
 use crate::config::{Settings, Switch};
 use crate::files::input::{self, Links};
-use crate::model::node_condition::TYPE;
+use crate::model::node::condition::TYPE;
 use crate::model::text::show_path;
 
 pub use writer::write_condition;
@@ -145,7 +145,7 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
         .clone()
         .or_else(crate::node::node_name)
         .context("no node name: set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)")?;
-    if let Some(why) = crate::model::node_condition::node_name_problem(&node) {
+    if let Some(why) = crate::model::node::condition::node_name_problem(&node) {
         bail!(
             "the node name {:?} {why}; set kubernetes.node_name, or NODE_NAME from the pod's downward API (spec.nodeName)",
             crate::model::text::escape(&node)
@@ -351,7 +351,7 @@ impl Api {
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let Some(taints) = crate::model::node_condition::taints(&current, want) else {
+        let Some(taints) = crate::model::node::condition::taints(&current, want) else {
             return Ok(false);
         };
         let body = json!({

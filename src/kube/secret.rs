@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::{Api, MAX_ANSWER, Session};
 use crate::config::SecretRef;
-use crate::model::node_mode::{SECRET_TOKEN_KEY, SecretToken};
+use crate::model::node::{SECRET_TOKEN_KEY, SecretToken};
 
 /// Reads the Secret `name` now and then every `every`, until `stop`; each read is told to
 /// `tell`.

@@ -1,5 +1,5 @@
 //! The writer of the Node condition, the acting half: it reads the clocks and the node's
-//! uptime, sends what [`crate::model::node_writer`] decides, and tells the outcome.
+//! uptime, sends what [`crate::model::node::writer`] decides, and tells the outcome.
 
 use std::time::Duration;
 
@@ -8,8 +8,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{Api, Session};
-use crate::model::node_condition::{Condition, Outcome};
-use crate::model::node_writer::NodeWriter;
+use crate::model::node::condition::{Condition, Outcome};
+use crate::model::node::writer::NodeWriter;
 use crate::model::time::Now;
 
 /// How long the node has been up (`/proc/uptime`); zero when it cannot be read.
@@ -24,7 +24,7 @@ fn uptime() -> Duration {
 /// Writes the condition `rx` holds whenever it changes and at least every heartbeat
 /// (`kubernetes.heartbeat_seconds`),
 /// until `stop`; each outcome is told to `tell`. After a failure it tries again with backoff
-/// ([`crate::model::node_writer::BACKOFF`]: 5 s, doubling, at most 5 min).
+/// ([`crate::model::node::writer::BACKOFF`]: 5 s, doubling, at most 5 min).
 pub async fn write_condition(
     api: Api,
     mut rx: watch::Receiver<Option<Condition>>,
@@ -105,7 +105,7 @@ impl Sender {
             self.writer.node_read(current);
         }
         let transition = self.writer.transition(cond);
-        let body = crate::model::node_writer::patch(cond, &transition, Utc::now());
+        let body = crate::model::node::writer::patch(cond, &transition, Utc::now());
         self.api.patch(&client, &body).await?;
         self.writer.condition_written(cond, transition, self.now());
         Ok(())
@@ -124,8 +124,8 @@ impl Sender {
                     tracing::info!(
                         "{} the taint {}:{} {} node {}",
                         if want { "put" } else { "took" },
-                        crate::model::node_condition::TAINT_KEY,
-                        crate::model::node_condition::TAINT_EFFECT,
+                        crate::model::node::condition::TAINT_KEY,
+                        crate::model::node::condition::TAINT_EFFECT,
                         if want { "on" } else { "off" },
                         crate::model::text::escape(&self.api.node)
                     );

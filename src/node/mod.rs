@@ -18,7 +18,7 @@ pub mod journal_boot;
 use std::path::{Path, PathBuf};
 
 use crate::config::{ServiceMode, Settings};
-use crate::model::node_mode::{Mode, Node};
+use crate::model::node::{Mode, Node};
 
 /// Where gridd's unit files would be on the host.
 const UNIT_DIRS: [&str; 4] = [

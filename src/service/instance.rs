@@ -110,7 +110,7 @@ pub fn load_restarts(settings: &Settings, start: f64) -> Vec<f64> {
         return Vec::new();
     };
     match serde_json::from_slice::<Restarts>(&bytes) {
-        Ok(r) if Some(&r.boot_id) == crate::image::identity::boot_id().as_ref() => r
+        Ok(r) if Some(&r.boot_id) == crate::identity::boot_id().as_ref() => r
             .monotonic_seconds
             .iter()
             .filter(|t| t.is_finite())
@@ -122,7 +122,7 @@ pub fn load_restarts(settings: &Settings, start: f64) -> Vec<f64> {
 
 /// Keeps `restarts` (seconds on the clock that started at `start`) for the next run.
 pub fn save_restarts(settings: &Settings, start: f64, restarts: &[f64]) -> std::io::Result<()> {
-    let Some(boot_id) = crate::image::identity::boot_id() else {
+    let Some(boot_id) = crate::identity::boot_id() else {
         return Ok(());
     };
     let kept = Restarts {

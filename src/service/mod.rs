@@ -140,7 +140,7 @@ struct Shell {
     /// The token directory's watch (none where it cannot be watched).
     watch: Option<dir_watch::Watch>,
     /// The Node condition for its writer (none when not on a Kubernetes node).
-    condition: Option<watch::Sender<Option<crate::model::node_condition::Condition>>>,
+    condition: Option<watch::Sender<Option<crate::model::node::condition::Condition>>>,
 }
 
 impl Shell {
@@ -203,7 +203,7 @@ impl Shell {
 
     fn publish(&self, settings: &Settings, p: Publication) {
         if let Some(c) = &self.condition {
-            let cond = crate::model::node_condition::of(&p.report, &status_line(&p.report));
+            let cond = crate::model::node::condition::of(&p.report, &status_line(&p.report));
             c.send_if_modified(|old| {
                 let changed = *old != cond;
                 *old = cond;
@@ -256,7 +256,7 @@ fn node_condition_writer(
     settings: &Settings,
     tx: &mpsc::UnboundedSender<Event>,
     stop: &watch::Receiver<bool>,
-) -> Option<watch::Sender<Option<crate::model::node_condition::Condition>>> {
+) -> Option<watch::Sender<Option<crate::model::node::condition::Condition>>> {
     let api = match crate::kube::target(settings) {
         Ok(Some(api)) => api,
         Ok(None) => {
@@ -272,7 +272,7 @@ fn node_condition_writer(
     };
     info!(
         "writing the condition {} of node {}",
-        crate::model::node_condition::TYPE,
+        crate::model::node::condition::TYPE,
         crate::model::text::escape(&api.node)
     );
     if let Some(name) = settings.kubernetes.licensing_secret.clone() {
@@ -326,7 +326,7 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
     }
     if reads.last_shutdown {
         // What check-identity found at this boot, reported once, with it.
-        if let Some(c) = crate::image::identity::take_unreported(settings) {
+        if let Some(c) = crate::identity::take_unreported(settings) {
             events.push(Event::CloneDetected(Box::new(c)));
         }
         events.push(Event::LastShutdown(live::previous_boot_shutdown(settings)));
@@ -382,7 +382,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // token directory is not watched.
     let node = crate::node::detect(&settings);
     let condition = node_condition_writer(&settings, &tx, &stop_rx);
-    let watch = (node.mode == crate::model::node_mode::Mode::Manage)
+    let watch = (node.mode == crate::model::node::Mode::Manage)
         .then(|| dir_watch::Watch::start(&settings))
         .flatten();
     // Where a GPU Operator may run its driver pod, its comings and goings are watched.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 
 use crate::config::Settings;
-use crate::guest_identity::CloneDetected;
+use crate::identity::CloneDetected;
 use crate::observe::app_log::AppLog;
 use crate::observe::journal::ScanStats;
 use crate::observe::smi::SmiSnapshot;

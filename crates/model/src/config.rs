@@ -53,10 +53,10 @@ impl SecretRef {
     /// `NAMESPACE/NAME`, each an RFC 1123 name, as the API takes them.
     pub fn parse(v: &str) -> Result<SecretRef, String> {
         let (namespace, name) = v.split_once('/').unwrap_or_default();
-        let ns_ok = crate::node_condition::node_name_problem(namespace).is_none()
+        let ns_ok = crate::node::condition::node_name_problem(namespace).is_none()
             && !namespace.contains('.')
             && namespace.len() <= 63;
-        if !ns_ok || crate::node_condition::node_name_problem(name).is_some() {
+        if !ns_ok || crate::node::condition::node_name_problem(name).is_some() {
             return Err(format!(
                 "kubernetes.licensing_secret = {}: expected \"NAMESPACE/NAME\" of the GPU Operator's licensing Secret (driver.licensingConfig.secretName in its namespace, as `kubectl -n gpu-operator get secret` shows it), or \"\" for none",
                 shown_value(v)
@@ -546,7 +546,7 @@ impl Settings {
         }
         if let Some(v) = k.node_name {
             if let Some(why) =
-                crate::node_condition::node_name_problem(&v).filter(|_| !v.is_empty())
+                crate::node::condition::node_name_problem(&v).filter(|_| !v.is_empty())
             {
                 return Err(format!(
                     "kubernetes.node_name {why}; set it to the Node's name as `kubectl get nodes` shows it, or leave it unset for $NODE_NAME"

@@ -5,9 +5,9 @@
 //!   ([`userdata`]), the settings ([`config`]);
 //! - one observation ([`assemble`]) and its judgement ([`state`]): the [`report`], by the
 //!   rules of [`policy`];
-//! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`plan`]),
-//!   the node's mode ([`node_mode`]), its Kubernetes condition ([`node_condition`]) and
-//!   when to write it ([`node_writer`]), the shared retry schedule ([`backoff`]), a
+//! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`install`]: the plan),
+//!   the node's mode ([`node`]), its Kubernetes condition ([`node::condition`]) and
+//!   when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
 //!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
 //! - the service's judgement over time ([`service`]): events and the time in, effects out;
 //! - times and text as operators read them ([`time`], [`text`]).
@@ -19,12 +19,10 @@ pub mod assemble;
 pub mod backoff;
 pub mod config;
 pub mod gridd_conf;
-pub mod guest_identity;
-pub mod node_condition;
-pub mod node_mode;
-pub mod node_writer;
+pub mod identity;
+pub mod install;
+pub mod node;
 pub mod observe;
-pub mod plan;
 pub mod policy;
 pub mod remedy;
 pub mod report;

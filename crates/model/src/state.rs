@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 
-use crate::guest_identity::CloneDetected;
+use crate::identity::CloneDetected;
 use crate::observe::app_log::{self, AppLog};
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
 use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};

@@ -2,6 +2,9 @@
 //! or a GPU Operator's driver container) and so whether the agent manages or only observes,
 //! and the settings that follow from it. No I/O: the agent's `node` looks at the machine.
 
+pub mod condition;
+pub mod writer;
+
 use std::path::{Path, PathBuf};
 
 use crate::config::Settings;

@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use crate::backoff::Backoff;
-use crate::node_condition::{Condition, Outcome, TYPE, wants_taint};
+use crate::node::condition::{Condition, Outcome, TYPE, wants_taint};
 use crate::time::{Now, rfc3339};
 
 /// The waits after failed writes: 5 s, doubling, at most 5 min.

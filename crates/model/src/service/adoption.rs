@@ -163,7 +163,7 @@ pub(super) fn say_restarted(command: &str, why: &str) {
         message_id = message_ids::GRIDD_RESTARTED,
         vgpu_license_reason = why,
         "{}",
-        crate::text::escape(&crate::plan::restarted_line(command, why))
+        crate::text::escape(&crate::install::restarted_line(command, why))
     );
 }
 

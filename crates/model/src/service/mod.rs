@@ -15,10 +15,10 @@ use tracing::{error, info, warn};
 
 use crate::assemble::{self, SmiRead, TokenProblem};
 use crate::config::Settings;
-use crate::node_mode::{Mode, Node};
+use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
+use crate::node::{Mode, Node};
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
-use crate::plan::{Aside, Change, Outcome, Restart, SETTLE};
 use crate::policy;
 use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
@@ -122,20 +122,20 @@ pub enum Event {
     /// What gridd did with its lease as the previous boot ended.
     LastShutdown(Option<crate::shutdown::LastShutdown>),
     /// A clone found at this boot, not reported before.
-    CloneDetected(Box<crate::guest_identity::CloneDetected>),
+    CloneDetected(Box<crate::identity::CloneDetected>),
     /// Where the driver runs, looked at again (a GPU Operator's driver pod comes and goes).
     Node(Box<Node>),
     /// A write of the Node condition: done, or why not.
-    NodeCondition(crate::node_condition::Outcome),
+    NodeCondition(crate::node::condition::Outcome),
     /// The licensing Secret (`kubernetes.licensing_secret`), read: what it holds, or why it
     /// could not be read.
-    LicensingSecret(Result<crate::node_mode::SecretToken, String>),
+    LicensingSecret(Result<crate::node::SecretToken, String>),
     /// Answers that came together (a reading, where the driver runs, systemd's word), in
     /// order: one batch, one report.
     Together(Vec<Event>),
 }
 
-pub use crate::plan::AdoptError;
+pub use crate::install::AdoptError;
 
 /// What the shell must do.
 #[derive(Debug, Clone, PartialEq)]
@@ -436,7 +436,7 @@ impl Core {
     }
 
     /// A clone found at boot: said once, and kept for the report.
-    fn on_clone(&mut self, c: crate::guest_identity::CloneDetected) {
+    fn on_clone(&mut self, c: crate::identity::CloneDetected) {
         warn!(
             message_id = message_ids::CLONE_DETECTED,
             "{}",

@@ -6,8 +6,8 @@ use super::*;
 impl Core {
     /// A write to the Node: a failure of the condition's patch or of the taint's is a
     /// warning naming which (once per streak of each in the journal) and a count, never more.
-    pub(super) fn condition_written(&mut self, outcome: crate::node_condition::Outcome) {
-        use crate::node_condition::{TAINT_EFFECT, TAINT_KEY, TYPE};
+    pub(super) fn condition_written(&mut self, outcome: crate::node::condition::Outcome) {
+        use crate::node::condition::{TAINT_EFFECT, TAINT_KEY, TYPE};
         if let Some(result) = outcome.condition {
             let what = format!("the Node condition {TYPE}");
             self.node_write(
@@ -30,7 +30,7 @@ impl Core {
 
     /// The licensing Secret, read: a failure to read it is a warning once per streak (it is
     /// also in the report's notes while it lasts).
-    pub(super) fn secret_read(&mut self, read: Result<crate::node_mode::SecretToken, String>) {
+    pub(super) fn secret_read(&mut self, read: Result<crate::node::SecretToken, String>) {
         let was_failing = matches!(self.seen.secret, Some(Err(_)));
         match &read {
             Err(why) if !was_failing => warn!(

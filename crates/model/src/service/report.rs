@@ -340,7 +340,7 @@ impl assemble::Source for Memory<'_> {
             return None;
         };
         let installed = self.core.seen.token.as_ref().and_then(|t| t.as_ref().ok());
-        crate::node_mode::stale(name, held, installed)
+        crate::node::stale(name, held, installed)
     }
 
     fn token_notes(&self) -> Vec<String> {
@@ -379,7 +379,7 @@ impl assemble::Source for Memory<'_> {
         self.core.seen.last_shutdown.clone()
     }
 
-    fn clone_detected(&self) -> Option<crate::guest_identity::CloneDetected> {
+    fn clone_detected(&self) -> Option<crate::identity::CloneDetected> {
         self.core.seen.clone.clone()
     }
 

@@ -30,9 +30,9 @@ pub(super) struct Seen {
     /// saw come (gridd's failures since it came still count).
     pub(super) lease_at_start: bool,
     pub(super) last_shutdown: Option<crate::shutdown::LastShutdown>,
-    pub(super) clone: Option<crate::guest_identity::CloneDetected>,
+    pub(super) clone: Option<crate::identity::CloneDetected>,
     /// The licensing Secret as last read, or why it could not be.
-    pub(super) secret: Option<Result<crate::node_mode::SecretToken, String>>,
+    pub(super) secret: Option<Result<crate::node::SecretToken, String>>,
 }
 
 impl Seen {
