@@ -176,6 +176,14 @@ pub struct TokenState {
 }
 
 impl TokenState {
+    /// The directory's files held open for writing, and their last change.
+    pub fn held_since(&self) -> Vec<(String, DateTime<Utc>)> {
+        self.listing
+            .as_ref()
+            .map(crate::token::dir::Listing::held_since)
+            .unwrap_or_default()
+    }
+
     /// Other files in the token directory (gridd may read them and fail).
     pub fn strays(&self) -> &[crate::token::dir::Stray] {
         self.listing.as_ref().map_or(&[], |l| l.strays.as_slice())
@@ -268,6 +276,8 @@ pub struct Look {
     /// Why gridd's journal was not read whole, or at all.
     pub journal_note: Option<String>,
     pub token: Result<Token, TokenProblem>,
+    /// The token directory's files held open for writing, and their last change.
+    pub held: Vec<(String, DateTime<Utc>)>,
     pub unit: Option<Result<(), String>>,
     pub legacy_server: Option<String>,
     pub node: crate::model::state::NodeSeen,
@@ -290,12 +300,14 @@ pub fn look(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Look 
         )),
         Ok(_) => None,
     };
+    let tokens = token_state(settings, now);
     Look {
         now,
         smi,
         fold: read.ok().map(|(fold, _)| fold),
         journal_note,
-        token: token_state(settings, now).token,
+        held: tokens.held_since(),
+        token: tokens.token,
         unit: gridd_running(settings),
         legacy_server: legacy_server(settings),
         node: crate::node::detect(settings).seen(),
@@ -319,6 +331,10 @@ impl Look {
 impl Source for Look {
     fn now(&self) -> Option<DateTime<Utc>> {
         Some(self.now)
+    }
+
+    fn held_writers(&self) -> Vec<(String, DateTime<Utc>)> {
+        self.held.clone()
     }
 
     fn smi(&self) -> Option<SmiSnapshot> {

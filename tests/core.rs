@@ -1254,3 +1254,49 @@ fn licensed_the_readings_come_at_the_licensed_pace() {
         assert_eq!(w[1] - w[0], S(420), "{reads:?}");
     }
 }
+
+/// A file held open for writing in the token directory (an editor left open): nothing for two
+/// minutes (a copy takes seconds), then named in the report's notes and counted in the
+/// metrics, on the heartbeat's own wakeups; gone once its writer closes it.
+#[test]
+fn a_file_held_open_for_minutes_is_named_in_the_report_and_counted() {
+    let mut sim = licensed_for_a_minute();
+    let held_since = sim.now().wall;
+    sim.handle(Event::HeldWriters(vec![("notes.txt".into(), held_since)]));
+    let named = |sim: &Sim| {
+        sim.core
+            .report()
+            .unwrap()
+            .notes
+            .iter()
+            .find(|n| n.contains("notes.txt"))
+            .cloned()
+    };
+    let gauge = |sim: &Sim| {
+        vgpu_license_model::report::metrics::render(sim.core.report().unwrap(), sim.core.counters())
+            .lines()
+            .find(|l| l.starts_with("vgpu_license_token_dir_held_writers "))
+            .map(str::to_string)
+    };
+    sim.run(S(60));
+    assert_eq!(named(&sim), None, "a minute is a copy's time");
+    assert_eq!(
+        gauge(&sim).as_deref(),
+        Some("vgpu_license_token_dir_held_writers 0")
+    );
+    sim.run(S(180));
+    let note = named(&sim).expect("named past two minutes");
+    assert!(note.contains("fuser -v") && note.contains(" s)"), "{note}");
+    assert_eq!(sim.state(), State::Licensed, "no verdict on the license");
+    assert_eq!(
+        gauge(&sim).as_deref(),
+        Some("vgpu_license_token_dir_held_writers 1")
+    );
+    // Its writer closes it: the next look finds it no more.
+    sim.handle(Event::HeldWriters(Vec::new()));
+    assert_eq!(named(&sim), None);
+    assert_eq!(
+        gauge(&sim).as_deref(),
+        Some("vgpu_license_token_dir_held_writers 0")
+    );
+}

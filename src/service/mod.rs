@@ -309,7 +309,9 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
     let mut events = Vec::new();
     if reads.token {
         events.push(Event::LegacyServer(live::legacy_server(settings)));
-        events.push(Event::Token(live::token_state(settings, Utc::now()).token));
+        let tokens = live::token_state(settings, Utc::now());
+        events.push(Event::HeldWriters(tokens.held_since()));
+        events.push(Event::Token(tokens.token));
     }
     if let Some((licensed, may_restart)) = reads.adopt {
         let adopted = install::adopt(settings, licensed, may_restart).map(Box::new);

@@ -167,9 +167,7 @@ pub struct Held {
     pub changed: i128,
 }
 
-/// How long a file may stay open for writing before the agent names it: a copy takes
-/// seconds; an editor or a stuck copy holds it for minutes.
-pub const HELD_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
+pub use super::HELD_BOUND;
 
 impl Listing {
     /// The strays' names for a message: a few, and how many more.
@@ -203,6 +201,21 @@ impl Listing {
         (0..settle)
             .contains(&age)
             .then(|| std::time::Duration::from_nanos((settle - age) as u64))
+    }
+
+    /// The files held open for writing and their last change, for a report to judge (the
+    /// model names those held past [`HELD_BOUND`]).
+    pub fn held_since(&self) -> Vec<(String, DateTime<Utc>)> {
+        self.held
+            .iter()
+            .filter_map(|h| {
+                let since = i64::try_from(h.changed).ok()?;
+                Some((
+                    crate::model::text::escape(&h.name.to_string_lossy()).into_owned(),
+                    DateTime::from_timestamp_nanos(since),
+                ))
+            })
+            .collect()
     }
 
     /// Whether a file that is no whole token is open for writing now (its writer pausing

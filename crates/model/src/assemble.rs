@@ -157,6 +157,10 @@ pub trait Source {
     fn token_stale(&self) -> Option<String> {
         None
     }
+    /// The files of the token directory held open for writing, and their last change.
+    fn held_writers(&self) -> Vec<(String, DateTime<Utc>)> {
+        Vec::new()
+    }
     /// What the service has to say about the token for a while.
     fn token_notes(&self) -> Vec<String> {
         Vec::new()
@@ -217,6 +221,7 @@ pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
         source_rejected: src.source_rejected(),
         token_rejected: src.token_rejected(),
         token_stale: src.token_stale(),
+        held_writers: held_long(src),
         token_notes: src.token_notes(),
         own_notes: src.own_notes(),
         node: src.node(),
@@ -227,6 +232,21 @@ pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
         clone_detected: src.clone_detected(),
         since: src.since(),
     }
+}
+
+/// The files held open for writing past [`crate::token::HELD_BOUND`] at the look's moment
+/// (a saved output has none): their names and for how long, in whole seconds.
+fn held_long(src: &impl Source) -> Vec<(String, u64)> {
+    let Some(now) = src.now() else {
+        return Vec::new();
+    };
+    src.held_writers()
+        .into_iter()
+        .filter_map(|(name, since)| {
+            let secs = u64::try_from((now - since).num_seconds()).ok()?;
+            (secs >= crate::token::HELD_BOUND.as_secs()).then_some((name, secs))
+        })
+        .collect()
 }
 
 /// The token as judged at the look's moment; a saved one as it was (no present to judge its
@@ -328,6 +348,43 @@ mod tests {
 
     struct Nothing;
     impl Source for Nothing {}
+
+    /// Files held open for writing since `since`, seen at `now` (a saved output: none).
+    struct Held(Option<DateTime<Utc>>, DateTime<Utc>);
+
+    impl Source for Held {
+        fn now(&self) -> Option<DateTime<Utc>> {
+            self.0
+        }
+        fn held_writers(&self) -> Vec<(String, DateTime<Utc>)> {
+            vec![
+                ("notes.txt".into(), self.1),
+                ("copy.tok".into(), self.0.unwrap_or(self.1)),
+            ]
+        }
+    }
+
+    /// A file held open for writing past the bound is named, one held a moment is a copy
+    /// under way, and a saved output has no present to measure either against.
+    #[test]
+    fn files_held_open_past_the_bound_are_named() {
+        let settings = Settings::default();
+        let now = at("2026-12-06T12:00:00Z");
+        let since = now - chrono::Duration::seconds(130);
+        let obs = observe(&settings, &Held(Some(now), since));
+        assert_eq!(obs.held_writers, vec![("notes.txt".to_string(), 130)]);
+        let r = evaluate(obs);
+        assert!(
+            r.notes.iter().any(|n| n.contains("notes.txt (for 130 s)")),
+            "{:?}",
+            r.notes
+        );
+        assert!(
+            observe(&settings, &Held(None, since))
+                .held_writers
+                .is_empty()
+        );
+    }
 
     #[test]
     fn a_source_that_answers_nothing_is_observed_as_unknown() {

@@ -230,6 +230,9 @@ pub struct Observations {
     pub token_stale: Option<String>,
     /// What the service has to say about the token for a while (a rotation it made): notes.
     pub token_notes: Vec<String>,
+    /// Files of the token directory held open for writing past the bound: their names and
+    /// for how long (seconds). Said in the notes; they hold nothing else up.
+    pub held_writers: Vec<(String, u64)>,
     /// The agent's own trouble in observing (a journal not read whole, a command it could
     /// not start): said in the report's notes, never a verdict on the license.
     pub own_notes: Vec<String>,
@@ -592,6 +595,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
     let app = obs.app_log.as_ref().map(|(_, found)| found);
     let failure = failure.or_else(|| app_failure(state, app));
     notes.extend(obs.token_notes.iter().cloned());
+    notes.extend(held_note(&obs.held_writers));
     if let Some(node) = &obs.node {
         notes.extend(node_notes(node));
     }
@@ -1199,6 +1203,20 @@ fn warning(reason: Reason, message: String, at: Option<LogTime>) -> Failure {
         message,
         at,
     }
+}
+
+/// Files held open for writing in the token directory for minutes: named, with what to do.
+fn held_note(held: &[(String, u64)]) -> Option<String> {
+    (!held.is_empty()).then(|| {
+        let named: Vec<String> = held
+            .iter()
+            .map(|(name, secs)| format!("{name} (for {secs} s)"))
+            .collect();
+        format!(
+            "the token directory holds a file a process keeps open for writing: {}; it is judged once its writer closes it, and holds nothing else up: `fuser -v` on the token directory's files names the process (an editor left open, a stuck copy)",
+            named.join(", ")
+        )
+    })
 }
 
 /// What a GPU Operator node's report says of it.

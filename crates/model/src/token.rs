@@ -323,6 +323,10 @@ impl Token {
     }
 }
 
+/// How long a file of the token directory may stay open for writing before the agent names
+/// it: a copy takes seconds; an editor or a stuck copy holds it for minutes.
+pub const HELD_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Tokens for tests, of this crate and of the agent's (feature `testing`).
 #[cfg(any(test, feature = "testing"))]
 pub mod testing {

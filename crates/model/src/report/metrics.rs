@@ -23,6 +23,8 @@ pub struct Counters {
     pub token_rejected: bool,
     /// The licensing Secret holds another token than gridd runs with.
     pub token_stale: bool,
+    /// Files of the token directory held open for writing past the bound.
+    pub held_writers: usize,
     /// `manage` or `observe`, for the info metric (empty: not known, `analyze`).
     pub mode: &'static str,
     /// `host` or `gpu_operator`: where the driver runs.
@@ -157,6 +159,13 @@ pub fn render(report: &Report, c: &Counters) -> String {
         "gauge",
         "1 while the GPU Operator's licensing Secret (kubernetes.licensing_secret) holds another token than the one nvidia-gridd runs with, else 0.",
         u8::from(c.token_stale),
+    );
+    one(
+        &mut o,
+        "vgpu_license_token_dir_held_writers",
+        "gauge",
+        "Files of the token directory that a process has kept open for writing for more than 2 minutes (an editor left open, a stuck copy): each is judged once its writer closes it.",
+        c.held_writers,
     );
     per_gpu(&mut o, report);
     guest_info(&mut o, report, c);

@@ -107,6 +107,9 @@ pub enum Event {
     Token(Result<Token, TokenProblem>),
     /// gridd.conf's `ServerAddress` (the legacy license server), read with the token.
     LegacyServer(Option<String>),
+    /// The token directory's files held open for writing, and their last change, read with
+    /// the token.
+    HeldWriters(Vec<(String, DateTime<Utc>)>),
     /// Something changed in the token directory or gridd.conf.
     TokenDirChanged,
     /// On a GPU Operator node, the driver pod's root or its ready marker changed.
@@ -325,6 +328,7 @@ impl Core {
             Event::Unit(u) => self.on_unit(u, now, &mut fx),
             Event::Token(t) => self.on_token(t, now),
             Event::LegacyServer(s) => self.seen.legacy_server = s,
+            Event::HeldWriters(held) => self.seen.held = held,
             Event::TokenDirChanged => {
                 self.seen.token_dir_changed = Some(now.mono);
                 self.read_token(now, &mut fx);

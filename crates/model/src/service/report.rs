@@ -202,6 +202,7 @@ impl Core {
         self.counters.token_rejected =
             obs.token_rejected.is_some() || obs.source_rejected.is_some();
         self.counters.token_stale = obs.token_stale.is_some();
+        self.counters.held_writers = obs.held_writers.len();
         self.counters.token_expiry = self
             .seen
             .token
@@ -331,6 +332,10 @@ impl assemble::Source for Memory<'_> {
 
     fn token_rejected(&self) -> Option<String> {
         Adoption::recent(&self.core.adoption.rejected, self.now)
+    }
+
+    fn held_writers(&self) -> Vec<(String, DateTime<Utc>)> {
+        self.core.seen.held.clone()
     }
 
     /// What the licensing Secret says against the token gridd runs with.

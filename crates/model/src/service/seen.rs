@@ -33,6 +33,9 @@ pub(super) struct Seen {
     pub(super) clone: Option<crate::identity::CloneDetected>,
     /// The licensing Secret as last read, or why it could not be.
     pub(super) secret: Option<Result<crate::node::SecretToken, String>>,
+    /// The token directory's files held open for writing at the last look, and their last
+    /// change.
+    pub(super) held: Vec<(String, DateTime<Utc>)>,
 }
 
 impl Seen {
@@ -53,6 +56,7 @@ impl Seen {
             last_shutdown: None,
             clone: None,
             secret: None,
+            held: Vec::new(),
         }
     }
 }
