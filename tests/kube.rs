@@ -263,12 +263,7 @@ fn scenario_status_npd_speaks_node_problem_detectors_protocol() {
     let a = Agent::start(&m);
     a.wait_status("a failure", T, |v| !v["failure"].is_null());
     let npd = || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-            .arg("--config")
-            .arg(&m.config)
-            .args(["status", "--npd"])
-            .output()
-            .unwrap();
+        let out = m.cli(&["status", "--npd"]);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),

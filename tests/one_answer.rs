@@ -3,8 +3,6 @@
 //! code, the licensing mode, the license, each vGPU, the failure's reason and advice. What
 //! only the service can know (its pid, a file it refused, its probe's words) is left out.
 
-use std::process::Command;
-
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
@@ -47,12 +45,7 @@ fn served_then_alone(m: &Machine, mut a: Agent) -> (Value, Value) {
     let served = a.status().expect("the service's status.json");
     a.signal(Signal::SIGTERM);
     a.wait_exit(T).expect("the service stops on SIGTERM");
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
+    let out = m.cli(&["status", "--json"]);
     let alone: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
         alone["agent_pid"].is_null(),

@@ -6,7 +6,6 @@
 //! and a restart said to come in N s comes then.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::sim::{self, Agent, Machine, Mode, Setup, reason, token_for, write_gridd_conf};
@@ -55,12 +54,7 @@ fn status(m: &Machine) -> (Option<i32>, Value) {
 
 /// A command of the agent with the machine's config: its exit code and standard output.
 fn cli(m: &Machine, args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(args)
-        .output()
-        .unwrap();
+    let out = m.cli(args);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -564,12 +558,7 @@ fn scenario_the_failure_of_the_gridd_before_an_install_is_history() {
     m.dls.set_mode(Mode::Blackhole);
     let file = m.path("new.tok");
     sim::write_mode(&file, &m.token(), 0o600);
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(["install", "--token-file", file.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = m.cli(&["install", "--token-file", file.to_str().unwrap()]);
     assert!(out.status.success(), "{out:?}");
     let at = Instant::now();
     let v = sim::wait_for(

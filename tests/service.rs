@@ -741,23 +741,13 @@ fn scenario_every_output_tells_the_same() {
     let v = a.wait_state("licensed", T);
 
     // `status` reads the running service's report and exits as a monitoring check.
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
+    let out = m.cli(&["status", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", a.context());
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["state"], v["state"]);
     assert_eq!(s["license"], v["license"]);
     assert_eq!(s["agent_pid"], a.pid());
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(["status", "--wait", "5"])
-        .output()
-        .unwrap();
+    let out = m.cli(&["status", "--wait", "5"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(text.contains("From the running service's report"), "{text}");
@@ -925,12 +915,7 @@ fn scenario_a_forged_gridd_line_changes_nothing() {
         "{}",
         a.context()
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
+    let out = m.cli(&["status", "--json"]);
     let s: Value = serde_json::from_slice(&out.stdout).expect("status's JSON report");
     assert!(has_event(&s, &started), "{s:#}");
     assert!(!has_event(&s, "forged.example"), "{s:#}");
@@ -1167,12 +1152,7 @@ fn scenario_two_vgpus_one_not_licensed_each_shown_in_status() {
     assert!(v["gpus"][1]["expiry"].is_null(), "{v:#}");
     assert_eq!(v["license"]["status"], "Unlicensed (Restricted)", "{v:#}");
     let status = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-            .arg("--config")
-            .arg(&m.config)
-            .args(args)
-            .output()
-            .unwrap();
+        let out = m.cli(args);
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -1279,14 +1279,7 @@ fn scenario_reload_signals_only_the_service() {
     // Through a copy no thread of this process had open for writing (ETXTBSY otherwise).
     crate::common::make_executable(&named);
     let mut other = Command::new(&named).arg("60").spawn().unwrap();
-    let reload = |pid: u32| {
-        Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-            .arg("--config")
-            .arg(&m.config)
-            .args(["config", "check", "--reload", &pid.to_string()])
-            .output()
-            .unwrap()
-    };
+    let reload = |pid: u32| m.cli(&["config", "check", "--reload", &pid.to_string()]);
     let out = reload(other.id());
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(

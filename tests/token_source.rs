@@ -285,11 +285,6 @@ fn scenario_a_share_that_did_not_mount_is_said_as_such() {
 
 /// A command of the agent with the machine's config: its standard output.
 fn run(m: &Machine, args: &[&str]) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(args)
-        .output()
-        .unwrap();
+    let out = m.cli(args);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -795,6 +795,16 @@ impl Machine {
         fs::read_to_string(&self.config).unwrap()
     }
 
+    /// A command of the agent with this machine's config, run to its end.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     pub fn sim_config(&self) -> SimConfig {
         SimConfig::load(&self.sim)
     }
