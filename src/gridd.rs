@@ -177,6 +177,7 @@ pub fn still_runs(pid: u32) -> bool {
 
 /// Runs the configured restart command with the configured time limit.
 pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
+    let _under_way = UnderWay::begin();
     let cmd = &settings.commands.restart_gridd;
     match crate::command::run(cmd, settings.commands.timeout) {
         Ok(out) if out.status.success() => Ok(()),
@@ -189,6 +190,47 @@ pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
         )),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Restarts of gridd under way in this process: a stop of the service waits for them
+/// ([`wait_for_restarts`]), since a restart command killed halfway (a script that stops gridd,
+/// then starts it) can leave gridd stopped. (`systemctl restart` queues a job that outlives its
+/// client; a script of the config's does not.)
+static RESTARTS_UNDER_WAY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One restart under way, for as long as it lives.
+struct UnderWay;
+
+impl UnderWay {
+    fn begin() -> UnderWay {
+        RESTARTS_UNDER_WAY.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        UnderWay
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        RESTARTS_UNDER_WAY.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Waits, at most `limit`, until no restart of gridd is under way; whether none is.
+pub fn wait_for_restarts(limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if RESTARTS_UNDER_WAY.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether a restart of gridd is under way in this process.
+pub fn restart_under_way() -> bool {
+    RESTARTS_UNDER_WAY.load(std::sync::atomic::Ordering::SeqCst) > 0
 }
 
 #[cfg(test)]

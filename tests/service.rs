@@ -1632,3 +1632,37 @@ fn scenario_a_restart_by_hand_is_not_followed_by_the_agents_own() {
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(own(), before, "{}", a.context());
 }
+
+/// Stopped while its restart of gridd is under way, the service lets the restart end before
+/// it stops: killed halfway, a restart command that stops gridd and then starts it (a
+/// script of the config's; `systemctl restart` queues a job that outlives its client)
+/// would leave gridd stopped.
+#[test]
+fn scenario_stopped_mid_restart_the_restart_ends_first() {
+    let (m, mut a) = licensed(Setup::default());
+    // A restart that takes a while (its start job queued behind other units).
+    m.update_sim(|s| s.restart_queued_ms = 1500);
+    let old = m.crash_gridd();
+    wait_for(
+        "the agent's restart of gridd under way",
+        T,
+        || m.restarting().then_some(()),
+        || a.context(),
+    );
+    a.signal(Signal::SIGTERM);
+    a.wait_exit(T).expect("the service stops");
+    assert!(
+        !m.restarting(),
+        "stopped with the restart half done: {}",
+        a.context()
+    );
+    let pid = m.gridd_pid().expect("gridd runs again");
+    assert_ne!(pid, old);
+    assert!(
+        a.journal_lines()
+            .iter()
+            .any(|l| l.contains("stopping once the restart of nvidia-gridd under way has ended")),
+        "{}",
+        a.context()
+    );
+}

@@ -34,6 +34,9 @@ use crate::model::report::Finding;
 pub use self::core::status_line;
 use self::core::{Core, Effect, Event, HEARTBEAT, Now, Publication};
 
+/// How long a stop waits for a restart of gridd under way to end.
+const RESTART_AT_STOP: Duration = Duration::from_secs(20);
+
 /// Runs the service until SIGTERM or SIGINT; logs to standard error with `log_stderr`.
 pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::Result<ExitCode> {
     memory::one_arena();
@@ -51,6 +54,18 @@ pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::
         .build()
         .context("cannot start the runtime")?;
     let code = rt.block_on(main_loop(settings, config_path.to_path_buf()));
+    // A restart of gridd under way ends first: killed halfway, a restart command that stops
+    // gridd and then starts it would leave it stopped. Bounded well within the unit's
+    // TimeoutStopSec (30 s).
+    if crate::gridd::restart_under_way() {
+        tracing::info!("stopping once the restart of nvidia-gridd under way has ended");
+        if !crate::gridd::wait_for_restarts(RESTART_AT_STOP) {
+            tracing::warn!(
+                "the restart of nvidia-gridd did not end within {} s: stopped all the same; check that nvidia-gridd runs",
+                RESTART_AT_STOP.as_secs()
+            );
+        }
+    }
     // Commands still running (a hung nvidia-smi, say) are killed; their threads reap them.
     crate::command::kill_all();
     rt.shutdown_timeout(Duration::from_secs(2));

@@ -795,6 +795,11 @@ impl Machine {
         fs::read_to_string(&self.config).unwrap()
     }
 
+    /// A restart of the simulated gridd is under way (its unit between stop and start).
+    pub fn restarting(&self) -> bool {
+        self.sim.join(shared::RESTARTING_FILE).exists()
+    }
+
     /// A command of the agent with this machine's config, run to its end.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new(env!("CARGO_BIN_EXE_vgpu-license-agent"))

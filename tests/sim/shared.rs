@@ -151,6 +151,8 @@ pub struct SimConfig {
     /// Whether systemd has `nvidia-gridd.service` (the driver installed brings it); without
     /// it `systemctl` answers for it as for any unit it does not know.
     pub gridd_unit: bool,
+    /// How long a restart's start job waits queued, behind the units it is ordered after.
+    pub restart_queued_ms: u64,
 }
 
 impl Default for SimConfig {
@@ -180,6 +182,7 @@ impl Default for SimConfig {
             unlicensed_gpus: Vec::new(),
             platform_licensed: false,
             gridd_unit: true,
+            restart_queued_ms: 300,
         }
     }
 }
@@ -557,7 +560,8 @@ pub fn restart_gridd(dir: &Path) -> io::Result<i32> {
     write_atomic(&phase, b"deactivating\n")?;
     let old = stop_gridd(dir, Duration::from_secs(5));
     write_atomic(&phase, b"queued\n")?;
-    std::thread::sleep(Duration::from_millis(300));
+    let queued = SimConfig::load(dir).restart_queued_ms;
+    std::thread::sleep(Duration::from_millis(queued));
     write_atomic(&phase, b"activating\n")?;
     let started = count_restart(dir, old).and_then(|()| start_gridd(dir));
     let _ = fs::remove_file(&phase);
