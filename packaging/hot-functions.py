@@ -78,12 +78,12 @@ def drain(sock):
 def run_service(binary, profile, tmp):
     """The service's life under callgrind: its start, readings, a burst of gridd's lines,
     the heartbeat with the watchdog's ping."""
-    journal = fp.Journal()
+    # gridd's lines go to the run's own journald (bench/service.py's), which the service reads.
+    svc.journal()
     for msg in fp.boot_lines():
         svc.send_gridd(msg)
     root = tempfile.mkdtemp(prefix="vla-hot-")
     svc.setup(root, 10)
-    journal.wrapper(root)
     status_dir = fp.run_status(root)
     status = os.path.join(status_dir, "status.json")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -140,7 +140,6 @@ def main():
     if not shutil.which("valgrind"):
         sys.exit("packaging/hot-functions.py: valgrind not found (apt-get install valgrind)")
     binary = build()
-    lock = svc.hold_journal_lock()  # noqa: F841 (held until the end)
     with tempfile.TemporaryDirectory() as tmp:
         profile = os.path.join(tmp, "callgrind.out")
         run_service(binary, profile, tmp)
