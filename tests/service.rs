@@ -1619,7 +1619,21 @@ fn scenario_a_guest_without_a_gpu_is_no_gpu_and_left_alone() {
 /// asks systemd as soon as gridd says it shuts down, does not restart it a second time.
 #[test]
 fn scenario_a_restart_by_hand_is_not_followed_by_the_agents_own() {
-    let (m, a) = licensed(Setup::default());
+    // A grace longer than any acquisition on a loaded machine: a restart of the agent's own
+    // here can only be for gridd taken as not running (which needs no grace), the verdict
+    // this scenario is about, never for a new gridd slow to get its lease.
+    let m = Machine::new(Setup::default());
+    let config = m.config_text().replace(
+        "restart_grace_seconds = 2\n",
+        "restart_grace_seconds = 60\n",
+    );
+    assert!(config.contains("restart_grace_seconds = 60\n"), "{config}");
+    m.write_config(&config);
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    settle(&m, &a);
     let own = || a.metric("vgpu_license_gridd_restarts_total").unwrap_or(0.0);
     let before = own();
     for _ in 0..3 {
