@@ -120,9 +120,10 @@ cargo_tests() {
   out=$(mktemp)
   # The build yields the cores to the other lane's release build (nice): the packages and
   # the boot test after them are the longer lane. The tests then run at the usual priority.
-  nice -n 10 cargo test --all-targets --no-run 2>&1 | tee "$out" || rc=1
+  # The whole workspace: the model crate's tests are as much the product's as the agent's.
+  nice -n 10 cargo test --workspace --all-targets --no-run 2>&1 | tee "$out" || rc=1
   # Every test binary runs even when an earlier one failed: one red run shows every failure.
-  cargo test --all-targets --no-fail-fast 2>&1 | tee -a "$out" || rc=1
+  cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee -a "$out" || rc=1
   # An #[ignore]d test is a skipped one: it counts as such.
   if grep -qE '; [1-9][0-9]* ignored;' "$out"; then
     echo "!!!!!!!! ignored tests (#[ignore]): !!!!!!!!"
@@ -294,7 +295,7 @@ part "the parts, in two lanes at once"
 (
   lane_part "cargo test" cargo_tests
   # Doc tests are not covered by --all-targets.
-  lane_part "cargo test --doc" cargo test --doc
+  lane_part "cargo test --doc" cargo test --workspace --doc
   lane_part "cloud-init user-data" bash cloud-init/check.sh
 ) &
 LANES+=($!)
