@@ -920,18 +920,8 @@ fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
         gpu_operator: true,
         ..Setup::default()
     });
-    let config = m
-        .config_text()
-        .replace(
-            "poll_unlicensed_seconds = 1\n",
-            "poll_unlicensed_seconds = 15\n",
-        )
-        .replace(
-            "poll_licensed_seconds = 2\n",
-            "poll_licensed_seconds = 300\n",
-        );
-    assert!(config.contains("poll_licensed_seconds = 300"), "{config}");
-    m.write_config(&config);
+    m.set_config("poll_unlicensed_seconds", "15");
+    m.set_config("poll_licensed_seconds", "300");
     write_gridd_conf(&m);
     sim::write_mode(&m.token_path(), &m.token(), 0o644);
     let validations = m.path("run/nvidia/validations");
@@ -1017,21 +1007,10 @@ fn scenario_day_two_the_root_going_first_reaches_the_node_at_once() {
         gpu_operator: true,
         ..Setup::default()
     });
-    let sa = m.path("serviceaccount");
-    std::fs::create_dir_all(&sa).unwrap();
-    std::fs::write(sa.join("token"), crate::kube::TOKEN).unwrap();
-    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
-    let config = m
-        .config_text()
-        .replace(
-            "poll_unlicensed_seconds = 1\n",
-            "poll_unlicensed_seconds = 15\n",
-        )
-        .replace(
-            "poll_licensed_seconds = 2\n",
-            "poll_licensed_seconds = 300\n",
-        );
-    assert!(config.contains("poll_licensed_seconds = 300"), "{config}");
+    let sa = m.service_account(crate::kube::TOKEN, &api.ca_pem);
+    m.set_config("poll_unlicensed_seconds", "15");
+    m.set_config("poll_licensed_seconds", "300");
+    let config = m.config_text();
     m.write_config(&format!(
         "{config}[kubernetes]\nservice_account_dir = \"{}\"\n",
         sa.display()

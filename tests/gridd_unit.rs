@@ -13,19 +13,13 @@ use crate::service::agent_says;
 /// The machine without gridd's unit, its restart command systemctl's on that unit.
 fn without_gridd_unit() -> Machine {
     let m = Machine::new(sim::setup(|c| c.gridd_unit = false));
-    let config = m.config_text();
-    let line = config
-        .lines()
-        .find(|l| l.starts_with("restart_gridd = "))
-        .expect("the restart command")
-        .to_string();
-    m.write_config(&config.replace(
-        &line,
+    m.set_config(
+        "restart_gridd",
         &format!(
-            "restart_gridd = [\"{}/bin/systemctl\", \"restart\", \"nvidia-gridd.service\"]",
+            "[\"{}/bin/systemctl\", \"restart\", \"nvidia-gridd.service\"]",
             m.root().display()
         ),
-    ));
+    );
     write_gridd_conf(&m);
     m
 }

@@ -75,10 +75,7 @@ fn in_pod_up(
     if !dls_up {
         m.dls.set_mode(Mode::Refusing);
     }
-    let sa = m.path("serviceaccount");
-    std::fs::create_dir_all(&sa).unwrap();
-    std::fs::write(sa.join("token"), TOKEN).unwrap();
-    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
+    let sa = m.service_account(TOKEN, &api.ca_pem);
     let config = m.config_text();
     m.write_config(&format!(
         "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = {heartbeat}\n{kube}",

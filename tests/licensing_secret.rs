@@ -25,10 +25,7 @@ fn node_in_cluster(api: &FakeApi) -> (Machine, Agent) {
         gpu_operator: true,
         ..Setup::default()
     });
-    let sa = m.path("serviceaccount");
-    std::fs::create_dir_all(&sa).unwrap();
-    std::fs::write(sa.join("token"), crate::kube::TOKEN).unwrap();
-    std::fs::write(sa.join("ca.crt"), &api.ca_pem).unwrap();
+    let sa = m.service_account(crate::kube::TOKEN, &api.ca_pem);
     let config = m.config_text();
     m.write_config(&format!(
         "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = 5\nlicensing_secret = \"{NS}/{SECRET}\"\n",

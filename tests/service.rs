@@ -1623,12 +1623,7 @@ fn scenario_a_restart_by_hand_is_not_followed_by_the_agents_own() {
     // here can only be for gridd taken as not running (which needs no grace), the verdict
     // this scenario is about, never for a new gridd slow to get its lease.
     let m = Machine::new(Setup::default());
-    let config = m.config_text().replace(
-        "restart_grace_seconds = 2\n",
-        "restart_grace_seconds = 60\n",
-    );
-    assert!(config.contains("restart_grace_seconds = 60\n"), "{config}");
-    m.write_config(&config);
+    m.set_config("restart_grace_seconds", "60");
     write_gridd_conf(&m);
     m.drop_token(0o744);
     m.start_gridd();

@@ -795,6 +795,36 @@ impl Machine {
         fs::read_to_string(&self.config).unwrap()
     }
 
+    /// Sets `key` (`restart_grace_seconds`, ...) to `value` in the machine's config, where
+    /// the config has it: a key it lacks fails here, not as a test that silently changed
+    /// nothing.
+    pub fn set_config(&self, key: &str, value: &str) {
+        let prefix = format!("{key} = ");
+        let config = self.config_text();
+        assert!(
+            config.lines().any(|l| l.starts_with(&prefix)),
+            "no {key} in the machine's config: {config}"
+        );
+        let edited: String = config
+            .lines()
+            .map(|l| match l.starts_with(&prefix) {
+                true => format!("{prefix}{value}\n"),
+                false => format!("{l}\n"),
+            })
+            .collect();
+        self.write_config(&edited);
+    }
+
+    /// A pod's service account under the machine (its token and the API's CA), as the agent
+    /// in a pod reads it: the directory to name as `kubernetes.service_account_dir`.
+    pub fn service_account(&self, token: &str, ca_pem: &str) -> PathBuf {
+        let sa = self.path("serviceaccount");
+        fs::create_dir_all(&sa).unwrap();
+        fs::write(sa.join("token"), token).unwrap();
+        fs::write(sa.join("ca.crt"), ca_pem).unwrap();
+        sa
+    }
+
     /// A restart of the simulated gridd is under way (its unit between stop and start).
     pub fn restarting(&self) -> bool {
         self.sim.join(shared::RESTARTING_FILE).exists()
