@@ -416,9 +416,11 @@ fn scenario_retries_keep_the_time_of_the_change() {
         || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
     );
     api.set_mode(ApiMode::Up);
+    // The next try comes on the backoff's schedule (5 s doubling): after four refused
+    // writes (a False among them, on a loaded machine) it is 40 s away.
     let c = sim::wait_for(
         "VgpuLicensed True",
-        T,
+        Duration::from_secs(120),
         || {
             api.condition(NODE, "VgpuLicensed")
                 .filter(|c| c["status"] == "True")
