@@ -592,6 +592,66 @@ fn restarted_for_the_token() -> Event {
     })))
 }
 
+/// An adoption's outcome with `restart`, nothing changed.
+fn adopted_with(restart: Restart) -> Result<Box<Outcome>, AdoptError> {
+    Ok(Box::new(Outcome {
+        dry_run: false,
+        token_summary: String::new(),
+        changes: Vec::new(),
+        warnings: Vec::new(),
+        restart_reason: (restart == Restart::Due)
+            .then(|| "an earlier restart is still owed".into()),
+        restart,
+        kept_name: None,
+        restart_command: "systemctl restart nvidia-gridd".into(),
+    }))
+}
+
+/// An adoption reads what the agent owes gridd while a restart of the agent's own runs; the
+/// restart ends before the adoption does, and may have paid it (a rotation's own chmod wakes
+/// such an adoption). Its "restart due" is then read again, not made at once: one rotation,
+/// one restart, however the two interleave. What is still owed after it is made.
+#[test]
+fn a_restart_owed_as_read_before_a_restart_ended_is_read_again() {
+    for still_owed in [false, true] {
+        let mut sim = licensed_for_a_minute();
+        let now = sim.now();
+        sim.core.handle(Event::TokenDirChanged, now);
+        let fx = sim.core.handle(restarted_for_the_token(), now);
+        assert!(
+            fx.iter().any(|e| matches!(e, Effect::RestartGridd { .. })),
+            "{fx:?}"
+        );
+        sim.mono += S(5);
+        let now = sim.now();
+        let fx = sim.core.handle(Event::TokenDirChanged, now);
+        assert!(
+            fx.iter().any(|e| matches!(e, Effect::Adopt { .. })),
+            "{fx:?}"
+        );
+        sim.core.handle(Event::Restarted(Ok(())), now);
+        let fx = sim
+            .core
+            .handle(Event::Adopted(adopted_with(Restart::Due)), now);
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::RestartGridd { .. })),
+            "a second restart for what the first one paid: {fx:?}"
+        );
+        sim.world.adopt = if still_owed {
+            || adopted_with(Restart::Due)
+        } else {
+            || adopted_with(Restart::NotNeeded)
+        };
+        sim.run(S(5));
+        assert!(!sim.world.adopts.is_empty(), "not read again");
+        assert_eq!(
+            sim.world.restarts.len(),
+            usize::from(still_owed),
+            "still owed: {still_owed}"
+        );
+    }
+}
+
 fn gridd_not_running_counted(sim: &Sim) -> u64 {
     let i = Reason::ALL
         .iter()

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::common::sim::{self, Agent, Machine, Mode, Setup, reason, token_for, write_gridd_conf};
-use crate::service::{T, agent_says, licensed, settle};
+use crate::service::{T, agent_says, licensed_patient, settle};
 use serde_json::Value;
 
 /// The name the DLS gives a token it hands out.
@@ -70,7 +70,7 @@ fn no_restart_for(m: &Machine, a: &Agent, window: Duration) {
 
 #[test]
 fn scenario_nvidia_rotation_adopts_the_new_token_with_one_restart() {
-    let (m, a) = licensed(Setup::default());
+    let (m, a) = licensed_patient();
     let old = std::fs::read(m.token_path()).unwrap();
     let before = m.restarts();
     let dir = m.token_dir();
@@ -117,7 +117,7 @@ fn scenario_nvidia_rotation_adopts_the_new_token_with_one_restart() {
 
 #[test]
 fn scenario_a_truncated_token_beside_the_good_one_is_a_visible_warning() {
-    let (m, a) = licensed(Setup::default());
+    let (m, a) = licensed_patient();
     let before = m.restarts();
     let installed = std::fs::read(m.token_path()).unwrap();
     let new = new_token(&m, "cut");
@@ -176,7 +176,7 @@ fn scenario_a_truncated_token_beside_the_good_one_is_a_visible_warning() {
 
 #[test]
 fn scenario_a_stray_is_moved_without_a_restart() {
-    let (m, a) = licensed(Setup::default());
+    let (m, a) = licensed_patient();
     let before = m.restarts();
     let dir = m.token_dir();
     sim::write_mode(&dir.join("README"), b"how we rotate tokens\n", 0o644);
@@ -382,7 +382,7 @@ fn scenario_an_adoption_killed_at_any_step_leaves_a_whole_token() {
         "crash-after-first-move",
         "crash-after-all-moves",
     ] {
-        let (m, mut a) = licensed(Setup::default());
+        let (m, mut a) = licensed_patient();
         a.signal(nix::sys::signal::Signal::SIGTERM);
         assert!(a.wait_exit(T).is_some(), "{point}: {}", a.context());
         let old = std::fs::read(m.token_path()).unwrap();
@@ -429,7 +429,7 @@ fn scenario_an_adoption_killed_at_any_step_leaves_a_whole_token() {
 #[test]
 fn scenario_a_token_being_written_is_not_moved_under_its_writer() {
     use std::io::Write;
-    let (m, a) = licensed(Setup::default());
+    let (m, a) = licensed_patient();
     settle(&m, &a);
     let before = m.restarts();
     let new = new_token(&m, "in-two-writes");
@@ -465,7 +465,7 @@ fn scenario_a_token_being_written_is_not_moved_under_its_writer() {
 #[test]
 fn scenario_a_held_file_does_not_stall_the_token_directory() {
     use std::io::Write;
-    let (m, a) = licensed(Setup::default());
+    let (m, a) = licensed_patient();
     settle(&m, &a);
     let before = m.restarts();
     let held = m.token_dir().join("notes.txt");

@@ -842,9 +842,10 @@ pub fn make_restart(settings: &Settings, outcome: &mut Outcome) {
     if outcome.restart != Restart::Due {
         return;
     }
+    let target = restart_target(settings);
     outcome.restart = match restart_gridd(settings) {
         Ok(()) => {
-            if let Err(e) = restart_made(settings) {
+            if let Err(e) = restart_made(settings, target.as_deref()) {
                 outcome.warnings.push(e);
             }
             Restart::Done
@@ -853,12 +854,20 @@ pub fn make_restart(settings: &Settings, outcome: &mut Outcome) {
     };
 }
 
-/// A restart of gridd made for the token in place succeeded: none is owed any more
-/// (recorded under the install lock). An error says what could not be recorded.
-pub fn restart_made(settings: &Settings) -> Result<(), String> {
+/// The token a restart of gridd beginning now is made for (its SHA-256): the one the last
+/// adoption put in place. Taken before the restart, given to [`restart_made`] after it.
+pub fn restart_target(settings: &Settings) -> Option<String> {
+    InstallState::load(&settings.paths.state_dir).token_sha256
+}
+
+/// A restart of gridd made for the token `target` ([`restart_target`]) succeeded: none is
+/// owed for it any more (recorded under the install lock). A token adopted while it ran is
+/// still owed its own: gridd may have started before it was in place. An error says what
+/// could not be recorded.
+pub fn restart_made(settings: &Settings, target: Option<&str>) -> Result<(), String> {
     let _lock = take_lock(settings).map_err(|e| format!("{e:#}"))?;
     let mut state = InstallState::load(&settings.paths.state_dir);
-    if !state.restart_pending {
+    if !state.restart_pending || state.token_sha256.as_deref() != target {
         return Ok(());
     }
     state.restart_pending = false;

@@ -455,6 +455,42 @@ fn a_token_copied_beside_the_installed_one_is_the_rotation() {
     assert_eq!((o.changed(), o.restart), (false, Restart::NotNeeded));
 }
 
+/// The service's restart for one token runs while a newer one is adopted: gridd may have
+/// started before the newer one was in place, so its restart stays owed (and is made once,
+/// by the next adoption) rather than being taken as paid by the restart that ended.
+#[test]
+fn a_token_adopted_while_a_restart_ran_is_owed_its_own() {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    fs::write(s.paths.token_dir.join("dropped.tok"), tok("old")).unwrap();
+    let o = adopt::adopt_dropped_token(&s, false, true).unwrap();
+    assert_eq!(o.restart, Restart::Due, "{o:#?}");
+    // The service's restart begins, for the token in place now.
+    let target = restart_target(&s);
+    assert!(target.is_some());
+    std::thread::sleep(Duration::from_millis(20));
+    let new = s
+        .paths
+        .token_dir
+        .join("client_configuration_token_12-01-2026-09-30-00.tok");
+    fs::write(&new, tok("new")).unwrap();
+    let o = adopt::adopt_dropped_token(&s, true, true).unwrap();
+    assert_eq!(o.restart, Restart::Due, "{o:#?}");
+    // The restart ends: it was made for the old token.
+    restart_made(&s, target.as_deref()).unwrap();
+    let o = adopt_dropped_token(&s, true, true).unwrap();
+    assert_eq!(
+        o.restart,
+        Restart::Done,
+        "the new token's restart was lost: {o:#?}"
+    );
+    assert_eq!(restarts(d.path()), 1);
+    let o = adopt_dropped_token(&s, true, true).unwrap();
+    assert_eq!(o.restart, Restart::NotNeeded, "{o:#?}");
+    assert_eq!(restarts(d.path()), 1);
+}
+
 /// A stray moved out of the token directory costs a licensed gridd no restart; without a
 /// license it may be what gridd failed on.
 #[test]

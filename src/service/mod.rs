@@ -174,10 +174,11 @@ impl Shell {
                     may_restart,
                 } => reads.adopt = Some((licensed, may_restart)),
                 Effect::RestartGridd { for_token, .. } => blocking(tx, move || {
+                    let target = for_token.then(|| install::restart_target(&settings));
                     let restarted = crate::live::restart_gridd(&settings);
                     if restarted.is_ok()
-                        && for_token
-                        && let Err(e) = install::restart_made(&settings)
+                        && let Some(target) = target
+                        && let Err(e) = install::restart_made(&settings, target.as_deref())
                     {
                         tracing::warn!("{}", crate::model::text::escape(&e));
                     }

@@ -323,6 +323,7 @@ impl Core {
             self.remedy
                 .may_restart_for_token(&self.settings.service, secs(now), licensed);
         self.busy.adopt_since = now.mono;
+        self.busy.adopt_after = self.busy.restarts_ended;
         fx.push(Effect::Adopt {
             licensed,
             may_restart,
@@ -421,6 +422,11 @@ impl Core {
             Restart::Due if self.busy.restart.is_some() => {
                 // A restart of the agent's own runs, begun before this token was in place:
                 // the owed one follows it (the next adoption finds it still owed).
+                self.adopt_at(now.mono + Duration::from_secs(1));
+            }
+            Restart::Due if self.busy.adopt_after != self.busy.restarts_ended => {
+                // A restart ended while this adoption ran: what it found owed may be paid.
+                // The next adoption reads what is owed now.
                 self.adopt_at(now.mono + Duration::from_secs(1));
             }
             Restart::Due => {

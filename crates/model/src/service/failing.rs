@@ -91,6 +91,7 @@ impl Core {
         fx: &mut Vec<Effect>,
     ) {
         let why = self.busy.restart.take().unwrap_or_default();
+        self.busy.restarts_ended += 1;
         // Whether gridd runs now is asked once the agent's own work is over.
         self.busy.unit.after_own_work();
         self.own_work_ended(true, now, fx);

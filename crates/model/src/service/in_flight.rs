@@ -11,6 +11,11 @@ pub(super) struct InFlight {
     pub(super) adopt: bool,
     /// A restart of the agent's own runs: why (said with its result, in one line).
     pub(super) restart: Option<String>,
+    /// How many of the agent's own restarts have ended, and how many had when the adoption
+    /// in flight began: one that asks for a restart read what the agent owed before a
+    /// restart that ended meanwhile, which may have paid it.
+    pub(super) restarts_ended: u64,
+    pub(super) adopt_after: u64,
     pub(super) probe: bool,
     /// The token directory is being read.
     pub(super) token: bool,
