@@ -1214,6 +1214,78 @@ fn gridd_restarting_while_nvidia_smi_is_read_is_read_again() {
     assert_ne!(sim.state(), State::Licensed);
 }
 
+/// gridd says it acquired its license shortly before the grace ends, while a reading begun
+/// before that line is on its way (a loaded guest: nvidia-smi is slow to answer). The stale
+/// "no license" that reading brings, and the grace ending while the next reading is slow
+/// too, are no reason to restart the gridd that just got one: the reading begun after the
+/// line decides, and it shows the license.
+#[test]
+fn a_license_gridd_just_announced_is_not_restarted_before_a_reading_shows_it() {
+    let mut sim = Sim::new(settings(), World::new(UNLICENSED));
+    sim.log("Acquiring license. (Info: dls-a.example; NVIDIA RTX Virtual Workstation)");
+    sim.run(S(100));
+    // A reading starts; its answer is held back.
+    loop {
+        sim.mono = sim.core.next_wake(sim.now());
+        let mut fx = sim.core.tick(sim.now());
+        let reading = fx.contains(&Effect::ReadSmi);
+        fx.retain(|e| *e != Effect::ReadSmi);
+        sim.carry_out(fx);
+        if reading {
+            break;
+        }
+    }
+    assert!(sim.world.restarts.is_empty(), "inside the grace");
+    // gridd's line, stamped as journald stamps it, heard while the reading runs.
+    sim.mono += Duration::from_millis(500);
+    let line = format!(
+        "{} guest nvidia-gridd[100]: {ACQUIRED}\n",
+        sim.now().wall.to_rfc3339()
+    );
+    let mut events = Vec::new();
+    journal::scan(line.as_bytes(), |e| events.push(e)).unwrap();
+    let fx = sim
+        .core
+        .handle(Event::Gridd(Box::new(events.remove(0))), sim.now());
+    sim.carry_out(fx);
+    sim.world.smi = LICENSED.into();
+    // The grace ends while the reading is still on its way, and then it answers from
+    // before the line.
+    for _ in 0..4 {
+        sim.mono += S(1);
+        let fx = sim.core.tick(sim.now());
+        sim.carry_out(fx);
+    }
+    let stale = smi::parse(UNLICENSED.as_bytes()).unwrap();
+    let mut fx = sim
+        .core
+        .handle(Event::Smi(SmiRead::Snapshot(stale)), sim.now());
+    fx.extend(sim.core.tick(sim.now()));
+    // The reading the line asked for starts at once, and is slow in its turn: longer
+    // than a grace.
+    assert!(fx.contains(&Effect::ReadSmi), "{fx:?}");
+    fx.retain(|e| *e != Effect::ReadSmi);
+    sim.carry_out(fx);
+    for _ in 0..130 {
+        sim.mono += S(1);
+        let fx = sim.core.tick(sim.now());
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::RestartGridd { .. })),
+            "restarted at {:?} with a license announced",
+            sim.mono
+        );
+        sim.carry_out(fx);
+    }
+    let fresh = smi::parse(LICENSED.as_bytes()).unwrap();
+    let fx = sim
+        .core
+        .handle(Event::Smi(SmiRead::Snapshot(fresh)), sim.now());
+    sim.carry_out(fx);
+    sim.run(S(30));
+    assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
+    assert_eq!(sim.state(), State::Licensed);
+}
+
 /// nvidia-smi shows a new lease before gridd's lines saying so arrive (gridd restarted for a
 /// token just installed): the token failure the gridd before it logged is over, and the
 /// report is licensed without a warning (a `status --wait` then exits 0).

@@ -160,6 +160,7 @@ fn licensed_with_listener() -> (Machine, Agent, SocketAddr, std::path::PathBuf) 
     m.drop_token(0o744);
     m.start_gridd();
     let a = Agent::start(&m);
+    crate::service::settle(&m, &a);
     (m, a, addr, socket)
 }
 

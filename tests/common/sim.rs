@@ -475,8 +475,22 @@ pub const CLS_TARGET: &str = "api.cls.licensing.nvidia.com:443";
 /// and come back.
 pub struct LegacyServer {
     pub addr: std::net::SocketAddr,
-    listener: Option<std::net::TcpListener>,
+    /// Up: listening. Down: bound without listening, so that connections are refused and
+    /// the address stays this server's (another process's test cannot take it meanwhile).
+    socket: Option<socket2::Socket>,
     n: u8,
+}
+
+/// A TCP socket bound to `addr`, listening or not.
+fn legacy_socket(addr: std::net::SocketAddr, listen: bool) -> std::io::Result<socket2::Socket> {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    // As std's listeners: a port just closed (its connections in TIME_WAIT) binds again.
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    if listen {
+        s.listen(16)?;
+    }
+    Ok(s)
 }
 
 /// The addresses of the legacy servers alive in this process, down ones too: a server taken
@@ -501,24 +515,22 @@ impl LegacyServer {
             .filter(|n| !taken.contains(n))
             .find_map(|n| {
                 let addr: std::net::SocketAddr = format!("127.0.70.{n}:7070").parse().ok()?;
-                std::net::TcpListener::bind(addr).ok().map(|l| (n, addr, l))
+                legacy_socket(addr, true).ok().map(|l| (n, addr, l))
             })
             .expect("a free 127.0.70.N:7070");
         taken.insert(n);
         LegacyServer {
             addr,
-            listener: Some(l),
+            socket: Some(l),
             n,
         }
     }
 
     /// Down (connections refused) or up again.
     pub fn set_up(&mut self, up: bool) {
-        self.listener = if up {
-            Some(std::net::TcpListener::bind(self.addr).expect("the server's address again"))
-        } else {
-            None
-        };
+        // The socket before is closed first: one address, one socket.
+        self.socket = None;
+        self.socket = Some(legacy_socket(self.addr, up).expect("the server's address again"));
     }
 
     /// gridd.conf's lines naming this server.

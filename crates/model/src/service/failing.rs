@@ -63,6 +63,8 @@ impl Core {
             && !unit_missing
             && self.busy.restart.is_none()
             && !self.busy.adopt
+            // gridd just said it holds a license: the reading that shows it is on its way.
+            && self.seen.license_said.is_none()
         {
             self.busy.restart = Some(why.clone());
             let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;

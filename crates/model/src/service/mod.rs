@@ -375,6 +375,13 @@ impl Core {
                 .is_some_and(|(said, asked)| said + chrono::Duration::seconds(1) <= asked)
         };
         let shown = before(self.schedule.smi_started);
+        match kind {
+            EventKind::Acquired | EventKind::Renewed if !shown => {
+                self.seen.license_said = Some(now.mono);
+            }
+            EventKind::Shutdown | EventKind::Started => self.seen.license_said = None,
+            _ => {}
+        }
         // Likewise systemd's answer to a question asked well after the line.
         let unit_knows = before(self.busy.unit.asked_at);
         // A process that said it shuts down stands for nothing until systemd was asked.
@@ -680,6 +687,14 @@ impl Core {
     /// as it is: stale, not wrong.
     fn on_smi(&mut self, read: SmiRead, now: Now) {
         self.busy.smi = false;
+        // A reading begun after gridd said it holds a license answers that word.
+        if self
+            .seen
+            .license_said
+            .is_some_and(|said| said <= self.schedule.smi_began)
+        {
+            self.seen.license_said = None;
+        }
         match read {
             SmiRead::Unstarted(why) => {
                 if self.seen.smi_unstarted.as_deref() != Some(why.as_str()) {

@@ -37,8 +37,10 @@ const TIMERS: usize = Timer::TokenRead as usize + 1;
 #[derive(Debug, Default)]
 pub(super) struct Schedule {
     at: [Option<Duration>; TIMERS],
-    /// When the last reading was started (the system's clock, as gridd's lines are dated).
+    /// When the last reading was started (the system's clock, as gridd's lines are dated),
+    /// and on the monotonic clock.
     pub(super) smi_started: Option<DateTime<Utc>>,
+    pub(super) smi_began: Duration,
 }
 
 impl Schedule {
@@ -90,6 +92,7 @@ impl Schedule {
         self.set(Timer::Smi, now.mono + Duration::from_secs(3600));
         self.stop(Timer::SmiSoon);
         self.smi_started = Some(now.wall);
+        self.smi_began = now.mono;
     }
 
     /// The earliest deadline among `timers` (those set).

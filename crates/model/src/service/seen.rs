@@ -36,6 +36,10 @@ pub(super) struct Seen {
     /// The token directory's files held open for writing at the last look, and their last
     /// change.
     pub(super) held: Vec<(String, DateTime<Utc>)>,
+    /// gridd said it acquired (or renewed) a license, heard at this time (monotonic), and
+    /// no reading begun since has answered: "no license" is not yet news, and gridd is not
+    /// restarted for it (the reading that shows the license is on its way).
+    pub(super) license_said: Option<Duration>,
 }
 
 impl Seen {
@@ -57,6 +61,7 @@ impl Seen {
             clone: None,
             secret: None,
             held: Vec::new(),
+            license_said: None,
         }
     }
 }
