@@ -1286,6 +1286,50 @@ fn a_license_gridd_just_announced_is_not_restarted_before_a_reading_shows_it() {
     assert_eq!(sim.state(), State::Licensed);
 }
 
+/// A reading that shows the license comes as the grace ends, within the report gap of the
+/// last report (which said "no license"): gridd is not restarted on that report, which is
+/// no longer what the agent knows.
+#[test]
+fn a_license_read_as_the_grace_ends_is_not_restarted_on_the_report_before_it() {
+    let mut sim = Sim::new(settings(), World::new(UNLICENSED));
+    sim.run(S(100));
+    // A reading starts; its answer is held back (readings 15 s apart without a license).
+    loop {
+        sim.mono = sim.core.next_wake(sim.now());
+        let mut fx = sim.core.tick(sim.now());
+        let reading = fx.contains(&Effect::ReadSmi);
+        fx.retain(|e| *e != Effect::ReadSmi);
+        sim.carry_out(fx);
+        if reading {
+            break;
+        }
+    }
+    assert!(sim.mono < S(119), "{:?}", sim.mono);
+    assert!(sim.world.restarts.is_empty(), "inside the grace");
+    // The last report before the grace ends: no license.
+    sim.mono = Duration::from_millis(119_990);
+    let fx = sim.core.tick(sim.now());
+    assert!(fx.iter().any(|e| matches!(e, Effect::Publish(_))), "{fx:?}");
+    sim.carry_out(fx);
+    assert_eq!(sim.state(), State::Unlicensed);
+    // The reading answers, 30 ms later, past the grace: a license.
+    sim.mono = Duration::from_millis(120_020);
+    sim.world.smi = LICENSED.into();
+    let licensed = smi::parse(LICENSED.as_bytes()).unwrap();
+    let mut fx = sim
+        .core
+        .handle(Event::Smi(SmiRead::Snapshot(licensed)), sim.now());
+    fx.extend(sim.core.tick(sim.now()));
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::RestartGridd { .. })),
+        "restarted on the report before the license"
+    );
+    sim.carry_out(fx);
+    sim.run(S(30));
+    assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
+    assert_eq!(sim.state(), State::Licensed);
+}
+
 /// nvidia-smi shows a new lease before gridd's lines saying so arrive (gridd restarted for a
 /// token just installed): the token failure the gridd before it logged is over, and the
 /// report is licensed without a warning (a `status --wait` then exits 0).

@@ -483,14 +483,23 @@ pub struct LegacyServer {
 
 /// A TCP socket bound to `addr`, listening or not.
 fn legacy_socket(addr: std::net::SocketAddr, listen: bool) -> std::io::Result<socket2::Socket> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-    // As std's listeners: a port just closed (its connections in TIME_WAIT) binds again.
-    s.set_reuse_address(true)?;
-    s.bind(&addr.into())?;
+    let bind = |reuse: bool| -> std::io::Result<socket2::Socket> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.set_reuse_address(reuse)?;
+        s.bind(&addr.into())?;
+        Ok(s)
+    };
     if listen {
+        // As std's listeners: a port just closed (its connections in TIME_WAIT) binds again.
+        let s = bind(true)?;
         s.listen(16)?;
+        Ok(s)
+    } else {
+        // Without SO_REUSEADDR another socket cannot bind beside it (with it, Linux lets
+        // one bind and listen beside a socket that does not listen); where the closed
+        // listener's connections still hold the port, with it.
+        bind(false).or_else(|_| bind(true))
     }
-    Ok(s)
 }
 
 /// The addresses of the legacy servers alive in this process, down ones too: a server taken

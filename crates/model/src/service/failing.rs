@@ -65,6 +65,8 @@ impl Core {
             && !self.busy.adopt
             // gridd just said it holds a license: the reading that shows it is on its way.
             && self.seen.license_said.is_none()
+            // The report is the latest reading's (not one the report gap held back).
+            && !self.published.dirty
         {
             self.busy.restart = Some(why.clone());
             let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;
