@@ -349,8 +349,9 @@ fn scenario_a_new_token_without_a_license_is_applied_at_once() {
     );
     std::thread::sleep(Duration::from_secs(1));
     let before = m.restarts();
-    // The fix arrives: a new token, and the DLS back.
-    m.dls.set_mode(Mode::Up);
+    // The fix arrives: a new token. (The DLS comes back once gridd was restarted for it:
+    // back before, gridd's own retry would get a license with the old token, and a licensed
+    // gridd's restart for a new one rightly waits for the backoff.)
     let at = Instant::now();
     sim::write_mode(&m.token_dir().join(DOWNLOAD), &new_token(&m, "fix"), 0o644);
     sim::wait_for(
@@ -363,6 +364,7 @@ fn scenario_a_new_token_without_a_license_is_applied_at_once() {
         "restarted {:.2} s after the token came",
         at.elapsed().as_secs_f64()
     );
+    m.dls.set_mode(Mode::Up);
     a.wait_state("licensed", T);
     let said = agent_says(&m, &a);
     assert!(said.contains("a newer token replaces"), "{said}");
