@@ -238,6 +238,30 @@ impl Sim {
         self.mono = end;
     }
 
+    /// Runs to the next reading of nvidia-smi and holds its answer back: it is on its way
+    /// until [`Sim::answer_held`].
+    fn hold_next_reading(&mut self) {
+        loop {
+            self.mono = self.core.next_wake(self.now());
+            let mut fx = self.core.tick(self.now());
+            let reading = fx.contains(&Effect::ReadSmi);
+            fx.retain(|e| *e != Effect::ReadSmi);
+            self.carry_out(fx);
+            if reading {
+                return;
+            }
+        }
+    }
+
+    /// The reading held back answers `smi` now: what the core does then, not yet carried
+    /// out.
+    fn answer_held(&mut self, smi: &str) -> Vec<Effect> {
+        let read = SmiRead::Snapshot(smi::parse(smi.as_bytes()).unwrap());
+        let mut fx = self.core.handle(Event::Smi(read), self.now());
+        fx.extend(self.core.tick(self.now()));
+        fx
+    }
+
     fn state(&self) -> State {
         self.core.report().expect("a report").state
     }
@@ -1225,16 +1249,7 @@ fn a_license_gridd_just_announced_is_not_restarted_before_a_reading_shows_it() {
     sim.log("Acquiring license. (Info: dls-a.example; NVIDIA RTX Virtual Workstation)");
     sim.run(S(100));
     // A reading starts; its answer is held back.
-    loop {
-        sim.mono = sim.core.next_wake(sim.now());
-        let mut fx = sim.core.tick(sim.now());
-        let reading = fx.contains(&Effect::ReadSmi);
-        fx.retain(|e| *e != Effect::ReadSmi);
-        sim.carry_out(fx);
-        if reading {
-            break;
-        }
-    }
+    sim.hold_next_reading();
     assert!(sim.world.restarts.is_empty(), "inside the grace");
     // gridd's line, stamped as journald stamps it, heard while the reading runs.
     sim.mono += Duration::from_millis(500);
@@ -1256,11 +1271,7 @@ fn a_license_gridd_just_announced_is_not_restarted_before_a_reading_shows_it() {
         let fx = sim.core.tick(sim.now());
         sim.carry_out(fx);
     }
-    let stale = smi::parse(UNLICENSED.as_bytes()).unwrap();
-    let mut fx = sim
-        .core
-        .handle(Event::Smi(SmiRead::Snapshot(stale)), sim.now());
-    fx.extend(sim.core.tick(sim.now()));
+    let mut fx = sim.answer_held(UNLICENSED);
     // The reading the line asked for starts at once, and is slow in its turn: longer
     // than a grace.
     assert!(fx.contains(&Effect::ReadSmi), "{fx:?}");
@@ -1276,10 +1287,7 @@ fn a_license_gridd_just_announced_is_not_restarted_before_a_reading_shows_it() {
         );
         sim.carry_out(fx);
     }
-    let fresh = smi::parse(LICENSED.as_bytes()).unwrap();
-    let fx = sim
-        .core
-        .handle(Event::Smi(SmiRead::Snapshot(fresh)), sim.now());
+    let fx = sim.answer_held(LICENSED);
     sim.carry_out(fx);
     sim.run(S(30));
     assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
@@ -1294,16 +1302,7 @@ fn a_license_read_as_the_grace_ends_is_not_restarted_on_the_report_before_it() {
     let mut sim = Sim::new(settings(), World::new(UNLICENSED));
     sim.run(S(100));
     // A reading starts; its answer is held back (readings 15 s apart without a license).
-    loop {
-        sim.mono = sim.core.next_wake(sim.now());
-        let mut fx = sim.core.tick(sim.now());
-        let reading = fx.contains(&Effect::ReadSmi);
-        fx.retain(|e| *e != Effect::ReadSmi);
-        sim.carry_out(fx);
-        if reading {
-            break;
-        }
-    }
+    sim.hold_next_reading();
     assert!(sim.mono < S(119), "{:?}", sim.mono);
     assert!(sim.world.restarts.is_empty(), "inside the grace");
     // The last report before the grace ends: no license.
@@ -1315,11 +1314,7 @@ fn a_license_read_as_the_grace_ends_is_not_restarted_on_the_report_before_it() {
     // The reading answers, 30 ms later, past the grace: a license.
     sim.mono = Duration::from_millis(120_020);
     sim.world.smi = LICENSED.into();
-    let licensed = smi::parse(LICENSED.as_bytes()).unwrap();
-    let mut fx = sim
-        .core
-        .handle(Event::Smi(SmiRead::Snapshot(licensed)), sim.now());
-    fx.extend(sim.core.tick(sim.now()));
+    let fx = sim.answer_held(LICENSED);
     assert!(
         !fx.iter().any(|e| matches!(e, Effect::RestartGridd { .. })),
         "restarted on the report before the license"

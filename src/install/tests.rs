@@ -47,6 +47,16 @@ fn settings(root: &Path) -> Settings {
     s
 }
 
+/// A guest whose token directory holds a token cloud-init dropped (`dropped.tok`), nothing
+/// installed yet.
+fn dropped(jti: &str) -> (tempfile::TempDir, Settings) {
+    let d = tempfile::tempdir().unwrap();
+    let s = settings(d.path());
+    fs::create_dir_all(&s.paths.token_dir).unwrap();
+    fs::write(s.paths.token_dir.join("dropped.tok"), tok(jti)).unwrap();
+    (d, s)
+}
+
 fn restarts(root: &Path) -> usize {
     fs::read_to_string(root.join("restarts"))
         .map(|s| s.lines().count())
@@ -302,10 +312,7 @@ fn an_install_during_an_adoption_is_never_undone() {
 /// it, once.
 #[test]
 fn a_token_change_restart_waits_for_the_budget_and_stays_owed() {
-    let d = tempfile::tempdir().unwrap();
-    let s = settings(d.path());
-    fs::create_dir_all(&s.paths.token_dir).unwrap();
-    fs::write(s.paths.token_dir.join("dropped.tok"), tok("a")).unwrap();
+    let (d, s) = dropped("a");
     let o = adopt_dropped_token(&s, false, false).unwrap();
     assert_eq!(o.restart, Restart::Deferred);
     assert!(o.changed());
@@ -460,10 +467,7 @@ fn a_token_copied_beside_the_installed_one_is_the_rotation() {
 /// by the next adoption) rather than being taken as paid by the restart that ended.
 #[test]
 fn a_token_adopted_while_a_restart_ran_is_owed_its_own() {
-    let d = tempfile::tempdir().unwrap();
-    let s = settings(d.path());
-    fs::create_dir_all(&s.paths.token_dir).unwrap();
-    fs::write(s.paths.token_dir.join("dropped.tok"), tok("old")).unwrap();
+    let (d, s) = dropped("old");
     let o = adopt::adopt_dropped_token(&s, false, true).unwrap();
     assert_eq!(o.restart, Restart::Due, "{o:#?}");
     // The service's restart begins, for the token in place now.
