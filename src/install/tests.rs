@@ -57,6 +57,18 @@ fn dropped(jti: &str) -> (tempfile::TempDir, Settings) {
     (d, s)
 }
 
+/// NVIDIA's rotation: a newer token (`new`) copied beside the one in place, under the DLS's
+/// download name, a moment later (its modification time is later); its path.
+fn rotate(s: &Settings) -> std::path::PathBuf {
+    std::thread::sleep(Duration::from_millis(20));
+    let new = s
+        .paths
+        .token_dir
+        .join("client_configuration_token_12-01-2026-09-30-00.tok");
+    fs::write(&new, tok("new")).unwrap();
+    new
+}
+
 fn restarts(root: &Path) -> usize {
     fs::read_to_string(root.join("restarts"))
         .map(|s| s.lines().count())
@@ -427,12 +439,7 @@ fn a_token_copied_beside_the_installed_one_is_the_rotation() {
     let s = settings(d.path());
     install(&request(tok("old")), &s).unwrap();
     assert_eq!(restarts(d.path()), 1);
-    std::thread::sleep(Duration::from_millis(20));
-    let new = s
-        .paths
-        .token_dir
-        .join("client_configuration_token_12-01-2026-09-30-00.tok");
-    fs::write(&new, tok("new")).unwrap();
+    let new = rotate(&s);
 
     let o = adopt_dropped_token(&s, true, true).unwrap();
     assert_eq!(o.restart, Restart::Done, "{o:#?}");
@@ -473,12 +480,7 @@ fn a_token_adopted_while_a_restart_ran_is_owed_its_own() {
     // The service's restart begins, for the token in place now.
     let target = restart_target(&s);
     assert!(target.is_some());
-    std::thread::sleep(Duration::from_millis(20));
-    let new = s
-        .paths
-        .token_dir
-        .join("client_configuration_token_12-01-2026-09-30-00.tok");
-    fs::write(&new, tok("new")).unwrap();
+    rotate(&s);
     let o = adopt::adopt_dropped_token(&s, true, true).unwrap();
     assert_eq!(o.restart, Restart::Due, "{o:#?}");
     // The restart ends: it was made for the old token.
