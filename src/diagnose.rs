@@ -152,29 +152,9 @@ pub fn diagnose(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
         operator_fixes(&mut d.checks, &node);
     }
     for c in &mut d.checks {
-        c.fix = c.fix.take().map(|f| not_self_referring(&f));
+        c.fix = c.fix.take().map(|f| state::in_diagnose(&f));
     }
     d
-}
-
-/// Advice meant for `status` sends the reader to `diagnose`; within `diagnose` itself that
-/// clause says nothing: it goes, as a parenthesis or as the clause after a semicolon.
-fn not_self_referring(fix: &str) -> String {
-    const ME: &str = "`vgpu-license-agent diagnose`";
-    let Some(at) = fix.find(ME) else {
-        return fix.to_string();
-    };
-    let (before, after) = fix.split_at(at);
-    if let Some(open) = before.strip_suffix('(').map(str::trim_end)
-        && let Some(close) = after.find(')')
-    {
-        return format!("{open}{}", &after[close + 1..]);
-    }
-    if let Some(head) = before.strip_suffix("; ") {
-        let rest = after.find('.').map_or("", |end| &after[end..]);
-        return format!("{head}{rest}");
-    }
-    fix.to_string()
 }
 
 /// On a GPU Operator node every fix is one that works there: the token, the token directory
@@ -1070,22 +1050,6 @@ fn covered(reason: Reason, checks: &[Check]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn advice_that_sends_the_reader_to_diagnose_loses_that_clause_here() {
-        assert_eq!(
-            not_self_referring("load it (`vgpu-license-agent diagnose` says which)."),
-            "load it."
-        );
-        assert_eq!(
-            not_self_referring(
-                "add a unit; `vgpu-license-agent diagnose` shows what is there. Then go."
-            ),
-            "add a unit. Then go."
-        );
-        let kept = "run `vgpu-license-agent diagnose` on the node";
-        assert_eq!(not_self_referring(kept), kept);
-    }
 
     #[test]
     fn exit_codes_follow_the_worst_check() {

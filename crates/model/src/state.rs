@@ -471,6 +471,47 @@ pub const SHARE_NOT_MOUNTED_ADVICE: &str = "The share that brings the token into
 
 pub const GRIDD_MISSING_ADVICE: &str = "nvidia-gridd's systemd unit is not installed: it comes with the NVIDIA vGPU (GRID) guest driver (the data-center driver has none; some builds ship the daemon without its unit): install the GRID guest driver, or add a unit running /usr/bin/nvidia-gridd; `vgpu-license-agent diagnose` shows what is there.";
 
+/// Where `status`'s advice sends the reader next, word for word, and what `diagnose` says in
+/// its place: there the reader is looking at the checks that command runs.
+const DIAGNOSE_POINTERS: &[(&str, &str)] = &[
+    // dls_unreachable
+    (
+        "; `vgpu-license-agent diagnose` tries each step and names the one that fails.",
+        "; the dls-dns, dls-tcp, dls-tls and dls-https checks here name the step that fails.",
+    ),
+    // driver_unavailable
+    (
+        " (`vgpu-license-agent diagnose` says which).",
+        " (the driver check here says which).",
+    ),
+    // renewal_stalled, on a guest and on a GPU Operator node
+    (
+        "Run `vgpu-license-agent diagnose` (DNS, TCP, TLS, the clock against the DLS) and look",
+        "The checks here try DNS, TCP, TLS and the clock against the DLS; look",
+    ),
+    (
+        "Run `vgpu-license-agent diagnose` on the node (DNS, TCP, TLS, the clock against the DLS) and look",
+        "The checks here try DNS, TCP, TLS and the clock against the DLS; look",
+    ),
+    // unspecified
+    (
+        "run `vgpu-license-agent diagnose` to check DNS, TCP, TLS and the clock against the DLS.",
+        "the dls and clock checks here try DNS, TCP, TLS and the clock against the DLS.",
+    ),
+    // other
+    ("run `vgpu-license-agent diagnose`; if ", "if "),
+    // gridd's unit missing
+    ("; `vgpu-license-agent diagnose` shows what is there.", "."),
+];
+
+/// `status`'s advice as `diagnose` gives it: where it sends the reader to `diagnose`, the
+/// checks `diagnose` has just shown instead.
+pub fn in_diagnose(advice: &str) -> String {
+    DIAGNOSE_POINTERS
+        .iter()
+        .fold(advice.to_string(), |a, (from, to)| a.replace(from, to))
+}
+
 /// What to do when no driver answers, from what nvidia-smi (or the shell) said: the driver
 /// comes before the license, so this is the fix that matters first.
 pub fn driver_advice(why: &str) -> String {
@@ -1327,6 +1368,46 @@ fn without_license_section(s: &SmiSnapshot) -> State {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every advice `diagnose` can show, on a guest and on a GPU Operator node, with and
+    /// without the DLS's name: none sends the reader to `diagnose` while they read it, and
+    /// `status` keeps its pointers.
+    #[test]
+    fn advice_in_diagnose_never_sends_the_reader_to_diagnose() {
+        let mut all = vec![GRIDD_MISSING_ADVICE.to_string()];
+        let node = NodeSeen {
+            observe: true,
+            driver_root: Some("/run/nvidia/driver".into()),
+            driver_ready: true,
+            node_name: Some("gpu-1".into()),
+            manage_refused: false,
+        };
+        for r in Reason::ALL {
+            for server in [None, Some("dls.example")] {
+                let text = advice(r, server, None, Some("NVIDIA L40S-24Q"));
+                let mut f = Failure {
+                    reason: r,
+                    message: String::new(),
+                    at: None,
+                    advice: text.clone(),
+                };
+                operator_advice(&mut f, State::Unlicensed, &node);
+                all.extend([text, f.advice]);
+            }
+        }
+        let pointing = all
+            .iter()
+            .filter(|a| a.contains("vgpu-license-agent diagnose"))
+            .count();
+        assert!(pointing >= 7, "status's pointers: {pointing}");
+        for a in &all {
+            let here = in_diagnose(a);
+            assert!(
+                !here.contains("vgpu-license-agent diagnose"),
+                "{a}\n-> {here}"
+            );
+        }
+    }
 
     #[test]
     fn editions_from_profiles() {
