@@ -475,31 +475,8 @@ pub const CLS_TARGET: &str = "api.cls.licensing.nvidia.com:443";
 /// and come back.
 pub struct LegacyServer {
     pub addr: std::net::SocketAddr,
-    /// Up: listening. Down: bound without listening, so that connections are refused and
-    /// the address stays this server's (another process's test cannot take it meanwhile).
-    socket: Option<socket2::Socket>,
+    listener: Option<std::net::TcpListener>,
     n: u8,
-}
-
-/// A TCP socket bound to `addr`, listening or not.
-fn legacy_socket(addr: std::net::SocketAddr, listen: bool) -> std::io::Result<socket2::Socket> {
-    let bind = |reuse: bool| -> std::io::Result<socket2::Socket> {
-        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-        s.set_reuse_address(reuse)?;
-        s.bind(&addr.into())?;
-        Ok(s)
-    };
-    if listen {
-        // As std's listeners: a port just closed (its connections in TIME_WAIT) binds again.
-        let s = bind(true)?;
-        s.listen(16)?;
-        Ok(s)
-    } else {
-        // Without SO_REUSEADDR another socket cannot bind beside it (with it, Linux lets
-        // one bind and listen beside a socket that does not listen); where the closed
-        // listener's connections still hold the port, with it.
-        bind(false).or_else(|_| bind(true))
-    }
 }
 
 /// The addresses of the legacy servers alive in this process, down ones too: a server taken
@@ -524,22 +501,24 @@ impl LegacyServer {
             .filter(|n| !taken.contains(n))
             .find_map(|n| {
                 let addr: std::net::SocketAddr = format!("127.0.70.{n}:7070").parse().ok()?;
-                legacy_socket(addr, true).ok().map(|l| (n, addr, l))
+                std::net::TcpListener::bind(addr).ok().map(|l| (n, addr, l))
             })
             .expect("a free 127.0.70.N:7070");
         taken.insert(n);
         LegacyServer {
             addr,
-            socket: Some(l),
+            listener: Some(l),
             n,
         }
     }
 
     /// Down (connections refused) or up again.
     pub fn set_up(&mut self, up: bool) {
-        // The socket before is closed first: one address, one socket.
-        self.socket = None;
-        self.socket = Some(legacy_socket(self.addr, up).expect("the server's address again"));
+        self.listener = if up {
+            Some(std::net::TcpListener::bind(self.addr).expect("the server's address again"))
+        } else {
+            None
+        };
     }
 
     /// gridd.conf's lines naming this server.
