@@ -37,19 +37,18 @@ pub fn read_smi(settings: &Settings) -> SmiRead {
 
 fn read_smi_only(settings: &Settings) -> SmiRead {
     // On a GPU Operator node, inside the driver container's root, where nvidia-smi finds
-    // its libraries (the operator's maintainers' own advice).
-    if let Some(root) = &settings.commands.smi_root
-        && let Some(why) = crate::node::untrusted_root(root, &settings.commands.nvidia_smi)
-    {
-        return SmiRead::Failed(why);
-    }
+    // its libraries (the operator's maintainers' own advice): the file checked, by its path
+    // inside the root, never a name PATH could find elsewhere.
     let argv = match &settings.commands.smi_root {
-        Some(root) => vec![
-            "chroot".to_string(),
-            root.display().to_string(),
-            settings.commands.nvidia_smi.clone(),
-            "-q".to_string(),
-        ],
+        Some(root) => match crate::node::checked_smi(root, &settings.commands.nvidia_smi) {
+            Ok(smi) => vec![
+                "chroot".to_string(),
+                root.display().to_string(),
+                smi.display().to_string(),
+                "-q".to_string(),
+            ],
+            Err(why) => return SmiRead::Failed(why),
+        },
         None => vec![settings.commands.nvidia_smi.clone(), "-q".to_string()],
     };
     match command::run(&argv, settings.commands.timeout) {

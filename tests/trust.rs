@@ -415,6 +415,29 @@ fn a_kubeconfig_another_user_could_write_is_refused() {
         "{err}"
     );
     assert!(!err.contains(SA_TOKEN));
+    // A tokenFile that is another user's link to a file of root's: the link's owner picks
+    // which of root's files goes out as the bearer, so the link is judged too.
+    chown(&token_file, 0);
+    let link = dir.join("token-link");
+    std::os::unix::fs::symlink(&token_file, &link).unwrap();
+    std::fs::write(&kc, kubeconfig(&api, Some(&link))).unwrap();
+    let (code, err) = check();
+    assert_eq!(code, Some(0), "{err}");
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &link,
+        Some(nix::unistd::Uid::from_raw(1000)),
+        None,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+    let (code, err) = check();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("is a link owned by uid 1000") && err.contains("tokenFile"),
+        "{err}"
+    );
+    chown(&token_file, 1000);
 
     // The service with that tokenFile: nothing sent, and said.
     write_gridd_conf(&m);
@@ -542,6 +565,59 @@ fn a_driver_root_another_user_owns_is_not_run() {
             let v: serde_json::Value = serde_json::from_str(&out).unwrap();
             last.replace(out);
             (code == Some(0) && v["state"] == "licensed").then_some(())
+        },
+        || last.borrow().clone(),
+    );
+}
+
+/// A GPU Operator node whose driver root holds, besides root's own `/usr/bin/nvidia-smi`, a
+/// `/usr/local/bin/nvidia-smi` that another user owns, first on the agent's PATH (systemd's
+/// PATH puts `/usr/local/bin` first): the agent runs the nvidia-smi it checked, by its path
+/// inside the root, never the other one (here `false`, which would read as no driver).
+#[test]
+fn a_driver_root_runs_the_nvidia_smi_it_checked() {
+    if !nix::unistd::geteuid().is_root() {
+        return skipped("giving a file to another user needs root");
+    }
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    write_gridd_conf(&m);
+    // The default: a name, found as the root's files have it.
+    m.set_config("nvidia_smi", "\"nvidia-smi\"");
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    m.start_gridd();
+    let sim_dir = m.container_sim().unwrap().to_path_buf();
+    let local = m.path("run/nvidia/driver/usr/local/bin");
+    std::fs::create_dir_all(&local).unwrap();
+    let foreign = local.join("nvidia-smi");
+    std::fs::copy("/bin/false", &foreign).unwrap();
+    std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nobody = Some(nix::unistd::Uid::from_raw(65534));
+    nix::unistd::chown(&foreign, nobody, None).unwrap();
+    nix::unistd::chown(&local, nobody, None).unwrap();
+    let last = std::cell::RefCell::new(String::new());
+    sim::wait_for(
+        "status licensed, read from root's nvidia-smi",
+        T,
+        || {
+            let out = std::process::Command::new(crate::common::BIN)
+                .arg("--config")
+                .arg(&m.config)
+                .args(["status", "--json"])
+                .env("SIM_DIR", &sim_dir)
+                .env(
+                    "PATH",
+                    "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+                )
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_ne!(v["state"], "no_driver", "the foreign nvidia-smi ran: {v:#}");
+            last.replace(text);
+            (out.status.code() == Some(0) && v["state"] == "licensed").then_some(())
         },
         || last.borrow().clone(),
     );

@@ -81,12 +81,16 @@ pub fn detect(settings: &Settings) -> Node {
 const ROOT_RISK: &str =
     "could make root run any program (the agent runs nvidia-smi there by chroot, as root)";
 
-/// Why root must not run `smi` (`commands.nvidia_smi`) in the driver root `root` by
-/// `chroot`: the root, a directory on the way to nvidia-smi, or nvidia-smi itself owned by
-/// another user or writable by others (the config's rule, [`crate::config::owned_safely`]);
-/// `None` where all of them are root's. A link is judged by its owner alone (a link's own
-/// mode means nothing).
-pub fn untrusted_root(root: &Path, smi: &str) -> Option<String> {
+/// The nvidia-smi that root runs in the driver root `root` by `chroot`, as a path inside the
+/// root with no link left on the way (`smi` is `commands.nvidia_smi`: a name, looked for in
+/// `usr/bin`, `bin`, `usr/sbin` and `sbin` in that order, or a path inside the root), once
+/// every directory on the way and the file itself are found root's alone (the config's rule,
+/// [`crate::config::owned_safely`]); a link on the way is followed inside the root, as
+/// `chroot` would follow it, and judged by its owner first (a link's own mode means
+/// nothing). The path is what `chroot` is given, so that the program run is the file
+/// checked, whatever PATH the agent or the root has. An error says which file is refused and
+/// whose it is.
+pub fn checked_smi(root: &Path, smi: &str) -> Result<PathBuf, String> {
     let inside: PathBuf = if smi.contains('/') {
         PathBuf::from(smi.trim_start_matches('/'))
     } else {
@@ -96,29 +100,81 @@ pub fn untrusted_root(root: &Path, smi: &str) -> Option<String> {
             .find(|p| root.join(p).symlink_metadata().is_ok())
             .unwrap_or_else(|| Path::new("usr/bin").join(smi))
     };
-    let mut at = root.to_path_buf();
-    let mut paths = vec![at.clone()];
-    for part in inside.components() {
-        at.push(part);
-        paths.push(at.clone());
-    }
-    paths.iter().find_map(|p| {
-        let meta = p.symlink_metadata().ok()?;
-        let what = format!("{} in the GPU Operator's driver root", p.display());
-        let problem = if meta.file_type().is_symlink() {
+    resolve_in_root(root, &inside).map_err(|p| format!("nvidia-smi is not run: {p}"))
+}
+
+/// The most links followed on the way to nvidia-smi (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
+/// `inside` resolved inside `root` as `chroot root` would resolve it, each step checked; a
+/// part that does not exist ends the walk (running it then fails as a missing program).
+fn resolve_in_root(root: &Path, inside: &Path) -> Result<PathBuf, String> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let judge = |host: &Path, meta: &std::fs::Metadata| -> Result<(), String> {
+        let what = format!("{} in the GPU Operator's driver root", host.display());
+        if meta.file_type().is_symlink() {
             use std::os::unix::fs::MetadataExt;
             let me = nix::unistd::geteuid().as_raw();
-            (meta.uid() != 0 && meta.uid() != me).then(|| {
-                format!(
+            if meta.uid() != 0 && meta.uid() != me {
+                return Err(format!(
                     "{what} is a link owned by uid {}, who {ROOT_RISK}; the agent refuses it",
                     meta.uid()
-                )
+                ));
+            }
+            return Ok(());
+        }
+        crate::config::owned_safely(meta, &what, ROOT_RISK)
+    };
+    let meta = root
+        .symlink_metadata()
+        .map_err(|e| format!("{}: {e}", root.display()))?;
+    judge(root, &meta)?;
+    let parts = |p: &Path| -> Vec<std::ffi::OsString> {
+        p.components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_os_string()),
+                Component::ParentDir => Some("..".into()),
+                _ => None,
             })
-        } else {
-            crate::config::owned_safely(&meta, &what, ROOT_RISK).err()
+            .collect()
+    };
+    let mut todo: VecDeque<_> = parts(inside).into();
+    let mut at = PathBuf::new();
+    let mut links = 0;
+    while let Some(part) = todo.pop_front() {
+        if part == ".." {
+            // Inside the root, as in any root, `/..` is `/`.
+            at.pop();
+            continue;
+        }
+        let host = root.join(&at).join(&part);
+        let Ok(meta) = host.symlink_metadata() else {
+            at.push(part);
+            at.extend(todo);
+            break;
         };
-        problem.map(|p| format!("nvidia-smi is not run: {p}"))
-    })
+        judge(&host, &meta)?;
+        if !meta.file_type().is_symlink() {
+            at.push(part);
+            continue;
+        }
+        links += 1;
+        if links > MAX_LINKS {
+            return Err(format!(
+                "{} leads through more than {MAX_LINKS} links; the agent refuses it",
+                host.display()
+            ));
+        }
+        let target = std::fs::read_link(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+        if target.is_absolute() {
+            at = PathBuf::new();
+        }
+        for p in parts(&target).into_iter().rev() {
+            todo.push_front(p);
+        }
+    }
+    Ok(Path::new("/").join(at))
 }
 
 /// This node's name for a `kubectl` command: `$NODE_NAME` (a pod's downward API), else the
@@ -185,17 +241,18 @@ mod tests {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
         };
         mode(&smi, 0o755);
-        assert_eq!(untrusted_root(root, "nvidia-smi"), None);
-        assert_eq!(untrusted_root(root, "/usr/bin/nvidia-smi"), None);
+        let at = Ok(PathBuf::from("/usr/bin/nvidia-smi"));
+        assert_eq!(checked_smi(root, "nvidia-smi"), at);
+        assert_eq!(checked_smi(root, "/usr/bin/nvidia-smi"), at);
         mode(&smi, 0o777);
-        let why = untrusted_root(root, "nvidia-smi").unwrap();
+        let why = checked_smi(root, "nvidia-smi").unwrap_err();
         assert!(
             why.contains("usr/bin/nvidia-smi") && why.contains("writable by other users"),
             "{why}"
         );
         mode(&smi, 0o755);
         mode(&root.join("usr"), 0o775);
-        let why = untrusted_root(root, "/usr/bin/nvidia-smi").unwrap();
+        let why = checked_smi(root, "/usr/bin/nvidia-smi").unwrap_err();
         assert!(
             why.contains("/usr in the GPU Operator") && why.contains("0775"),
             "{why}"
@@ -211,5 +268,53 @@ mod tests {
         o.service.mode = ServiceMode::Observe;
         let n = detect(&o);
         assert_eq!((n.mode, n.driver_root), (Mode::Observe, None));
+    }
+
+    /// A link on the way to nvidia-smi is followed inside the root, as `chroot` follows it,
+    /// and what it leads to is checked and is what runs.
+    #[test]
+    fn links_to_nvidia_smi_are_followed_inside_the_root_and_checked() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        let opt = root.join("opt/nvidia");
+        std::fs::create_dir_all(&opt).unwrap();
+        std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+        std::fs::write(opt.join("nvidia-smi"), "").unwrap();
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(&opt.join("nvidia-smi"), 0o755);
+        // An absolute link means the root's /opt, not the host's.
+        symlink("/opt/nvidia/nvidia-smi", root.join("usr/bin/nvidia-smi")).unwrap();
+        assert_eq!(
+            checked_smi(root, "nvidia-smi"),
+            Ok(PathBuf::from("/opt/nvidia/nvidia-smi"))
+        );
+        // What the link leads to is judged as nvidia-smi itself would be.
+        mode(&opt.join("nvidia-smi"), 0o777);
+        let why = checked_smi(root, "nvidia-smi").unwrap_err();
+        assert!(
+            why.contains("opt/nvidia/nvidia-smi") && why.contains("writable by other users"),
+            "{why}"
+        );
+        mode(&opt.join("nvidia-smi"), 0o755);
+        // A merged /usr: bin is a relative link to usr/bin, and `..` stays inside the root.
+        std::fs::remove_file(root.join("usr/bin/nvidia-smi")).unwrap();
+        symlink(
+            "../../../../opt/nvidia/nvidia-smi",
+            root.join("usr/bin/nvidia-smi"),
+        )
+        .unwrap();
+        symlink("usr/bin", root.join("bin")).unwrap();
+        assert_eq!(
+            checked_smi(root, "/bin/nvidia-smi"),
+            Ok(PathBuf::from("/opt/nvidia/nvidia-smi"))
+        );
+        // A loop of links is refused, not followed forever.
+        std::fs::remove_file(root.join("usr/bin/nvidia-smi")).unwrap();
+        symlink("nvidia-smi", root.join("usr/bin/nvidia-smi")).unwrap();
+        let why = checked_smi(root, "nvidia-smi").unwrap_err();
+        assert!(why.contains("more than 40 links"), "{why}");
     }
 }
