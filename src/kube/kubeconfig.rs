@@ -39,32 +39,124 @@ fn parse(bytes: &[u8]) -> Result<Value, String> {
         return Ok(v);
     }
     let text = std::str::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_string())?;
-    let docs = yaml_rust2::YamlLoader::load_from_str(text)
-        .map_err(|e| format!("is not a kubeconfig (YAML or JSON): {e}"))?;
-    let doc = docs
-        .into_iter()
-        .next()
-        .ok_or("is empty: not a kubeconfig".to_string())?;
-    json_of(&doc).ok_or_else(|| "is YAML with keys that are not text: not a kubeconfig".to_string())
+    yaml(text)
 }
 
-/// A YAML value as JSON: scalars as YAML 1.2's core schema reads them (a number's text kept
-/// where it is not an integer).
-fn json_of(y: &yaml_rust2::Yaml) -> Option<Value> {
+/// The deepest a kubeconfig nests (`users[].user.exec.env[].value` is 6 levels), with room
+/// to spare: deeper is not a kubeconfig, and is refused before it costs anything.
+const MAX_DEPTH: usize = 32;
+
+/// A collection being read.
+enum Open {
+    Seq(Vec<Value>),
+    /// A mapping, and the key read whose value comes next.
+    Map(serde_json::Map<String, Value>, Option<String>),
+}
+
+/// The first YAML document of `text` as JSON, read event by event with a stack of its own
+/// (no recursion, however deep the text), in time and memory bounded by the text: anchors
+/// and aliases are refused (a kubeconfig has no use for them, and an alias of an alias is
+/// how a few hundred bytes become gigabytes), and so is nesting deeper than [`MAX_DEPTH`].
+/// Scalars are read as YAML 1.2's core schema reads them (a number's text kept where it is
+/// not an integer).
+fn yaml(text: &str) -> Result<Value, String> {
+    use yaml_rust2::parser::{Event, Parser};
+    let mut parser = Parser::new_from_str(text);
+    let mut stack: Vec<Open> = Vec::new();
+    let mut doc: Option<Value> = None;
+    let not_yaml = |e: &dyn std::fmt::Display| format!("is not a kubeconfig (YAML or JSON): {e}");
+    loop {
+        let (event, mark) = parser.next_token().map_err(|e| {
+            // The parser's own limit on flow collections (`[[[...`), said as nesting.
+            if e.info().contains("recursion limit") {
+                format!(
+                    "nests deeper than {MAX_DEPTH} levels (line {}): not a kubeconfig",
+                    e.marker().line()
+                )
+            } else {
+                not_yaml(&e)
+            }
+        })?;
+        let line = mark.line();
+        let anchored = |anchor: usize| {
+            (anchor != 0).then(|| {
+                format!(
+                    "has a YAML anchor (line {line}): a kubeconfig has none, and the agent reads none: write the value out"
+                )
+            })
+        };
+        let value = match event {
+            Event::StreamEnd => break,
+            Event::DocumentEnd if doc.is_some() => break,
+            Event::Alias(_) => {
+                return Err(format!(
+                    "has a YAML alias (line {line}): a kubeconfig has none, and the agent reads none: write the value out"
+                ));
+            }
+            Event::Scalar(v, style, anchor, tag) => {
+                if let Some(why) = anchored(anchor) {
+                    return Err(why);
+                }
+                scalar(
+                    v,
+                    style == yaml_rust2::scanner::TScalarStyle::Plain && tag.is_none(),
+                )
+            }
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                if let Some(why) = anchored(anchor) {
+                    return Err(why);
+                }
+                if stack.len() >= MAX_DEPTH {
+                    return Err(format!(
+                        "nests deeper than {MAX_DEPTH} levels (line {line}): not a kubeconfig"
+                    ));
+                }
+                stack.push(match event {
+                    Event::SequenceStart(..) => Open::Seq(Vec::new()),
+                    _ => Open::Map(serde_json::Map::new(), None),
+                });
+                continue;
+            }
+            Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
+                Some(Open::Seq(a)) => Value::Array(a),
+                Some(Open::Map(m, _)) => Value::Object(m),
+                None => return Err(not_yaml(&"a collection ends that never began")),
+            },
+            _ => continue,
+        };
+        match stack.last_mut() {
+            None => doc = Some(value),
+            Some(Open::Seq(a)) => a.push(value),
+            Some(Open::Map(m, key)) => match key.take() {
+                Some(k) => {
+                    m.insert(k, value);
+                }
+                None => match value {
+                    Value::String(k) => *key = Some(k),
+                    _ => {
+                        return Err(
+                            "is YAML with keys that are not text: not a kubeconfig".to_string()
+                        );
+                    }
+                },
+            },
+        }
+    }
+    doc.ok_or_else(|| "is empty: not a kubeconfig".to_string())
+}
+
+/// A scalar's value: a plain one as the core schema reads it, a quoted or tagged one as text.
+fn scalar(v: String, plain: bool) -> Value {
     use yaml_rust2::Yaml;
-    Some(match y {
-        Yaml::String(s) | Yaml::Real(s) => Value::String(s.clone()),
-        Yaml::Integer(i) => Value::from(*i),
-        Yaml::Boolean(b) => Value::Bool(*b),
+    if !plain {
+        return Value::String(v);
+    }
+    match Yaml::from_str(&v) {
+        Yaml::Integer(i) => Value::from(i),
+        Yaml::Boolean(b) => Value::Bool(b),
         Yaml::Null => Value::Null,
-        Yaml::Array(a) => Value::Array(a.iter().map(json_of).collect::<Option<_>>()?),
-        Yaml::Hash(h) => Value::Object(
-            h.iter()
-                .map(|(k, v)| Some((k.as_str()?.to_string(), json_of(v)?)))
-                .collect::<Option<_>>()?,
-        ),
-        Yaml::Alias(_) | Yaml::BadValue => return None,
-    })
+        _ => Value::String(v),
+    }
 }
 
 /// The current context of the kubeconfig `v`; relative file names are read from `dir`, the
@@ -169,7 +261,7 @@ fn client_cert(user: &Value, dir: &Path) -> anyhow::Result<Option<ClientCert>> {
         (Some(_), None) => bail!("the user has a client-certificate but no client-key"),
         (None, Some(_)) => bail!("the user has a client-key but no client-certificate"),
     };
-    cert.identity()?;
+    cert.check()?;
     Ok(Some(cert))
 }
 
@@ -232,12 +324,46 @@ users:
         );
     }
 
+    /// Nested aliases (a few hundred bytes that expand to gigabytes) and nesting far deeper
+    /// than a kubeconfig's are refused at once, in a line, with no stack overflow.
+    #[test]
+    fn hostile_yaml_is_refused_in_bounded_time_and_memory() {
+        let mut laughs =
+            String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        for (i, c) in ('b'..='k').enumerate() {
+            let prev = (b'a' + i as u8) as char;
+            laughs.push_str(&format!(
+                "{c}: &{c} [*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev},*{prev}]\n"
+            ));
+        }
+        let why = parse(laughs.as_bytes()).unwrap_err();
+        assert!(why.contains("YAML anchor"), "{why}");
+        for deep in [
+            format!("{}{}", "[".repeat(20_000), "]".repeat(20_000)),
+            format!(
+                "{}x",
+                (0..20_000)
+                    .map(|i| format!("{}k:\n", " ".repeat(i)))
+                    .collect::<String>()
+            ),
+            format!("{}1{}", "{a: ".repeat(20_000), "}".repeat(20_000)),
+        ] {
+            let why = parse(deep.as_bytes()).unwrap_err();
+            assert!(why.contains("nests deeper than 32 levels"), "{why}");
+        }
+        // As deep as a kubeconfig's exec env, and a bit more, is read.
+        let ok = format!("{}1{}", "{a: ".repeat(32), "}".repeat(32));
+        assert!(parse(ok.as_bytes()).is_ok());
+    }
+
     #[test]
     fn what_is_not_a_kubeconfig_is_said() {
         for (text, said) in [
             ("key: [unclosed", "is not a kubeconfig (YAML or JSON)"),
             ("", "is empty"),
             ("? [a, b]\n: 1\n", "not text"),
+            ("a: &x [1]\nb: *x\n", "YAML anchor (line 1)"),
+            ("a: &x [1]\nb: c\n", "YAML anchor"),
         ] {
             assert!(
                 parse(text.as_bytes()).unwrap_err().contains(said),
