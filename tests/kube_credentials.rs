@@ -157,11 +157,167 @@ fn a_kubelet_certificate_writes_no_other_node() {
         || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
     );
     assert!(api.condition(other, "VgpuLicensed").is_none());
+    // The hint names the setting and the certificate's own node, not a service account.
     assert!(
         a.journal_lines()
             .iter()
-            .any(|l| l.contains("was not written") && l.contains("403")),
+            .any(|l| l.contains("was not written")
+                && l.contains("403")
+                && l.contains(&format!("is node \"{NODE}\"'s"))
+                && l.contains(&format!("kubernetes.node_name = \"{NODE}\""))
+                && !l.contains("service account")),
         "{}",
         a.context()
     );
+    drop(a);
+    // config check says it before the service starts.
+    let (code, err) = config_check(&m);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("\"{other}\"")) && err.contains(&format!("CN system:node:{NODE}")),
+        "{err}"
+    );
+}
+
+/// A kubeconfig made to fell or exhaust the service: nested aliases (400 bytes that expand
+/// to gigabytes) and nesting 20,000 deep. `config check` refuses each at once in one line
+/// naming the file, and the service goes on without the Node condition.
+#[test]
+fn a_hostile_yaml_kubeconfig_is_refused_in_a_line() {
+    let m = Machine::new(Setup::default());
+    let conf = m.path("kubelet.conf");
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\n",
+        conf.display()
+    ));
+    let mut laughs = String::from("a: &a [lol,lol,lol,lol,lol,lol,lol,lol,lol]\n");
+    for c in 'b'..='j' {
+        let p = (c as u8 - 1) as char;
+        laughs.push_str(&format!(
+            "{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
+        ));
+    }
+    // 40 KB, 20,000 deep.
+    let deep = format!("{}{}", "[".repeat(20_000), "]".repeat(20_000));
+    for (text, said) in [
+        (laughs, "YAML anchor"),
+        (deep, "nests deeper than 32 levels"),
+    ] {
+        std::fs::write(&conf, text).unwrap();
+        std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let (code, err) = config_check(&m);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&conf.display().to_string()) && err.contains(said),
+            "{err}"
+        );
+    }
+    write_gridd_conf(&m);
+    m.drop_token(0o744);
+    m.start_gridd();
+    let a = Agent::start(&m);
+    a.wait_state("licensed", T);
+    assert!(
+        a.journal_lines()
+            .iter()
+            .any(|l| l.contains("the Node condition is not written") && l.contains("nests deeper")),
+        "{}",
+        a.context()
+    );
+}
+
+/// A client certificate the TLS client cannot show, or a key that is not its own, is
+/// refused by `config check` in one line naming the files, as the service would find it at
+/// its first write.
+#[test]
+fn a_client_certificate_tls_cannot_use_is_refused_by_config_check() {
+    let api = FakeApi::start("no-bearer-token-here", vec![node_object(NODE, vec![])]);
+    let m = Machine::new(Setup::default());
+    let pki = m.path("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let user = format!("system:node:{NODE}");
+    let (cert, _) = api.client_certificate(&user);
+    let (_, other_pair) = api.client_certificate(&user);
+    let other_key = &other_pair[other_pair.find("-----BEGIN EC PRIVATE KEY").unwrap()..];
+    // X.509 v1, as `openssl x509 -req` makes one without -extfile.
+    let key = pki.join("v1.key");
+    let csr = pki.join("v1.csr");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        key.to_str().unwrap(),
+        "-subj",
+        &format!("/CN={user}"),
+        "-out",
+        csr.to_str().unwrap(),
+    ]);
+    let v1 = pki.join("v1.crt");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        csr.to_str().unwrap(),
+        "-signkey",
+        key.to_str().unwrap(),
+        "-days",
+        "30",
+        "-out",
+        v1.to_str().unwrap(),
+    ]);
+    let v1_pair = format!(
+        "{}{}",
+        std::fs::read_to_string(&v1).unwrap(),
+        std::fs::read_to_string(&key).unwrap()
+    );
+    let conf = m.path("kubelet.conf");
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nkubeconfig = \"{}\"\nnode_name = \"{NODE}\"\n",
+        conf.display()
+    ));
+    for (pair, said) in [
+        (
+            format!("{cert}{other_key}"),
+            "is not the client-certificate's key",
+        ),
+        (v1_pair, "X.509 V1"),
+    ] {
+        let pem = pki.join("kubelet-client-current.pem");
+        std::fs::write(&pem, pair).unwrap();
+        std::fs::set_permissions(&pem, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        std::fs::write(&conf, kubelet_conf(&api, &pem)).unwrap();
+        std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        let (code, err) = config_check(&m);
+        assert_eq!(code, Some(1), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains(said) && err.contains(&pem.display().to_string()),
+            "{said}: {err}"
+        );
+        assert!(!err.contains("BEGIN"), "no key in the error: {err}");
+    }
 }

@@ -107,9 +107,24 @@ impl ClientCert {
         Ok(pem)
     }
 
-    /// Checks that the pair reads as a certificate and a key.
-    fn identity(&self) -> anyhow::Result<reqwest::Identity> {
-        identity_of(&self.pem()?)
+    /// Where the pair comes from, for an error: its files, or the kubeconfig's own data.
+    fn shown(&self) -> String {
+        let one = |p: &Pem, key: &str| match p {
+            Pem::Data(_) => format!("{key}-data"),
+            Pem::File(f) => format!("{key} {}", show_path(f)),
+        };
+        match (&self.cert, &self.key) {
+            (Pem::File(c), Pem::File(k)) if c == k => {
+                format!("client-certificate and client-key {}", show_path(c))
+            }
+            (c, k) => format!("{}, {}", one(c, "client-certificate"), one(k, "client-key")),
+        }
+    }
+
+    /// Checks the pair as the TLS client will use it (a certificate it can show, and the key
+    /// that is its own); returns the certificate's common name.
+    fn check(&self) -> anyhow::Result<Option<String>> {
+        check_pair(&self.pem()?).map_err(|why| anyhow!("{why} ({})", self.shown()))
     }
 }
 
@@ -117,6 +132,45 @@ fn identity_of(pem: &[u8]) -> anyhow::Result<reqwest::Identity> {
     reqwest::Identity::from_pem(pem).map_err(|_| {
         anyhow!("the client certificate and key are not a PEM certificate and its private key")
     })
+}
+
+/// What a TLS client needs of a client certificate and its key, as rustls checks them when
+/// the client is made, said in words (rustls would say "invalid peer certificate" of a v1
+/// certificate, as if the server's were at fault): an X.509 v3 certificate, and the private
+/// key whose public key is the certificate's. Returns the certificate's common name (a
+/// kubelet's is `system:node:NAME`).
+fn check_pair(pem: &[u8]) -> Result<Option<String>, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use x509_cert::certificate::{CertificateInner, Raw, Version};
+    use x509_cert::der::Decode;
+    let not_pem = "the client certificate and key are not a PEM certificate and its private key";
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|_| not_pem.to_string())?;
+    let leaf = certs.first().ok_or_else(|| not_pem.to_string())?;
+    let cert = CertificateInner::<Raw>::from_der(leaf.as_ref())
+        .map_err(|e| format!("the client certificate does not parse: {e}"))?;
+    let tbs = cert.tbs_certificate();
+    if tbs.version() != Version::V3 {
+        return Err(format!(
+            "the client certificate is X.509 {:?}, which TLS refuses to show (rustls, and the API's own checks): make it again as a v3 certificate (openssl x509 -req ... -extfile with extendedKeyUsage = clientAuth)",
+            tbs.version()
+        ));
+    }
+    let cn = crate::probe::common_name(tbs.subject());
+    let key = PrivateKeyDer::from_pem_slice(pem).map_err(|_| not_pem.to_string())?;
+    let provider = rustls::crypto::ring::default_provider();
+    match rustls::sign::CertifiedKey::from_der(certs, key, &provider) {
+        Ok(_) => Ok(cn),
+        Err(rustls::Error::InconsistentKeys(_)) => Err(
+            "the client-key is not the client-certificate's key (their public keys differ): name the key the certificate was made with"
+                .to_string(),
+        ),
+        Err(e) => Err(format!(
+            "the client certificate and key cannot be used for TLS: {e}"
+        )),
+    }
 }
 
 impl std::fmt::Debug for Api {
@@ -226,12 +280,30 @@ impl Session {
 }
 
 /// Checks what the service would use to write the Node condition, as it would set it up:
-/// `config check`'s question.
+/// `config check`'s question. Beyond the service's own start, it makes the HTTPS client
+/// (what the service makes before its first write) and refuses a node name that a kubelet's
+/// certificate is not for (the API's Node authorizer would refuse every write).
 pub fn check(settings: &Settings) -> anyhow::Result<()> {
-    if target(settings)?.is_none()
-        && let Some(why) = unreadable_secret(settings)
+    let Some(api) = target(settings)? else {
+        if let Some(why) = unreadable_secret(settings) {
+            bail!("{why}");
+        }
+        return Ok(());
+    };
+    let pem = api.cert.as_ref().map(ClientCert::pem).transpose()?;
+    api.client(pem.as_deref())?;
+    if let Some(cert_node) = api.cert_node()
+        && cert_node != api.node
     {
-        bail!("{why}");
+        bail!(
+            "the node name {:?} (kubernetes.node_name, else NODE_NAME or the host name) is not the client certificate's node, {:?} (CN system:node:{}), and the API lets a node's certificate write its own Node only: set kubernetes.node_name = {:?}, or name node {:?}'s own kubeconfig ({})",
+            crate::model::text::escape(&api.node),
+            crate::model::text::escape(&cert_node),
+            crate::model::text::escape(&cert_node),
+            crate::model::text::escape(&cert_node),
+            crate::model::text::escape(&api.node),
+            api.cert.as_ref().map(ClientCert::shown).unwrap_or_default()
+        );
     }
     Ok(())
 }
@@ -315,11 +387,16 @@ impl Api {
             .map_err(|e| anyhow!("GET node {}: {}", self.node, crate::http::chain(e)))?;
         let code = resp.status();
         if !code.is_success() {
-            bail!("GET node {}: HTTP {code}{}", self.node, not_followed(code));
+            let fix = match code.as_u16() {
+                401 => self.fix_401(),
+                403 => self.fix_403("get on nodes: see deploy/kubernetes/"),
+                _ => not_followed(code).to_string(),
+            };
+            bail!("GET node {}: HTTP {code}{fix}", self.node);
         }
         let bytes = crate::http::body_capped(&mut resp, MAX_ANSWER)
             .await
-            .map_err(|e| anyhow!("GET node {}: {}", self.node, answer_error(e)))?;
+            .map_err(|e| anyhow!("GET node {}: {}", self.node, answer_error(e, "a Node")))?;
         serde_json::from_slice(&bytes)
             .map_err(|e| anyhow!("GET node {}: not a Node: {e}", self.node))
     }
@@ -363,7 +440,7 @@ impl Api {
             false,
             "application/merge-patch+json",
             &body,
-            " (with kubernetes.taint_unlicensed the service account needs patch on nodes: see deploy/kubernetes/daemonset-taint/)",
+            &self.fix_403("patch on nodes for kubernetes.taint_unlicensed: see deploy/kubernetes/daemonset-taint/"),
         )
         .await?;
         Ok(true)
@@ -375,9 +452,61 @@ impl Api {
             true,
             "application/strategic-merge-patch+json",
             body,
-            " (the service account needs patch on nodes/status: see deploy/kubernetes/)",
+            &self.fix_403("patch on nodes/status: see deploy/kubernetes/"),
         )
         .await
+    }
+
+    /// The node a kubelet's client certificate is for (CN `system:node:NAME`), where the
+    /// agent shows one.
+    fn cert_node(&self) -> Option<String> {
+        let cn = self.cert.as_ref()?.check().ok()??;
+        cn.strip_prefix("system:node:").map(String::from)
+    }
+
+    /// What a 403 asks for, naming the credential the API refused: a node's certificate for
+    /// another node, or the permission `needs` for the agent's user.
+    fn fix_403(&self, needs: &str) -> String {
+        match (&self.cert, self.cert_node()) {
+            (Some(cert), Some(n)) if n != self.node => format!(
+                " (the client certificate, {}, is node {:?}'s, and the API lets a node's certificate write its own Node only: set kubernetes.node_name = {:?}, or use node {:?}'s own kubeconfig)",
+                cert.shown(),
+                crate::model::text::escape(&n),
+                crate::model::text::escape(&n),
+                crate::model::text::escape(&self.node)
+            ),
+            (Some(cert), _) => format!(
+                " (the user of the client certificate, {}, needs {needs})",
+                cert.shown()
+            ),
+            (None, _) => format!(" (the service account needs {needs})"),
+        }
+    }
+
+    /// What a 401 means: the API knows the credential no more (expired, withdrawn), named.
+    fn fix_401(&self) -> String {
+        let token = match &self.token {
+            Some(Bearer::File(p)) => format!("the service account's token {}", show_path(p)),
+            Some(Bearer::KubeconfigFile(p)) => {
+                format!("the kubeconfig's tokenFile {}", show_path(p))
+            }
+            Some(Bearer::Literal(_)) => "the kubeconfig's token".to_string(),
+            None => String::new(),
+        };
+        let cert = self.cert.as_ref().map(|c| {
+            format!(
+                "the client certificate, {} (its dates: openssl x509 -noout -subject -dates -in FILE; a withdrawn one needs the kubelet's rotation or a new one)",
+                c.shown()
+            )
+        });
+        let named: Vec<String> = [Some(token).filter(|t| !t.is_empty()), cert]
+            .into_iter()
+            .flatten()
+            .collect();
+        format!(
+            " (the API did not accept the credential: check {})",
+            named.join(", and ")
+        )
     }
 
     /// PATCHes the Node (`status`: its status subresource) with `body` of `content_type`;
@@ -414,7 +543,9 @@ impl Api {
             .and_then(|v| v["message"].as_str().map(String::from))
             .map(|m| format!(": {}", crate::model::text::escape(&m)))
             .unwrap_or_default();
+        let fix_401 = self.fix_401();
         let fix = match code.as_u16() {
+            401 => fix_401.as_str(),
             403 => fix_403,
             // Written with the resourceVersion read just before: the next try reads again.
             409 => " (the Node changed meanwhile: tried again)",
@@ -433,11 +564,12 @@ fn not_followed(code: reqwest::StatusCode) -> &'static str {
     }
 }
 
-/// An answer's body that could not be read whole.
-fn answer_error(e: crate::http::BodyError) -> String {
+/// An answer's body that could not be read whole; `what` is the object asked for (`a
+/// Node`, `a Secret`).
+fn answer_error(e: crate::http::BodyError, what: &str) -> String {
     match e {
         crate::http::BodyError::TooLarge => format!(
-            "the answer is larger than {} bytes, far more than a Node: refused",
+            "the answer is larger than {} bytes, far more than {what}: refused",
             MAX_ANSWER
         ),
         crate::http::BodyError::Broken(e) => crate::http::chain(e),

@@ -53,7 +53,7 @@ async fn read(api: &Api, session: &mut Session, name: &SecretRef) -> Result<Secr
     }
     let body = crate::http::body_capped(&mut resp, MAX_ANSWER)
         .await
-        .map_err(|e| fail(super::answer_error(e)))?;
+        .map_err(|e| fail(super::answer_error(e, "a Secret")))?;
     let secret: Value =
         serde_json::from_slice(&body).map_err(|e| fail(format!("not a Secret: {e}")))?;
     token_of(&secret).map_err(|e| format!("secret {name}: {e}"))

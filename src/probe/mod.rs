@@ -33,6 +33,7 @@ use crate::token::Token;
 mod http;
 mod net;
 mod tls;
+pub(crate) use tls::common_name;
 
 use http::{get_head, parse_head, parse_http_date};
 use net::{Tunnel, connect, resolve, tunnel};

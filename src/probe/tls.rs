@@ -66,6 +66,15 @@ pub(super) fn name_text(name: &x509_cert::name::Name) -> String {
     rdns.join(",")
 }
 
+/// A name's common name (`CN`), the last where there are several.
+pub(crate) fn common_name(name: &x509_cert::name::Name) -> Option<String> {
+    name.iter_rdn()
+        .flat_map(|rdn| rdn.iter())
+        .filter(|atv| atv.oid.to_string() == "2.5.4.3")
+        .map(attribute_value)
+        .last()
+}
+
 /// One attribute of a name as `KEY=value`: the usual short key where there is one, else the
 /// OID; the value escaped.
 fn attribute_text(atv: &x509_cert::attr::AttributeTypeAndValue) -> String {
