@@ -152,6 +152,20 @@ pub fn read_owned_safely(
     risk: &str,
 ) -> Result<Vec<u8>, String> {
     use crate::files::input::{Links, open_regular, read_capped};
+    // A link is its owner's word on which file is read: judged by its owner too, so that a
+    // link of another user's into root's files cannot pick one.
+    if let Ok(link) = file.symlink_metadata()
+        && link.file_type().is_symlink()
+    {
+        use std::os::unix::fs::MetadataExt;
+        let me = nix::unistd::geteuid().as_raw();
+        if link.uid() != 0 && link.uid() != me {
+            return Err(format!(
+                "{what} is a link owned by uid {}, who {risk}; the agent refuses it: make the link root's (chown -h root:root)",
+                link.uid()
+            ));
+        }
+    }
     let f = open_regular(file, Links::Follow).map_err(|e| format!("cannot read it: {e}"))?;
     let meta = f.metadata().map_err(|e| format!("cannot read it: {e}"))?;
     owned_safely(&meta, what, risk)?;

@@ -78,18 +78,62 @@ const CUDA_WORDS: [&str; 7] = [
 
 /// Classifies one line: `None` when it is no CUDA error.
 pub fn classify(line: &str) -> Option<Weight> {
-    let lower = line.to_lowercase();
-    if LICENSE_WORDS.iter().any(|w| lower.contains(w)) {
-        return Some(Weight::License);
+    Words::of(line).weight()
+}
+
+/// Which of the words a line (or a window of it) holds.
+#[derive(Default, Clone, Copy)]
+struct Words {
+    license: bool,
+    cuda: bool,
+    hint: bool,
+}
+
+impl Words {
+    fn of(text: &str) -> Words {
+        Words::default().and(text)
     }
-    if !CUDA_WORDS.iter().any(|w| lower.contains(w)) {
-        return None;
+
+    /// These, and the words `text` holds that these lack (a word found is not looked for
+    /// again).
+    fn and(self, text: &str) -> Words {
+        let lower = text.to_lowercase();
+        let any = |seen: bool, words: &[&str]| seen || words.iter().any(|w| lower.contains(w));
+        Words {
+            license: any(self.license, &LICENSE_WORDS),
+            cuda: any(self.cuda, &CUDA_WORDS),
+            hint: any(self.hint, &HINT_WORDS),
+        }
     }
-    Some(if HINT_WORDS.iter().any(|w| lower.contains(w)) {
-        Weight::Hint
-    } else {
-        Weight::Other
-    })
+
+    fn weight(self) -> Option<Weight> {
+        match self {
+            Words { license: true, .. } => Some(Weight::License),
+            Words { cuda: false, .. } => None,
+            Words { hint: true, .. } => Some(Weight::Hint),
+            _ => Some(Weight::Other),
+        }
+    }
+}
+
+/// A line longer than this is read a window at a time, each overlapping the one before by
+/// more than the longest word looked for: a line of hundreds of megabytes (a log without
+/// newlines) costs a window or two beside the input, never copies of itself.
+const WINDOW: usize = 64 << 10;
+const OVERLAP: usize = 128;
+
+/// [`classify`] of a line's bytes, window by window where it is long.
+fn classify_bytes(raw: &[u8]) -> Option<Weight> {
+    let mut words = Words::default();
+    let mut start = 0;
+    loop {
+        let end = (start + WINDOW).min(raw.len());
+        words = words.and(&String::from_utf8_lossy(&raw[start..end]));
+        if end == raw.len() || words.license {
+            return words.weight();
+        }
+        start = end - OVERLAP;
+    }
 }
 
 /// Reads an application's log, any text (invalid UTF-8 is replaced).
@@ -107,10 +151,11 @@ pub fn classify(line: &str) -> Option<Weight> {
 pub fn scan(input: &[u8]) -> AppLog {
     let mut found = AppLog::default();
     for (i, raw) in input.split(|&b| b == b'\n').enumerate() {
-        let line = String::from_utf8_lossy(raw);
-        let Some(weight) = classify(&line) else {
+        let Some(weight) = classify_bytes(raw) else {
             continue;
         };
+        // What the report keeps of the line: its start, as text.
+        let line = String::from_utf8_lossy(&raw[..raw.len().min(4 * MAX_TEXT + 4)]);
         let slot = match weight {
             Weight::License => &mut found.license,
             Weight::Hint => &mut found.hint,
@@ -197,5 +242,22 @@ mod tests {
         let long = format!("CUDA error: {}\n", "x".repeat(10_000));
         assert_eq!(scan(long.as_bytes()).other.unwrap().text.len(), MAX_TEXT);
         assert!(!scan(b"all good\n").any());
+    }
+
+    /// A line far longer than a window is read window by window: error 102 deep in it, and a
+    /// CUDA error and its "not supported" in two windows apart, are found.
+    #[test]
+    fn a_huge_line_is_read_in_windows() {
+        let pad = "x".repeat(3 * WINDOW + 17);
+        let deep = format!("{pad} device doesn't have valid Grid license {pad}");
+        let found = scan(deep.as_bytes());
+        assert_eq!(found.license.as_ref().map(|e| e.line), Some(1));
+        assert!(found.license.unwrap().text.len() <= MAX_TEXT);
+        let apart = format!("CUDA error: {pad} operation not supported");
+        assert_eq!(classify_bytes(apart.as_bytes()), Some(Weight::Hint));
+        // A word cut by a window's end is still seen.
+        let at_edge = format!("{}cudaErrorDeviceNotLicensed", "x".repeat(WINDOW - 10));
+        assert_eq!(classify_bytes(at_edge.as_bytes()), Some(Weight::License));
+        assert_eq!(classify_bytes("x".repeat(2 * WINDOW).as_bytes()), None);
     }
 }

@@ -195,11 +195,41 @@ const DRIVER_ERRORS: [&str; 6] = [
 pub fn parse(input: &[u8]) -> Result<SmiSnapshot, String> {
     let text = String::from_utf8_lossy(input);
     let trimmed = text.trim_start();
-    if trimmed.starts_with('<') {
-        parse_xml(trimmed)
+    let mut snap = if trimmed.starts_with('<') {
+        parse_xml(trimmed)?
     } else {
-        Ok(parse_text(&text))
+        parse_text(&text)
+    };
+    merge_repeated(&mut snap);
+    Ok(snap)
+}
+
+/// One entry per device, however often a pasted output lists it (an output pasted twice,
+/// two readings one after the other): a GPU by its bus id, a VM's vGPU by its physical GPU
+/// and vGPU ID; the last listing, the newest, is kept at the first one's place.
+fn merge_repeated(snap: &mut SmiSnapshot) {
+    fn merge<T>(list: &mut Vec<T>, key: impl Fn(&T) -> Option<String>) {
+        let mut kept: Vec<T> = Vec::with_capacity(list.len());
+        let mut at = std::collections::HashMap::new();
+        for item in list.drain(..) {
+            match key(&item).and_then(|k| at.get(&k).copied().map(|i| (k, i))) {
+                Some((_, i)) => kept[i] = item,
+                None => {
+                    if let Some(k) = key(&item) {
+                        at.insert(k, kept.len());
+                    }
+                    kept.push(item);
+                }
+            }
+        }
+        *list = kept;
     }
+    merge(&mut snap.gpus, |g| g.bus_id.clone());
+    merge(&mut snap.host_vgpus, |v| {
+        v.vgpu_id
+            .as_ref()
+            .map(|id| format!("{}/{id}", v.gpu_bus_id.as_deref().unwrap_or_default()))
+    });
 }
 
 fn is_bus_id(s: &str) -> bool {
@@ -826,6 +856,39 @@ vGPU Software Licensed Product\nProduct Name : NVIDIA Virtual Compute Server\nLi
                 .contains("nvidia_smi_log")
         );
         assert!(parse(b"<nvidia_smi_log>").is_err());
+    }
+
+    /// An output pasted twice (or two readings one after the other) lists each GPU twice:
+    /// each is one GPU, the later listing kept.
+    #[test]
+    fn a_gpu_listed_twice_is_one_gpu() {
+        let gpu = |bus: &str, status: &str| {
+            format!(
+                "GPU {bus}\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : {status}\n"
+            )
+        };
+        let once = gpu("00000000:02:00.0", "Unlicensed (Unrestricted)")
+            + &gpu("00000000:03:00.0", "Licensed (Expiry: 2030-1-1 0:0:0 GMT)");
+        let later = gpu("00000000:02:00.0", "Licensed (Expiry: 2030-1-1 0:0:0 GMT)")
+            + &gpu("00000000:03:00.0", "Licensed (Expiry: 2030-1-1 0:0:0 GMT)");
+        let s = parse(format!("{once}{later}").as_bytes()).unwrap();
+        let seen: Vec<_> = s
+            .gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.bus_id.as_deref().unwrap(),
+                    g.license_status.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("00000000:02:00.0", "Licensed (Expiry: 2030-1-1 0:0:0 GMT)"),
+                ("00000000:03:00.0", "Licensed (Expiry: 2030-1-1 0:0:0 GMT)")
+            ]
+        );
     }
 
     #[test]
