@@ -352,6 +352,34 @@ fn scenario_the_opt_in_taint_follows_the_license_and_leaves_other_taints() {
     );
 }
 
+/// A reload that turns the taint off, or changes any key of `[kubernetes]`, says that the
+/// key waits for a restart, by name: never a bare "config reloaded" while the Node goes on
+/// being written as before.
+#[test]
+fn scenario_a_reload_names_the_kubernetes_keys_that_wait_for_a_restart() {
+    let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);
+    let (m, a) = in_pod_booted(&api, 5, false, "taint_unlicensed = true\n", UP_LONG);
+    wait_condition(&api, &a, "VgpuLicensed False", |c| c["status"] == "False");
+    m.write_config(&m.config_text().replace(
+        "taint_unlicensed = true",
+        "taint_unlicensed = false\nnode_name = \"other\"",
+    ));
+    a.signal(nix::sys::signal::Signal::SIGHUP);
+    let said = |key: &str| {
+        a.journal_lines().iter().any(|l| {
+            l.contains(&format!("kubernetes.{key} changed"))
+                && l.contains("takes effect when the service restarts")
+        })
+    };
+    sim::wait_for(
+        "the reload naming kubernetes.taint_unlicensed and kubernetes.node_name",
+        T,
+        || (said("taint_unlicensed") && said("node_name")).then_some(()),
+        || a.context(),
+    );
+    assert!(!said("heartbeat_seconds"), "{}", a.context());
+}
+
 #[test]
 fn scenario_without_the_key_no_taint_is_written() {
     let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);

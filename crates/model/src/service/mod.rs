@@ -777,6 +777,34 @@ impl Core {
                 );
             }
         }
+        // The Node writer and the Secret's reader are set up at the start with these: each
+        // key that changed is said, and all keep their running values until the restart, so
+        // that what the service writes and what it says it writes stay one.
+        let (ok, nk) = (&old.kubernetes, &new.kubernetes);
+        for (key, changed) in [
+            ("node_condition", ok.node_condition != nk.node_condition),
+            ("kubeconfig", ok.kubeconfig != nk.kubeconfig),
+            (
+                "licensing_secret",
+                ok.licensing_secret != nk.licensing_secret,
+            ),
+            ("node_name", ok.node_name != nk.node_name),
+            (
+                "service_account_dir",
+                ok.service_account_dir != nk.service_account_dir,
+            ),
+            ("heartbeat_seconds", ok.heartbeat != nk.heartbeat),
+            (
+                "taint_unlicensed",
+                ok.taint_unlicensed != nk.taint_unlicensed,
+            ),
+        ] {
+            if changed {
+                warn!(
+                    "kubernetes.{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent); until then the Node and the Secret are written and read as before"
+                );
+            }
+        }
         self.remedy.reconfigure(&s.service);
         // What is set up at start keeps its old value until the restart, as said above: the
         // watcher still watches the old token directory, so the core does not switch to a
@@ -795,6 +823,7 @@ impl Core {
         s.service
             .metrics_listen
             .clone_from(&self.settings.service.metrics_listen);
+        s.kubernetes.clone_from(&self.settings.kubernetes);
         self.settings = s;
         self.schedule.smi_soon(now.mono);
     }
