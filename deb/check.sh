@@ -163,6 +163,29 @@ check_installed() {
 	return $rc
 }
 
+# dpkg -P of the installed package with config drop-ins beside it: the one the project's
+# cloud-init user-data writes goes with the package, an admin's own stays (with its
+# directories), as Debian keeps what the admin added. The admin's is then removed by hand, as
+# an admin would, so that nothing else may be left.
+purge_keeps_admin_drop_ins() {
+	local rc=0 etc=/etc/$NAME admin=/etc/$NAME/config.d/60-admin.toml
+	mkdir -p "$etc/config.d"
+	printf '[service]\nmode = "observe"\n' >"$admin"
+	printf '[gridd]\nfeature_type = 1\n' >"$etc/config.d/50-cloud-init.toml"
+	dpkg -P "$NAME" || rc=1
+	if [ "$(cat "$admin" 2>/dev/null)" != "$(printf '[service]\nmode = "observe"')" ]; then
+		echo "dpkg -P removed or changed the admin's $admin" >&2
+		rc=1
+	fi
+	if [ -e "$etc/config.d/50-cloud-init.toml" ] || [ -e "$etc/config.toml" ]; then
+		echo "dpkg -P left the package's own config in $etc: $(ls -A "$etc" "$etc/config.d")" >&2
+		rc=1
+	fi
+	rm -f "$admin"
+	rmdir "$etc/config.d" "$etc" || rc=1
+	return $rc
+}
+
 check_install_purge() {
 	local before after rc=0 new_paths leftovers others
 	before=$(snapshot)
@@ -174,7 +197,7 @@ check_install_purge() {
 	dpkg -r "$NAME" || rc=1
 	dpkg -i "$DEB" || rc=1
 	check_installed || rc=1
-	dpkg -P "$NAME" || rc=1
+	purge_keeps_admin_drop_ins || rc=1
 	after=$(snapshot)
 	# New paths of ours fail the check; others (daemons of the CI machine at work) are shown.
 	new_paths=$(comm -13 <(echo "$before") <(echo "$after"))

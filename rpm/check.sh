@@ -198,7 +198,7 @@ check_modes() {
 }
 
 check_round_trip() {
-	local rc=0 out left config=/etc/$NAME/config.toml
+	local rc=0 out left config=/etc/$NAME/config.toml admin_dir=/etc/$NAME/config.d
 	ROOT_FS=$WORK/root
 	mkdir -p "$ROOT_FS"
 	echo "--- rpm -i into an empty root"
@@ -230,11 +230,13 @@ check_round_trip() {
 	}
 	check_modes || rc=1
 
-	echo "--- rpm -e"
+	echo "--- an admin's own drop-in beside the package's files; rpm -e"
+	mkdir -p "$ROOT_FS$admin_dir"
+	printf '[service]\nmode = "observe"\n' >"$ROOT_FS$admin_dir/60-admin.toml"
 	rpmr -e --nodeps --noscripts "$NAME" || rc=1
 	left=$(leftovers)
-	[ "$left" = "etc/$NAME/config.toml.rpmsave" ] || {
-		echo "after erase, expected only etc/$NAME/config.toml.rpmsave, found:" >&2
+	[ "$left" = "$(printf '%s\n%s' "${admin_dir#/}/60-admin.toml" "${config#/}.rpmsave")" ] || {
+		echo "after erase, expected only the admin's drop-in and etc/$NAME/config.toml.rpmsave, found:" >&2
 		echo "$left" >&2
 		rc=1
 	}
@@ -244,7 +246,8 @@ check_round_trip() {
 	}
 
 	echo "--- rpm -i, rpm -e without a change: nothing is left"
-	rm -f "$ROOT_FS$config.rpmsave"
+	rm -f "$ROOT_FS$config.rpmsave" "$ROOT_FS$admin_dir/60-admin.toml"
+	rmdir "$ROOT_FS$admin_dir" "$ROOT_FS/etc/$NAME"
 	rpmr -i --nodeps --noscripts "$RPM" || rc=1
 	rpmr -e --nodeps --noscripts "$NAME" || rc=1
 	left=$(leftovers)

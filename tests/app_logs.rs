@@ -40,7 +40,7 @@ fn cuda_error_102_is_the_license_with_the_next_command() {
             "{name}: {r:#}"
         );
         let f = &r["failure"];
-        assert_eq!(f["reason"], "other", "{name}");
+        assert_eq!(f["reason"], "cuda_not_licensed", "{name}");
         assert_eq!(f["message"], line, "{name}");
         let advice = f["advice"].as_str().unwrap();
         assert!(advice.contains("CUDA error 102"), "{name}: {advice}");
@@ -69,7 +69,7 @@ fn the_human_report_names_the_license_and_what_to_run() {
     );
     assert!(
         text.contains(
-            "Failure:  other: RuntimeError: CUDA error: device doesn't have valid Grid license\n"
+            "Failure:  cuda_not_licensed: RuntimeError: CUDA error: device doesn't have valid Grid license\n"
         ),
         "{text}"
     );
@@ -96,6 +96,8 @@ fn operation_not_supported_alone_is_a_hint_not_a_verdict() {
         .find(|n| n.contains("line 5: `tensorflow.python.framework.errors_impl.InternalError: cudaSetDevice() on GPU:0 failed. Status: operation not supported`"))
         .unwrap_or_else(|| panic!("no hint: {r:#}"));
     assert!(hint.contains("for want of a license"), "{hint}");
+    // Its other causes, one of them a driver that was not installed right.
+    assert!(hint.contains("the driver not installed right"), "{hint}");
     assert!(hint.contains("run `vgpu-license-agent status`"), "{hint}");
 }
 

@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::common::sim::kube_api::{ApiMode, FakeApi, node_object};
 use crate::common::sim::{self, Agent, Machine, Mode, Setup, write_gridd_conf};
 use serde_json::{Value, json};
+use vgpu_license_model::node::condition;
 
 const T: Duration = Duration::from_secs(30);
 const NODE: &str = "gpu-worker-1";
@@ -121,6 +122,116 @@ fn wait_condition(api: &FakeApi, a: &Agent, what: &str, f: impl Fn(&Value) -> bo
     )
 }
 
+/// A manifest of the repository, as JSON (the first document of the file).
+fn manifest(rel: &str) -> Value {
+    fn json_of(y: &yaml_rust2::Yaml) -> Value {
+        use yaml_rust2::Yaml;
+        match y {
+            Yaml::String(s) | Yaml::Real(s) => Value::String(s.clone()),
+            Yaml::Integer(i) => json!(i),
+            Yaml::Boolean(b) => json!(b),
+            Yaml::Array(a) => Value::Array(a.iter().map(json_of).collect()),
+            Yaml::Hash(h) => Value::Object(
+                h.iter()
+                    .map(|(k, v)| (k.as_str().expect("a string key").to_string(), json_of(v)))
+                    .collect(),
+            ),
+            _ => Value::Null,
+        }
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    let docs =
+        yaml_rust2::YamlLoader::load_from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    json_of(&docs[0])
+}
+
+/// The NodeReadinessRule the project ships.
+const READINESS_RULE: &str = "deploy/kubernetes/node-readiness/nodereadinessrule.yaml";
+
+/// Whether `node` meets `rule`'s conditions, as the Node Readiness Controller judges them:
+/// each condition of the rule (all of them, or any with `conditionPolicy: anyOf`) has its
+/// required status on the Node, an absent one counting as its `defaultStatus`, else
+/// `Unknown`. The controller keeps the rule's taint on a selected node that does not.
+fn readiness_rule_met(rule: &Value, node: &Value) -> bool {
+    let spec = &rule["spec"];
+    let on_node = node["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut each = spec["conditions"].as_array().unwrap().iter().map(|want| {
+        let have = on_node
+            .iter()
+            .find(|c| c["type"] == want["type"])
+            .map(|c| c["status"].clone())
+            .or_else(|| want.get("defaultStatus").cloned())
+            .unwrap_or(json!("Unknown"));
+        have == want["requiredStatus"]
+    });
+    if spec["conditionPolicy"] == "anyOf" {
+        each.any(|ok| ok)
+    } else {
+        each.all(|ok| ok)
+    }
+}
+
+/// The shipped NodeReadinessRule waits for the condition the agent writes (its type, status
+/// True), with a taint key the controller accepts: its CRD's CEL rules (the
+/// `readiness.k8s.io/` prefix, one `/`, a name of 1 to 63 characters that starts and ends
+/// alphanumeric), which the schema check of `tests/fleet.rs` does not run. It gates again
+/// whenever the license is lost, only the vGPU nodes, and the agent's DaemonSet, which runs
+/// on every GPU node, tolerates its taint (the agent must start on a tainted node to take the
+/// taint off).
+#[test]
+fn the_readiness_rule_waits_for_the_agents_condition() {
+    let rule = manifest(READINESS_RULE);
+    assert_eq!(rule["apiVersion"], "readiness.node.x-k8s.io/v1alpha1");
+    assert_eq!(rule["kind"], "NodeReadinessRule");
+    let spec = &rule["spec"];
+    assert_eq!(
+        spec["conditions"],
+        json!([{"type": condition::TYPE, "requiredStatus": "True"}]),
+        "{rule}"
+    );
+    let key = spec["taint"]["key"].as_str().unwrap();
+    let name = key
+        .strip_prefix("readiness.k8s.io/")
+        .unwrap_or_else(|| panic!("{key}: the controller takes only readiness.k8s.io/ keys"));
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    assert!(
+        key.len() <= 253
+            && (1..=63).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && alnum(name.chars().next())
+            && alnum(name.chars().last()),
+        "{key}"
+    );
+    assert_eq!(spec["taint"]["effect"], "NoSchedule");
+    assert!(spec["taint"].get("value").is_none(), "{rule}");
+    assert_eq!(spec["enforcementMode"], "continuous");
+    assert_eq!(
+        spec["nodeSelector"],
+        json!({"matchLabels": {"nvidia.com/vgpu.present": "true"}})
+    );
+    let pod =
+        &manifest("deploy/kubernetes/daemonset/40-daemonset.yaml")["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"nvidia.com/gpu.present": "true"})
+    );
+    assert!(
+        pod["tolerations"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"key": key, "operator": "Exists", "effect": "NoSchedule"})),
+        "{pod}"
+    );
+    // A node the agent never wrote to stays gated.
+    assert!(!readiness_rule_met(&rule, &node_object(NODE, vec![])));
+}
+
 #[test]
 fn scenario_the_node_condition_follows_the_license() {
     let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![npd_condition()])]);
@@ -143,6 +254,9 @@ fn scenario_the_node_condition_follows_the_license() {
     );
     // The other writer's condition is as it was.
     assert_eq!(api.condition(NODE, "KernelDeadlock"), Some(npd_condition()));
+    // The shipped NodeReadinessRule keeps the node gated.
+    let rule = manifest(READINESS_RULE);
+    assert!(!readiness_rule_met(&rule, &api.node(NODE).unwrap()));
     // The failure's message, once.
     // (status.json and the condition are written apart: the report with the failure is
     // waited for, not assumed.)
@@ -168,6 +282,12 @@ fn scenario_the_node_condition_follows_the_license() {
     assert!(
         since >= unlicensed_since,
         "{since} after {unlicensed_since}"
+    );
+    // What the agent wrote meets the rule: the controller takes its taint off.
+    assert!(
+        readiness_rule_met(&rule, &api.node(NODE).unwrap()),
+        "{:?}",
+        api.node(NODE)
     );
 
     // The heartbeat moves, the transition does not.

@@ -6,6 +6,8 @@
   deploy/kubernetes/dashboard/*.json           -> grafana/grafanadashboard.yaml
   SCRAPE (below)                               -> cozystack/vmpodscrape.yaml,
                                                   prometheus-operator/podmonitor.yaml
+  the DaemonSet, RBAC, readiness rule (below)  -> daemonset/, daemonset-taint/,
+                                                  licensing-secret/, node-readiness/
 
 so that the alert rules, the dashboard and the scrape settings each have one source, the file
 a person edits. Run it after editing one of them; `--check` (the tests run it) exits 1 and
@@ -260,6 +262,9 @@ AGENT_NAMESPACE = "vgpu-license-agent"
 AGENT_CONFIG = os.path.join(HERE, "daemonset", "config.toml")
 # The GPU Operator labels every node with an NVIDIA GPU (its feature discovery).
 GPU_NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+# The taint the Node Readiness Controller keeps on a vGPU node until the agent's condition
+# says licensed (node-readiness/); the controller takes only keys with this prefix.
+READINESS_TAINT = "readiness.k8s.io/vgpu-licensed"
 # What the agent measures (bench/): a few MiB idle; nvidia-smi and journalctl, its children,
 # count against the pod's limit too.
 AGENT_RESOURCES = {
@@ -470,6 +475,9 @@ def ds_daemonset(_label):
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
                         {"key": "vgpu-license-agent/unlicensed", "operator": "Exists",
                          "effect": "NoSchedule"},
+                        # The agent writes the condition that takes this taint off: it must
+                        # start on a node that carries it (node-readiness/).
+                        {"key": READINESS_TAINT, "operator": "Exists", "effect": "NoSchedule"},
                     ],
                     # The GPU's device nodes, for nvidia-smi (DAEMONSET_ACCESS).
                     "runtimeClassName": GPU_RUNTIME_CLASS,
@@ -505,7 +513,8 @@ TAINT_GRANT = ("What it grants is more than the agent uses: `patch` on every Nod
                "\"the Node this pod runs on\" (one service account serves every pod of the\n"
                "DaemonSet), and the Node authorizer and NodeRestriction, which keep a kubelet to its\n"
                "own Node, apply only to kubelets' credentials (system:node:NAME). Grant it only if\n"
-               "you want the taint. See docs/kubernetes.md.")
+               "you want the taint, and where the Node Readiness Controller is installed use\n"
+               "node-readiness/ instead, which needs none of it. See docs/kubernetes.md.")
 
 
 def taint_clusterrole(_label):
@@ -525,6 +534,53 @@ def taint_clusterrolebinding(_label):
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                     "name": NAME + "-taint"},
         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": AGENT_NAMESPACE}],
+    })
+
+
+# ---- Gating the node through the Node Readiness Controller (kubernetes-sigs/node-readiness-controller).
+
+# The agent's Node condition (crates/model/src/node/condition.rs; tests/kube.rs keeps the two
+# the same).
+CONDITION = "VgpuLicensed"
+# GPU Feature Discovery's label (the GPU Operator runs it) for a node whose GPU is a vGPU: the
+# nodes that need a license. Every one of them also carries nvidia.com/gpu.present, so the
+# agent's DaemonSet runs on each node the rule gates.
+VGPU_NODE_SELECTOR = {"nvidia.com/vgpu.present": "true"}
+READINESS_NOTE = """\
+Keeps new pods off a vGPU node while its vGPU holds no license, without granting the agent
+`patch` on Nodes: the agent writes its condition VgpuLicensed through nodes/status (what
+daemonset/ grants), and the Node Readiness Controller (installed on its own:
+kubernetes-sigs/node-readiness-controller) puts the taint on and takes it off. See
+docs/kubernetes.md.
+`kubectl apply -f deploy/kubernetes/node-readiness/` after daemonset/.
+
+- enforcementMode continuous, not bootstrap-only: a license can be lost after boot (a token
+  expired, the DLS away past the lease, a driver pod made again from a bad Secret); the taint
+  comes back with the loss and goes with the license. bootstrap-only would take it off once
+  and never gate the node again.
+- No defaultStatus: a node without the condition (the agent not running yet, or not at all)
+  counts as Unknown and stays tainted, as a license gate should.
+- nodeSelector nvidia.com/vgpu.present=true (GPU Feature Discovery's label): only vGPU nodes
+  need a license. A passthrough or bare-metal GPU node gets no VgpuLicensed condition and,
+  selected, would stay tainted for good.
+- NoSchedule: pods already running stay; only new pods without a toleration are kept off.
+  The agent's DaemonSet tolerates the taint. The GPU Operator's own pods must too (its
+  ClusterPolicy's daemonsets.tolerations, and NFD's worker): a driver pod made again on a
+  tainted node, the fix for a new token, would otherwise never start, and the node never be
+  licensed."""
+
+
+def readiness_rule(_label):
+    return dump(generated("deploy/kubernetes/generate.py", READINESS_NOTE), {
+        "apiVersion": "readiness.node.x-k8s.io/v1alpha1",
+        "kind": "NodeReadinessRule",
+        "metadata": metadata("vgpu-licensed"),
+        "spec": {
+            "conditions": [{"type": CONDITION, "requiredStatus": "True"}],
+            "taint": {"key": READINESS_TAINT, "effect": "NoSchedule"},
+            "enforcementMode": "continuous",
+            "nodeSelector": {"matchLabels": dict(VGPU_NODE_SELECTOR)},
+        },
     })
 
 
@@ -631,6 +687,7 @@ OUTPUTS = {
     "daemonset/40-daemonset.yaml": ds_daemonset,
     "daemonset-taint/clusterrole.yaml": taint_clusterrole,
     "daemonset-taint/clusterrolebinding.yaml": taint_clusterrolebinding,
+    "node-readiness/nodereadinessrule.yaml": readiness_rule,
     "licensing-secret/role.yaml": secret_role,
     "licensing-secret/rolebinding.yaml": secret_rolebinding,
     "cozystack/agent-vmpodscrape.yaml": agent_vmpodscrape,

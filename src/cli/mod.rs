@@ -239,9 +239,10 @@ pub struct TokenSource {
     /// The token's bytes, base64-encoded (as cloud-init `encoding: b64` carries it).
     #[arg(long, value_name = "STRING", group = "source")]
     pub token_base64: Option<String>,
-    /// Download the token over HTTPS. A URL with a password or a signed query is better
-    /// given in the environment (VGPU_LICENSE_AGENT_TOKEN_URL), which other users cannot
-    /// read, than here, where the process list shows it to them while it runs.
+    /// Download the token over HTTPS. A URL with a password or a signed query given here is
+    /// moved at once out of the command line, into the environment, which other users cannot
+    /// read; given in the environment from the start (VGPU_LICENSE_AGENT_TOKEN_URL), it is
+    /// never on a command line, the caller's (sudo, a shell's history) included.
     #[arg(
         long,
         value_name = "URL",

@@ -47,6 +47,9 @@ pub fn of(reason: Reason) -> Policy {
         R::TokenRejected => (false, false, &["token-dir"], Specific),
         // gridd holds the token its pod started with; only a new pod copies the Secret.
         R::TokenStale => (false, false, &[], Specific),
+        // The application's word for the license: what the agent finds on the guest
+        // (`status`) names the cause; the application's log alone cannot.
+        R::CudaNotLicensed => (false, false, &[], Specific),
         // The driver must answer first: a restart of gridd cannot load it.
         R::DriverUnavailable => (false, false, &["driver"], Specific),
         // gridd's own word: the probe only measures by how much (see `probe_measures`).

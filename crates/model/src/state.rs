@@ -442,6 +442,7 @@ pub fn advice(
         Reason::DlsUnreachable => format!("{the_dls} cannot be reached from this guest: check DNS, the firewall (TCP 443 or the port in the token) and any proxy; `vgpu-license-agent diagnose` tries each step and names the one that fails."),
         Reason::DriverUnavailable => "No NVIDIA driver answers: install the NVIDIA vGPU (GRID) guest driver that matches the host's vGPU manager, or load it (`vgpu-license-agent diagnose` says which).".into(),
         Reason::TokenStale => "gridd runs with the token its driver pod copied when it started; the licensing Secret was changed since, and only a new driver pod copies it (gpu-operator #2279). Make the driver pod again at a quiet moment: it evicts this node's GPU workloads.".into(),
+        Reason::CudaNotLicensed => APP_LICENSE_ADVICE.into(),
         Reason::TokenRejected => "The installed token still holds. A file meant as a new token was refused and moved to the agent's replaced/ directory (the message says which and why): download the token from the DLS again and copy it unchanged into the token directory; to choose a valid token that lost, run the install command the message gives.".into(),
         Reason::RenewalStalled => format!("gridd has not renewed the lease from {dls} for longer than its renewal interval allows: the license runs out at its expiry. Run `vgpu-license-agent diagnose` (DNS, TCP, TLS, the clock against the DLS) and look for this client in the DLS's log; restart nvidia-gridd only once the DLS answers: a restart returns the lease."),
         Reason::TokenSourceRejected => "The platform's token source (paths.token_source: a Kubernetes Secret shared into the guest, say) holds a token the agent refused (expired, undecodable, or no token at all), so it was not installed: put a valid client configuration token from the DLS into the Secret; the installed token, if any, stays until then.".into(),
@@ -502,6 +503,11 @@ const DIAGNOSE_POINTERS: &[(&str, &str)] = &[
     ("run `vgpu-license-agent diagnose`; if ", "if "),
     // gridd's unit missing
     ("; `vgpu-license-agent diagnose` shows what is there.", "."),
+    // cuda_not_licensed
+    (
+        " (`vgpu-license-agent diagnose` checks the token, nvidia-gridd and the DLS)",
+        " (the checks here look at the token, nvidia-gridd and the DLS)",
+    ),
 ];
 
 /// `status`'s advice as `diagnose` gives it: where it sends the reader to `diagnose`, the
@@ -735,7 +741,7 @@ fn app_log_notes(path: &Path, found: &AppLog, failure: Option<&Failure>) -> Vec<
     let mut notes = Vec::new();
     if let Some(e) = &found.hint {
         notes.push(format!(
-            "{}: this is how CUDA fails on a vGPU throttled for want of a license, though other causes give it too (a CUDA runtime newer than the driver allows, the device held by another process): run `vgpu-license-agent status` on the guest to see its license",
+            "{}: this is how CUDA fails on a vGPU throttled for want of a license, though other causes give it too (a CUDA runtime newer than the driver allows, the driver not installed right, the device held by another process): run `vgpu-license-agent status` on the guest to see its license",
             at(e)
         ));
     }
@@ -810,10 +816,10 @@ pub const APP_LICENSE_ADVICE: &str = "The application was refused the GPU becaus
 fn app_failure(state: State, app: Option<&AppLog>) -> Option<Failure> {
     let line = app?.license.as_ref()?;
     matches!(state, State::Restricted | State::Unlicensed).then(|| Failure {
-        reason: Reason::Other,
+        reason: Reason::CudaNotLicensed,
         message: line.text.clone(),
         at: None,
-        advice: APP_LICENSE_ADVICE.into(),
+        advice: advice(Reason::CudaNotLicensed, None, None, None),
     })
 }
 

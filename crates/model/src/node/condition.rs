@@ -206,6 +206,7 @@ mod tests {
         assert_eq!(camel("token_expired"), "TokenExpired");
         assert_eq!(camel("dls_unreachable"), "DlsUnreachable");
         assert_eq!(camel("restricted"), "Restricted");
+        assert_eq!(camel("cuda_not_licensed"), "CudaNotLicensed");
         for r in Reason::ALL {
             let c = camel(r.as_str());
             assert!(c.chars().next().unwrap().is_ascii_uppercase() && !c.contains('_'));

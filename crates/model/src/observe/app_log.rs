@@ -8,7 +8,8 @@
 //! - `operation not supported` and `busy or unavailable` from CUDA (TensorFlow:
 //!   `cudaSetDevice() on GPU:0 failed. Status: operation not supported`): how a vGPU
 //!   throttled for want of a license fails, but also what a CUDA runtime newer than its
-//!   driver allows, or a device held by another process, gives. Beside a license line they
+//!   driver allows, a driver not installed right, or a device held by another process,
+//!   gives. Beside a license line they
 //!   are part of it; alone, only a hint to look at the license, never a verdict.
 //! - Any other CUDA error (out of memory, invalid device ordinal, ...): never the license.
 

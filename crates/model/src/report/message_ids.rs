@@ -33,11 +33,12 @@ pub const FAILURE_TOKEN_SOURCE_REJECTED: &str = "b1e0c6a4d3f94a5c8e27f6a9d0c5b71
 pub const FAILURE_DRIVER_UNAVAILABLE: &str = "ab2f5d0e8c8b4b2a9e6c1d7f3a4b5c6d";
 pub const FAILURE_TOKEN_REJECTED: &str = "d3c9e1f27a6b4e0c8f5a2b1c9d8e7f60";
 pub const FAILURE_TOKEN_STALE: &str = "06bfd2bd51ba4b4d987a704e679bb520";
+pub const FAILURE_CUDA_NOT_LICENSED: &str = "c11bf052c4664bce9b5e2e5dd0185fc2";
 /// This guest's identity changed since the last boot: a clone, or a restored snapshot.
 pub const CLONE_DETECTED: &str = "61ca0f88976e42a09aca3ba48149cfc2";
 
 /// Every ID above, with its constant's name.
-pub const ALL: [(&str, &str); 21] = [
+pub const ALL: [(&str, &str); 22] = [
     ("STATE_CHANGED", STATE_CHANGED),
     ("LICENSED", LICENSED),
     ("GRIDD_RESTARTED", GRIDD_RESTARTED),
@@ -64,6 +65,7 @@ pub const ALL: [(&str, &str); 21] = [
     ("FAILURE_DRIVER_UNAVAILABLE", FAILURE_DRIVER_UNAVAILABLE),
     ("FAILURE_TOKEN_REJECTED", FAILURE_TOKEN_REJECTED),
     ("FAILURE_TOKEN_STALE", FAILURE_TOKEN_STALE),
+    ("FAILURE_CUDA_NOT_LICENSED", FAILURE_CUDA_NOT_LICENSED),
     ("CLONE_DETECTED", CLONE_DETECTED),
 ];
 
@@ -87,6 +89,7 @@ pub fn for_reason(reason: Reason) -> &'static str {
         Reason::DriverUnavailable => FAILURE_DRIVER_UNAVAILABLE,
         Reason::TokenRejected => FAILURE_TOKEN_REJECTED,
         Reason::TokenStale => FAILURE_TOKEN_STALE,
+        Reason::CudaNotLicensed => FAILURE_CUDA_NOT_LICENSED,
     }
 }
 

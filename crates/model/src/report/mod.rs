@@ -104,12 +104,15 @@ pub enum Reason {
     /// On a GPU Operator node, the licensing Secret holds another token than the one gridd
     /// runs with.
     TokenStale,
+    /// An application's log says CUDA error 102 (`cudaErrorDeviceNotLicensed`): the
+    /// workload itself was refused for want of a license.
+    CudaNotLicensed,
     Unspecified,
     Other,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::TokenMissing,
         Reason::TokenInvalid,
         Reason::TokenExpired,
@@ -125,6 +128,7 @@ impl Reason {
         Reason::DriverUnavailable,
         Reason::TokenRejected,
         Reason::TokenStale,
+        Reason::CudaNotLicensed,
         Reason::Unspecified,
         Reason::Other,
     ];
@@ -146,6 +150,7 @@ impl Reason {
             Reason::DriverUnavailable => "driver_unavailable",
             Reason::TokenRejected => "token_rejected",
             Reason::TokenStale => "token_stale",
+            Reason::CudaNotLicensed => "cuda_not_licensed",
             Reason::Unspecified => "unspecified",
             Reason::Other => "other",
         }
