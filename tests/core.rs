@@ -184,6 +184,7 @@ impl Sim {
                         })
                     }
                     Effect::ReadLastShutdown => Some(Event::LastShutdown(None)),
+                    Effect::ReadSecret => None,
                     Effect::Publish(_) | Effect::Ready => None,
                 };
                 if let Some(ev) = event {

@@ -1100,3 +1100,95 @@ fn scenario_day_two_the_root_going_first_reaches_the_node_at_once() {
     assert_eq!(code, Some(0), "{npd}");
     assert_eq!(m.restarts(), 0, "{}", a.context());
 }
+
+/// Watches status.json every 200 ms for `d`, failing at once on a report whose failure is
+/// `never`; returns the last report.
+fn watch_never(a: &Agent, d: Duration, never: &str) -> serde_json::Value {
+    let end = std::time::Instant::now() + d;
+    let mut last = serde_json::Value::Null;
+    while std::time::Instant::now() < end {
+        if let Some(v) = a.status() {
+            assert_ne!(reason(&v), Some(never), "{v:#}\n{}", a.context());
+            last = v;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    last
+}
+
+/// Day 2, the marker first: the driver pod's readiness marker goes, gridd 5 s later (its
+/// lease returned), the root 10 s after, as a pod whose preStop removes the marker does. The
+/// pod's token going away is never `token_missing` ("put the token into the Secret"); the
+/// pod gone is `driver_unavailable`, said once in the journal over a minute without the pod
+/// (the default 15 s readings go on), and the pod made again is licensed.
+#[test]
+fn scenario_day_two_the_marker_going_first_is_no_verdict_on_the_token() {
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    m.set_config("poll_unlicensed_seconds", "15");
+    m.set_config("poll_licensed_seconds", "300");
+    write_gridd_conf(&m);
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    let validations = m.path("run/nvidia/validations");
+    let marker = validations.join(".driver-ctr-ready");
+    std::fs::create_dir_all(&validations).unwrap();
+    std::fs::write(&marker, b"").unwrap();
+    m.start_gridd();
+    let a = Agent::start_with_env(&m, &[("SIM_DIR", sim_dir(&m).as_os_str())]);
+    a.wait_state("licensed", T);
+
+    std::fs::remove_file(&marker).unwrap();
+    // The agent has seen the marker go before anything else happens.
+    a.wait_status("the pod's going noted", T, |v| {
+        v["notes"].to_string().contains("driver pod is going")
+    });
+    watch_never(&a, Duration::from_secs(5), "token_missing");
+    sim::shared::stop_gridd(&m.sim, Duration::from_secs(5));
+    watch_never(&a, Duration::from_secs(10), "token_missing");
+    let root = driver_root(&m);
+    let away = m.path("run/nvidia/driver.away");
+    std::fs::rename(&root, &away).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let v = watch_never(&a, Duration::from_millis(500), "token_missing");
+        if reason(&v) == Some("driver_unavailable") {
+            assert!(
+                !v["failure"]["advice"].to_string().contains("Secret"),
+                "{v:#}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{v:#}\n{}",
+            a.context()
+        );
+    }
+    // A minute without the pod: readings every 15 s, one line.
+    let v = watch_never(&a, Duration::from_secs(60), "token_missing");
+    assert_eq!(reason(&v), Some("driver_unavailable"), "{v:#}");
+    let said = a
+        .journal_lines()
+        .iter()
+        .filter(|l| {
+            // The failure's own line (after its MESSAGE_ID), not the state change's.
+            l.split_once("] ")
+                .map_or(l.as_str(), |(_, m)| m)
+                .starts_with("driver_unavailable: ")
+        })
+        .count();
+    assert_eq!(said, 1, "{}", a.context());
+
+    std::fs::remove_dir(&root).unwrap();
+    std::fs::rename(&away, &root).unwrap();
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    m.start_gridd();
+    std::fs::write(&marker, b"").unwrap();
+    a.wait_status("licensed within 30 s", T, |v| {
+        v["state"] == "licensed" && v["failure"].is_null()
+    });
+    assert_eq!(m.restarts(), 0, "{}", a.context());
+}

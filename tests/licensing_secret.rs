@@ -186,3 +186,113 @@ fn a_secret_without_the_token_and_a_bad_name_are_said() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("NAMESPACE/NAME"), "{err}");
 }
+
+/// The rotation docs/kubernetes.md prescribes, at the default heartbeat (4 minutes between
+/// reads of the Secret): the Secret rotated to a new DLS instance's token, then the driver
+/// pod made again (gridd stopped, its marker and root gone, a new root with the new token,
+/// gridd, the marker). The new pod runs the Secret's token: `token_stale` ("make the driver
+/// pod again") never shows, in status nor on the Node, nor does `token_missing` while the pod
+/// goes; the new pod is licensed.
+#[test]
+fn scenario_the_documented_rotation_is_never_token_stale() {
+    let api = FakeApi::start(crate::kube::TOKEN, vec![node_object(NODE, vec![])]);
+    api.grant_secret(NS, SECRET);
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    api.set_secret(NS, SECRET, &[(KEY, &m.token())]);
+    let sa = m.service_account(crate::kube::TOKEN, &api.ca_pem);
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nlicensing_secret = \"{NS}/{SECRET}\"\n",
+        sa.display()
+    ));
+    write_gridd_conf(&m);
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    let validations = m.path("run/nvidia/validations");
+    let marker = validations.join(".driver-ctr-ready");
+    std::fs::create_dir_all(&validations).unwrap();
+    std::fs::write(&marker, b"").unwrap();
+    m.start_gridd();
+    let port = api.port().to_string();
+    let a = Agent::start_with_env(
+        &m,
+        &[
+            ("SIM_DIR", m.container_sim().unwrap().as_os_str()),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
+            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
+            ("NODE_NAME", NODE.as_ref()),
+        ],
+    );
+    a.wait_state("licensed", T);
+    let secret_reads = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with(&format!("GET /api/v1/namespaces/{NS}/secrets/{SECRET} 200")))
+            .count()
+    };
+    sim::wait_for(
+        "the Secret read at the start",
+        T,
+        || (secret_reads() > 0).then_some(()),
+        || format!("{}\n--- API requests: {:?}", a.context(), api.requests()),
+    );
+    let never = |v: &Value| {
+        for r in ["token_stale", "token_missing"] {
+            assert_ne!(reason(v), Some(r), "{v:#}\n{}", a.context());
+        }
+        if let Some(c) = api.condition(NODE, "VgpuLicensed") {
+            assert!(
+                c["reason"] != "TokenStale" && c["reason"] != "TokenMissing",
+                "{c:#}"
+            );
+        }
+    };
+
+    // The Secret rotated, then the pod made again, as the docs say.
+    let rotated = token_for("127.0.0.1", m.dls.port(), "the-new-dls-instance");
+    api.set_secret(NS, SECRET, &[(KEY, &rotated)]);
+    let root = m.path("run/nvidia/driver");
+    let away = m.path("run/nvidia/driver.away");
+    sim::shared::stop_gridd(&m.sim, Duration::from_secs(5));
+    std::fs::remove_file(&marker).unwrap();
+    std::fs::rename(&root, &away).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    sim::wait_for(
+        "driver_unavailable while the pod is gone",
+        T,
+        || {
+            let v = a.status()?;
+            never(&v);
+            (reason(&v) == Some("driver_unavailable")).then_some(())
+        },
+        || a.context(),
+    );
+    std::fs::remove_dir(&root).unwrap();
+    std::fs::rename(&away, &root).unwrap();
+    sim::write_mode(&m.token_path(), &rotated, 0o644);
+    m.start_gridd();
+    std::fs::write(&marker, b"").unwrap();
+    sim::wait_for(
+        "the new pod licensed with the Secret's token",
+        T,
+        || {
+            let v = a.status()?;
+            never(&v);
+            (v["state"] == "licensed" && v["failure"].is_null()).then_some(())
+        },
+        || a.context(),
+    );
+    // And for a while after, well before the next heartbeat's read of the Secret.
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    while std::time::Instant::now() < end {
+        never(&a.status().unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(stale_gauge(&a), Some(0.0));
+    assert!(
+        secret_reads() >= 2,
+        "the Secret read again for the new token"
+    );
+}

@@ -16,12 +16,13 @@ use super::{Api, MAX_ANSWER, Session};
 use crate::config::SecretRef;
 use crate::model::node::{SECRET_TOKEN_KEY, SecretToken};
 
-/// Reads the Secret `name` now and then every `every`, until `stop`; each read is told to
-/// `tell`.
+/// Reads the Secret `name` now and then every `every`, and at once when `bell` rings (the
+/// token gridd runs with changed), until `stop`; each read is told to `tell`.
 pub async fn follow(
     api: Api,
     name: SecretRef,
     every: Duration,
+    bell: std::sync::Arc<tokio::sync::Notify>,
     tell: impl Fn(Result<SecretToken, String>),
     mut stop: watch::Receiver<bool>,
 ) {
@@ -30,6 +31,7 @@ pub async fn follow(
         tell(read(&api, &mut session, &name).await);
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
+            _ = bell.notified() => {}
             _ = stop.changed() => return,
         }
     }

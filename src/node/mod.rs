@@ -68,9 +68,14 @@ pub fn detect(settings: &Settings) -> Node {
         ServiceMode::Manage if operator => (Mode::Observe, true),
         ServiceMode::Auto | ServiceMode::Manage => (Mode::Manage, false),
     };
+    let ready = driver_root.as_deref().is_some_and(driver_ready);
     Node {
         mode,
-        driver_ready: driver_root.as_deref().is_some_and(driver_ready),
+        driver_ready: ready,
+        pod_going: !ready
+            && driver_root
+                .as_deref()
+                .is_some_and(|r| validations_dir(r).is_dir()),
         node_name: driver_root.as_ref().and_then(|_| node_name()),
         driver_root,
         manage_refused,

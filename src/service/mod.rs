@@ -156,6 +156,8 @@ struct Shell {
     watch: Option<dir_watch::Watch>,
     /// The Node condition for its writer (none when not on a Kubernetes node).
     condition: Option<watch::Sender<Option<crate::model::node::condition::Condition>>>,
+    /// Asks the licensing Secret's reader for a read now (none without one).
+    secret_now: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 impl Shell {
@@ -189,6 +191,11 @@ impl Shell {
                     Event::Probed { verdict, skew }
                 }),
                 Effect::ReadLastShutdown => reads.last_shutdown = true,
+                Effect::ReadSecret => {
+                    if let Some(n) = &self.secret_now {
+                        n.notify_one();
+                    }
+                }
                 Effect::Publish(p) => self.publish(&settings, *p),
                 Effect::Ready => notify(&[sd_notify::NotifyState::Ready]),
             }
@@ -265,14 +272,20 @@ impl Shell {
     }
 }
 
+/// Where to send the Node condition, and how to ask for a read of the licensing Secret now.
+type NodeChannels = (
+    watch::Sender<Option<crate::model::node::condition::Condition>>,
+    Option<std::sync::Arc<tokio::sync::Notify>>,
+);
+
 /// Starts the writer of the Node condition where the agent runs on a Kubernetes node and may
 /// write it (and the reader of the licensing Secret where the config names one); returns
-/// where to send the condition.
+/// where to send the condition, and the Secret reader's bell.
 fn node_condition_writer(
     settings: &Settings,
     tx: &mpsc::UnboundedSender<Event>,
     stop: &watch::Receiver<bool>,
-) -> Option<watch::Sender<Option<crate::model::node::condition::Condition>>> {
+) -> Option<NodeChannels> {
     let api = match crate::kube::target(settings) {
         Ok(Some(api)) => api,
         Ok(None) => {
@@ -291,19 +304,24 @@ fn node_condition_writer(
         crate::model::node::condition::TYPE,
         crate::model::text::escape(&api.node)
     );
-    if let Some(name) = settings.kubernetes.licensing_secret.clone() {
-        info!("reading the licensing Secret {name} at each heartbeat");
+    let secret_now = settings.kubernetes.licensing_secret.clone().map(|name| {
+        info!(
+            "reading the licensing Secret {name} at each heartbeat and when the token gridd runs with changes"
+        );
         let tx = tx.clone();
+        let bell = std::sync::Arc::new(tokio::sync::Notify::new());
         tokio::spawn(crate::kube::secret::follow(
             api.clone(),
             name,
             settings.kubernetes.heartbeat,
+            bell.clone(),
             move |read| {
                 let _ = tx.send(Event::LicensingSecret(read));
             },
             stop.clone(),
         ));
-    }
+        bell
+    });
     let (cond_tx, cond_rx) = watch::channel(None);
     let tx = tx.clone();
     tokio::spawn(crate::kube::write_condition(
@@ -314,7 +332,7 @@ fn node_condition_writer(
         },
         stop.clone(),
     ));
-    Some(cond_tx)
+    Some((cond_tx, secret_now))
 }
 
 /// The answers of one batch's reads, in this order: the token, an adoption, nvidia-smi with
@@ -399,7 +417,10 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // Observing only (a GPU Operator node, service.mode = "observe"), nothing is adopted: the
     // token directory is not watched.
     let node = crate::node::detect(&settings);
-    let condition = node_condition_writer(&settings, &tx, &stop_rx);
+    let (condition, secret_now) = match node_condition_writer(&settings, &tx, &stop_rx) {
+        Some((c, s)) => (Some(c), s),
+        None => (None, None),
+    };
     let watch = (node.mode == crate::model::node::Mode::Manage)
         .then(|| dir_watch::Watch::start(&settings))
         .flatten();
@@ -429,6 +450,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         outputs: RefCell::default(),
         watch,
         condition,
+        secret_now,
     };
     // Before the first effects: on a GPU Operator node they read under its driver root.
     for effects in [

@@ -267,6 +267,10 @@ pub struct Since {
     pub source_rejected: Option<DateTime<Utc>>,
     /// The agent's own finding (token, unit, probe), and since when it holds.
     pub own: Option<(Finding, DateTime<Utc>)>,
+    /// A finding of what the agent sees rather than of gridd's lines (no driver answers, the
+    /// licensing Secret holds another token), and when the service first reported it: dated
+    /// so, not by each reading that still shows it.
+    pub seen: Option<(Finding, DateTime<Utc>)>,
 }
 
 impl Since {
@@ -275,6 +279,11 @@ impl Since {
         match f.reason {
             Reason::TokenRejected => self.token_rejected,
             Reason::TokenSourceRejected => self.source_rejected,
+            Reason::DriverUnavailable | Reason::TokenStale => self
+                .seen
+                .as_ref()
+                .filter(|((reason, message), _)| f.reason == *reason && f.message == *message)
+                .map(|(_, since)| *since),
             _ => self
                 .own
                 .as_ref()
@@ -292,6 +301,9 @@ pub struct NodeSeen {
     pub observe: bool,
     pub driver_root: Option<String>,
     pub driver_ready: bool,
+    /// The driver pod is going or not ready yet (the operator's readiness marker is absent
+    /// beside its other markers): no verdict on its token, nor on the Secret, meanwhile.
+    pub pod_going: bool,
     pub node_name: Option<String>,
     /// `service.mode = "manage"` on a GPU Operator node: refused, observed instead.
     pub manage_refused: bool,
@@ -968,8 +980,25 @@ impl Grounds {
         // A Secret changed that gridd has not taken: a warning, so that a fleet finds the
         // nodes that run an old token (or would start with a bad one).
         let failure = failure.or_else(|| self.token_warning(Reason::TokenStale, &obs.token_stale));
+        let operator = obs.node.as_ref().filter(|n| n.driver_root.is_some());
+        // A driver pod going (its readiness marker first, gridd, then its root) or not yet
+        // ready: its token is being taken away or put in place, so what the token
+        // directory shows is no word on the Secret ("put the token into the Secret" to an
+        // operator who just deleted the pod). What nvidia-smi shows still stands.
+        let failure = failure.filter(|f| {
+            !(operator.is_some_and(|n| n.pod_going)
+                && matches!(
+                    f.reason,
+                    Reason::TokenMissing
+                        | Reason::TokenInvalid
+                        | Reason::TokenExpired
+                        | Reason::TokenStale
+                        | Reason::TokenRejected
+                        | Reason::FeatureTypeInvalid
+                ))
+        });
         let failure = failure.map(|mut f| {
-            if let Some(node) = obs.node.as_ref().filter(|n| n.driver_root.is_some()) {
+            if let Some(node) = operator {
                 operator_advice(&mut f, self.state, node);
             }
             f
@@ -1277,6 +1306,9 @@ fn node_notes(node: &NodeSeen) -> Vec<String> {
     if node.manage_refused {
         notes.push("service.mode = \"manage\" is refused on a GPU Operator node: the agent observes. Set it to \"auto\" or \"observe\".".into());
     }
+    if node.driver_root.is_some() && node.pod_going {
+        notes.push("the driver pod is going, or not ready yet (the operator's .driver-ctr-ready marker is absent): its token is no verdict on the licensing Secret until the pod is ready".into());
+    }
     notes
 }
 
@@ -1385,6 +1417,7 @@ mod tests {
             observe: true,
             driver_root: Some("/run/nvidia/driver".into()),
             driver_ready: true,
+            pod_going: false,
             node_name: Some("gpu-1".into()),
             manage_refused: false,
         };

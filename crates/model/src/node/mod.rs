@@ -37,6 +37,9 @@ pub struct Node {
     pub manage_refused: bool,
     /// The operator's marker says its driver container is ready (GPU Operator nodes).
     pub driver_ready: bool,
+    /// The operator's markers are there but not its driver's readiness: the driver pod is
+    /// going (its marker goes first) or not ready yet. Its token is no verdict meanwhile.
+    pub pod_going: bool,
     /// This node's name, for the advice's `kubectl` commands (GPU Operator nodes).
     pub node_name: Option<String>,
 }
@@ -49,6 +52,7 @@ impl Default for Node {
             driver_root: None,
             manage_refused: false,
             driver_ready: false,
+            pod_going: false,
             node_name: None,
         }
     }
@@ -61,6 +65,7 @@ impl Node {
             observe: self.mode == Mode::Observe,
             driver_root: self.driver_root.as_ref().map(|r| r.display().to_string()),
             driver_ready: self.driver_ready,
+            pod_going: self.pod_going,
             node_name: self.node_name.clone(),
             manage_refused: self.manage_refused,
         }
@@ -106,6 +111,44 @@ pub enum SecretToken {
 /// The key of the token in the licensing Secret, as the GPU Operator reads it.
 pub const SECRET_TOKEN_KEY: &str = "client_configuration_token.tok";
 
+/// Two tokens, each named by what tells it from the other: its DLS, its DLS instance, its
+/// id, its dates (those that differ; the dates where nothing else does).
+fn apart(a: &crate::token::Token, b: &crate::token::Token) -> (String, String) {
+    use crate::token::Token;
+    let at = |d: Option<chrono::DateTime<chrono::Utc>>| {
+        d.map_or_else(|| "?".to_string(), crate::time::rfc3339)
+    };
+    let dls = |t: &Token| {
+        let hosts: Vec<&str> = t.nodes.iter().map(|n| n.host.as_str()).collect();
+        format!("DLS {}", crate::text::escape(&hosts.join(", ")))
+    };
+    let text = |label: &str, v: &Option<String>| {
+        format!(
+            "{label} {}",
+            crate::text::escape(v.as_deref().unwrap_or("?"))
+        )
+    };
+    let facts: [&dyn Fn(&Token) -> String; 5] = [
+        &dls,
+        &|t| text("instance", &t.instance_ref),
+        &|t| text("id", &t.token_id),
+        &|t| format!("issued {}", at(t.issued_at)),
+        &|t| format!("expires {}", at(t.expires)),
+    ];
+    let differing: Vec<_> = facts.iter().filter(|f| f(a) != f(b)).collect();
+    let shown = |t: &Token| -> String {
+        if differing.is_empty() {
+            return format!("issued {}, expires {}", at(t.issued_at), at(t.expires));
+        }
+        differing
+            .iter()
+            .map(|f| f(t))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    (shown(a), shown(b))
+}
+
 /// Why the token gridd runs with is not the one in the licensing Secret `secret` (named
 /// `name`), which only a new driver pod would copy in: `None` where they agree, or where
 /// gridd runs with no valid token (that is said as the token's own failure).
@@ -115,20 +158,15 @@ pub fn stale(
     installed: Option<&crate::token::Token>,
 ) -> Option<String> {
     let installed = installed?;
-    let dates = |t: &crate::token::Token| {
-        let at = |d: Option<chrono::DateTime<chrono::Utc>>| {
-            d.map_or_else(|| "?".to_string(), crate::time::rfc3339)
-        };
-        format!("issued {}, expires {}", at(t.issued_at), at(t.expires))
-    };
     Some(match secret {
         SecretToken::Token(read) => match read.as_ref() {
             Ok(t) if t == installed => return None,
-            Ok(t) => format!(
-                "the licensing Secret {name} holds another token ({}) than the one gridd runs with ({}): the driver pod copies the Secret only when it starts",
-                dates(t),
-                dates(installed)
-            ),
+            Ok(t) => {
+                let (theirs, ours) = apart(t, installed);
+                format!(
+                    "the licensing Secret {name} holds another token ({theirs}) than the one gridd runs with ({ours}): the driver pod copies the Secret only when it starts"
+                )
+            }
             Err(e) => format!(
                 "the licensing Secret {name} holds a {SECRET_TOKEN_KEY} that is not a valid token ({e}): a new driver pod would start with it and get no license"
             ),

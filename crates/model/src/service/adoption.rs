@@ -169,7 +169,12 @@ pub(super) fn say_restarted(command: &str, why: &str) {
 
 impl Core {
     /// The token as read: a new one is news for the probe.
-    pub(super) fn on_token(&mut self, t: Result<Token, TokenProblem>, now: Now) {
+    pub(super) fn on_token(
+        &mut self,
+        t: Result<Token, TokenProblem>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
         self.busy.token = false;
         if std::mem::take(&mut self.busy.token_again) {
             // Changed again meanwhile: looked at again after a short gap, so that a burst of
@@ -204,6 +209,20 @@ impl Core {
             self.probing.last = None;
             self.probing.failure = None;
             self.published.dirty = true;
+        }
+        let changed = !self
+            .seen
+            .token
+            .as_ref()
+            .is_some_and(|old| same_token(old, &t));
+        if changed {
+            // The licensing Secret is compared with this token only once read after it came
+            // (a new driver pod's token against the Secret read minutes before would ask for
+            // a recycle just made): read now.
+            self.seen.token_at = Some(now.mono);
+            if self.settings.kubernetes.licensing_secret.is_some() {
+                fx.push(Effect::ReadSecret);
+            }
         }
         self.seen.token = Some(t);
     }

@@ -160,6 +160,9 @@ pub enum Effect {
     Probe(Vec<DlsEndpoint>),
     /// Read the previous boot's journal for the last shutdown's lease.
     ReadLastShutdown,
+    /// Read the licensing Secret now, not at the next heartbeat: the token gridd runs with
+    /// changed (a new driver pod), and the Secret as read before is no verdict on it.
+    ReadSecret,
     Publish(Box<Publication>),
     /// The first report is out: tell systemd the service is ready.
     Ready,
@@ -204,6 +207,9 @@ pub struct Core {
     failure_key: Option<Finding>,
     /// The agent's own finding, and since when it holds.
     own_since: Option<(Finding, DateTime<Utc>)>,
+    /// A finding of what the agent sees (no driver, a stale Secret), and since when the
+    /// service has reported it.
+    failure_seen: Option<(Finding, DateTime<Utc>)>,
     busy: InFlight,
     schedule: Schedule,
     published: Published,
@@ -246,6 +252,7 @@ impl Core {
             },
             failure_key: None,
             own_since: None,
+            failure_seen: None,
             busy: InFlight::default(),
             schedule: {
                 let mut s = Schedule::default();
@@ -326,7 +333,7 @@ impl Core {
             Event::Gridd(e) => self.on_gridd(*e, now, &mut fx),
             Event::Smi(read) => self.on_smi(read, now),
             Event::Unit(u) => self.on_unit(u, now, &mut fx),
-            Event::Token(t) => self.on_token(t, now),
+            Event::Token(t) => self.on_token(t, now, &mut fx),
             Event::LegacyServer(s) => self.seen.legacy_server = s,
             Event::HeldWriters(held) => self.seen.held = held,
             Event::TokenDirChanged => {
@@ -342,7 +349,7 @@ impl Core {
                 .schedule
                 .smi_soon(now.mono + Duration::from_millis(300)),
             Event::NodeCondition(outcome) => self.condition_written(outcome),
-            Event::LicensingSecret(read) => self.secret_read(read),
+            Event::LicensingSecret(read) => self.secret_read(read, now),
             Event::Adopted(result) => self.on_adopted(result, now, &mut fx),
             Event::Restarted(result) => self.on_restarted(result, now, &mut fx),
             Event::Probed { verdict, skew } => self.on_probed(verdict, skew),

@@ -30,7 +30,9 @@ impl Core {
 
     /// The licensing Secret, read: a failure to read it is a warning once per streak (it is
     /// also in the report's notes while it lasts).
-    pub(super) fn secret_read(&mut self, read: Result<crate::node::SecretToken, String>) {
+    pub(super) fn secret_read(&mut self, read: Result<crate::node::SecretToken, String>, now: Now) {
+        self.seen.secret_at = Some(now.mono);
+        self.published.dirty = true;
         let was_failing = matches!(self.seen.secret, Some(Err(_)));
         match &read {
             Err(why) if !was_failing => warn!(

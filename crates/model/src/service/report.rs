@@ -144,11 +144,18 @@ pub fn status_line(r: &Report) -> String {
     if let Some(tally) = crate::report::vgpu_tally(r) {
         line.push_str(&format!(", {tally}"));
     }
-    if let Some(l) = &r.license {
+    // A lease's edition and expiry where nvidia-smi shows the license: never beside "no
+    // driver" (the last lease gridd logged, or a new pod's before its reading).
+    if let Some(l) = r.license.as_ref().filter(|_| {
+        matches!(
+            r.state,
+            State::Licensed | State::Unlicensed | State::Restricted
+        )
+    }) {
         if let Some(ed) = &l.edition {
             line.push_str(&format!(", {ed}"));
         }
-        if let Some(exp) = l.expiry {
+        if let Some(exp) = l.expiry.filter(|_| r.state == State::Licensed) {
             line.push_str(&format!(", expires {}", crate::time::rfc3339(exp)));
         }
     }
@@ -162,6 +169,7 @@ impl Core {
     /// Makes the report and says where it goes.
     pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let report = evaluate(self.observations(now));
+        self.remember_seen(&report, now);
         self.log_new_failure(&report);
         let previous = self.published.report.as_ref().map(|r| r.state);
         if previous != Some(report.state) {
@@ -216,6 +224,26 @@ impl Core {
     /// The service's memory at `now`, as a source of observations.
     pub(super) fn memory(&self, now: Now) -> Memory<'_> {
         Memory { core: self, now }
+    }
+
+    /// Since when a finding of what the agent sees holds (the report's `failure.at`, one
+    /// journal line per streak): from the first report that made it.
+    fn remember_seen(&mut self, report: &Report, now: Now) {
+        let seen = report
+            .failure
+            .as_ref()
+            .filter(|f| matches!(f.reason, Reason::DriverUnavailable | Reason::TokenStale));
+        self.failure_seen = match (seen, self.failure_seen.take()) {
+            (Some(f), Some(((r, m), at))) if f.reason == r && f.message == m => Some(((r, m), at)),
+            (Some(f), _) => Some((
+                (f.reason, f.message.clone()),
+                match f.at {
+                    Some(crate::time::LogTime::Utc(at)) => at,
+                    _ => now.wall,
+                },
+            )),
+            (None, _) => None,
+        };
     }
 
     /// A new failure: counted once, logged with its catalog entry.
@@ -344,6 +372,16 @@ impl assemble::Source for Memory<'_> {
         let Some(Ok(held)) = &self.core.seen.secret else {
             return None;
         };
+        // Only a Secret read after the token gridd runs with came is a verdict on it; one
+        // read before is on its way again (asked for when the token came).
+        let seen = &self.core.seen;
+        if seen
+            .secret_at
+            .zip(seen.token_at)
+            .is_some_and(|(s, t)| s < t)
+        {
+            return None;
+        }
         let installed = self.core.seen.token.as_ref().and_then(|t| t.as_ref().ok());
         crate::node::stale(name, held, installed)
     }
@@ -393,6 +431,7 @@ impl assemble::Source for Memory<'_> {
             token_rejected: self.core.adoption.rejected_at,
             source_rejected: self.core.adoption.source_rejected_at,
             own: self.core.own_since.clone(),
+            seen: self.core.failure_seen.clone(),
         }
     }
 }

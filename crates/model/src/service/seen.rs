@@ -33,6 +33,11 @@ pub(super) struct Seen {
     pub(super) clone: Option<crate::identity::CloneDetected>,
     /// The licensing Secret as last read, or why it could not be.
     pub(super) secret: Option<Result<crate::node::SecretToken, String>>,
+    /// When the Secret's last answer came (monotonic).
+    pub(super) secret_at: Option<Duration>,
+    /// When the token gridd runs with was last seen to change (monotonic): a Secret read
+    /// before it says nothing of it.
+    pub(super) token_at: Option<Duration>,
     /// The token directory's files held open for writing at the last look, and their last
     /// change.
     pub(super) held: Vec<(String, DateTime<Utc>)>,
@@ -60,6 +65,8 @@ impl Seen {
             last_shutdown: None,
             clone: None,
             secret: None,
+            secret_at: None,
+            token_at: None,
             held: Vec::new(),
             license_said: None,
         }
