@@ -13,7 +13,7 @@ use crate::model::assemble::{Source, TokenProblem, observe};
 use crate::model::report::Report;
 use crate::model::state::{LogFold, evaluate};
 use crate::observe::app_log::{self, AppLog};
-use crate::observe::{journal, smi};
+use crate::observe::{journal, smi, vgpu_mgr};
 use crate::token::Token;
 
 /// An input that could not be read or understood (exit code 3, unknown).
@@ -54,18 +54,27 @@ fn read_smi(path: &Path) -> Result<smi::SmiSnapshot, InputError> {
     smi::parse(&bytes).map_err(|e| InputError(format!("{}: {e}", input::named(path))))
 }
 
-/// Reads a saved gridd log: standard input as a stream, a file in sections (see
-/// [`journal::scan_file`]).
+/// Reads a saved log for gridd's lines: standard input as a stream, a file in sections (see
+/// [`journal::scan_file`]). Standard input is read once, so its bytes go to `host` (the vGPU
+/// manager's lines) as they pass; a file is read for those only where it held none of
+/// gridd's (see [`scan_host_file`]).
 fn scan_journal(
     path: &Path,
     sink: impl FnMut(journal::GriddEvent),
+    host: &mut vgpu_mgr::Scan,
 ) -> Result<journal::ScanStats, InputError> {
     let cannot =
         |e: &dyn std::fmt::Display| InputError(format!("cannot read {}: {e}", input::named(path)));
     let stats = if input::is_stdin(path) {
         let reader =
             input::open_stream(path, MAX_JOURNAL_BYTES, STDIN_DEADLINE).map_err(|e| cannot(&e))?;
-        journal::scan(reader, sink)
+        journal::scan(
+            Tee {
+                inner: reader,
+                host,
+            },
+            sink,
+        )
     } else {
         let file = input::open_regular(path, Links::Follow).map_err(|e| cannot(&e))?;
         let len = file.metadata().map_err(|e| cannot(&e))?.len();
@@ -75,6 +84,37 @@ fn scan_journal(
         journal::scan_file(&file, len, sink)
     };
     stats.map_err(|e| cannot(&input::describe(&e)))
+}
+
+/// A reader that hands what it reads to the vGPU manager's scan too.
+struct Tee<'a, R> {
+    inner: R,
+    host: &'a mut vgpu_mgr::Scan,
+}
+
+impl<R: std::io::Read> std::io::Read for Tee<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.host.feed(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// A saved log file read for the vGPU manager's lines (a host's journal).
+fn scan_host_file(path: &Path, host: &mut vgpu_mgr::Scan) -> Result<(), InputError> {
+    let cannot =
+        |e: &dyn std::fmt::Display| InputError(format!("cannot read {}: {e}", input::named(path)));
+    let mut reader =
+        input::open_stream(path, MAX_JOURNAL_BYTES, STDIN_DEADLINE).map_err(|e| cannot(&e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match std::io::Read::read(&mut reader, &mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => host.feed(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(cannot(&input::describe(&e))),
+        }
+    }
 }
 
 /// Builds the report from saved outputs.
@@ -109,6 +149,8 @@ struct Saved {
     log: Option<(LogFold, journal::ScanStats)>,
     token: Option<Result<Token, TokenProblem>>,
     app_log: Option<(PathBuf, AppLog)>,
+    /// A host's vGPU manager log, where the journal held its lines.
+    host_log: Option<vgpu_mgr::HostLog>,
     /// What the outputs are or lack.
     notes: Vec<String>,
 }
@@ -148,6 +190,10 @@ impl Source for Saved {
 
     fn input_notes(&self) -> Vec<String> {
         self.notes.clone()
+    }
+
+    fn host_log(&self) -> Option<vgpu_mgr::HostLog> {
+        self.host_log.clone()
     }
 }
 
@@ -214,12 +260,18 @@ fn add_smi(path: &Path, saved: &mut Saved) -> Result<(), InputError> {
 }
 
 /// gridd's saved log: its events, folded, and how it was read; notes on a log without
-/// gridd's lines or without times.
+/// gridd's lines or without times. A host's journal holds the vGPU manager's lines instead:
+/// they are its answer.
 fn add_journal(path: &Path, max_events: usize, saved: &mut Saved) -> Result<(), InputError> {
-    let notes = &mut saved.notes;
     let mut fold = LogFold::new(max_events);
-    let stats = scan_journal(path, |e| fold.push(e))?;
-    if fold.total() == 0 {
+    let mut host = vgpu_mgr::Scan::new();
+    let stats = scan_journal(path, |e| fold.push(e), &mut host)?;
+    if fold.total() == 0 && !input::is_stdin(path) {
+        scan_host_file(path, &mut host)?;
+    }
+    let host = host.finish();
+    let notes = &mut saved.notes;
+    if fold.total() == 0 && !host.any() {
         notes.push(format!(
             "{}: no nvidia-gridd lines found",
             crate::model::text::show_path(path)
@@ -231,36 +283,19 @@ fn add_journal(path: &Path, max_events: usize, saved: &mut Saved) -> Result<(), 
             crate::model::text::show_path(path)
         ));
     }
+    if host.any() {
+        saved.host_log = Some(host);
+    }
     saved.log = Some((fold, stats));
     Ok(())
 }
 
-/// What a saved nvidia-smi output is, where it is not a guest's whole `nvidia-smi -q`: the
-/// host's `nvidia-smi vgpu -q` (each VM's vGPU and license status listed), or an excerpt of a
-/// vGPU guest that stops before the license section.
+/// What a saved nvidia-smi output is, where it is not a guest's whole `nvidia-smi -q`: an
+/// excerpt of a vGPU guest that stops before the license section. (The host's `nvidia-smi
+/// vgpu -q` is the host's report, whose notes say what it is.)
 pub fn smi_notes(snap: &smi::SmiSnapshot) -> Vec<String> {
-    let show = |v: &Option<String>| {
-        crate::model::text::escape(v.as_deref().filter(|s| !s.is_empty()).unwrap_or("?"))
-            .into_owned()
-    };
     let mut notes = Vec::new();
     if snap.host_view {
-        notes.push("this is the host's view (nvidia-smi vgpu -q); the guest's own view is `nvidia-smi -q` inside the guest".to_string());
-        if snap.host_vgpus.is_empty() {
-            notes.push("the host shows no active vGPU".to_string());
-        }
-        for v in &snap.host_vgpus {
-            notes.push(format!(
-                "VM {} (UUID {}): vGPU {} (vGPU ID {}, on GPU {}), guest driver {}, license status {}",
-                show(&v.vm_name),
-                show(&v.vm_uuid),
-                show(&v.profile),
-                show(&v.vgpu_id),
-                show(&v.gpu_bus_id),
-                show(&v.guest_driver),
-                show(&v.license_status),
-            ));
-        }
         return notes;
     }
     let no_status = snap.gpus.iter().all(|g| g.license_status.is_none());

@@ -16,6 +16,7 @@ mod docs;
 mod fleet;
 mod gpu_operator;
 mod gridd_unit;
+mod host;
 mod hostile;
 mod identity;
 mod install;

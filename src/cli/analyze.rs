@@ -17,7 +17,7 @@ pub fn run(args: &AnalyzeArgs) -> anyhow::Result<ExitCode> {
     } else if args.json {
         let mut out = serde_json::to_string_pretty(&report).context("serializing the report")?;
         out.push('\n');
-        print!("{}", crate::model::text::for_terminal(&out));
+        print!("{}", crate::model::text::json_for_terminal(&out));
     } else {
         print!(
             "{}",

@@ -169,11 +169,13 @@ pub struct JsonArg {
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
     /// Saved `nvidia-smi -q` output (text or `-q -x` XML, whole or an excerpt: `<gpu>`
-    /// elements pasted without their enclosing `<nvidia_smi_log>` too); `-` for stdin.
+    /// elements pasted without their enclosing `<nvidia_smi_log>` too), or a vGPU host's
+    /// `nvidia-smi vgpu -q` (the host's view of every VM's vGPU); `-` for stdin.
     #[arg(long, value_name = "FILE")]
     pub smi: Option<PathBuf>,
     /// nvidia-gridd's log: `journalctl -o json` lines, journalctl or syslog text, or a pasted
-    /// `systemctl status nvidia-gridd`; `-` for stdin.
+    /// `systemctl status nvidia-gridd`; on a vGPU host, the vGPU manager's (`nvidia-vgpu-mgr`)
+    /// the same ways; `-` for stdin.
     #[arg(long, value_name = "FILE")]
     pub journal: Option<PathBuf>,
     /// An application's own log (a training job's, a notebook's, `kubectl logs`): its CUDA

@@ -181,6 +181,10 @@ pub trait Source {
     fn input_notes(&self) -> Vec<String> {
         Vec::new()
     }
+    /// On a host, the vGPU manager's log: each VM's license state as the host logged it.
+    fn host_log(&self) -> Option<crate::observe::vgpu_mgr::HostLog> {
+        None
+    }
     /// The service process that writes the report.
     fn agent_pid(&self) -> Option<u32> {
         None
@@ -227,6 +231,7 @@ pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
         node: src.node(),
         app_log: src.app_log(),
         input_notes: src.input_notes(),
+        host_log: src.host_log(),
         agent_pid: src.agent_pid(),
         last_shutdown: src.last_shutdown(),
         clone_detected: src.clone_detected(),

@@ -9,6 +9,8 @@
 //!   the node's mode ([`node`]), its Kubernetes condition ([`node::condition`]) and
 //!   when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
 //!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
+//! - a vGPU host's view of every VM's vGPU ([`host`]): the same flow, seen from the
+//!   hypervisor;
 //! - the service's judgement over time ([`service`]): events and the time in, effects out;
 //! - times and text as operators read them ([`time`], [`text`]).
 
@@ -19,6 +21,7 @@ pub mod assemble;
 pub mod backoff;
 pub mod config;
 pub mod gridd_conf;
+pub mod host;
 pub mod identity;
 pub mod install;
 pub mod node;

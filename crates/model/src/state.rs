@@ -247,6 +247,9 @@ pub struct Observations {
     /// A saved log's gridd lines carry a time of day: where none of its events gets a date,
     /// their year is missing, and the report says so.
     pub saved_log_timed: bool,
+    /// The vGPU manager's log on a host (`analyze --journal` of a host's journal): each VM's
+    /// license state as the host logged it.
+    pub host_log: Option<crate::observe::vgpu_mgr::HostLog>,
     /// The service process that writes the report.
     pub agent_pid: Option<u32>,
     /// What gridd did with its lease as the previous boot ended (the service).
@@ -632,6 +635,10 @@ const LEGACY_EOL: &str = "NVIDIA's legacy license server is end of life: move to
 
 /// Observations -> report.
 pub fn evaluate(mut obs: Observations) -> Report {
+    // A vGPU host's observations: every VM's vGPU, judged one by one.
+    if crate::host::is_host(&obs) {
+        return crate::host::evaluate(obs);
+    }
     let mode = licensing_mode(
         obs.token.as_ref(),
         obs.log.as_ref().map(|(f, _)| f),
@@ -670,9 +677,11 @@ pub fn evaluate(mut obs: Observations) -> Report {
     Report {
         schema: SCHEMA.to_string(),
         state,
+        role: crate::report::Role::Guest,
         observed_at: grounds.exact_at,
         license,
         gpus: gpus_of(obs.smi.as_ref()),
+        vms: None,
         events,
         exit_code: exit_code_of(state, failure.is_some(), expiring),
         failure,

@@ -43,6 +43,26 @@ pub fn for_terminal(s: &str) -> Cow<'_, str> {
     Cow::Owned(s.split('\n').map(escape).collect::<Vec<_>>().join("\n"))
 }
 
+/// JSON text for a terminal: the characters [`escape`] escapes that JSON allows raw in its
+/// strings (DEL, the C1 controls, the bidirectional overrides: serde_json escapes only the
+/// C0 controls) written as JSON's own `\uXXXX`, so that the text stays the same JSON and
+/// no string in it can steer the terminal.
+pub fn json_for_terminal(json: &str) -> Cow<'_, str> {
+    if !json.chars().any(|c| c != '\n' && needs_escape(c)) {
+        return Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if c != '\n' && needs_escape(c) {
+            // All of them are in the Basic Multilingual Plane: one escape each.
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// A path as it may be shown: lossy UTF-8, control characters escaped.
 pub fn show_path(p: &Path) -> String {
     escape(&p.to_string_lossy()).into_owned()
@@ -79,5 +99,22 @@ mod tests {
             "a\\nfake line\\u{1b}[2J\\r\\u{7f}\\u{9b}\\u{202e}z"
         );
         assert_eq!(show_path(Path::new("/tmp/x\ny.tok")), "/tmp/x\\ny.tok");
+    }
+
+    #[test]
+    fn json_for_a_terminal_stays_the_same_json() {
+        let value = serde_json::json!({"vm_name": "x\u{1b}]0;t\u{7}\u{9b}\u{7f}\u{202e}y\n"});
+        let text = serde_json::to_string_pretty(&value).unwrap();
+        let shown = json_for_terminal(&text);
+        assert!(
+            !shown.chars().any(|c| c != '\n' && needs_escape(c)),
+            "{shown}"
+        );
+        let back: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(back, value);
+        assert!(matches!(
+            json_for_terminal("{\n  \"a\": 1\n}"),
+            Cow::Borrowed(_)
+        ));
     }
 }

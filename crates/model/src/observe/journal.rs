@@ -86,7 +86,7 @@ fn parse_ident(tok: &str) -> Option<(&str, Option<u32>)> {
 
 /// A syslog-style line split into who logged it and what.
 #[derive(Debug, PartialEq)]
-enum TextLine<'a> {
+pub(crate) enum TextLine<'a> {
     /// `[time] [host] ident[pid]: message`
     Logged {
         stamp: Option<Stamp>,
@@ -122,7 +122,7 @@ fn split_logged(rest: &str) -> Option<(&str, Option<u32>, &str)> {
     Some((ident, pid, message))
 }
 
-fn parse_text_line(line: &str) -> Option<TextLine<'_>> {
+pub(crate) fn parse_text_line(line: &str) -> Option<TextLine<'_>> {
     // Pasted docs comment lines out with '#'; pagers and shells indent.
     let line = line.trim_start_matches(|c: char| c.is_whitespace() || c == '#');
     let line = line.trim_end();
@@ -158,7 +158,7 @@ fn parse_text_line(line: &str) -> Option<TextLine<'_>> {
 }
 
 /// `Active: active (running) since Mon 2024-09-16 01:16:29 CST; 11s ago`
-fn parse_status_header(line: &str) -> Option<Context> {
+pub(crate) fn parse_status_header(line: &str) -> Option<Context> {
     let t = line.trim_start();
     if !t.starts_with("Active:") {
         return None;
@@ -171,6 +171,30 @@ fn parse_status_header(line: &str) -> Option<Context> {
         month: st.month,
         offset: st.offset,
     })
+}
+
+/// A line's time, given the year and zone of the pasted `systemctl status` header above it.
+pub(crate) fn in_context(stamp: Stamp, context: Option<Context>) -> Stamp {
+    let mut st = stamp;
+    if let Some(ctx) = context {
+        // Only yearless syslog lines take the header's year and zone; a line with its
+        // own year said its own zone (or that it had none we know).
+        if st.year.is_none() {
+            // The header's year, but across New Year: a January line under a December
+            // header is from the next year, a December line under a January header (a
+            // line from before the unit started) from the one before.
+            let (m, c) = (i64::from(st.month), i64::from(ctx.month));
+            st.year = Some(if c - m > 6 {
+                ctx.year + 1
+            } else if m - c > 6 {
+                ctx.year - 1
+            } else {
+                ctx.year
+            });
+            st.offset = ctx.offset;
+        }
+    }
+    st
 }
 
 /// Whose word a journal entry is taken on for having come from nvidia-gridd.
@@ -218,12 +242,12 @@ fn from_gridd(entry: &Fields, trust: Trust) -> bool {
     }
 }
 
-fn str_of<'f>(field: &'f Option<Field>) -> Option<&'f str> {
+pub(crate) fn str_of<'f>(field: &'f Option<Field>) -> Option<&'f str> {
     field.as_ref()?.as_str()
 }
 
 /// The time of a journal entry.
-fn stamp_of(entry: &Fields) -> Option<Stamp> {
+pub(crate) fn stamp_of(entry: &Fields) -> Option<Stamp> {
     let us = str_of(&entry.realtime)?.parse::<i64>().ok()?;
     DateTime::from_timestamp_micros(us).map(Stamp::from_utc)
 }
@@ -351,26 +375,7 @@ impl<F: FnMut(GriddEvent)> LineParser<F> {
     }
 
     fn with_context(&self, stamp: Option<Stamp>) -> Option<Stamp> {
-        let mut st = stamp?;
-        if let Some(ctx) = self.stats.context {
-            // Only yearless syslog lines take the header's year and zone; a line with its
-            // own year said its own zone (or that it had none we know).
-            if st.year.is_none() {
-                // The header's year, but across New Year: a January line under a December
-                // header is from the next year, a December line under a January header (a
-                // line from before the unit started) from the one before.
-                let (m, c) = (i64::from(st.month), i64::from(ctx.month));
-                st.year = Some(if c - m > 6 {
-                    ctx.year + 1
-                } else if m - c > 6 {
-                    ctx.year - 1
-                } else {
-                    ctx.year
-                });
-                st.offset = ctx.offset;
-            }
-        }
-        Some(st)
+        Some(in_context(stamp?, self.stats.context))
     }
 
     /// One journal entry read by [`read_entry`].

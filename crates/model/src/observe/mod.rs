@@ -1,4 +1,5 @@
-//! Sources turned into observations: `nvidia-smi` output, gridd's log and an application's.
+//! Sources turned into observations: `nvidia-smi` output, gridd's log and an application's;
+//! on a host, the vGPU manager's log.
 
 pub mod app_log;
 pub mod catalogue;
@@ -7,3 +8,4 @@ pub mod journal;
 pub mod lines;
 pub mod smi;
 pub mod stamp;
+pub mod vgpu_mgr;

@@ -59,6 +59,8 @@ pub struct HostVgpu {
     pub vgpu_id: Option<String>,
     pub vm_name: Option<String>,
     pub vm_uuid: Option<String>,
+    /// `vGPU UUID` (empty on some drivers: `None`).
+    pub vgpu_uuid: Option<String>,
     /// `vGPU Name`: the profile (`NVIDIA RTXA6000-2Q`).
     pub profile: Option<String>,
     /// `N/A` while the guest driver is not loaded.
@@ -546,6 +548,8 @@ fn host_key(snap: &mut SmiSnapshot, key: &str, value: Option<String>) -> bool {
         &mut vgpu.vm_uuid
     } else if is("vGPU Name") {
         &mut vgpu.profile
+    } else if is("vGPU UUID") {
+        &mut vgpu.vgpu_uuid
     } else if is("Guest Driver Version") {
         &mut vgpu.guest_driver
     } else if is("License Status") {
@@ -993,7 +997,8 @@ May 27 00:08:28 host ansible[77]:         License Status : Licensed (Expiry: 202
     #[test]
     fn the_hosts_vgpu_q_fills_host_vgpus_never_a_guests_status() {
         let text = "GPU 00000000:01:00.0\n    Active vGPUs : 1\n    vGPU ID : 3251634190\n\
-        VM Name : vm1\n        vGPU Name : NVIDIA RTXA6000-2Q\n        Guest Driver Version : 550.90.07\n\
+        VM Name : vm1\n        vGPU Name : NVIDIA RTXA6000-2Q\n        vGPU UUID : c47a3625-859f-11f1-84fe-7572c7d51d3e\n\
+        Guest Driver Version : 550.90.07\n\
         License Status : Licensed (Expiry: 2030-1-1 0:0:0 GMT)\n";
         let s = parse_text(text);
         assert!(s.host_view);
@@ -1003,6 +1008,10 @@ May 27 00:08:28 host ansible[77]:         License Status : Licensed (Expiry: 202
         assert_eq!(v.gpu_bus_id.as_deref(), Some("00000000:01:00.0"));
         assert_eq!(v.vm_name.as_deref(), Some("vm1"));
         assert_eq!(v.profile.as_deref(), Some("NVIDIA RTXA6000-2Q"));
+        assert_eq!(
+            v.vgpu_uuid.as_deref(),
+            Some("c47a3625-859f-11f1-84fe-7572c7d51d3e")
+        );
         assert_eq!(v.guest_driver.as_deref(), Some("550.90.07"));
         assert_eq!(
             v.license_status.as_deref(),

@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use chrono::{DateTime, Local, Utc};
 
-use super::{Gpu, Report, State, vgpu_tally};
+use super::{Gpu, Report, Role, State, Vm, VmState, host_tally, vgpu_tally};
 use crate::text::escape;
 
 fn describe(state: State) -> &'static str {
@@ -43,7 +43,7 @@ pub fn summary_line(r: &Report) -> String {
     if r.state == State::NoGpu {
         line.push_str(": no NVIDIA GPU in this guest, nothing to license");
     }
-    if let Some(tally) = vgpu_tally(r) {
+    if let Some(tally) = vgpu_tally(r).or_else(|| host_tally(r)) {
         let _ = write!(line, ": {}", escape(&tally));
     }
     if let Some(l) = &r.license
@@ -64,12 +64,87 @@ pub fn summary_line(r: &Report) -> String {
 
 /// Renders the report for a terminal.
 pub fn render(r: &Report) -> String {
+    if r.role == Role::Host {
+        return render_host(r);
+    }
     let mut o = String::new();
     license_lines(&mut o, r);
     where_lines(&mut o, r);
     failure_lines(&mut o, r);
     event_lines(&mut o, r);
     o
+}
+
+/// A host's state, said of its guests.
+fn describe_host(state: State) -> &'static str {
+    match state {
+        State::Licensed => "licensed (every guest whose driver answers holds a license)",
+        State::Unlicensed => {
+            "a guest is unlicensed (full speed for now; throttled after the grace period)"
+        }
+        State::Restricted => "a guest is unlicensed and RESTRICTED (its vGPU is throttled)",
+        State::NotLicensable => {
+            "nothing asks for a license (no active vGPU, or none whose guest driver answers)"
+        }
+        State::Unknown => "unknown (not enough to tell)",
+        other => describe(other),
+    }
+}
+
+/// A host's report: its state, the headline, one line per VM's vGPU, the notes.
+fn render_host(r: &Report) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "Host:     {}", describe_host(r.state));
+    if let Some(tally) = host_tally(r) {
+        let _ = writeln!(o, "vGPUs:    {}", escape(&tally));
+    }
+    for v in r.vms.iter().flatten() {
+        let _ = writeln!(o, "VM:       {}", vm_line(v));
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "Note:     {}", escape(n));
+    }
+    o
+}
+
+/// `tenant-b_vm-b: restricted (Unlicensed (Restricted)), NVIDIA L40S-24Q on GPU
+/// 00000000:41:00.0, guest driver 580.105.08, KubeVirt namespace tenant-b, VMI vm-b`.
+fn vm_line(v: &Vm) -> String {
+    let shown = |f: &Option<String>| escape(f.as_deref().unwrap_or("?")).into_owned();
+    let name = match v.vm_name.as_deref().filter(|n| !n.is_empty()) {
+        Some(n) => escape(n).into_owned(),
+        None => escape(&v.name()).into_owned(),
+    };
+    let state = match (v.state, v.expiry) {
+        (VmState::Licensed, Some(exp)) => {
+            format!("licensed until {}", exp.format("%Y-%m-%d %H:%M:%S UTC"))
+        }
+        (VmState::Licensed, None) => "licensed".to_string(),
+        (VmState::Unknown, _) if v.guest_driver.is_none() => {
+            "unknown (no guest driver answers yet)".to_string()
+        }
+        (VmState::Unknown, _) if v.license_status.is_none() => {
+            "unknown (this output shows no License Status)".to_string()
+        }
+        (s, _) => format!("{} ({})", s.as_str(), shown(&v.license_status)),
+    };
+    let mut line = format!(
+        "{name}: {state}, {} on GPU {}, guest driver {}",
+        shown(&v.profile),
+        shown(&v.gpu),
+        v.guest_driver
+            .as_deref()
+            .map_or_else(|| "none".to_string(), |d| escape(d).into_owned()),
+    );
+    if let Some(k) = &v.kubevirt {
+        let _ = write!(
+            line,
+            ", KubeVirt namespace {}, VMI {}",
+            escape(&k.namespace),
+            escape(&k.vmi)
+        );
+    }
+    line
 }
 
 /// The state, the licensing mode and the license held.

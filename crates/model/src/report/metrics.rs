@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use super::{Reason, Report, State};
+use super::{Reason, Report, Role, State, Vm, VmState};
 
 /// What the metrics show beyond one report.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -118,8 +118,11 @@ pub fn guest_labels(report: &Report, c: &Counters) -> Vec<(&'static str, String)
     labels
 }
 
-/// Renders the metrics.
+/// Renders the metrics: a guest's, or on a host every VM's vGPU ([`render_host`]).
 pub fn render(report: &Report, c: &Counters) -> String {
+    if report.role == Role::Host {
+        return render_host(report);
+    }
     let mut o = String::with_capacity(2048);
     one(
         &mut o,
@@ -347,6 +350,90 @@ fn last_shutdown(o: &mut String, last: &crate::shutdown::LastShutdown) {
     }
 }
 
+/// The labels of a VM's vGPU series, in the contract's order: `vm`, `vm_uuid`, `vgpu_uuid`
+/// (the vGPU ID where nvidia-smi prints no vGPU UUID, as driver 525 does: each vGPU
+/// keeps a series of its own), `profile`, `namespace` and `vmi` (empty off KubeVirt).
+fn vm_labels(v: &Vm) -> String {
+    let of = |f: &Option<String>| label_value(f.as_deref().unwrap_or(""));
+    let (namespace, vmi) = v
+        .kubevirt
+        .as_ref()
+        .map_or((String::new(), String::new()), |k| {
+            (label_value(&k.namespace), label_value(&k.vmi))
+        });
+    format!(
+        "vm=\"{}\",vm_uuid=\"{}\",vgpu_uuid=\"{}\",profile=\"{}\",namespace=\"{namespace}\",vmi=\"{vmi}\"",
+        of(&v.vm_name),
+        of(&v.vm_uuid),
+        of(&v.vgpu_uuid.clone().or_else(|| v.vgpu_id.clone())),
+        of(&v.profile),
+    )
+}
+
+/// A host's metrics: per VM's vGPU whether its guest holds a license, whether it is
+/// throttled, its lease's expiry where known; how many vGPUs are in each state. A VM that
+/// is gone leaves no series. Nothing per VM where no `nvidia-smi vgpu -q` was read.
+pub fn render_host(report: &Report) -> String {
+    let mut o = String::with_capacity(1024);
+    let Some(vms) = &report.vms else {
+        return o;
+    };
+    // One series per label set: a listing that repeats a vGPU under another ID with the
+    // same labels keeps its first.
+    let mut seen = std::collections::HashSet::new();
+    let vms: Vec<(&Vm, String)> = vms
+        .iter()
+        .map(|v| (v, vm_labels(v)))
+        .filter(|(_, l)| seen.insert(l.clone()))
+        .collect();
+    let series = |o: &mut String, name: &str, help: &str, value: &dyn Fn(&Vm) -> Option<i64>| {
+        let values: Vec<(&String, i64)> = vms
+            .iter()
+            .filter_map(|(v, l)| value(v).map(|x| (l, x)))
+            .collect();
+        if values.is_empty() {
+            return;
+        }
+        header(o, name, "gauge", help);
+        for (labels, x) in values {
+            let _ = writeln!(o, "{name}{{{labels}}} {x}");
+        }
+    };
+    series(
+        &mut o,
+        "vgpu_license_vm_licensed",
+        "Per VM's vGPU on this host: 1 when its guest driver reports a license, else 0.",
+        &|v| Some(i64::from(v.state == VmState::Licensed)),
+    );
+    series(
+        &mut o,
+        "vgpu_license_vm_restricted",
+        "Per VM's vGPU on this host: 1 when it is unlicensed and throttled (Unlicensed (Restricted)), else 0.",
+        &|v| Some(i64::from(v.state == VmState::Restricted)),
+    );
+    series(
+        &mut o,
+        "vgpu_license_vm_expiry_timestamp_seconds",
+        "Per VM's vGPU on this host: its lease's expiry, Unix time (where its license status gives one).",
+        &|v| v.expiry.map(|e| e.timestamp()),
+    );
+    header(
+        &mut o,
+        "vgpu_license_host_vgpus",
+        "gauge",
+        "Active vGPUs on this host, by the license state of each (unknown: no guest driver answers).",
+    );
+    for state in VmState::ALL {
+        let n = vms.iter().filter(|(v, _)| v.state == state).count();
+        let _ = writeln!(
+            o,
+            "vgpu_license_host_vgpus{{state=\"{}\"}} {n}",
+            state.as_str()
+        );
+    }
+    o
+}
+
 /// The content type of [`render`]'s text.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The content type of [`openmetrics`]'s text.
@@ -414,6 +501,7 @@ mod tests {
         let report = Report {
             schema: SCHEMA.into(),
             state: State::Licensed,
+            role: crate::report::Role::Guest,
             observed_at: None,
             license: Some(License {
                 status: None,
@@ -421,6 +509,7 @@ mod tests {
                 expiry: Some("2030-01-01T00:00:00Z".parse().unwrap()),
             }),
             gpus: vec![],
+            vms: None,
             events: vec![],
             failure: None,
             dls: None,
@@ -481,6 +570,7 @@ mod tests {
         Report {
             schema: SCHEMA.into(),
             state: State::Unlicensed,
+            role: crate::report::Role::Guest,
             observed_at: None,
             license: Some(License {
                 status: Some("Unlicensed (Unrestricted)".into()),
@@ -507,6 +597,7 @@ mod tests {
                     expiry: None,
                 },
             ],
+            vms: None,
             events: vec![],
             failure: None,
             dls: Some(vec![crate::report::DlsEndpoint {

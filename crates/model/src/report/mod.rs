@@ -301,6 +301,162 @@ pub fn vgpu_tally(r: &Report) -> Option<String> {
     Some(line)
 }
 
+/// Whose view a report is: a guest's own license, or a vGPU host's view of every VM's vGPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The agent reads its own guest (reports of earlier versions, which lack `role`, are).
+    #[default]
+    Guest,
+    /// A vGPU host: every VM's vGPU in `vms`, as the vGPU manager shows it.
+    Host,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Guest => "guest",
+            Role::Host => "host",
+        }
+    }
+}
+
+/// One VM's vGPU license, as the host sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmState {
+    Licensed,
+    /// No license, still at full speed (`Unlicensed`, `Unlicensed (Unrestricted)`).
+    Unlicensed,
+    /// No license, throttled (`Unlicensed (Restricted)`).
+    Restricted,
+    /// No guest driver answers (`N/A`: a VM booting, a guest without NVIDIA's driver), or a
+    /// license status this version does not know.
+    Unknown,
+}
+
+impl VmState {
+    pub const ALL: [VmState; 4] = [
+        VmState::Licensed,
+        VmState::Unlicensed,
+        VmState::Restricted,
+        VmState::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmState::Licensed => "licensed",
+            VmState::Unlicensed => "unlicensed",
+            VmState::Restricted => "restricted",
+            VmState::Unknown => "unknown",
+        }
+    }
+
+    /// The report's state of the same name.
+    pub fn state(self) -> State {
+        match self {
+            VmState::Licensed => State::Licensed,
+            VmState::Unlicensed => State::Unlicensed,
+            VmState::Restricted => State::Restricted,
+            VmState::Unknown => State::Unknown,
+        }
+    }
+}
+
+/// The KubeVirt VirtualMachineInstance a VM is, read from its name (`NAMESPACE_NAME`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeVirt {
+    pub namespace: String,
+    pub vmi: String,
+}
+
+/// One VM's vGPU on a host (`nvidia-smi vgpu -q`): who it is, and its own license.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Vm {
+    /// The hypervisor's name of the VM (libvirt's domain name).
+    pub vm_name: Option<String>,
+    pub vm_uuid: Option<String>,
+    #[serde(default)]
+    pub vgpu_uuid: Option<String>,
+    #[serde(default)]
+    pub vgpu_id: Option<String>,
+    /// `vGPU Name`: the profile (`NVIDIA L40S-24Q`).
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// The physical GPU's bus id.
+    #[serde(default)]
+    pub gpu: Option<String>,
+    /// The guest driver's version; `None` where none answers (`N/A`).
+    #[serde(default)]
+    pub guest_driver: Option<String>,
+    /// `License Status` as printed.
+    #[serde(default)]
+    pub license_status: Option<String>,
+    pub state: VmState,
+    #[serde(default, with = "rfc3339_secs::option")]
+    pub expiry: Option<DateTime<Utc>>,
+    /// When this state was first seen (the service's memory; null offline).
+    #[serde(default, with = "rfc3339_secs::option")]
+    pub since: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub kubevirt: Option<KubeVirt>,
+}
+
+impl Vm {
+    /// As a person names the VM: `NAMESPACE/VMI` under KubeVirt, else its name, else its
+    /// vGPU ID. Not escaped.
+    pub fn name(&self) -> String {
+        if let Some(k) = &self.kubevirt {
+            return format!("{}/{}", k.namespace, k.vmi);
+        }
+        match (self.vm_name.as_deref(), self.vgpu_id.as_deref()) {
+            (Some(n), _) if !n.is_empty() => n.to_string(),
+            (_, Some(id)) => format!("vGPU {id}"),
+            _ => "a VM without a name".to_string(),
+        }
+    }
+}
+
+/// The host's headline: how many vGPUs hold a license, and each VM that does not, worst
+/// first: `1 of 3 vGPUs licensed; restricted: tenant-b/vm-b (NVIDIA L40S-24Q on
+/// 00000000:41:00.0); unlicensed: ...; no guest driver: ...`. `None` on a guest's report or
+/// a host's without `vms`. Not escaped.
+pub fn host_tally(r: &Report) -> Option<String> {
+    let vms = r.vms.as_ref().filter(|_| r.role == Role::Host)?;
+    if vms.is_empty() {
+        return Some("no active vGPU".to_string());
+    }
+    let licensed = vms.iter().filter(|v| v.state == VmState::Licensed).count();
+    let mut line = format!("{licensed} of {} vGPUs licensed", vms.len());
+    type Belongs = fn(&Vm) -> bool;
+    let groups: [(&str, Belongs); 4] = [
+        ("restricted", |v| v.state == VmState::Restricted),
+        ("unlicensed", |v| v.state == VmState::Unlicensed),
+        ("unknown", |v| {
+            v.state == VmState::Unknown && v.guest_driver.is_some()
+        }),
+        ("no guest driver", |v| v.guest_driver.is_none()),
+    ];
+    for (word, belongs) in groups {
+        let named: Vec<String> = vms
+            .iter()
+            .filter(|v| belongs(v))
+            .map(|v| {
+                format!(
+                    "{} ({} on {})",
+                    v.name(),
+                    v.profile.as_deref().unwrap_or("unknown profile"),
+                    v.gpu.as_deref().unwrap_or("an unnamed GPU")
+                )
+            })
+            .collect();
+        if !named.is_empty() {
+            line.push_str(&format!("; {word}: {}", named.join(", ")));
+        }
+    }
+    Some(line)
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
     pub reason: Reason,
@@ -321,10 +477,17 @@ pub struct DlsEndpoint {
 pub struct Report {
     pub schema: String,
     pub state: State,
+    /// `guest` (the agent's own guest) or `host` (a vGPU host: every VM's vGPU in `vms`).
+    #[serde(default)]
+    pub role: Role,
     #[serde(default, with = "rfc3339_secs::option")]
     pub observed_at: Option<DateTime<Utc>>,
     pub license: Option<License>,
     pub gpus: Vec<Gpu>,
+    /// On a host: one entry per VM's vGPU, as `nvidia-smi vgpu -q` lists them; absent on a
+    /// guest, and on a host whose `nvidia-smi vgpu -q` was not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vms: Option<Vec<Vm>>,
     pub events: Vec<Event>,
     pub failure: Option<Failure>,
     pub dls: Option<Vec<DlsEndpoint>>,
@@ -382,7 +545,7 @@ mod tests {
     /// A report as the writer writes it: every time field, an event dated by a zoned line and
     /// one by a line without a zone, and a null time.
     const WRITTEN: &str = concat!(
-        r#"{"schema":"vgpu-license-agent/report/v1","state":"licensed","#,
+        r#"{"schema":"vgpu-license-agent/report/v1","state":"licensed","role":"guest","#,
         r#""observed_at":"2026-12-03T12:00:05Z","#,
         r#""license":{"status":null,"edition":"E","expiry":"2026-12-04T10:00:00Z"},"#,
         r#""gpus":[],"events":["#,
@@ -428,6 +591,11 @@ mod tests {
         let v1 = r#"{"schema":"vgpu-license-agent/report/v1","state":"unknown","license":null,"gpus":[],"events":[],"failure":null,"dls":null,"exit_code":3}"#;
         let read: Report = serde_json::from_str(v1).unwrap();
         assert_eq!(read.observed_at, None);
+        // Written before the host's view: a guest's, and said so when written again.
+        assert_eq!((read.role, read.vms.as_ref()), (Role::Guest, None));
+        let again = serde_json::to_value(&read).unwrap();
+        assert_eq!(again["role"], "guest");
+        assert!(again.get("vms").is_none());
         let bad = v1.replace(r#""license":null"#, r#""license":null,"observed_at":"now""#);
         assert!(serde_json::from_str::<Report>(&bad).is_err());
     }

@@ -107,9 +107,11 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
     let Report {
         schema,
         state,
+        role,
         observed_at: _,
         license,
         gpus,
+        vms,
         events,
         failure,
         dls,
@@ -126,6 +128,8 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
         && *state == b.state
         && *license == b.license
         && *gpus == b.gpus
+        && *role == b.role
+        && *vms == b.vms
         && *events == b.events
         && *failure == b.failure
         && *dls == b.dls

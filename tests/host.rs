@@ -1,0 +1,443 @@
+//! The host's view through `analyze`: the bundled real `nvidia-smi vgpu -q` outputs and vGPU
+//! manager logs of vGPU hosts, each report validated against the report's JSON Schema (by
+//! `samples::analyze`), its exit code, the headline a platform team reads, and the metrics
+//! through `promtool check metrics`.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+use crate::common::skipped;
+use crate::samples::{analyze, fixture};
+
+const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
+
+fn sample(name: &str) -> String {
+    fixture("samples").join(name).display().to_string()
+}
+
+/// `analyze` with `args` (not `--json`): standard output and the exit code.
+fn run(args: &[&str], stdin: Option<&[u8]>) -> (String, i32) {
+    let mut child = Command::new(BIN)
+        .arg("analyze")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(bytes) = stdin {
+        input.write_all(bytes).unwrap();
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        out.status.code().unwrap(),
+    )
+}
+
+fn line<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+fn notes(r: &Value) -> Vec<&str> {
+    r["notes"]
+        .as_array()
+        .map(|n| n.iter().map(|n| n.as_str().unwrap()).collect())
+        .unwrap_or_default()
+}
+
+/// A real host (two VMs on a Blackwell GPU): one guest whose driver says `Unlicensed
+/// (Unrestricted)`, one whose driver has not loaded yet.
+#[test]
+fn a_host_with_an_unlicensed_guest_and_a_booting_one() {
+    let (r, code) = analyze(&["--smi", &sample("smi-host-vgpu-q-two-vms.txt")], None);
+    assert_eq!(
+        (r["role"].as_str(), r["state"].as_str(), code),
+        (Some("host"), Some("unlicensed"), 1)
+    );
+    assert_eq!(r["gpus"], serde_json::json!([]));
+    assert_eq!(r["license"], Value::Null);
+    let vms = r["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 2);
+    assert_eq!(
+        vms[0],
+        serde_json::json!({
+            "vm_name": "instance-00000004",
+            "vm_uuid": "083bc63f-0a3c-4647-9bb4-27f905b7d7bb",
+            "vgpu_uuid": "c47a3625-859f-11f1-84fe-7572c7d51d3e",
+            "vgpu_id": "3251637554",
+            "profile": "NVIDIA RTX Pro 6000 Blackwell DC-3Q",
+            "gpu": "00000001:C8:00.0",
+            "guest_driver": null,
+            "license_status": "N/A (Expiry: N/A)",
+            "state": "unknown",
+            "expiry": null,
+            "since": null,
+            "kubevirt": null
+        })
+    );
+    assert_eq!(vms[1]["vm_name"], "instance-00000005");
+    assert_eq!(vms[1]["guest_driver"], "580.105.08");
+    assert_eq!(vms[1]["license_status"], "Unlicensed (Unrestricted)");
+    assert_eq!(vms[1]["state"], "unlicensed");
+
+    let (text, code) = run(&["--smi", &sample("smi-host-vgpu-q-two-vms.txt")], None);
+    assert_eq!(code, 1);
+    assert_eq!(
+        line(&text, "vGPUs:"),
+        [
+            "vGPUs:    0 of 2 vGPUs licensed; unlicensed: instance-00000005 (NVIDIA RTX Pro 6000 Blackwell DC-3Q on 00000001:C8:00.0); no guest driver: instance-00000004 (NVIDIA RTX Pro 6000 Blackwell DC-3Q on 00000001:C8:00.0)"
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        line(&text, "VM:"),
+        [
+            "VM:       instance-00000004: unknown (no guest driver answers yet), NVIDIA RTX Pro 6000 Blackwell DC-3Q on GPU 00000001:C8:00.0, guest driver none",
+            "VM:       instance-00000005: unlicensed (Unlicensed (Unrestricted)), NVIDIA RTX Pro 6000 Blackwell DC-3Q on GPU 00000001:C8:00.0, guest driver 580.105.08",
+        ],
+        "{text}"
+    );
+    assert!(
+        text.starts_with("Host:     a guest is unlicensed"),
+        "{text}"
+    );
+}
+
+/// A real Proxmox-style host (vgpu_unlock, driver 525) whose only VM has no guest driver
+/// yet: nothing asks for a license, so nothing alerts; the VM is still named.
+#[test]
+fn a_host_whose_only_vm_has_no_guest_driver_yet() {
+    let (r, code) = analyze(&["--smi", &sample("smi-host-vgpu-q-akb486.txt")], None);
+    assert_eq!((r["state"].as_str(), code), (Some("not_licensable"), 0));
+    let vm = &r["vms"][0];
+    assert_eq!(vm["vm_name"], "win10test,debug-threads=on");
+    // Driver 525 prints the VM UUID and the vGPU UUID empty: null, not "".
+    assert_eq!(
+        (&vm["vm_uuid"], &vm["vgpu_uuid"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert_eq!(vm["vgpu_id"], "3251634190");
+    assert_eq!(vm["gpu"], "00000000:01:00.0");
+    assert_eq!(vm["state"], "unknown");
+    // A comma is no KubeVirt name.
+    assert_eq!(vm["kubevirt"], Value::Null);
+    let (text, code) = run(&["--smi", &sample("smi-host-vgpu-q-akb486.txt")], None);
+    assert_eq!(code, 0);
+    assert_eq!(
+        line(&text, "vGPUs:"),
+        [
+            "vGPUs:    0 of 1 vGPUs licensed; no guest driver: win10test,debug-threads=on (NVIDIA RTXA6000-2Q on 00000000:01:00.0)"
+        ]
+    );
+}
+
+/// A MIG-backed vGPU whose guest driver answers, in an output without its License Status:
+/// not enough to tell.
+#[test]
+fn a_guest_driver_without_a_license_status_is_unknown() {
+    let (r, code) = analyze(&["--smi", &sample("smi-host-vgpu-q-mig-backed.txt")], None);
+    assert_eq!((r["state"].as_str(), code), (Some("unknown"), 3));
+    assert_eq!(r["vms"][0]["guest_driver"], "580.105.08");
+    assert_eq!(r["vms"][0]["license_status"], Value::Null);
+    assert_eq!(
+        r["vms"][0]["profile"],
+        "NVIDIA RTX Pro 6000 Blackwell DC-1-2Q"
+    );
+}
+
+/// KubeVirt's virt-launcher names the domain `NAMESPACE_NAME`: the report and the headline
+/// say the namespace and the VMI. The real output with its VMs renamed so, given on
+/// standard input as `nvidia-smi vgpu -q | vgpu-license-agent analyze --smi -` gives it.
+#[test]
+fn kubevirt_vms_are_named_by_namespace_and_vmi() {
+    let real = std::fs::read_to_string(sample("smi-host-vgpu-q-two-vms.txt")).unwrap();
+    let renamed = real
+        .replace("instance-00000004", "tenant-a_gpu-vm-1")
+        .replace("instance-00000005", "tenant-b_vm-b")
+        .replace("Unlicensed (Unrestricted)", "Unlicensed (Restricted)");
+    let (r, code) = analyze(&["--smi", "-"], Some(renamed.as_bytes()));
+    assert_eq!((r["state"].as_str(), code), (Some("restricted"), 2));
+    assert_eq!(
+        r["vms"][1]["kubevirt"],
+        serde_json::json!({"namespace": "tenant-b", "vmi": "vm-b"})
+    );
+    assert_eq!(r["vms"][1]["vm_name"], "tenant-b_vm-b");
+    assert_eq!(
+        r["vms"][0]["kubevirt"],
+        serde_json::json!({"namespace": "tenant-a", "vmi": "gpu-vm-1"})
+    );
+    let (text, code) = run(&["--smi", "-"], Some(renamed.as_bytes()));
+    assert_eq!(code, 2);
+    assert_eq!(
+        line(&text, "vGPUs:"),
+        [
+            "vGPUs:    0 of 2 vGPUs licensed; restricted: tenant-b/vm-b (NVIDIA RTX Pro 6000 Blackwell DC-3Q on 00000001:C8:00.0); no guest driver: tenant-a/gpu-vm-1 (NVIDIA RTX Pro 6000 Blackwell DC-3Q on 00000001:C8:00.0)"
+        ]
+    );
+    assert!(
+        text.contains(
+            "VM:       tenant-b_vm-b: restricted (Unlicensed (Restricted)), NVIDIA RTX Pro 6000 Blackwell DC-3Q on GPU 00000001:C8:00.0, guest driver 580.105.08, KubeVirt namespace tenant-b, VMI vm-b\n"
+        ),
+        "{text}"
+    );
+    // Once licensed, every guest with a driver is: the host is licensed, exit 0, and the
+    // expiry is each VM's own.
+    let licensed = renamed.replace(
+        "Unlicensed (Restricted)",
+        "Licensed (Expiry: 2026-12-3 6:55:24 GMT)",
+    );
+    let (r, code) = analyze(&["--smi", "-"], Some(licensed.as_bytes()));
+    assert_eq!((r["state"].as_str(), code), (Some("licensed"), 0));
+    assert_eq!(r["vms"][1]["expiry"], "2026-12-03T06:55:24Z");
+}
+
+/// An output pasted twice lists each vGPU once.
+#[test]
+fn a_vgpu_listed_twice_is_one_vm() {
+    let real = std::fs::read_to_string(sample("smi-host-vgpu-q-two-vms.txt")).unwrap();
+    let twice = format!("{real}{real}");
+    let (r, _) = analyze(&["--smi", "-"], Some(twice.as_bytes()));
+    assert_eq!(r["vms"].as_array().unwrap().len(), 2);
+}
+
+/// A VM name holding a terminal's escape and a line feed cannot reach the terminal raw nor
+/// forge a line of the text.
+#[test]
+fn a_hostile_vm_name_is_escaped_in_the_text() {
+    let real = std::fs::read_to_string(sample("smi-host-vgpu-q-two-vms.txt")).unwrap();
+    let hostile = real.replace("instance-00000005", "x\u{1b}]0;owned\u{7}\u{202e}y");
+    let (text, _) = run(&["--smi", "-"], Some(hostile.as_bytes()));
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{202e}'),
+        "{text}"
+    );
+    assert!(
+        text.contains("x\\u{1b}]0;owned\\u{7}\\u{202e}y: unlicensed"),
+        "{text}"
+    );
+    // The JSON keeps the name as it was (JSON escapes it).
+    let (r, _) = analyze(&["--smi", "-"], Some(hostile.as_bytes()));
+    assert_eq!(r["vms"][1]["vm_name"], "x\u{1b}]0;owned\u{7}\u{202e}y");
+}
+
+/// `promtool check metrics` on `text`: `None` where promtool is missing.
+fn promtool_check(text: &str) -> Option<(bool, String)> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let promtool = std::env::split_paths(&path)
+        .map(|d| d.join("promtool"))
+        .find(|p| p.is_file())?;
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success(), said))
+}
+
+#[test]
+fn host_metrics_per_vm_pass_promtool() {
+    let (m, code) = run(
+        &["--metrics", "--smi", &sample("smi-host-vgpu-q-two-vms.txt")],
+        None,
+    );
+    assert_eq!(code, 1);
+    let series: Vec<&str> = m.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(
+        series,
+        [
+            r#"vgpu_license_vm_licensed{vm="instance-00000004",vm_uuid="083bc63f-0a3c-4647-9bb4-27f905b7d7bb",vgpu_uuid="c47a3625-859f-11f1-84fe-7572c7d51d3e",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
+            r#"vgpu_license_vm_licensed{vm="instance-00000005",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="094593d6-85a0-11f1-802e-72c7d51d3e72",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
+            r#"vgpu_license_vm_restricted{vm="instance-00000004",vm_uuid="083bc63f-0a3c-4647-9bb4-27f905b7d7bb",vgpu_uuid="c47a3625-859f-11f1-84fe-7572c7d51d3e",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
+            r#"vgpu_license_vm_restricted{vm="instance-00000005",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="094593d6-85a0-11f1-802e-72c7d51d3e72",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
+            r#"vgpu_license_host_vgpus{state="licensed"} 0"#,
+            r#"vgpu_license_host_vgpus{state="unlicensed"} 1"#,
+            r#"vgpu_license_host_vgpus{state="restricted"} 0"#,
+            r#"vgpu_license_host_vgpus{state="unknown"} 1"#,
+        ]
+    );
+    // No guest series on a host: the host holds no license of its own.
+    assert!(
+        !m.contains("vgpu_license_licensed ") && !m.contains("vgpu_license_state{"),
+        "{m}"
+    );
+
+    // Names a label must escape: a quote, a backslash, a line feed cannot be typed into
+    // nvidia-smi's lines, but a quote and a backslash can be in a domain's name.
+    let real = std::fs::read_to_string(sample("smi-host-vgpu-q-two-vms.txt")).unwrap();
+    let kubevirt = real
+        .replace("instance-00000004", r#"a "quoted" \name"#)
+        .replace("instance-00000005", "tenant-b_vm-b")
+        .replace(
+            "Unlicensed (Unrestricted)",
+            "Licensed (Expiry: 2026-12-3 6:55:24 GMT)",
+        );
+    let (k, code) = run(&["--metrics", "--smi", "-"], Some(kubevirt.as_bytes()));
+    assert_eq!(code, 0);
+    assert!(
+        k.contains(r#"vgpu_license_vm_licensed{vm="a \"quoted\" \\name",vm_uuid="083bc63f-0a3c-4647-9bb4-27f905b7d7bb""#),
+        "{k}"
+    );
+    assert!(
+        k.contains(r#"vgpu_license_vm_expiry_timestamp_seconds{vm="tenant-b_vm-b",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="094593d6-85a0-11f1-802e-72c7d51d3e72",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="tenant-b",vmi="vm-b"} 1796280924"#),
+        "{k}"
+    );
+    assert_eq!(
+        k.matches("vgpu_license_vm_expiry_timestamp_seconds{")
+            .count(),
+        1
+    );
+
+    let (akb, _) = run(
+        &["--metrics", "--smi", &sample("smi-host-vgpu-q-akb486.txt")],
+        None,
+    );
+    // No vGPU UUID printed (driver 525): the vGPU ID keeps the series apart.
+    assert!(
+        akb.contains(r#"vm_uuid="",vgpu_uuid="3251634190","#),
+        "{akb}"
+    );
+    let (mig, _) = run(
+        &[
+            "--metrics",
+            "--smi",
+            &sample("smi-host-vgpu-q-mig-backed.txt"),
+        ],
+        None,
+    );
+
+    let Some(_) = promtool_check("") else {
+        return skipped("promtool is missing (apt-get install prometheus)");
+    };
+    for (what, text) in [
+        ("two-vms", &m),
+        ("kubevirt", &k),
+        ("akb486", &akb),
+        ("mig-backed", &mig),
+    ] {
+        let (ok, said) = promtool_check(text).unwrap();
+        assert!(ok, "{what}: promtool check metrics: {said}\n{text}");
+    }
+    // And the check bites: a label value whose quote is not escaped is refused.
+    let broken = k.replace(r#"a \"quoted\" \\name"#, r#"a "quoted" name"#);
+    assert!(!promtool_check(&broken).unwrap().0);
+}
+
+/// The vGPU manager's journal (a Proxmox host's, vgpu_unlock-rs issue 37): the host's, each
+/// line a VM's license state; standard input gives the same.
+#[test]
+fn the_vgpu_managers_log_is_the_hosts() {
+    let path = sample("host-vgpu-mgr-log-vgpu_unlock-rs-37.txt");
+    let (r, code) = analyze(&["--journal", &path], None);
+    assert_eq!(
+        (r["role"].as_str(), r["state"].as_str(), code),
+        (Some("host"), Some("licensed"), 0)
+    );
+    assert!(r.get("vms").is_none(), "no vgpu -q read: no VM list");
+    let n = notes(&r);
+    assert!(
+        n[0].starts_with("this is the host's vGPU manager log (nvidia-vgpu-mgr)"),
+        "{n:?}"
+    );
+    assert_eq!(
+        n[1..],
+        [
+            "each process's last license state: nvidia-vgpu-mgr[1869902] Licensed (at Sep 24 18:44:17)",
+            "Sep 24 18:43:42 nvidia-vgpu-mgr[1869902]: vGPU license state: Unlicensed (Unrestricted)",
+            "Sep 24 18:44:17 nvidia-vgpu-mgr[1869902]: vGPU license state: Licensed",
+        ]
+    );
+    let bytes = std::fs::read(&path).unwrap();
+    let (from_stdin, code) = analyze(&["--journal", "-"], Some(&bytes));
+    assert_eq!(code, 0);
+    assert_eq!(from_stdin["notes"], r["notes"]);
+
+    // A guest that stays unlicensed: the host says so (exit 1).
+    let unlicensed: String = String::from_utf8(bytes)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.ends_with("vGPU license state: Licensed"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (r, code) = analyze(&["--journal", "-"], Some(unlicensed.as_bytes()));
+    assert_eq!((r["state"].as_str(), code), (Some("unlicensed"), 1));
+}
+
+/// Ubuntu's guide pastes `systemctl status nvidia-vgpu-mgr`: its header gives the year and
+/// zone, so each line is dated exactly.
+#[test]
+fn a_pasted_vgpu_manager_status_dates_its_lines() {
+    let (r, code) = analyze(
+        &[
+            "--journal",
+            &sample("host-vgpu-mgr-log-ubuntu-server-docs.txt"),
+        ],
+        None,
+    );
+    assert_eq!(
+        (r["role"].as_str(), r["state"].as_str(), code),
+        (Some("host"), Some("licensed"), 0)
+    );
+    assert_eq!(r["observed_at"], "2021-09-15T06:55:52Z");
+    let n = notes(&r);
+    assert!(
+        n.contains(&"2021-09-15T06:55:50Z nvidia-vgpu-mgr[4260]: vGPU license state: Unlicensed (Unrestricted)"),
+        "{n:?}"
+    );
+    assert!(
+        !n.iter().any(|n| n.contains("no nvidia-gridd lines")),
+        "{n:?}"
+    );
+    let (text, code) = run(
+        &[
+            "--journal",
+            &sample("host-vgpu-mgr-log-ubuntu-server-docs.txt"),
+        ],
+        None,
+    );
+    assert_eq!(code, 0);
+    assert!(text.contains("Note:     each process's last license state: nvidia-vgpu-mgr[4260] Licensed (at 2021-09-15T06:55:52Z)"), "{text}");
+}
+
+/// A guest's report says it is a guest's, and lists no VMs.
+#[test]
+fn a_guests_report_is_the_guests() {
+    let (r, code) = analyze(&["--smi", &sample("smi-jp-dls-guide-2.txt")], None);
+    assert_eq!(r["role"], "guest");
+    assert!(r.get("vms").is_none());
+    assert_eq!(code, 0);
+}
+
+/// The schema the reports are checked against refuses a VM state it does not know: the
+/// validation above can fail.
+#[test]
+fn the_schema_checks_each_vms_state() {
+    let schema: Value =
+        serde_json::from_slice(&std::fs::read(fixture("report.schema.json")).unwrap()).unwrap();
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let (mut r, _) = analyze(&["--smi", &sample("smi-host-vgpu-q-two-vms.txt")], None);
+    assert!(v.is_valid(&r));
+    r["vms"][0]["state"] = Value::from("not_licensable");
+    assert!(!v.is_valid(&r));
+    r["vms"][0]["state"] = Value::from("unknown");
+    r["role"] = Value::from("hypervisor");
+    assert!(!v.is_valid(&r));
+}
