@@ -133,6 +133,15 @@ fn scenario_a_licensing_secret_gridd_does_not_run_is_a_warning_to_recycle() {
         out.starts_with("WARNING") && out.contains("token_stale"),
         "{out}"
     );
+    // `token inspect` gives the same answer: both tokens, told apart by their instance.
+    let (code, out) = status_cli_args(&m, &["token", "inspect"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("Status:   token_stale")
+            && out.contains("id rotated-in-the-secret")
+            && out.contains("delete pod"),
+        "{out}"
+    );
 
     // The Secret put back to the token gridd runs with: in step again.
     api.set_secret(NS, SECRET, &[(KEY, &m.token())]);
@@ -148,10 +157,16 @@ fn scenario_a_licensing_secret_gridd_does_not_run_is_a_warning_to_recycle() {
 
 /// `status` of `m`, as an operator runs it: its exit code and standard output.
 fn status_cli(m: &Machine) -> (Option<i32>, String) {
+    status_cli_args(m, &["status"])
+}
+
+/// A command of the agent's on `m`, as an operator runs it: its exit code and standard
+/// output.
+fn status_cli_args(m: &Machine, args: &[&str]) -> (Option<i32>, String) {
     let out = std::process::Command::new(crate::common::BIN)
         .arg("--config")
         .arg(&m.config)
-        .arg("status")
+        .args(args)
         .env("SIM_DIR", m.container_sim().unwrap())
         .output()
         .unwrap();

@@ -157,6 +157,13 @@ fn scenario_a_truncated_token_beside_the_good_one_is_a_visible_warning() {
     let d: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(code, Some(1), "{d:#}");
     assert_eq!(d["failure"]["reason"], "token_rejected", "{d:#}");
+    // `token inspect` of the installed token says it too: the file refused beside it.
+    let (code, out) = cli(&m, &["token", "inspect"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("Status:   token_rejected") && out.contains(DOWNLOAD),
+        "{out}"
+    );
     assert!(
         a.journal_lines()
             .iter()

@@ -19,6 +19,11 @@ pub struct Inspection<'a> {
     pub(crate) token: &'a Token,
     /// `valid`, `expired` or `not_yet_valid`, at the time of the inspection.
     pub(crate) validity: &'static str,
+    /// What `status` says of the token gridd runs with, where it says something (the
+    /// installed token inspected, no file named): the Secret holds another, a file was
+    /// refused beside it, the token source was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) status: Option<crate::model::report::Failure>,
 }
 
 /// Reads a regular file or standard input, never more than a token can be, so 10 MB of

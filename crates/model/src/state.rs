@@ -660,6 +660,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
     let failure = grounds.refined(failure, &obs);
     let app = obs.app_log.as_ref().map(|(_, found)| found);
     let failure = failure.or_else(|| app_failure(state, app));
+    notes.extend(also_noted(&obs, failure.as_ref()));
     notes.extend(obs.token_notes.iter().cloned());
     notes.extend(held_note(&obs.held_writers));
     if let Some(node) = &obs.node {
@@ -850,8 +851,34 @@ fn app_failure(state: State, app: Option<&AppLog>) -> Option<Failure> {
 /// the report it published: its failure's words where it is of `reason`, so that `diagnose`
 /// says what `status` says.
 pub fn served_finding(served: &Report, reason: Reason) -> Option<String> {
-    let f = served.failure.as_ref()?;
-    (f.reason == reason).then(|| f.message.clone())
+    if let Some(f) = served.failure.as_ref().filter(|f| f.reason == reason) {
+        return Some(f.message.clone());
+    }
+    let also = format!("{ALSO}{}: ", reason.as_str());
+    served
+        .notes
+        .iter()
+        .find_map(|n| n.strip_prefix(&also).map(String::from))
+}
+
+/// How a note begins that carries a warning another failure leads: `also REASON: MESSAGE`.
+const ALSO: &str = "also ";
+
+/// The service's findings about the token that a leading failure would hide (a file
+/// refused, the token source refused, the licensing Secret's other token), as notes: the
+/// operator who just copied a token sees it was refused even while the DLS is unreachable,
+/// and `diagnose` and `token inspect` find it in the service's report.
+fn also_noted(obs: &Observations, failure: Option<&Failure>) -> Vec<String> {
+    [
+        (Reason::TokenRejected, &obs.token_rejected),
+        (Reason::TokenSourceRejected, &obs.source_rejected),
+        (Reason::TokenStale, &obs.token_stale),
+    ]
+    .into_iter()
+    .filter(|_| !obs.node.as_ref().is_some_and(|n| n.pod_going))
+    .filter(|(reason, _)| failure.is_some_and(|f| f.reason != *reason))
+    .filter_map(|(reason, why)| Some(format!("{ALSO}{}: {}", reason.as_str(), why.as_ref()?)))
+    .collect()
 }
 
 /// A token's dates are judged by this guest's clock: where the DLS probe finds that clock
@@ -1585,6 +1612,48 @@ mod tests {
     }
 
     const NO_TOKEN: &str = "no client configuration token is installed";
+
+    /// A file refused beside the token while another failure leads: a note the operator
+    /// sees, and that `diagnose` and `token inspect` find in the service's report.
+    #[test]
+    fn a_token_finding_another_failure_leads_is_kept_as_a_note() {
+        let r = evaluate(Observations {
+            smi: Some(crate::observe::smi::parse_text(
+                "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        License Status : Unlicensed (Unrestricted)\n",
+            )),
+            own_failure: Some((Reason::DlsUnreachable, "DNS: no such host".into())),
+            token_rejected: Some("client_configuration_token_12-01.tok: not a token".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            r.failure.as_ref().map(|f| f.reason),
+            Some(Reason::DlsUnreachable)
+        );
+        assert_eq!(
+            served_finding(&r, Reason::TokenRejected).as_deref(),
+            Some("client_configuration_token_12-01.tok: not a token"),
+            "{:?}",
+            r.notes
+        );
+        assert_eq!(served_finding(&r, Reason::TokenStale), None);
+        // Leading, it is the failure and no note.
+        let r = evaluate(Observations {
+            token_rejected: Some("x.tok: not a token".into()),
+            smi: Some(crate::observe::smi::parse_text(
+                "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n",
+            )),
+            ..Default::default()
+        });
+        assert_eq!(
+            r.failure.as_ref().map(|f| f.reason),
+            Some(Reason::TokenRejected)
+        );
+        assert!(
+            !r.notes.iter().any(|n| n.starts_with(ALSO)),
+            "{:?}",
+            r.notes
+        );
+    }
 
     #[test]
     fn a_cloud_provider_guest_needs_no_token() {
