@@ -246,7 +246,8 @@ fn token(user: &Value, dir: &Path) -> anyhow::Result<Option<Bearer>> {
         return Ok(None);
     };
     let path = file_in(dir, f);
-    owned_file(&path, "its tokenFile").map_err(|e| anyhow!("{e} ({})", show_path(&path)))?;
+    owned_file(&path, "its tokenFile")
+        .map_err(|e| super::file_error(&path, "its tokenFile", &e))?;
     Ok(Some(Bearer::KubeconfigFile(path)))
 }
 

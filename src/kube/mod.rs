@@ -85,7 +85,7 @@ impl Pem {
     fn read(&self, what: &str) -> anyhow::Result<Vec<u8>> {
         match self {
             Pem::Data(d) => Ok(d.clone()),
-            Pem::File(p) => owned_file(p, what).map_err(|e| anyhow!("{e} ({})", show_path(p))),
+            Pem::File(p) => owned_file(p, what).map_err(|e| file_error(p, what, &e)),
         }
     }
 }
@@ -251,6 +251,16 @@ fn in_cluster(k: &crate::config::Kubernetes) -> anyhow::Result<Option<kubeconfig
     }))
 }
 
+/// A file a kubeconfig names that could not be used, the file first: `PATH (what): why`, or
+/// `PATH: why` where the why names it already (its owner, its mode).
+fn file_error(path: &Path, what: &str, why: &str) -> anyhow::Error {
+    if why.starts_with(what) {
+        anyhow!("{}: {why}", show_path(path))
+    } else {
+        anyhow!("{} ({what}): {why}", show_path(path))
+    }
+}
+
 /// A kubeconfig, or a file it names, read where root could have written it alone
 /// ([`crate::config::owned_safely`]); `what` names it in the error.
 fn owned_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
@@ -360,7 +370,7 @@ impl Api {
                 }),
             Bearer::KubeconfigFile(p) => owned_file(p, "the kubeconfig's tokenFile")
                 .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-                .map_err(|e| anyhow!("{e} ({})", show_path(p))),
+                .map_err(|e| file_error(p, "the kubeconfig's tokenFile", &e)),
         }
     }
 
