@@ -80,6 +80,9 @@ After=network-online.target sim-dls.service
 [Service]
 ExecStart=/usr/local/bin/sim-driver-ctr
 ExecStopPost=/bin/rm -f /run/nvidia/validations/.driver-ctr-ready
+# The root goes GO_UMOUNT_DELAY seconds after gridd (systemctl set-environment), as a pod
+# whose containers end one by one has it.
+ExecStopPost=/bin/sh -c 'sleep "\$\${GO_UMOUNT_DELAY:-0}"'
 # Lazily, as the real entrypoint's _unmount_rootfs does (umount -l -R): a process still in
 # the root (a reading's nvidia-smi, run chrooted there) never keeps it mounted.
 ExecStopPost=-/bin/umount -l -R $GO_DRIVER_ROOT
@@ -279,6 +282,84 @@ go_pod_away_and_back() {
 	return $rc
 }
 
+# go_watch_never SECS REASON...: status.json every half second for SECS seconds, failing at
+# once on a report whose failure is one of REASON.
+go_watch_never() {
+	local end=$((SECONDS + $1)) r bad
+	shift
+	while [ "$SECONDS" -lt "$end" ]; do
+		r=$(go_report '(v["failure"] or {}).get("reason")')
+		for bad in "$@"; do
+			[ "$r" = "$bad" ] && {
+				echo "the report said $r" >&2
+				go_tail
+				return 1
+			}
+		done
+		sleep 0.5
+	done
+}
+
+# go_until_never SECS WHAT REASON...: waits up to SECS seconds for `go_WHAT`, failing at once on
+# a report whose failure is one of REASON meanwhile.
+go_until_never() {
+	local end=$((SECONDS + $1)) what=$2
+	shift 2
+	until "$what"; do
+		[ "$SECONDS" -lt "$end" ] || {
+			echo "waited in vain for: $what" >&2
+			go_tail
+			return 1
+		}
+		go_watch_never 1 "$@" || return 1
+	done
+}
+go_is_driver_unavailable() { go_reason_is driver_unavailable; }
+go_is_licensed_clean() { go_state_is licensed && go_reason_is None; }
+go_pod_going_noted() { go_report 'v["notes"]' | grep -q 'driver pod is going'; }
+
+# The pod deleted the way whose preStop takes the readiness marker first: the marker, gridd
+# 5 s later (SIGTERM: its lease returned), the root 10 s after. Its token going away is never
+# token_missing ("put the token into the Secret"); the pod gone is driver_unavailable; made
+# again, licensed.
+go_marker_first() {
+	local rc=0
+	guest rm -f /run/nvidia/validations/.driver-ctr-ready || return 1
+	wait_until 30 go_pod_going_noted || {
+		echo "the marker's going is not noted" >&2
+		rc=1
+	}
+	go_watch_never 5 token_missing token_stale || rc=1
+	guest systemctl set-environment GO_UMOUNT_DELAY=10 || return 1
+	guest systemctl stop --no-block "$GO_UNIT" || return 1
+	go_until_never 60 go_is_driver_unavailable token_missing token_stale || rc=1
+	guest systemctl unset-environment GO_UMOUNT_DELAY
+	go_watch_never 5 token_missing token_stale || rc=1
+	guest systemctl start "$GO_UNIT" || return 1
+	go_until_never 60 go_is_licensed_clean token_missing token_stale || rc=1
+	return $rc
+}
+
+# The rotation docs/kubernetes.md prescribes: the Secret rotated (a new token), then the
+# driver pod made again. The new pod runs the new token, licensed, with no token verdict on
+# the way; the container's files are the new Secret's from then on.
+go_rotation() {
+	local rc=0
+	"$SIM_EXAMPLES/sim-dls" --token-id rotated-in-the-secret --write-token "127.0.0.1:$SIM_DLS_PORT" \
+		"$GUEST$GO_SECRET/client_configuration_token.tok" || return 1
+	guest systemctl restart "$GO_UNIT" || return 1
+	go_until_never 60 go_is_licensed_clean token_missing token_stale || rc=1
+	cmp -s "$GUEST$GO_SECRET/client_configuration_token.tok" \
+		"$GUEST$GO_ROOTFS/etc/nvidia/ClientConfigToken/client_configuration_token.tok" || {
+		echo "the new pod does not run the Secret's new token" >&2
+		rc=1
+	}
+	go_watch_never 10 token_missing token_stale || rc=1
+	# What must not change from now on: the new Secret's files.
+	GO_PRINT=$(go_fingerprint)
+	return $rc
+}
+
 go_never_restarted() {
 	local n
 	n=$(go_agent_restarts)
@@ -301,6 +382,8 @@ go_checks() {
 		check "install is refused with the operator's fix, and changes nothing" go_install_refused
 		check "the DLS down, the pod made again: every fix is the operator's" go_fixed_in_operators_terms
 		check "the driver pod deleted and back: said, vgpu-licensed.target waits, then licensed again" go_pod_away_and_back
+		check "the driver pod going marker first: no verdict on its token, then driver_unavailable, then licensed" go_marker_first
+		check "the documented rotation (the Secret rotated, the pod made again): licensed with the new token, no token verdict" go_rotation
 		check "the agent restarted nothing and changed nothing on the node" go_never_restarted
 	else
 		fail "[$GO_SUITE $GO_GUEST] the node could not be made or booted"

@@ -2,10 +2,11 @@
 //!
 //!     sim-dls [--listen ADDR] [--mode up|refusing|blackhole|bad_tls] [--skew SECONDS]
 //!             [--control FILE]
-//!     sim-dls --write-token HOST:PORT FILE
+//!     sim-dls [--token-id ID] --write-token HOST:PORT FILE
 //!
 //! `--write-token` writes a client configuration token (mode 0600) naming that DLS node, and
-//! exits (a token is never printed).
+//! exits (a token is never printed); `--token-id` before it gives the token's id (`jti`), so
+//! that a rotation's new token differs from the old (default `boot-test`).
 //!
 //! `--control FILE` is read every 200 ms while it runs: JSON `{"mode": "up", "skew_seconds": 0}`
 //! (both optional), so the behaviour can change from outside. Default address
@@ -23,6 +24,7 @@ fn main() {
     let mut mode = dls::Mode::Up;
     let mut skew = 0i64;
     let mut control: Option<PathBuf> = None;
+    let mut token_id = "boot-test".to_string();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || {
@@ -41,6 +43,7 @@ fn main() {
             }
             "--skew" => skew = value().parse().unwrap_or(0),
             "--control" => control = Some(value().into()),
+            "--token-id" => token_id = value(),
             "--write-token" => {
                 let node = value();
                 let file = value();
@@ -59,7 +62,7 @@ fn main() {
                     .truncate(true)
                     .mode(0o600)
                     .open(&file)
-                    .and_then(|mut f| f.write_all(&dls::token_for(&host, port, "boot-test")));
+                    .and_then(|mut f| f.write_all(&dls::token_for(&host, port, &token_id)));
                 if let Err(e) = written {
                     eprintln!("sim-dls: {file}: {e}");
                     std::process::exit(1);
@@ -68,7 +71,7 @@ fn main() {
             }
             _ => {
                 eprintln!(
-                    "usage: sim-dls [--listen ADDR] [--mode MODE] [--skew SECONDS] [--control FILE] | --write-token HOST:PORT FILE"
+                    "usage: sim-dls [--listen ADDR] [--mode MODE] [--skew SECONDS] [--control FILE] | [--token-id ID] --write-token HOST:PORT FILE"
                 );
                 std::process::exit(2);
             }
