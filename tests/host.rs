@@ -268,6 +268,9 @@ fn host_metrics_per_vm_pass_promtool() {
             r#"vgpu_license_vm_licensed{vm="instance-00000005",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="094593d6-85a0-11f1-802e-72c7d51d3e72",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
             r#"vgpu_license_vm_restricted{vm="instance-00000004",vm_uuid="083bc63f-0a3c-4647-9bb4-27f905b7d7bb",vgpu_uuid="c47a3625-859f-11f1-84fe-7572c7d51d3e",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
             r#"vgpu_license_vm_restricted{vm="instance-00000005",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="094593d6-85a0-11f1-802e-72c7d51d3e72",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
+            // instance-00000004 has no guest driver (N/A): 0, so no alert takes it for unlicensed.
+            r#"vgpu_license_vm_guest_driver{vm="instance-00000004",vm_uuid="083bc63f-0a3c-4647-9bb4-27f905b7d7bb",vgpu_uuid="c47a3625-859f-11f1-84fe-7572c7d51d3e",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 0"#,
+            r#"vgpu_license_vm_guest_driver{vm="instance-00000005",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="094593d6-85a0-11f1-802e-72c7d51d3e72",profile="NVIDIA RTX Pro 6000 Blackwell DC-3Q",namespace="",vmi=""} 1"#,
             r#"vgpu_license_host_vgpus{state="licensed"} 0"#,
             r#"vgpu_license_host_vgpus{state="unlicensed"} 1"#,
             r#"vgpu_license_host_vgpus{state="restricted"} 0"#,

@@ -484,6 +484,10 @@ mod tests {
                 r#"vgpu_license_vm_restricted{vm="tenant-a_vm-a",vm_uuid="6939a743-b4d3-4b8f-b917-a8f7009744ee",vgpu_uuid="c47a3625-859f-11f1-84fe-7572c7d51d3e",profile="NVIDIA L40S-24Q",namespace="tenant-a",vmi="vm-a"} 0"#,
                 r#"vgpu_license_vm_restricted{vm="tenant-b_vm-b",vm_uuid="43f26719-90d9-4b25-80eb-040b44132eb8",vgpu_uuid="2",profile="NVIDIA L40S-24Q",namespace="tenant-b",vmi="vm-b"} 1"#,
                 r#"vgpu_license_vm_restricted{vm="my \"vm\"\\x",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="3",profile="NVIDIA L40S-24Q",namespace="",vmi=""} 0"#,
+                // The driverless VM (its guest driver N/A) tells itself apart from one unlicensed.
+                r#"vgpu_license_vm_guest_driver{vm="tenant-a_vm-a",vm_uuid="6939a743-b4d3-4b8f-b917-a8f7009744ee",vgpu_uuid="c47a3625-859f-11f1-84fe-7572c7d51d3e",profile="NVIDIA L40S-24Q",namespace="tenant-a",vmi="vm-a"} 1"#,
+                r#"vgpu_license_vm_guest_driver{vm="tenant-b_vm-b",vm_uuid="43f26719-90d9-4b25-80eb-040b44132eb8",vgpu_uuid="2",profile="NVIDIA L40S-24Q",namespace="tenant-b",vmi="vm-b"} 1"#,
+                r#"vgpu_license_vm_guest_driver{vm="my \"vm\"\\x",vm_uuid="f0adb76f-7612-4c68-84b4-375a4e6c5476",vgpu_uuid="3",profile="NVIDIA L40S-24Q",namespace="",vmi=""} 0"#,
                 r#"vgpu_license_vm_expiry_timestamp_seconds{vm="tenant-a_vm-a",vm_uuid="6939a743-b4d3-4b8f-b917-a8f7009744ee",vgpu_uuid="c47a3625-859f-11f1-84fe-7572c7d51d3e",profile="NVIDIA L40S-24Q",namespace="tenant-a",vmi="vm-a"} 1796280924"#,
                 r#"vgpu_license_host_vgpus{state="licensed"} 1"#,
                 r#"vgpu_license_host_vgpus{state="unlicensed"} 0"#,
@@ -491,7 +495,7 @@ mod tests {
                 r#"vgpu_license_host_vgpus{state="unknown"} 1"#,
             ]
         );
-        assert_eq!(m.matches("# TYPE ").count(), 4);
+        assert_eq!(m.matches("# TYPE ").count(), 5);
         // A line feed in a name cannot start a series of its own.
         let mut r = r;
         r.vms.as_mut().unwrap()[2].vm_name = Some("a\nvgpu_license_vm_licensed{} 1".into());

@@ -413,6 +413,12 @@ pub fn render_host(report: &Report) -> String {
     );
     series(
         &mut o,
+        "vgpu_license_vm_guest_driver",
+        "Per VM's vGPU on this host: 1 when a guest driver answers (it can ask for a license), 0 while none does (a VM booting, a guest without NVIDIA's driver).",
+        &|v| Some(i64::from(v.guest_driver.is_some())),
+    );
+    series(
+        &mut o,
         "vgpu_license_vm_expiry_timestamp_seconds",
         "Per VM's vGPU on this host: its lease's expiry, Unix time (where its license status gives one).",
         &|v| v.expiry.map(|e| e.timestamp()),
