@@ -284,9 +284,12 @@ fn scenario_the_documented_rotation_is_never_token_stale() {
         },
         || a.context(),
     );
+    // The new pod's root: a container's own, with the Secret's new token copied in (never
+    // the old pod's token: that root is gone).
+    let token_in = |r: &std::path::Path| r.join(m.token_path().strip_prefix(&root).unwrap());
+    sim::write_mode(&token_in(&away), &rotated, 0o644);
     std::fs::remove_dir(&root).unwrap();
     std::fs::rename(&away, &root).unwrap();
-    sim::write_mode(&m.token_path(), &rotated, 0o644);
     m.start_gridd();
     std::fs::write(&marker, b"").unwrap();
     sim::wait_for(

@@ -213,8 +213,23 @@ left_in_guest() {
 	guest find / /run -xdev \( -path /proc -o -path /sys -o -path /var/log -o -path /var/cache -o -path /var/lib/dpkg \) -prune -o \
 		\( -name "*vgpu-license-agent*" -o -name "*vgpu_license_agent*" \) -print 2>/dev/null
 }
+# admins_own_kept: purge keeps a drop-in the admin added (here the boot test's own,
+# 00-sim-pci.toml) and the directories that hold it, as dpkg keeps a directory that is not
+# empty, and nothing else of /etc/$NAME; removed here by hand, as an admin would, so that
+# what follows finds the guest clean.
+admins_own_kept() {
+	local kept want
+	kept=$(guest find "/etc/$NAME" -mindepth 1 2>/dev/null | sort)
+	want=$(printf '%s\n' "/etc/$NAME/config.d" "/etc/$NAME/config.d/00-sim-pci.toml")
+	if [ "$kept" != "$want" ]; then
+		echo "purge kept in /etc/$NAME: ${kept:-nothing}; expected the admin's drop-in alone" >&2
+		return 1
+	fi
+	guest rm -r "/etc/$NAME"
+}
 check_purge() {
 	DEBIAN_FRONTEND=noninteractive guest apt-get purge -y -q "$NAME" || return 1
+	admins_own_kept || return 1
 	local left
 	left=$(left_in_guest)
 	if [ -n "$left" ]; then

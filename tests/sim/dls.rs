@@ -192,6 +192,10 @@ fn accept_loop(listener: TcpListener, addr: SocketAddr, inner: Arc<Inner>) {
         match l.accept() {
             Ok((stream, _)) => {
                 let _ = stream.set_nonblocking(false);
+                // The mode now, not as this turn of the loop began: a connection made after
+                // `set_mode` returned is served in the new mode, however late this thread
+                // ran (under load, the old one reset it).
+                let mode = *inner.mode.lock().unwrap();
                 match mode {
                     Mode::Up | Mode::BadGateway => {
                         let i = inner.clone();
