@@ -909,13 +909,9 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
     }
 }
 
-/// Day 2 with the service's default intervals (5 min between readings while licensed, 15 s
-/// without): the driver pod deleted the usual way (gridd gets SIGTERM and returns its
-/// license, the root is unmounted about 10 s later and the marker goes) is
-/// `driver_unavailable` within 30 s, never advice about the Secret; made again with an
-/// expired token, then with a valid one, each verdict is the new pod's token within 30 s.
-#[test]
-fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
+/// A GPU Operator node on the service's default intervals (5 min between readings while
+/// licensed, 15 s without), its driver pod ready (its marker, returned), licensed.
+fn day_two_node() -> (Machine, Agent, PathBuf) {
     let m = Machine::new(Setup {
         gpu_operator: true,
         ..Setup::default()
@@ -931,6 +927,17 @@ fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
     m.start_gridd();
     let a = Agent::start_with_env(&m, &[("SIM_DIR", sim_dir(&m).as_os_str())]);
     a.wait_state("licensed", T);
+    (m, a, marker)
+}
+
+/// Day 2 with the service's default intervals (5 min between readings while licensed, 15 s
+/// without): the driver pod deleted the usual way (gridd gets SIGTERM and returns its
+/// license, the root is unmounted about 10 s later and the marker goes) is
+/// `driver_unavailable` within 30 s, never advice about the Secret; made again with an
+/// expired token, then with a valid one, each verdict is the new pod's token within 30 s.
+#[test]
+fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
+    let (m, a, marker) = day_two_node();
     let root = driver_root(&m);
     let away = m.path("run/nvidia/driver.away");
     let pod_gone = || {
@@ -1123,21 +1130,7 @@ fn watch_never(a: &Agent, d: Duration, never: &str) -> serde_json::Value {
 /// (the default 15 s readings go on), and the pod made again is licensed.
 #[test]
 fn scenario_day_two_the_marker_going_first_is_no_verdict_on_the_token() {
-    let m = Machine::new(Setup {
-        gpu_operator: true,
-        ..Setup::default()
-    });
-    m.set_config("poll_unlicensed_seconds", "15");
-    m.set_config("poll_licensed_seconds", "300");
-    write_gridd_conf(&m);
-    sim::write_mode(&m.token_path(), &m.token(), 0o644);
-    let validations = m.path("run/nvidia/validations");
-    let marker = validations.join(".driver-ctr-ready");
-    std::fs::create_dir_all(&validations).unwrap();
-    std::fs::write(&marker, b"").unwrap();
-    m.start_gridd();
-    let a = Agent::start_with_env(&m, &[("SIM_DIR", sim_dir(&m).as_os_str())]);
-    a.wait_state("licensed", T);
+    let (m, a, marker) = day_two_node();
 
     std::fs::remove_file(&marker).unwrap();
     // The agent has seen the marker go before anything else happens.

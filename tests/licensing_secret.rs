@@ -21,6 +21,16 @@ const KEY: &str = "client_configuration_token.tok";
 /// A GPU Operator node licensed with the machine's token, its agent in a pod of `api`'s
 /// cluster reading the Secret at each 5 s heartbeat.
 fn node_in_cluster(api: &FakeApi) -> (Machine, Agent) {
+    node_in_cluster_with(api, "heartbeat_seconds = 5\n", |_| {})
+}
+
+/// [`node_in_cluster`] with `kube`'s keys of `[kubernetes]`, and `prepare` done to the node
+/// before its gridd and agent start.
+fn node_in_cluster_with(
+    api: &FakeApi,
+    kube: &str,
+    prepare: impl FnOnce(&Machine),
+) -> (Machine, Agent) {
     let m = Machine::new(Setup {
         gpu_operator: true,
         ..Setup::default()
@@ -28,9 +38,10 @@ fn node_in_cluster(api: &FakeApi) -> (Machine, Agent) {
     let sa = m.service_account(crate::kube::TOKEN, &api.ca_pem);
     let config = m.config_text();
     m.write_config(&format!(
-        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nheartbeat_seconds = 5\nlicensing_secret = \"{NS}/{SECRET}\"\n",
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\n{kube}licensing_secret = \"{NS}/{SECRET}\"\n",
         sa.display()
     ));
+    prepare(&m);
     write_gridd_conf(&m);
     sim::write_mode(&m.token_path(), &m.token(), 0o644);
     m.start_gridd();
@@ -212,35 +223,13 @@ fn a_secret_without_the_token_and_a_bad_name_are_said() {
 fn scenario_the_documented_rotation_is_never_token_stale() {
     let api = FakeApi::start(crate::kube::TOKEN, vec![node_object(NODE, vec![])]);
     api.grant_secret(NS, SECRET);
-    let m = Machine::new(Setup {
-        gpu_operator: true,
-        ..Setup::default()
+    let (m, a) = node_in_cluster_with(&api, "", |m| {
+        api.set_secret(NS, SECRET, &[(KEY, &m.token())]);
+        let validations = m.path("run/nvidia/validations");
+        std::fs::create_dir_all(&validations).unwrap();
+        std::fs::write(validations.join(".driver-ctr-ready"), b"").unwrap();
     });
-    api.set_secret(NS, SECRET, &[(KEY, &m.token())]);
-    let sa = m.service_account(crate::kube::TOKEN, &api.ca_pem);
-    let config = m.config_text();
-    m.write_config(&format!(
-        "{config}[kubernetes]\nservice_account_dir = \"{}\"\nlicensing_secret = \"{NS}/{SECRET}\"\n",
-        sa.display()
-    ));
-    write_gridd_conf(&m);
-    sim::write_mode(&m.token_path(), &m.token(), 0o644);
-    let validations = m.path("run/nvidia/validations");
-    let marker = validations.join(".driver-ctr-ready");
-    std::fs::create_dir_all(&validations).unwrap();
-    std::fs::write(&marker, b"").unwrap();
-    m.start_gridd();
-    let port = api.port().to_string();
-    let a = Agent::start_with_env(
-        &m,
-        &[
-            ("SIM_DIR", m.container_sim().unwrap().as_os_str()),
-            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
-            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
-            ("NODE_NAME", NODE.as_ref()),
-        ],
-    );
-    a.wait_state("licensed", T);
+    let marker = m.path("run/nvidia/validations/.driver-ctr-ready");
     let secret_reads = || {
         api.requests()
             .iter()
