@@ -87,6 +87,7 @@ def journal():
 
 
 def setup(root, poll_licensed):
+    # poll_licensed: the licensed pace in seconds, or None for the agent's default.
     # The package's layout under ROOT: the token and gridd.conf in etc/nvidia (the agent
     # watches those two directories), status.json in run/, the metrics textfile elsewhere.
     nv = f"{root}/etc/nvidia"
@@ -95,7 +96,8 @@ def setup(root, poll_licensed):
     # A guest holding a license until 2099 (the sample's layout, a later expiry).
     smi = open(SMI).read().replace("2022-5-27 0:8:28 GMT", "2099-5-27 0:8:28 GMT")
     open(f"{root}/smi.txt", "w").write(smi)
-    for name, body in [("nvidia-smi", f"#!/bin/sh\ncat {root}/smi.txt\n"),
+    # Each call of nvidia-smi is counted (a builtin's append: no process of its own).
+    for name, body in [("nvidia-smi", f"#!/bin/sh\necho x >> {root}/smi-calls\ncat {root}/smi.txt\n"),
                        ("systemctl", "#!/bin/sh\necho active\n"),
                        ("restart", f"#!/bin/sh\necho x >> {root}/restarts\n")]:
         with open(f"{root}/{name}", "w") as f:
@@ -126,9 +128,9 @@ journalctl = "{journal().wrapper(root)}"
 nvidia_smi = "{root}/nvidia-smi"
 systemctl = "{root}/systemctl"
 restart_gridd = ["{root}/restart"]
-[service]
+{'' if poll_licensed is None else f'''[service]
 poll_licensed_seconds = {poll_licensed}
-""")
+'''}""")
 
 
 

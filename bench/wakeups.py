@@ -4,9 +4,11 @@ long: licensed and quiet, licensed with a warning (a failure line in this boot's
 token expiring soon), and unlicensed with a failure. Each state's guest is bench/service.py's
 (nvidia-smi from a saved output, systemctl answering `active`), measured for SECONDS after
 45 s of settling: voluntary and involuntary context switches of every thread of the agent
-and of its journal follower, per minute.
+and of its journal follower, per minute, at the agent's default pace. The window holds whole
+heartbeats (SECONDS a multiple of the 2-minute heartbeat), and says how many readings of
+nvidia-smi it holds (licensed and quiet, one an hour: most windows hold none).
 
-Usage: python3 bench/wakeups.py [--binary PATH] [--seconds 60]
+Usage: python3 bench/wakeups.py [--binary PATH] [--seconds 120]
 (without --binary: builds and measures the binary the packages ship, target/dist/). As root.
 """
 import argparse, importlib.util, os, shutil, subprocess, sys, tempfile, time
@@ -42,9 +44,17 @@ def switches(pid):
     return out
 
 
+def smi_calls(root):
+    """How many times the guest's nvidia-smi has run (bench/service.py's counts them)."""
+    try:
+        return len(open(f"{root}/smi-calls").read().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
 def measure(binary, seconds, smi_status):
     root = tempfile.mkdtemp(prefix="vla-wake-")
-    svc.setup(root, 300)
+    svc.setup(root, None)
     smi = f"{root}/smi.txt"
     text = open(smi).read().replace(LICENSED, smi_status)
     open(smi, "w").write(text)
@@ -53,12 +63,14 @@ def measure(binary, seconds, smi_status):
     try:
         time.sleep(45)
         a = switches(agent.pid)
+        calls_a = smi_calls(root)
         time.sleep(seconds)
         b = switches(agent.pid)
+        readings = smi_calls(root) - calls_a
         per = {k: (b[k] - a.get(k, 0)) * 60 / seconds for k in b}
         state = subprocess.run([binary, "--config", f"{root}/config.toml", "status"],
                                capture_output=True, text=True).stdout.splitlines()[:1]
-        return per, state
+        return per, state, readings
     finally:
         agent.terminate()
         agent.wait()
@@ -68,17 +80,20 @@ def measure(binary, seconds, smi_status):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary")
-    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--seconds", type=int, default=120)
     a = ap.parse_args()
+    if a.seconds % 120:
+        sys.exit("bench/wakeups.py: --seconds must be whole heartbeats (a multiple of 120)")
     if os.geteuid() != 0:
         sys.exit("bench/wakeups.py: run it as root")
     a.binary = svc.built(a.binary)
     svc.journal()
     print(f"machine: {svc.machine(a.binary)}")
     for label, status in [("license held", LICENSED), ("no license", "Unlicensed (Unrestricted)")]:
-        per, state = measure(a.binary, a.seconds, status)
+        per, state, readings = measure(a.binary, a.seconds, status)
         total = sum(per.values())
-        print(f"{label} ({'; '.join(state)}): {total:.0f} wakeups a minute, all threads")
+        print(f"{label} ({'; '.join(state)}): {total:.0f} wakeups a minute, all threads; "
+              f"{readings} readings of nvidia-smi in the {a.seconds} s window")
         for k in sorted(per, key=lambda k: -per[k]):
             if per[k]:
                 print(f"    {per[k]:6.1f}  {k.split(' ', 1)[1]}")

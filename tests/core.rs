@@ -12,7 +12,8 @@ use vgpu_license_agent::config::Settings;
 use vgpu_license_agent::observe::journal::{self, GriddEvent};
 use vgpu_license_agent::observe::smi;
 use vgpu_license_agent::service::core::{
-    AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
+    AFTER_EXPIRY, AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
+    SMI_FLOOR,
 };
 use vgpu_license_agent::token::{Token, TokenError, Untimely};
 use vgpu_license_model::assemble::{SmiRead, TokenProblem};
@@ -307,9 +308,9 @@ fn licensed_and_quiet_the_core_wakes_once_per_heartbeat_at_most() {
     let before = sim.world.ticks;
     sim.run(S(3600));
     let wakes = sim.world.ticks - before;
-    // One per heartbeat, and one per reading of nvidia-smi (every 5 min, on its own time);
-    // the token's look rides on the heartbeat.
-    let readings = 3600 / settings().service.poll_licensed.as_secs() as u32;
+    // One per heartbeat, and one per reading of nvidia-smi (one an hour while licensed and
+    // quiet, on its own time); the token's look rides on the heartbeat.
+    let readings = (3600 / settings().service.poll_licensed.as_secs() as u32).max(1);
     let most = 3600 / HEARTBEAT.as_secs() as u32 + readings + 1;
     assert!(
         wakes <= most,
@@ -360,11 +361,40 @@ fn a_renewal_that_stalls_is_a_warning_until_the_expiry_moves_again() {
     sim.run(S(3600));
     assert_eq!(sim.core.counters().failures, failures);
     assert!(sim.world.restarts.is_empty());
-    // A renewal moves the expiry: the warning goes.
-    sim.world.smi = licensed_until(exp + chrono::Duration::hours(10));
-    sim.run(S(400));
+    // gridd logs a renewal, with the new expiry: the warning goes at once, with no reading
+    // of nvidia-smi (readings are an hour apart while licensed; the line says it all).
+    let later = exp + chrono::Duration::hours(10);
+    // Away from the hour's reading.
+    sim.run(S(600));
+    assert_eq!(sim.reason(), Some(Reason::RenewalStalled));
+    sim.world.smi = licensed_until(later);
+    let reads = sim.world.smi_reads.len();
+    sim.log(&renewed_until(later));
+    sim.run(S(2));
+    assert_eq!(sim.world.smi_reads.len(), reads, "no reading for a renewal");
+    let r = sim.core.report().unwrap();
     assert_eq!(sim.reason(), None);
-    assert_eq!(sim.core.report().unwrap().exit_code, 0);
+    assert_eq!(r.exit_code, 0);
+    assert_eq!(
+        r.license.as_ref().and_then(|l| l.expiry),
+        Some(later),
+        "the report says the renewed expiry"
+    );
+}
+
+/// gridd's renewal line, as the samples show it
+/// (tests/fixtures/samples/gridd-log-fastapi-dls-5-windows.txt), with this expiry.
+fn renewed_until(exp: DateTime<Utc>) -> String {
+    use chrono::{Datelike, Timelike};
+    format!(
+        "License renewed successfully. (Info: dls-a.example, NVIDIA RTX Virtual Workstation; Expiry: {}-{}-{} {}:{}:{} GMT)",
+        exp.year(),
+        exp.month(),
+        exp.day(),
+        exp.hour(),
+        exp.minute(),
+        exp.second()
+    )
 }
 
 #[test]
@@ -1272,9 +1302,13 @@ fn a_license_gridd_just_announced_is_not_restarted_before_a_reading_shows_it() {
         let fx = sim.core.tick(sim.now());
         sim.carry_out(fx);
     }
-    let mut fx = sim.answer_held(UNLICENSED);
-    // The reading the line asked for starts at once, and is slow in its turn: longer
-    // than a grace.
+    let fx = sim.answer_held(UNLICENSED);
+    // The reading the line asked for starts as soon as the floor between readings allows
+    // (never back to back), and is slow in its turn: longer than a grace.
+    assert!(!fx.contains(&Effect::ReadSmi), "back to back: {fx:?}");
+    sim.carry_out(fx);
+    sim.mono += SMI_FLOOR;
+    let mut fx = sim.core.tick(sim.now());
     assert!(fx.contains(&Effect::ReadSmi), "{fx:?}");
     fx.retain(|e| *e != Effect::ReadSmi);
     sim.carry_out(fx);
@@ -1397,18 +1431,20 @@ fn a_refused_token_is_dated_when_it_was_refused_not_at_the_last_reading() {
     assert_eq!(f.at, Some(LogTime::Utc(at)), "the date stays");
 }
 
-/// Licensed and quiet, nvidia-smi is read at the licensed pace the config sets (every 5
-/// minutes by default, as the config's comments and the README say), not at the next
-/// heartbeat after it.
+/// Licensed and quiet, nvidia-smi is the safety net, not the clock: every change that
+/// matters comes with a line of gridd's or at a deadline the core knows, so it is read once
+/// an hour (the config's `poll_licensed_seconds`, 3600 by default, as its comments say), at
+/// that pace and not at the next heartbeat after it. A pace of the config's own is kept the
+/// same way (it was 12 readings an hour, every 5 minutes, before; 60 in a lease's last hour).
 #[test]
 fn licensed_the_readings_come_at_the_licensed_pace() {
     let mut sim = licensed_for_a_minute();
     let pace = settings().service.poll_licensed;
-    assert_eq!(pace, S(300), "the default");
+    assert_eq!(pace, S(3600), "the default");
     let from = sim.world.smi_reads.len();
-    sim.run(S(3600));
+    sim.run(S(3 * 3600));
     let reads = &sim.world.smi_reads[from..];
-    assert_eq!(reads.len(), 12, "12 readings an hour: {reads:?}");
+    assert_eq!(reads.len(), 3, "one reading an hour: {reads:?}");
     for w in reads.windows(2) {
         assert_eq!(w[1] - w[0], pace, "{reads:?}");
     }
@@ -1424,6 +1460,130 @@ fn licensed_the_readings_come_at_the_licensed_pace() {
     assert!(reads.len() >= 8, "{reads:?}");
     for w in reads.windows(2) {
         assert_eq!(w[1] - w[0], S(420), "{reads:?}");
+    }
+}
+
+/// Licensed with 26 hours to the lease's expiry, gridd quiet: the start's reading, then the
+/// hour's, and nothing between (the heartbeat remakes the report without one).
+#[test]
+fn licensed_with_a_day_left_nothing_is_read_between_the_starts_reading_and_the_hours() {
+    let exp = t0() + chrono::Duration::hours(26);
+    let mut sim = Sim::new(settings(), World::new(&licensed_until(exp)));
+    sim.run(S(3600) - S(1));
+    assert_eq!(sim.world.smi_reads, [S(0)], "only the start's");
+    assert_eq!(sim.state(), State::Licensed);
+    sim.run(S(2 * 3600));
+    assert_eq!(sim.world.smi_reads, [S(0), S(3600), S(7200)]);
+    assert_eq!(sim.reason(), None);
+}
+
+/// A 15-minute lease renewed every 2.5 minutes (a fastapi-dls's, as
+/// tests/fixtures/samples/gridd-log-fastapi-dls-5-windows.txt shows): each renewal line
+/// carries the new expiry and moves the lease with no reading, so its expiry is never
+/// reached and nvidia-smi is read once an hour, not every minute of the lease's "last hour".
+#[test]
+fn a_short_lease_renewed_by_gridds_lines_is_read_once_an_hour() {
+    let lease = chrono::Duration::minutes(15);
+    let mut sim = Sim::new(settings(), World::new(&licensed_until(t0() + lease)));
+    let mut last = t0() + lease;
+    for _ in 0..(3 * 3600 / 150) {
+        sim.run(S(150) - Duration::from_millis(200));
+        last = sim.now().wall + lease;
+        // nvidia-smi would show the renewed lease too.
+        sim.world.smi = licensed_until(last);
+        sim.log(&renewed_until(last));
+    }
+    // Three hours: the start's reading and one each hour after it.
+    let reads = &sim.world.smi_reads;
+    assert_eq!(reads.len(), 3, "the start's and one an hour: {reads:?}");
+    for w in reads.windows(2) {
+        assert!(w[1] - w[0] >= S(3600), "{reads:?}");
+    }
+    let r = sim.core.report().unwrap();
+    // Licensed, and never a stalled renewal (a 15-minute lease always expires within the
+    // expiry warning: that note is the lease's length, not a failure).
+    assert_eq!((r.state, r.failure.as_ref()), (State::Licensed, None));
+    assert_eq!(
+        r.license.as_ref().and_then(|l| l.expiry),
+        Some(vgpu_license_model::time::whole_secs(last)),
+        "the last renewal's expiry, not the hour-old reading's"
+    );
+}
+
+/// 50 minutes to the lease's expiry and gridd silent (no renewal line): the stall is warned
+/// on time alone, and nvidia-smi is read at the expiry, the deadline by which gridd should
+/// have logged a renewal, and not before; that reading shows the license gone.
+#[test]
+fn a_lease_near_its_end_with_gridd_silent_is_read_at_its_expiry_and_not_before() {
+    let exp = t0() + chrono::Duration::minutes(50);
+    let mut sim = Sim::new(settings(), World::new(&licensed_until(exp)));
+    sim.run(S(30 * 60));
+    assert_eq!(
+        sim.reason(),
+        Some(Reason::RenewalStalled),
+        "warned without a reading"
+    );
+    sim.run(S(20 * 60) - S(1));
+    assert_eq!(sim.world.smi_reads, [S(0)], "none before the expiry");
+    // The driver shows the license gone once it expired.
+    sim.world.smi = UNLICENSED.into();
+    sim.run(S(5));
+    assert_eq!(sim.world.smi_reads, [S(0), S(50 * 60) + AFTER_EXPIRY]);
+    assert_eq!(sim.state(), State::Unlicensed);
+}
+
+/// What gridd says, and the driver pod's signs, are read within 2 s, licensed or not: a
+/// failure line, gridd's unit stopping (its last line) and a change of the driver pod.
+#[test]
+fn a_failure_a_unit_stop_and_a_driver_pod_change_are_read_within_two_seconds() {
+    type Happen = fn(&mut Sim);
+    let cases: [(&str, Happen); 3] = [
+        ("a failure line", |sim| sim.log(NETWORK)),
+        ("the unit stopping", |sim| {
+            sim.world.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+            sim.log("Shutdown (100)");
+        }),
+        ("the driver pod", |sim| sim.handle(Event::DriverPodChanged)),
+    ];
+    for (what, happen) in cases {
+        let mut sim = licensed_for_a_minute();
+        sim.run(S(600));
+        let at = sim.mono;
+        let before = sim.world.smi_reads.len();
+        happen(&mut sim);
+        sim.run(S(2) - Duration::from_millis(200));
+        let after = &sim.world.smi_reads[before..];
+        assert!(
+            after.first().is_some_and(|&t| t >= at && t <= at + S(2)),
+            "{what}: read at {after:?}, happened at {at:?}"
+        );
+    }
+}
+
+/// A flood of events (a driver pod's readiness marker made and removed in a loop: 100
+/// changes in 10 s) costs about a reading a second, never nvidia-smi back to back.
+#[test]
+fn a_flood_of_driver_pod_events_is_read_about_once_a_second() {
+    let mut sim = licensed_for_a_minute();
+    sim.run(S(600));
+    let start = sim.mono;
+    let before = sim.world.smi_reads.len();
+    for _ in 0..100 {
+        let now = sim.now();
+        let mut fx = sim.core.handle(Event::DriverPodChanged, now);
+        fx.extend(sim.core.tick(now));
+        sim.carry_out(fx);
+        sim.run(Duration::from_millis(100));
+    }
+    assert_eq!(sim.mono, start + S(10));
+    let reads = &sim.world.smi_reads[before..];
+    assert!(
+        (5..=11).contains(&reads.len()),
+        "{} readings in 10 s: {reads:?}",
+        reads.len()
+    );
+    for w in reads.windows(2) {
+        assert!(w[1] - w[0] >= SMI_FLOOR, "back to back: {reads:?}");
     }
 }
 

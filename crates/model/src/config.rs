@@ -142,7 +142,8 @@ pub struct Service {
     pub expiry_warning: Duration,
     /// nvidia-smi is read this often while no license is held.
     pub poll_unlicensed: Duration,
-    /// ... and this often while one is held (and every minute in the last hour of a lease).
+    /// ... and at least this often while one is held (gridd's lines, the driver pod's signs
+    /// and the lease's expiry ask for their own readings sooner).
     pub poll_licensed: Duration,
     /// Unlicensed this long with a failure a retry can clear: restart nvidia-gridd.
     pub restart_grace: Duration,
@@ -258,7 +259,7 @@ impl Default for Service {
         Service {
             expiry_warning: Duration::from_secs(12 * 3600),
             poll_unlicensed: Duration::from_secs(15),
-            poll_licensed: Duration::from_secs(300),
+            poll_licensed: Duration::from_secs(3600),
             restart_grace: Duration::from_secs(120),
             restart_backoff: Duration::from_secs(60),
             restart_backoff_max: Duration::from_secs(1800),

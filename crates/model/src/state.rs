@@ -666,7 +666,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
     if let Some(node) = &obs.node {
         notes.extend(node_notes(node));
     }
-    let license = smi_license(obs.smi.as_ref()).or(log.license);
+    let license = renewed(state, smi_license(obs.smi.as_ref()), log.license);
     let expiring = expiry_notes(&obs, state, license.as_ref(), &mut notes);
     let mut events: Vec<Event> = log.events.iter().map(event_of).collect();
     notes.extend(saved_notes(&obs, failure.as_ref(), &events));
@@ -1250,6 +1250,23 @@ impl LogView {
             license,
             omitted: fold.omitted,
         }
+    }
+}
+
+/// The license as nvidia-smi shows it, else as gridd's lines do. A lease gridd's lines show
+/// renewed past the expiry nvidia-smi showed was renewed after that reading (an expiry only
+/// moves forward while the lease is held): the report says the later one.
+fn renewed(state: State, smi: Option<License>, log: Option<License>) -> Option<License> {
+    match (smi, log) {
+        (Some(mut s), Some(l)) => {
+            if let (State::Licensed, Some(was), Some(now)) = (state, s.expiry, l.expiry)
+                && now > was
+            {
+                s.expiry = Some(now);
+            }
+            Some(s)
+        }
+        (s, l) => s.or(l),
     }
 }
 

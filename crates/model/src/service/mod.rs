@@ -55,6 +55,15 @@ pub const HEARTBEAT: Duration = Duration::from_secs(120);
 /// start, a crash loop) makes a few reports, not one per line. The first after a quiet spell
 /// is made at once.
 pub const MIN_REPORT_GAP: Duration = Duration::from_millis(100);
+/// The least time from one answer of nvidia-smi to the next reading's start, whatever asks
+/// for it (gridd's lines, the driver pod's signs, a reload): a flood of events (a readiness
+/// marker made and removed in a loop, a crash loop's lines) costs about a reading a second,
+/// never nvidia-smi back to back (each call costs the driver about 2 s of work, 24 s without
+/// the persistence daemon).
+pub const SMI_FLOOR: Duration = Duration::from_secs(1);
+/// A lease's expiry reached without a renewal line is read this long after it, so that
+/// nvidia-smi shows the lease gone rather than its last second.
+pub const AFTER_EXPIRY: Duration = Duration::from_secs(1);
 /// How often systemd is asked whether gridd runs while no license is held.
 const UNIT_CHECK: Duration = Duration::from_secs(5);
 /// While something may change with time alone (grace, backoff, acquiring): look every second.
@@ -382,8 +391,11 @@ impl Core {
                 .is_some_and(|(said, asked)| said + chrono::Duration::seconds(1) <= asked)
         };
         let shown = before(self.schedule.smi_started);
+        // A renewal of the lease nvidia-smi shows says its new expiry itself: nothing a
+        // reading would tell.
+        let renewal = kind == EventKind::Renewed && self.lease_renewed(&e, now);
         match kind {
-            EventKind::Acquired | EventKind::Renewed if !shown => {
+            EventKind::Acquired | EventKind::Renewed if !shown && !renewal => {
                 self.seen.license_said = Some(now.mono);
             }
             EventKind::Shutdown | EventKind::Started => self.seen.license_said = None,
@@ -398,7 +410,7 @@ impl Core {
             self.seen.gridd_pid = e.pid;
         }
         self.seen.fold.push(e);
-        if !shown {
+        if !shown && !renewal {
             self.schedule
                 .smi_soon(now.mono + Duration::from_millis(300));
         }
@@ -424,6 +436,41 @@ impl Core {
         {
             self.check_unit(now, fx);
         }
+    }
+
+    /// A renewal line of the lease the last reading showed: the lease moves to the expiry it
+    /// gives (its stall judged from now on), and the next reading's deadline with it, with no
+    /// reading. Whether it was that (else it is read as any line of gridd's): the reading
+    /// shows a license, and the line's expiry is no earlier than the lease known (this boot's
+    /// older lines, read at start, move nothing).
+    fn lease_renewed(&mut self, e: &GriddEvent, now: Now) -> bool {
+        let licensed = self.seen.smi_error.is_none()
+            && self
+                .seen
+                .smi
+                .as_ref()
+                .is_some_and(|s| crate::state::smi_state(s) == State::Licensed);
+        let (Some(new), Some((old, _)), true) = (
+            e.what.expiry.map(crate::time::whole_secs),
+            self.seen.lease,
+            licensed,
+        ) else {
+            return false;
+        };
+        if new < old {
+            return false;
+        }
+        if new > old {
+            self.seen.lease = Some((new, now.wall));
+            self.seen.lease_at_start = false;
+            self.seen.lease_line = Some(now.mono);
+            // A reading on its way sets the pace when it answers.
+            if !self.busy.smi {
+                let next = self.paced(now);
+                self.schedule.set(Timer::Smi, next);
+            }
+        }
+        true
     }
 
     /// systemd's answer about gridd's unit: believed unless the agent's own work was under
@@ -576,9 +623,9 @@ impl Core {
                 .max(now.mono);
         }
         // nvidia-smi's turn keeps its own time: the licensed pace is the config's
-        // (poll_licensed_seconds, "every 5 minutes"), not the next heartbeat after it (every
-        // 6 minutes with a 2-minute heartbeat). The token's periodic look (half an hour
-        // apart) comes on the heartbeat's wakeups, at most one heartbeat late.
+        // (poll_licensed_seconds, "every hour") or the lease's expiry, not the next heartbeat
+        // after it. The token's periodic look (half an hour apart) comes on the heartbeat's
+        // wakeups, at most one heartbeat late.
         let beat = self.published.beat + self.heartbeat;
         let mut at = self.schedule.smi().map_or(beat, |smi| beat.min(smi));
         if !self.quiet() {
@@ -651,13 +698,21 @@ impl Core {
         }
     }
 
-    /// The time to the next periodic reading: the licensed pace while the report says
-    /// licensed (before the first report, while the reading just made does), a minute near
-    /// the lease's end, and the short pace without a license.
-    fn smi_interval(&self, now: Now) -> Duration {
+    /// When the next reading is due with nothing happening (monotonic), counted from the
+    /// last answer. Without a license: `poll_unlicensed` after it. With one, nvidia-smi is
+    /// the safety net, not the clock: every change that matters comes with a line of gridd's
+    /// (acquired, renewed, failed, returned, shut down), a restart or a driver pod's sign,
+    /// each of which asks for its own reading, or falls at a deadline known here. So the next
+    /// one comes `poll_licensed` after the last (an hour by default), or just after the
+    /// lease's expiry where that comes first: a renewal is gridd's line and moves the lease
+    /// with no reading ([`Core::lease_renewed`]), so an expiry reached without one is the
+    /// deadline by which gridd should have logged it. A lease already past its expiry, still
+    /// shown, is read at the unlicensed pace.
+    fn paced(&self, now: Now) -> Duration {
         let svc = &self.settings.service;
+        let from = self.schedule.smi_answered.unwrap_or(now.mono);
         // The reading just taken shows no license (gridd returned it, the driver pod is
-        // going): the report of the reading before may still say licensed, and its 5-minute
+        // going): the report of the reading before may still say licensed, and its long
         // interval would hide what comes next (the pod's root gone, a new pod).
         let fresh_unlicensed = self.seen.smi_error.is_some()
             || self
@@ -665,27 +720,24 @@ impl Core {
                 .smi
                 .as_ref()
                 .is_some_and(|s| !s.no_device && crate::state::smi_state(s) != State::Licensed);
-        if fresh_unlicensed {
-            return svc.poll_unlicensed;
-        }
-        let expiry = match &self.published.report {
-            Some(r) if r.state == State::Licensed => {
-                r.license.as_ref().and_then(|l| l.expiry).map(Some)
-            }
+        let licensed = match &self.published.report {
+            Some(r) => r.state == State::Licensed,
+            // Before the first report, as the reading just made says.
             None => self
                 .seen
                 .smi
                 .as_ref()
-                .filter(|s| crate::state::smi_state(s) == State::Licensed)
-                .map(lease_expiry),
-            Some(_) => return svc.poll_unlicensed,
+                .is_some_and(|s| crate::state::smi_state(s) == State::Licensed),
         };
-        match expiry {
-            None => svc.poll_unlicensed,
-            Some(Some(e)) if (e - now.wall).num_seconds() < 3600 => {
-                svc.poll_licensed.min(Duration::from_secs(60))
-            }
-            Some(_) => svc.poll_licensed,
+        if fresh_unlicensed || !licensed {
+            return from + svc.poll_unlicensed;
+        }
+        let most = from + svc.poll_licensed;
+        match self.seen.lease.map(|(exp, _)| (exp - now.wall).to_std()) {
+            // Licensed without an expiry (`Expiry: N/A`, a cloud provider's): nothing falls due.
+            None => most,
+            Some(Ok(left)) if !left.is_zero() => most.min(now.mono + left + AFTER_EXPIRY),
+            Some(_) => from + svc.poll_unlicensed,
         }
     }
 
@@ -715,8 +767,15 @@ impl Core {
                 if crate::state::smi_state(&s) == State::Licensed {
                     self.probing.failure = None;
                 }
+                // A reading begun before a renewal line was heard shows the lease from
+                // before it.
+                let older = self
+                    .seen
+                    .lease_line
+                    .is_some_and(|heard| self.schedule.smi_began < heard);
                 let lease = match (lease_expiry(&s), self.seen.lease) {
                     (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
+                    (Some(exp), Some((old, since))) if exp < old && older => Some((old, since)),
                     (Some(exp), _) => Some((exp, now.wall)),
                     (None, _) => None,
                 };
@@ -740,7 +799,8 @@ impl Core {
         // Something gridd said while this reading ran (a restart) keeps the reading it asked
         // for: this one may show the license from before it.
         // (An event's earlier reading, asked meanwhile, stays: see `Schedule::smi_soon`.)
-        let next = now.mono + self.smi_interval(now);
+        self.schedule.smi_answered = Some(now.mono);
+        let next = self.paced(now);
         self.schedule.set(Timer::Smi, next);
     }
 

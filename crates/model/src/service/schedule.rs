@@ -33,10 +33,14 @@ pub(super) enum Timer {
 /// How many timers there are.
 const TIMERS: usize = Timer::TokenRead as usize + 1;
 
-/// The timers' deadlines (`None`: not set), and when the last reading was started.
+/// The timers' deadlines (`None`: not set), and when the last reading was started and
+/// answered.
 #[derive(Debug, Default)]
 pub(super) struct Schedule {
     at: [Option<Duration>; TIMERS],
+    /// When the last reading answered (monotonic): the next starts [`SMI_FLOOR`] after it
+    /// at the soonest, whatever asks.
+    pub(super) smi_answered: Option<Duration>,
     /// When the last reading was started (the system's clock, as gridd's lines are dated),
     /// and on the monotonic clock.
     pub(super) smi_started: Option<DateTime<Utc>>,
@@ -79,12 +83,14 @@ impl Schedule {
         self.set_earlier(Timer::SmiSoon, at);
     }
 
-    /// When nvidia-smi is next read: its pace, or sooner for an event.
+    /// When nvidia-smi is next read: its pace, or sooner for an event; never sooner than
+    /// [`SMI_FLOOR`] after the last answer, so that no flood of events runs it back to back.
     pub(super) fn smi(&self) -> Option<Duration> {
-        [self.at(Timer::Smi), self.at(Timer::SmiSoon)]
+        let due = [self.at(Timer::Smi), self.at(Timer::SmiSoon)]
             .into_iter()
             .flatten()
-            .min()
+            .min()?;
+        Some(self.smi_answered.map_or(due, |a| due.max(a + SMI_FLOOR)))
     }
 
     /// A reading starts: nothing more is asked of nvidia-smi until it answers.

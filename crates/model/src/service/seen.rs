@@ -26,6 +26,9 @@ pub(super) struct Seen {
     pub(super) legacy_server: Option<String>,
     /// The lease's expiry as nvidia-smi last showed it, and since when it has not moved.
     pub(super) lease: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// When a renewal line last moved the lease (monotonic): a reading begun before it shows
+    /// the lease from before.
+    pub(super) lease_line: Option<Duration>,
     /// That lease was there at the agent's first reading: as old as it is, not one the agent
     /// saw come (gridd's failures since it came still count).
     pub(super) lease_at_start: bool,
@@ -61,6 +64,7 @@ impl Seen {
             token_dir_changed: None,
             legacy_server: None,
             lease: None,
+            lease_line: None,
             lease_at_start: false,
             last_shutdown: None,
             clone: None,

@@ -30,6 +30,21 @@ fn an_event_brings_nvidia_smis_reading_forward_never_back() {
 }
 
 #[test]
+fn whatever_asks_a_reading_starts_a_floor_after_the_last_answer() {
+    let mut due = Schedule::default();
+    due.set(Timer::Smi, secs(3600));
+    due.smi_answered = Some(secs(10));
+    due.smi_soon(secs(10));
+    assert_eq!(due.smi(), Some(secs(10) + SMI_FLOOR), "not back to back");
+    due.smi_soon(secs(5));
+    assert_eq!(due.smi(), Some(secs(10) + SMI_FLOOR));
+    let mut later = Schedule::default();
+    later.smi_answered = Some(secs(10));
+    later.smi_soon(secs(30));
+    assert_eq!(later.smi(), Some(secs(30)), "a later one keeps its time");
+}
+
+#[test]
 fn status_json_is_written_on_news_or_a_new_observation_and_reports_keep_their_gap() {
     let heartbeat = secs(30);
     let mut p = Published {
