@@ -108,6 +108,13 @@ fn journal_args_of(settings: &Settings, follow: bool, boot: &str) -> Vec<String>
         ]
         .map(String::from),
     );
+    // And systemd's own lines about gridd's unit (started, stopped, failed, its process
+    // killed): `_PID=1` is journald's, so no other process can forge them.
+    argv.extend([
+        "+".into(),
+        "_PID=1".into(),
+        format!("UNIT={}", settings.gridd.unit),
+    ]);
     argv
 }
 

@@ -1537,11 +1537,16 @@ fn a_lease_near_its_end_with_gridd_silent_is_read_at_its_expiry_and_not_before()
 #[test]
 fn a_failure_a_unit_stop_and_a_driver_pod_change_are_read_within_two_seconds() {
     type Happen = fn(&mut Sim);
-    let cases: [(&str, Happen); 3] = [
+    let cases: [(&str, Happen); 4] = [
         ("a failure line", |sim| sim.log(NETWORK)),
         ("the unit stopping", |sim| {
             sim.world.unit = Some(Err("nvidia-gridd.service is inactive".into()));
             sim.log("Shutdown (100)");
+        }),
+        // gridd killed outright says nothing; systemd's own line about its unit does.
+        ("systemd's line about the unit", |sim| {
+            sim.world.unit = Some(Err("nvidia-gridd.service is failed".into()));
+            sim.handle(Event::GriddUnitLine);
         }),
         ("the driver pod", |sim| sim.handle(Event::DriverPodChanged)),
     ];
@@ -1557,6 +1562,15 @@ fn a_failure_a_unit_stop_and_a_driver_pod_change_are_read_within_two_seconds() {
             after.first().is_some_and(|&t| t >= at && t <= at + S(2)),
             "{what}: read at {after:?}, happened at {at:?}"
         );
+        if what == "systemd's line about the unit" {
+            assert_eq!(
+                sim.core
+                    .report()
+                    .and_then(|r| r.failure.as_ref().map(|f| f.reason)),
+                Some(Reason::GriddNotRunning),
+                "{what}"
+            );
+        }
     }
 }
 

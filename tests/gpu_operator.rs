@@ -1163,17 +1163,25 @@ fn scenario_day_two_the_marker_going_first_is_no_verdict_on_the_token() {
     // A minute without the pod: readings every 15 s, one line.
     let v = watch_never(&a, Duration::from_secs(60), "token_missing");
     assert_eq!(reason(&v), Some("driver_unavailable"), "{v:#}");
-    let said = a
-        .journal_lines()
-        .iter()
-        .filter(|l| {
-            // The failure's own line (after its MESSAGE_ID), not the state change's.
-            l.split_once("] ")
-                .map_or(l.as_str(), |(_, m)| m)
-                .starts_with("driver_unavailable: ")
-        })
-        .count();
-    assert_eq!(said, 1, "{}", a.context());
+    // The failure's own line (after its MESSAGE_ID), not the state change's; waited for, as
+    // journald may write it late on a loaded machine.
+    let said = || {
+        a.journal_lines()
+            .iter()
+            .filter(|l| {
+                l.split_once("] ")
+                    .map_or(l.as_str(), |(_, m)| m)
+                    .starts_with("driver_unavailable: ")
+            })
+            .count()
+    };
+    sim::wait_for(
+        "driver_unavailable in the journal",
+        T,
+        || (said() > 0).then_some(()),
+        || a.context(),
+    );
+    assert_eq!(said(), 1, "{}", a.context());
 
     std::fs::remove_dir(&root).unwrap();
     std::fs::rename(&away, &root).unwrap();

@@ -162,6 +162,27 @@ check_explained_failure() {
 	grep -q 'Synchronize the clock' <<<"$out"
 }
 
+# gridd killed outright (SIGKILL: it logs nothing) is seen from systemd's own journal line
+# about its unit (`_PID=1`), not at the next reading an hour away: the agent says
+# gridd_not_running within seconds. gridd is then started again (by the agent's remedy or
+# here) and licensed.
+gridd_not_running_lines() {
+	guest journalctl -b --no-pager -o cat _SYSTEMD_UNIT="$NAME.service" MESSAGE_ID="$(catalog_id 'gridd_not_running')" | wc -l
+}
+gridd_not_running_more_than() { [ "$(gridd_not_running_lines)" -gt "$1" ]; }
+check_gridd_killed() {
+	local before
+	before=$(gridd_not_running_lines)
+	guest systemctl kill --signal=SIGKILL nvidia-gridd.service || return 1
+	wait_until 15 gridd_not_running_more_than "$before" || {
+		agent_journal_tail
+		guest systemctl start nvidia-gridd.service
+		return 1
+	}
+	guest systemctl start nvidia-gridd.service
+	wait_until 60 agent_licensed
+}
+
 agent_checks() {
 	if [ -n "$SIM_MISSING" ]; then
 		echo "[$SUITE] no agent checks: $SIM_MISSING (counted once, above)" >&2
@@ -173,6 +194,7 @@ agent_checks() {
 	check "the agent is active" check_agent_active
 	check "a token dropped with mode 0600 is fixed to 0744, gridd.conf's FeatureType=0 set to 1, nvidia-gridd.service restarted" check_token_dropped
 	check "vgpu-license-agent status --wait 60 exits 0 once licensed, from the service's report" check_status_wait
+	check "gridd killed outright: gridd_not_running within seconds, from systemd's line about its unit" check_gridd_killed
 	check "the agent follows gridd's journal of this boot (its report lists gridd's acquisition)" check_follows_the_journal
 	check "systemctl status shows the agent's state line" check_systemctl_status
 	check "journalctl -x explains an injected failure (clock skew) from the catalog" check_explained_failure

@@ -178,6 +178,9 @@ async fn follow(
         tokio::select! {
             more = next_line(&mut journalctl.stdout, &mut line) => match more {
                 Ok(true) => {
+                    if from_systemd(&line) {
+                        let _ = tx.send(Event::GriddUnitLine);
+                    }
                     parser.feed(&line);
                     while let Ok(e) = erx.try_recv() {
                         let _ = tx.send(Event::Gridd(Box::new(e)));
@@ -189,6 +192,14 @@ async fn follow(
             _ = stop.changed() => return None,
         }
     }
+}
+
+/// Whether a line of journalctl's JSON is systemd's own (`_PID` 1, which journald fills in
+/// from the sender's credentials): the follower's filter passes only its lines about
+/// gridd's unit.
+fn from_systemd(line: &[u8]) -> bool {
+    memchr::memmem::find(line, b"\"_PID\"").is_some()
+        && serde_json::from_slice::<serde_json::Value>(line).is_ok_and(|v| v["_PID"] == "1")
 }
 
 /// A journal this user may not read never becomes readable by restarting: said, and the
@@ -233,5 +244,16 @@ mod tests {
         assert!(line.capacity() <= FOLLOW_MAX_LINE);
         // A last line without its newline is no whole entry.
         assert!(!next_line(&mut r, &mut line).await.unwrap());
+    }
+
+    #[test]
+    fn systemd_s_own_lines_are_told_from_gridd_s() {
+        let systemd = br#"{"_PID":"1","_UID":"0","UNIT":"nvidia-gridd.service","MESSAGE":"nvidia-gridd.service: Main process exited, code=killed, status=9/KILL"}"#;
+        assert!(from_systemd(systemd));
+        let gridd = br#"{"_PID":"812","_UID":"0","_COMM":"nvidia-gridd","MESSAGE":"License acquired successfully."}"#;
+        assert!(!from_systemd(gridd));
+        // A process that names itself so in its message, not in journald's field, is not.
+        let forged = br#"{"_PID":"4242","MESSAGE":"\"_PID\":\"1\""}"#;
+        assert!(!from_systemd(forged));
     }
 }

@@ -123,6 +123,11 @@ pub enum Event {
     TokenDirChanged,
     /// On a GPU Operator node, the driver pod's root or its ready marker changed.
     DriverPodChanged,
+    /// systemd (the journal's `_PID=1`, a field no other process can forge) logged a line
+    /// about gridd's unit: it started, stopped, failed or its process was killed. Its state
+    /// is asked again, and nvidia-smi read soon: gridd's death shows there only at the
+    /// lease's end.
+    GriddUnitLine,
     Adopted(Result<Box<Outcome>, AdoptError>),
     Restarted(Result<(), String>),
     Probed {
@@ -354,6 +359,12 @@ impl Core {
             // Where the driver runs is looked at with the reading; a moment later, so that
             // the pod's other steps (the marker, the root, gridd) are done, and after a
             // reading on its way, which may predate the change.
+            Event::GriddUnitLine => {
+                self.busy.unit.gridd_moved();
+                self.check_unit(now, &mut fx);
+                self.schedule
+                    .smi_soon(now.mono + Duration::from_millis(300));
+            }
             Event::DriverPodChanged => self
                 .schedule
                 .smi_soon(now.mono + Duration::from_millis(300)),
