@@ -652,3 +652,85 @@ fn scenario_a_refused_taint_is_said_as_the_taint() {
         || a.context(),
     );
 }
+
+/// An Event on a KubeVirt VMI from a vGPU host: the VMI read first and confirmed by its
+/// firmware UUID (the VM UUID the vGPU manager shows), then one Event created on it, of the
+/// shape the API validates; refused without the host's ClusterRole (403, naming it), and
+/// never sent to a VMI whose firmware UUID is another VM's.
+#[test]
+fn an_event_goes_to_the_vmi_its_firmware_uuid_confirms() {
+    use vgpu_license_agent::kube::events::{VmEvent, post};
+    let api = FakeApi::start(TOKEN, vec![node_object("gpu-host-1", vec![])]);
+    let uuid = "43f26719-90d9-4b25-80eb-040b44132eb8";
+    api.set_vmi("tenant-b", "vm-b", uuid);
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    std::fs::write(&kc, crate::trust::kubeconfig(&api, None)).unwrap();
+    std::fs::set_permissions(&kc, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut settings = vgpu_license_agent::config::Settings::default();
+    settings.kubernetes.kubeconfig = Some(kc);
+    settings.kubernetes.node_name = Some("gpu-host-1".into());
+    let target = vgpu_license_agent::kube::target(&settings)
+        .unwrap()
+        .unwrap();
+    let event = VmEvent {
+        namespace: "tenant-b".into(),
+        vmi: "vm-b".into(),
+        vm_uuid: Some(uuid.to_uppercase()),
+        warning: true,
+        reason: "VgpuRestricted".into(),
+        message: "vGPU NVIDIA L40S-24Q (vGPU ID 2) on GPU 00000000:41:00.0: Unlicensed (Restricted): throttled".into(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut session = vgpu_license_agent::kube::Session::default();
+    let mut send = |e: &VmEvent| rt.block_on(post(&target, &mut session, e, chrono::Utc::now()));
+
+    let err = send(&event).unwrap_err().to_string();
+    assert!(
+        err.contains("403") && err.contains("deploy/kubernetes/host/"),
+        "{err}"
+    );
+    assert!(api.events().is_empty());
+
+    api.grant_host();
+    send(&event).unwrap();
+    let events = api.events();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let e = &events[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["reason"], "VgpuRestricted");
+    assert_eq!(e["source"]["component"], "vgpu-license-agent");
+    assert_eq!(e["involvedObject"]["kind"], "VirtualMachineInstance");
+    assert_eq!(
+        e["involvedObject"]["uid"].as_str(),
+        api.vmi_uid("tenant-b", "vm-b").as_deref()
+    );
+    assert_eq!(e["metadata"]["namespace"], "tenant-b");
+
+    // The VMI made again under that name for another VM: no Event, and said.
+    api.set_vmi("tenant-b", "vm-b", "00000000-0000-0000-0000-000000000001");
+    let err = send(&event).unwrap_err().to_string();
+    assert!(
+        err.contains("firmware UUID") && err.contains("no Event"),
+        "{err}"
+    );
+    assert_eq!(api.events().len(), 1);
+    // A VMI that is gone: 404, said as such.
+    let gone = VmEvent {
+        vmi: "vm-gone".into(),
+        ..event.clone()
+    };
+    let err = send(&gone).unwrap_err().to_string();
+    assert!(err.contains("404") && err.contains("no such VMI"), "{err}");
+    // Only the VMI and the Events were asked for.
+    for r in api.requests() {
+        assert!(
+            r.starts_with("GET /apis/kubevirt.io/v1/namespaces/tenant-b/virtualmachineinstances/")
+                || r.starts_with("POST /api/v1/namespaces/tenant-b/events "),
+            "{r}"
+        );
+    }
+}

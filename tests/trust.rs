@@ -342,7 +342,7 @@ fn a_node_name_that_is_no_node_name_is_refused() {
 }
 
 /// A kubeconfig in JSON form for `api`, its token in `token_file` where given.
-fn kubeconfig(api: &FakeApi, token_file: Option<&std::path::Path>) -> String {
+pub(crate) fn kubeconfig(api: &FakeApi, token_file: Option<&std::path::Path>) -> String {
     let user = match token_file {
         Some(f) => serde_json::json!({"tokenFile": f}),
         None => serde_json::json!({"token": SA_TOKEN}),

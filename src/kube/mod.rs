@@ -18,6 +18,7 @@
 //! in the journal and the counter `vgpu_license_node_condition_errors_total`, retried with
 //! backoff, never a stall of anything else.
 
+pub mod events;
 mod kubeconfig;
 pub mod secret;
 mod writer;
@@ -270,7 +271,7 @@ fn owned_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
 /// The HTTPS client to the API, and the client certificate it was made with: made again
 /// where the certificate on disk changed (the kubelet rotates its own in place).
 #[derive(Default)]
-pub(crate) struct Session {
+pub struct Session {
     held: Option<(Client, Option<Vec<u8>>)>,
 }
 
@@ -372,6 +373,16 @@ impl Api {
                 .map(|b| String::from_utf8_lossy(&b).trim().to_string())
                 .map_err(|e| file_error(p, "the kubeconfig's tokenFile", &e)),
         }
+    }
+
+    /// The API's URL with these path segments (each escaped as one segment).
+    fn path_url(&self, segments: &[&str]) -> anyhow::Result<Url> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|_| anyhow!("the API's URL cannot take a path"))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
     }
 
     fn url(&self, status: bool) -> anyhow::Result<Url> {

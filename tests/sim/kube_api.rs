@@ -71,6 +71,13 @@ struct Inner {
     /// Secrets by `namespace/name`, and the names the service account may get.
     secrets: Mutex<BTreeMap<String, Value>>,
     secret_grants: Mutex<Vec<String>>,
+    /// KubeVirt's VirtualMachineInstances by `namespace/name`.
+    vmis: Mutex<BTreeMap<String, Value>>,
+    /// The Events created, as the API stored them.
+    events: Mutex<Vec<Value>>,
+    /// The host agent's ClusterRole is applied: get on VirtualMachineInstances, create on
+    /// Events, nothing more.
+    host_grant: AtomicBool,
 }
 
 pub struct FakeApi {
@@ -151,6 +158,9 @@ impl FakeApi {
             client_certs: Mutex::new(BTreeMap::new()),
             secrets: Mutex::new(BTreeMap::new()),
             secret_grants: Mutex::new(Vec::new()),
+            vmis: Mutex::new(BTreeMap::new()),
+            events: Mutex::new(Vec::new()),
+            host_grant: AtomicBool::new(false),
         });
         let i = inner.clone();
         let thread = std::thread::spawn(move || accept_loop(listener, addr, i));
@@ -264,6 +274,37 @@ impl FakeApi {
 
     /// Grants the service account get on the one Secret `namespace/name` (a Role with
     /// `resourceNames`, bound to it).
+    /// A VirtualMachineInstance as KubeVirt makes it: its uid, and the firmware UUID that
+    /// virt-launcher gives the libvirt domain (the VM UUID the vGPU manager shows).
+    pub fn set_vmi(&self, namespace: &str, name: &str, firmware_uuid: &str) {
+        let uid = format!("{:08x}-0000-4000-8000-{:012x}", name.len(), namespace.len());
+        self.inner.vmis.lock().unwrap().insert(
+            format!("{namespace}/{name}"),
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                   "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                                "resourceVersion": "7"},
+                   "spec": {"domain": {"firmware": {"uuid": firmware_uuid}}},
+                   "status": {"phase": "Running"}}),
+        );
+    }
+
+    /// The uid of a VirtualMachineInstance [`FakeApi::set_vmi`] made.
+    pub fn vmi_uid(&self, namespace: &str, name: &str) -> Option<String> {
+        let vmis = self.inner.vmis.lock().unwrap();
+        let v = vmis.get(&format!("{namespace}/{name}"))?;
+        v["metadata"]["uid"].as_str().map(String::from)
+    }
+
+    /// The host agent's ClusterRole applied: get VirtualMachineInstances, create Events.
+    pub fn grant_host(&self) {
+        self.inner.host_grant.store(true, Ordering::SeqCst);
+    }
+
+    /// The Events created so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.inner.events.lock().unwrap().clone()
+    }
+
     pub fn grant_secret(&self, namespace: &str, name: &str) {
         self.inner
             .secret_grants
@@ -355,6 +396,108 @@ fn accept_loop(listener: TcpListener, addr: SocketAddr, inner: Arc<Inner>) {
             Err(_) => std::thread::sleep(Duration::from_millis(10)),
         }
     }
+}
+
+/// `GET /apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/{name}`, with the
+/// host's ClusterRole.
+fn get_vmi(inner: &Inner, method: &str, rest: &str) -> (u16, Value) {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let (["namespaces", namespace, "virtualmachineinstances", name], "GET") = (&parts[..], method)
+    else {
+        return status(403, "Forbidden", &format!("cannot {method} {rest}"));
+    };
+    if !inner.host_grant.load(Ordering::SeqCst) {
+        return status(
+            403,
+            "Forbidden",
+            &format!(
+                "virtualmachineinstances.kubevirt.io \"{name}\" is forbidden: User \"system:serviceaccount:vgpu:agent\" cannot get resource \"virtualmachineinstances\" in API group \"kubevirt.io\" in the namespace \"{namespace}\""
+            ),
+        );
+    }
+    match inner
+        .vmis
+        .lock()
+        .unwrap()
+        .get(&format!("{namespace}/{name}"))
+    {
+        Some(v) => (200, v.clone()),
+        None => status(
+            404,
+            "NotFound",
+            &format!("virtualmachineinstances.kubevirt.io \"{name}\" not found"),
+        ),
+    }
+}
+
+/// `POST /api/v1/namespaces/{namespace}/events`, with the host's ClusterRole: the Event is
+/// checked as the API validates one (core/v1: a name or generateName, the namespace of the
+/// path, an involvedObject with its kind, apiVersion, name, namespace and uid, a reason, a
+/// type Normal or Warning, a message), stored and echoed.
+fn create_event(inner: &Inner, namespace: &str, body: &[u8]) -> (u16, Value) {
+    if !inner.host_grant.load(Ordering::SeqCst) {
+        return status(
+            403,
+            "Forbidden",
+            &format!(
+                "events is forbidden: User \"system:serviceaccount:vgpu:agent\" cannot create resource \"events\" in API group \"\" in the namespace \"{namespace}\""
+            ),
+        );
+    }
+    let Ok(mut e) = serde_json::from_slice::<Value>(body) else {
+        return status(400, "BadRequest", "the body is not JSON");
+    };
+    let text = |v: &Value| v.as_str().is_some_and(|s| !s.is_empty());
+    let o = &e["involvedObject"];
+    let problems: Vec<&str> = [
+        (
+            e["kind"] == "Event" && e["apiVersion"] == "v1",
+            "kind/apiVersion",
+        ),
+        (
+            text(&e["metadata"]["name"]) || text(&e["metadata"]["generateName"]),
+            "metadata.name",
+        ),
+        (
+            e["metadata"]["namespace"].is_null() || e["metadata"]["namespace"] == namespace,
+            "metadata.namespace",
+        ),
+        (
+            o["kind"] == "VirtualMachineInstance" && o["apiVersion"] == "kubevirt.io/v1",
+            "involvedObject.kind",
+        ),
+        (
+            text(&o["name"]) && text(&o["uid"]),
+            "involvedObject.name/uid",
+        ),
+        (o["namespace"] == namespace, "involvedObject.namespace"),
+        (text(&e["reason"]), "reason"),
+        (e["type"] == "Normal" || e["type"] == "Warning", "type"),
+        (text(&e["message"]), "message"),
+        (text(&e["source"]["component"]), "source.component"),
+    ]
+    .into_iter()
+    .filter(|(ok, _)| !ok)
+    .map(|(_, what)| what)
+    .collect();
+    if !problems.is_empty() {
+        return status(
+            422,
+            "Invalid",
+            &format!("Event is invalid: {}", problems.join(", ")),
+        );
+    }
+    let mut events = inner.events.lock().unwrap();
+    if e["metadata"]["name"].is_null() {
+        let prefix = e["metadata"]["generateName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        e["metadata"]["name"] = Value::String(format!("{prefix}{:05}", events.len()));
+    }
+    e["metadata"]["namespace"] = Value::String(namespace.to_string());
+    events.push(e.clone());
+    (201, e)
 }
 
 /// `GET {namespace}/secrets/{name}`, for a service account with get on that one name.
@@ -464,6 +607,17 @@ fn route(
                 ),
             );
         }
+    }
+    if let Some(vmi) = rest_path.strip_prefix("/apis/kubevirt.io/v1/") {
+        return get_vmi(inner, method, vmi);
+    }
+    if let Some(namespace) = rest_path
+        .strip_prefix("/api/v1/namespaces/")
+        .and_then(|r| r.strip_suffix("/events"))
+        .filter(|ns| !ns.contains('/'))
+        && method == "POST"
+    {
+        return create_event(inner, namespace, body);
     }
     if let Some(secret) = rest_path.strip_prefix("/api/v1/namespaces/") {
         return get_secret(inner, method, secret);
