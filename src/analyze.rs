@@ -55,7 +55,7 @@ fn read_smi(path: &Path) -> Result<smi::SmiSnapshot, InputError> {
 }
 
 /// Reads a saved log for gridd's lines: standard input as a stream, a file in sections (see
-/// [`journal::scan_file`]). Standard input is read once, so its bytes go to `host` (the vGPU
+/// [`crate::observe::journal_file::scan_file`]). Standard input is read once, so its bytes go to `host` (the vGPU
 /// manager's lines) as they pass; a file is read for those only where it held none of
 /// gridd's (see [`scan_host_file`]).
 fn scan_journal(
@@ -81,7 +81,7 @@ fn scan_journal(
         if len > MAX_JOURNAL_BYTES as u64 {
             return Err(cannot(&ReadError::TooLarge(MAX_JOURNAL_BYTES)));
         }
-        journal::scan_file(&file, len, sink)
+        crate::observe::journal_file::scan_file(&file, len, sink)
     };
     stats.map_err(|e| cannot(&input::describe(&e)))
 }

@@ -3,4 +3,5 @@
 
 pub use vgpu_license_model::observe::*;
 
+pub mod journal_file;
 pub mod pci;

@@ -14,9 +14,7 @@
 //! stays close to `grep`'s.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::FileExt;
 
 use chrono::DateTime;
 use memchr::{memchr, memmem, memrchr};
@@ -276,8 +274,8 @@ fn json_entry(line: &[u8], trust: Trust) -> Option<JsonEntry> {
         .flatten()
 }
 
-/// One line of journal JSON, read (`None`: it is not JSON). Pure: the threads of
-/// [`scan_file`] read their sections' lines with it.
+/// One line of journal JSON, read (`None`: it is not JSON). Pure: the threads that read an
+/// export's sections ([`section_hits`]) read their lines with it.
 fn read_entry(line: &[u8], trust: Trust) -> Option<JsonEntry> {
     let entry = entry::read(line)?;
     let stamp = stamp_of(&entry);
@@ -520,99 +518,60 @@ fn last_line_time(line: &[u8]) -> Option<Stamp> {
     stamp_of(&entry::read(line)?)
 }
 
-/// Sections of this size are what the threads of [`scan_file`] search, one at a time.
-const SECTION: u64 = 8 << 20;
-/// The reads of each of those threads.
+/// The reads of a section's search ([`section_hits`]).
 const SECTION_CHUNK: usize = 256 << 10;
 
-/// Reads a saved log from a regular file ([`Trust::Export`]), as [`scan`] would, faster: a
-/// large `journalctl -o json` export is searched by a thread per CPU (at most 4), each taking
-/// a section of the file at a time, and the lines holding gridd's name are parsed in the
-/// file's order; events and stats are the same. Memory stays flat: a few sections are in
-/// flight at once. Reads the file's first `len` bytes.
-pub fn scan_file<F: FnMut(GriddEvent)>(file: &File, len: u64, sink: F) -> io::Result<ScanStats> {
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-    scan_file_with(file, len, SECTION, workers, sink)
+/// A large `journalctl -o json` export can be searched a section at a time, sections at once
+/// (the agent's threads, each reading its own part of the file): [`section_hits`] gives the
+/// lines of a section that hold gridd's name, and [`SectionFold`] parses them in the file's
+/// order; events and stats are what [`scan`] gives for the whole. Whether a file is such an
+/// export: [`starts_with_json`].
+pub struct SectionFold<F: FnMut(GriddEvent)> {
+    parser: LineParser<F>,
+    /// The last line of the sections so far: its time is the log's last time.
+    last_line: Vec<u8>,
 }
 
-fn scan_file_with<F: FnMut(GriddEvent)>(
-    file: &File,
-    len: u64,
-    section: u64,
-    workers: usize,
-    sink: F,
-) -> io::Result<ScanStats> {
-    let whole = At {
-        file,
-        pos: 0,
-        end: len,
-    };
-    if workers < 2 || len < 2 * section || !starts_with_json(file, len)? {
-        return scan_with(whole, Trust::Export, sink);
-    }
-    let mut sc = LineParser::with_trust(sink, Trust::Export);
-    let finder = memmem::Finder::new(IDENT.as_bytes());
-    let sections = len.div_ceil(section);
-    let mut last_line = Vec::new();
-    std::thread::scope(|scope| -> io::Result<()> {
-        let mut results = Vec::new();
-        for w in 0..workers {
-            let (tx, rx) = std::sync::mpsc::sync_channel(2);
-            results.push(rx);
-            let finder = &finder;
-            scope.spawn(move || {
-                let mut buf = Vec::new();
-                for k in (w as u64..sections).step_by(workers) {
-                    let start = k * section;
-                    let end = (start + section).min(len);
-                    let hits = section_hits(file, start, end, len, finder, &mut buf);
-                    let failed = hits.is_err();
-                    if tx.send(hits).is_err() || failed {
-                        break;
-                    }
-                }
-            });
+impl<F: FnMut(GriddEvent)> SectionFold<F> {
+    pub fn new(sink: F) -> Self {
+        SectionFold {
+            parser: LineParser::with_trust(sink, Trust::Export),
+            last_line: Vec::new(),
         }
-        for k in 0..sections {
-            let hits = results[(k % workers as u64) as usize]
-                .recv()
-                .map_err(|_| io::Error::other("a reading thread stopped"))??;
-            for hit in hits.lines {
-                match hit {
-                    Hit::Entry(entry) => {
-                        sc.line_no += 1;
-                        sc.entry(entry);
-                    }
-                    Hit::Other(line) => sc.line(&line, true),
-                }
-            }
-            if !hits.last.is_empty() {
-                last_line = hits.last;
-            }
-            sc.stats.bytes += hits.bytes;
-            sc.stats.skipped_long_lines += hits.skipped_long;
-        }
-        Ok(())
-    })?;
-    if let Some(t) = last_line_time(&last_line) {
-        sc.stats.last_stamp = Some(t);
     }
-    Ok(sc.stats)
+
+    /// The next section's hits, in the file's order.
+    pub fn add(&mut self, hits: Hits) {
+        let sc = &mut self.parser;
+        for hit in hits.lines {
+            match hit {
+                Hit::Entry(entry) => {
+                    sc.line_no += 1;
+                    sc.entry(entry);
+                }
+                Hit::Other(line) => sc.line(&line, true),
+            }
+        }
+        if !hits.last.is_empty() {
+            self.last_line = hits.last;
+        }
+        sc.stats.bytes += hits.bytes;
+        sc.stats.skipped_long_lines += hits.skipped_long;
+    }
+
+    /// What the sections held, as [`scan`] says it.
+    pub fn finish(mut self) -> ScanStats {
+        if let Some(t) = last_line_time(&self.last_line) {
+            self.parser.stats.last_stamp = Some(t);
+        }
+        self.parser.stats
+    }
 }
 
-/// Whether the first byte of the file that is not white space is a `{` (it is read in JSON
+/// Whether the first byte of a log that is not white space is a `{` (it is read in JSON
 /// mode).
-fn starts_with_json(file: &File, len: u64) -> io::Result<bool> {
-    let mut lines = Lines::new(
-        At {
-            file,
-            pos: 0,
-            end: len,
-        },
-        64 << 10,
-        MAX_LINE,
-        false,
-    );
+pub fn starts_with_json<R: Read>(reader: R) -> io::Result<bool> {
+    let mut lines = Lines::new(reader, 64 << 10, MAX_LINE, false);
     while let Some((_, region)) = lines.next_region()? {
         if let Some(i) = region.iter().position(|b| !b.is_ascii_whitespace()) {
             return Ok(region[i] == b'{');
@@ -624,7 +583,7 @@ fn starts_with_json(file: &File, len: u64) -> io::Result<bool> {
 /// What one section of a JSON export holds for the parser: its lines that hold gridd's name
 /// (read), its last line, and what was read.
 #[derive(Default)]
-struct Hits {
+pub struct Hits {
     lines: Vec<Hit>,
     last: Vec<u8>,
     bytes: u64,
@@ -649,23 +608,18 @@ impl Hit {
     }
 }
 
-/// The hits of the lines that begin in `start..end` of the file's first `len` bytes (the last
-/// of them may end after `end`).
-fn section_hits(
-    file: &File,
+/// The hits of the lines of a log that begin in `start..end`, read from `reader`, which
+/// gives the log from the byte before `start` (from `start` itself where that is 0) to its
+/// end (the section's last line may end after `end`). `buf` is kept between calls.
+pub fn section_hits<R: Read>(
+    reader: R,
     start: u64,
     end: u64,
-    len: u64,
-    finder: &memmem::Finder,
     buf: &mut Vec<u8>,
 ) -> io::Result<Hits> {
     // From the byte before: when it is a newline, the section's first line begins at `start`.
     let from = start.saturating_sub(1);
-    let reader = At {
-        file,
-        pos: from,
-        end: len,
-    };
+    let finder = memmem::Finder::new(IDENT.as_bytes());
     let mut lines = Lines::with_buffer(
         reader,
         std::mem::take(buf),
@@ -688,7 +642,7 @@ fn section_hits(
         } else {
             region
         };
-        json_hits(region, finder, |line| hits.lines.push(Hit::read(line)));
+        json_hits(region, &finder, |line| hits.lines.push(Hit::read(line)));
         keep_last_line(region, &mut hits.last);
         if past {
             break;
@@ -698,26 +652,6 @@ fn section_hits(
     hits.skipped_long = lines.skipped_long;
     *buf = lines.into_buffer();
     Ok(hits)
-}
-
-/// `len` bytes of a file from `pos`, read at their offsets (threads share the file).
-struct At<'a> {
-    file: &'a File,
-    pos: u64,
-    end: u64,
-}
-
-impl Read for At<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = usize::try_from(self.end.saturating_sub(self.pos)).unwrap_or(usize::MAX);
-        let max = buf.len().min(left);
-        if max == 0 {
-            return Ok(0);
-        }
-        let n = self.file.read_at(&mut buf[..max], self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
@@ -1140,121 +1074,5 @@ mod tests {
         );
         assert_eq!(ev[0].what.kind, EventKind::Acquired);
         assert_eq!(ev[0].what.expiry, None);
-    }
-
-    /// A `journalctl -o json` export made of every gridd line of the bundled samples, with
-    /// other programs' entries, blank and CRLF lines, and gridd's name in other fields between.
-    fn export_of_samples() -> Vec<u8> {
-        let dir = concat!(
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../.."),
-            "/tests/fixtures/samples"
-        );
-        let mut names: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| {
-                p.file_name()
-                    .unwrap()
-                    .to_string_lossy()
-                    .starts_with("gridd-log-")
-            })
-            .collect();
-        names.sort();
-        let mut out = Vec::new();
-        let mut us = 1_700_000_000_000_000i64;
-        for (n, path) in names.iter().enumerate() {
-            for (i, line) in std::fs::read_to_string(path).unwrap().lines().enumerate() {
-                us += 1_000_000;
-                let message = serde_json::to_string(line).unwrap();
-                let entry = match (n + i) % 5 {
-                    0 => {
-                        format!(r#"{{"__REALTIME_TIMESTAMP":"{us}","_COMM":"sshd","MESSAGE":"x"}}"#)
-                    }
-                    1 => format!(
-                        r#"{{"__REALTIME_TIMESTAMP":"{us}","_COMM":"bash","MESSAGE":{message}}}"#
-                    ),
-                    2 => "\r".to_string(),
-                    _ => format!(
-                        r#"{{"__REALTIME_TIMESTAMP":"{us}","_UID":"0","_COMM":"nvidia-gridd","_PID":"{}","MESSAGE":{message}}}"#,
-                        100 + n
-                    ),
-                };
-                out.extend_from_slice(entry.as_bytes());
-                out.push(b'\n');
-            }
-        }
-        out
-    }
-
-    fn file_of(bytes: &[u8]) -> File {
-        let mut f = tempfile::tempfile().unwrap();
-        std::io::Write::write_all(&mut f, bytes).unwrap();
-        f
-    }
-
-    fn by_sections(bytes: &[u8], section: u64, workers: usize) -> (Vec<GriddEvent>, ScanStats) {
-        let mut v = Vec::new();
-        let st = scan_file_with(&file_of(bytes), bytes.len() as u64, section, workers, |e| {
-            v.push(e)
-        })
-        .unwrap();
-        (v, st)
-    }
-
-    #[test]
-    fn a_file_read_in_sections_gives_what_one_stream_gives() {
-        let export = export_of_samples();
-        let (want, want_stats) = events(std::str::from_utf8(&export).unwrap());
-        assert!(want.len() > 50, "{}", want.len());
-        assert!(want_stats.last_stamp.is_some());
-        for section in [1, 7, 64, 333, 4096] {
-            for workers in [2, 3] {
-                let (got, stats) = by_sections(&export, section, workers);
-                assert_eq!(got, want, "sections of {section}, {workers} threads");
-                assert_eq!(
-                    stats, want_stats,
-                    "sections of {section}, {workers} threads"
-                );
-            }
-        }
-        // Without a newline at its end, and cut at every line's edge.
-        let cut = export.strip_suffix(b"\n").unwrap();
-        let (want, want_stats) = events(std::str::from_utf8(cut).unwrap());
-        assert_eq!(by_sections(cut, 64, 2), (want, want_stats));
-    }
-
-    #[test]
-    fn a_line_longer_than_any_log_line_is_skipped_once_across_sections() {
-        let mut export = export_of_samples();
-        let n = export.len();
-        let long = format!(
-            r#"{{"_COMM":"nvidia-gridd","MESSAGE":"{}"}}"#,
-            "x".repeat(MAX_LINE)
-        );
-        export.splice(n / 2..n / 2, long.bytes().chain([b'\n']));
-        let export = [export.as_slice(), b"\n"].concat();
-        let mut want = Vec::new();
-        let want_stats = scan(&export[..], |e| want.push(e)).unwrap();
-        assert_eq!(want_stats.skipped_long_lines, 1);
-        let (got, stats) = by_sections(&export, 1 << 20, 2);
-        assert_eq!(stats, want_stats);
-        assert_eq!(got.len(), want.len());
-        assert_eq!(got, want);
-    }
-
-    #[test]
-    fn text_and_small_files_are_read_as_one_stream() {
-        let text = std::fs::read(concat!(
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../.."),
-            "/tests/fixtures/samples/gridd-log-fastapi-dls-1.txt"
-        ))
-        .unwrap();
-        let (want, want_stats) = events(std::str::from_utf8(&text).unwrap());
-        assert!(!want.is_empty());
-        assert_eq!(
-            by_sections(&text, 16, 2),
-            (want.clone(), want_stats.clone())
-        );
-        assert_eq!(by_sections(&text, 1 << 30, 2), (want, want_stats));
     }
 }
