@@ -164,6 +164,36 @@ fn journal_args_of(settings: &Settings, follow: bool, boot: &str) -> Vec<String>
     argv
 }
 
+/// The `journalctl` arguments that follow the vGPU manager's new entries on a host
+/// (`nvidia-vgpu-mgr`, one process per VM's vGPU): each is a sign that a VM changed.
+pub fn vgpu_mgr_journal_args(settings: &Settings) -> Vec<String> {
+    let ident = crate::model::observe::vgpu_mgr::IDENT;
+    let mut argv = vec![
+        settings.commands.journalctl.clone(),
+        this_boot_arg(settings),
+        "--output=json".into(),
+        "--no-pager".into(),
+        "--follow".into(),
+        "--lines=0".into(),
+    ];
+    // Root's entries only, as for gridd's (see `journal_args_of`).
+    for (i, field) in ["_COMM", "_SYSTEMD_UNIT", "SYSLOG_IDENTIFIER"]
+        .into_iter()
+        .enumerate()
+    {
+        if i > 0 {
+            argv.push("+".into());
+        }
+        let value = match field {
+            "_SYSTEMD_UNIT" => format!("{ident}.service"),
+            _ => ident.to_string(),
+        };
+        argv.push("_UID=0".into());
+        argv.push(format!("{field}={value}"));
+    }
+    argv
+}
+
 /// Reads gridd's journal of this boot into a fold.
 pub fn read_journal(
     settings: &Settings,
@@ -454,5 +484,30 @@ mod tests {
         assert!(!reads_host(&s, &q("Host VGPU")));
         s.service.role = ServiceRole::Host;
         assert!(reads_host(&s, &q("None")));
+    }
+
+    #[test]
+    fn the_vgpu_managers_journal_is_followed_from_now_root_s_entries_only() {
+        let argv = vgpu_mgr_journal_args(&Settings::default());
+        let matches: Vec<&str> = argv
+            .iter()
+            .map(String::as_str)
+            .skip_while(|a| a.starts_with('-') || *a == "journalctl")
+            .collect();
+        assert_eq!(
+            matches,
+            [
+                "_UID=0",
+                "_COMM=nvidia-vgpu-mgr",
+                "+",
+                "_UID=0",
+                "_SYSTEMD_UNIT=nvidia-vgpu-mgr.service",
+                "+",
+                "_UID=0",
+                "SYSLOG_IDENTIFIER=nvidia-vgpu-mgr"
+            ]
+        );
+        assert!(argv.iter().any(|a| a == "--follow"));
+        assert!(argv.iter().any(|a| a == "--lines=0"));
     }
 }
