@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use chrono::{DateTime, Utc};
 
 use crate::command;
-use crate::config::Settings;
+use crate::config::{ServiceRole, Settings};
 use crate::model::report::{Reason, Report};
 use crate::model::state::{LogFold, Observations};
 use crate::node::journal_boot::this_boot_arg;
@@ -36,38 +36,91 @@ pub fn read_smi(settings: &Settings) -> SmiRead {
 }
 
 fn read_smi_only(settings: &Settings) -> SmiRead {
+    let read = run_smi(settings, &["-q"]);
+    let SmiRead::Snapshot(snap) = read else {
+        return read;
+    };
+    if !reads_host(settings, &snap) {
+        return SmiRead::Snapshot(snap);
+    }
+    // A vGPU host: its VMs' vGPUs, each with the license its guest driver reports.
+    match run_smi(settings, &["vgpu", "-q"]) {
+        SmiRead::Snapshot(vgpus) if vgpus.host_view => {
+            SmiRead::Snapshot(host_snapshot(snap, vgpus))
+        }
+        // No `Active vGPUs` line: whatever it printed is no list of the host's vGPUs.
+        SmiRead::Snapshot(_) => SmiRead::Failed(format!(
+            "{} vgpu -q: its output lists no GPU's active vGPUs",
+            settings.commands.nvidia_smi
+        )),
+        failed => failed,
+    }
+}
+
+/// Whether the reading is a host's, whose VMs `nvidia-smi vgpu -q` lists: `service.role`
+/// says so, or, in `auto`, `nvidia-smi -q` shows `Virtualization Mode : Host VGPU` for a GPU
+/// (the vGPU manager's driver).
+pub fn reads_host(settings: &Settings, snap: &SmiSnapshot) -> bool {
+    match settings.service.role {
+        ServiceRole::Host => true,
+        ServiceRole::Guest => false,
+        ServiceRole::Auto => snap.gpus.iter().any(|g| {
+            g.virtualization_mode
+                .as_deref()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("Host VGPU"))
+        }),
+    }
+}
+
+/// The host's reading: `nvidia-smi -q`'s driver and time, `vgpu -q`'s VMs. The host's
+/// physical GPUs are no GPU of a guest's: none is listed as one.
+fn host_snapshot(q: SmiSnapshot, vgpus: SmiSnapshot) -> SmiSnapshot {
+    SmiSnapshot {
+        gpus: Vec::new(),
+        host_vgpus: vgpus.host_vgpus,
+        host_view: true,
+        ..q
+    }
+}
+
+/// Runs nvidia-smi with `args` (`-q`, `vgpu -q`) within the configured time limit.
+fn run_smi(settings: &Settings, args: &[&str]) -> SmiRead {
     // On a GPU Operator node, inside the driver container's root, where nvidia-smi finds
     // its libraries (the operator's maintainers' own advice): the file checked, by its path
     // inside the root, never a name PATH could find elsewhere.
-    let argv = match &settings.commands.smi_root {
+    let mut argv = match &settings.commands.smi_root {
         Some(root) => match crate::node::checked_smi(root, &settings.commands.nvidia_smi) {
             Ok(smi) => vec![
                 "chroot".to_string(),
                 root.display().to_string(),
                 smi.display().to_string(),
-                "-q".to_string(),
             ],
             Err(why) => return SmiRead::Failed(why),
         },
-        None => vec![settings.commands.nvidia_smi.clone(), "-q".to_string()],
+        None => vec![settings.commands.nvidia_smi.clone()],
+    };
+    argv.extend(args.iter().map(|a| a.to_string()));
+    // `nvidia-smi vgpu -q` where it is not `-q`: the reason says which.
+    let smi = match args {
+        ["-q"] => settings.commands.nvidia_smi.clone(),
+        _ => format!("{} {}", settings.commands.nvidia_smi, args.join(" ")),
     };
     match command::run(&argv, settings.commands.timeout) {
         Err(e @ command::RunError::TimedOut(_)) => SmiRead::TimedOut(format!(
-            "{}: {e} (commands.timeout_seconds); the driver may be hung: check `dmesg` for NVRM errors",
-            settings.commands.nvidia_smi
+            "{smi}: {e} (commands.timeout_seconds); the driver may be hung: check `dmesg` for NVRM errors"
         )),
         Err(e) if e.is_own_limit() => SmiRead::Unstarted(format!(
-            "the agent could not start {}: {e} (the agent's own limits: its unit's TasksMax= or LimitNOFILE=, or the guest's memory)",
-            settings.commands.nvidia_smi
+            "the agent could not start {smi}: {e} (the agent's own limits: its unit's TasksMax= or LimitNOFILE=, or the guest's memory)"
         )),
-        Err(e) => SmiRead::Failed(format!("{}: {e}", settings.commands.nvidia_smi)),
+        Err(e) => SmiRead::Failed(format!("{smi}: {e}")),
         Ok(out) => {
             let parsed = smi::parse(&out.stdout).unwrap_or_default();
-            if !out.status.success() && parsed.gpus.is_empty() {
+            let listed = !parsed.gpus.is_empty() || parsed.host_view;
+            if !out.status.success() && !listed {
                 let why = out
                     .last_line()
                     .unwrap_or_else(|| format!("exited with {}", out.status));
-                return SmiRead::Failed(format!("{}: {why}", settings.commands.nvidia_smi));
+                return SmiRead::Failed(format!("{smi}: {why}"));
             }
             SmiRead::Snapshot(parsed)
         }
@@ -115,6 +168,36 @@ fn journal_args_of(settings: &Settings, follow: bool, boot: &str) -> Vec<String>
         "_PID=1".into(),
         format!("UNIT={}", settings.gridd.unit),
     ]);
+    argv
+}
+
+/// The `journalctl` arguments that follow the vGPU manager's new entries on a host
+/// (`nvidia-vgpu-mgr`, one process per VM's vGPU): each is a sign that a VM changed.
+pub fn vgpu_mgr_journal_args(settings: &Settings) -> Vec<String> {
+    let ident = crate::model::observe::vgpu_mgr::IDENT;
+    let mut argv = vec![
+        settings.commands.journalctl.clone(),
+        this_boot_arg(settings),
+        "--output=json".into(),
+        "--no-pager".into(),
+        "--follow".into(),
+        "--lines=0".into(),
+    ];
+    // Root's entries only, as for gridd's (see `journal_args_of`).
+    for (i, field) in ["_COMM", "_SYSTEMD_UNIT", "SYSLOG_IDENTIFIER"]
+        .into_iter()
+        .enumerate()
+    {
+        if i > 0 {
+            argv.push("+".into());
+        }
+        let value = match field {
+            "_SYSTEMD_UNIT" => format!("{ident}.service"),
+            _ => ident.to_string(),
+        };
+        argv.push("_UID=0".into());
+        argv.push(format!("{field}={value}"));
+    }
     argv
 }
 
@@ -385,5 +468,53 @@ impl Source for Look {
 
     fn node(&self) -> Option<crate::model::state::NodeSeen> {
         Some(self.node.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(mode: &str) -> SmiSnapshot {
+        smi::parse_text(&format!(
+            "GPU 00000000:41:00.0\n    GPU Virtualization Mode\n        Virtualization Mode : {mode}\n        Host VGPU Mode : SR-IOV\n"
+        ))
+    }
+
+    #[test]
+    fn a_host_is_where_a_gpu_shows_host_vgpu_or_where_the_role_says() {
+        let mut s = Settings::default();
+        assert!(reads_host(&s, &q("Host VGPU")));
+        assert!(!reads_host(&s, &q("VGPU")));
+        assert!(!reads_host(&s, &q("Pass-Through")));
+        s.service.role = ServiceRole::Guest;
+        assert!(!reads_host(&s, &q("Host VGPU")));
+        s.service.role = ServiceRole::Host;
+        assert!(reads_host(&s, &q("None")));
+    }
+
+    #[test]
+    fn the_vgpu_managers_journal_is_followed_from_now_root_s_entries_only() {
+        let argv = vgpu_mgr_journal_args(&Settings::default());
+        let matches: Vec<&str> = argv
+            .iter()
+            .map(String::as_str)
+            .skip_while(|a| a.starts_with('-') || *a == "journalctl")
+            .collect();
+        assert_eq!(
+            matches,
+            [
+                "_UID=0",
+                "_COMM=nvidia-vgpu-mgr",
+                "+",
+                "_UID=0",
+                "_SYSTEMD_UNIT=nvidia-vgpu-mgr.service",
+                "+",
+                "_UID=0",
+                "SYSLOG_IDENTIFIER=nvidia-vgpu-mgr"
+            ]
+        );
+        assert!(argv.iter().any(|a| a == "--follow"));
+        assert!(argv.iter().any(|a| a == "--lines=0"));
     }
 }

@@ -1646,3 +1646,109 @@ fn a_file_held_open_for_minutes_is_named_in_the_report_and_counted() {
         Some("vgpu_license_token_dir_held_writers 0")
     );
 }
+
+/// A vGPU host's reading (`nvidia-smi vgpu -q`, as the host's samples lay it out): two VMs
+/// whose guests hold no license, one of them throttled.
+const HOST_UNLICENSED: &str = "GPU 00000000:41:00.0
+    Active vGPUs                          : 2
+    vGPU ID                               : 3251637554
+        VM UUID                           : 083bc63f-0a3c-4647-9bb4-27f905b7d7bb
+        VM Name                           : tenant-a_vm-a
+        vGPU Name                         : NVIDIA L40S-24Q
+        vGPU UUID                         : c47a3625-859f-11f1-84fe-7572c7d51d3e
+        Guest Driver Version              : 580.105.08
+        License Status                    : Unlicensed (Unrestricted)
+    vGPU ID                               : 3251637566
+        VM UUID                           : f0adb76f-7612-4c68-84b4-375a4e6c5476
+        VM Name                           : tenant-b_vm-b
+        vGPU Name                         : NVIDIA L40S-24Q
+        vGPU UUID                         : 094593d6-85a0-11f1-802e-72c7d51d3e72
+        Guest Driver Version              : 580.105.08
+        License Status                    : Unlicensed (Restricted)
+";
+
+/// A world where a guest's agent would act at once: gridd's unit down (restarted at once),
+/// a token owed a restart (adopted, then gridd restarted), a vague failure (probed).
+fn world_that_asks_for_action(smi: &str) -> World {
+    let mut w = World::new(smi);
+    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    w.adopt = || adopted_with(Restart::Due);
+    w
+}
+
+/// On a vGPU host the agent changes nothing: its VMs unlicensed for an hour, one of them
+/// throttled, it restarts nothing, adopts nothing, probes no DLS, and names no failure of a
+/// guest's (no gridd, no token there); it reports each VM, and since when each is in its
+/// state. The same world with a guest's reading makes it act, as a guest's agent must.
+#[test]
+fn a_host_whose_vms_are_unlicensed_for_an_hour_changes_nothing() {
+    let mut sim = Sim::new(settings(), world_that_asks_for_action(HOST_UNLICENSED));
+    sim.run(S(3600));
+    assert!(sim.core.is_host());
+    let r = sim.core.report().unwrap();
+    assert_eq!(
+        (r.role, r.state, r.exit_code),
+        (vgpu_license_model::report::Role::Host, State::Restricted, 2)
+    );
+    assert!(r.failure.is_none(), "{:?}", r.failure);
+    assert_eq!(
+        sim.world.restarts,
+        Vec::<Duration>::new(),
+        "no RestartGridd on a host"
+    );
+    assert_eq!(
+        sim.world.adopts,
+        Vec::<Duration>::new(),
+        "no Adopt on a host"
+    );
+    assert_eq!(
+        sim.world.probes,
+        Vec::<Duration>::new(),
+        "no probe on a host"
+    );
+    // Each VM in its state since the first reading, an hour ago.
+    let vms = r.vms.as_ref().unwrap();
+    assert_eq!(vms.len(), 2);
+    assert!(vms.iter().all(|v| v.since == Some(t0())), "{vms:?}");
+    // A guest licensed: its since moves to the reading that showed it; the other's stays.
+    sim.world.smi = HOST_UNLICENSED.replacen(
+        "Unlicensed (Unrestricted)",
+        "Licensed (Expiry: 2026-12-3 6:55:24 GMT)",
+        1,
+    );
+    // The vGPU manager logs the change between two periodic readings (15 s apart): the
+    // reading comes within two seconds of its line, not at the next periodic one.
+    sim.run(S(5));
+    sim.handle(Event::VgpuMgr);
+    sim.run(S(2));
+    let read_at = *sim.world.smi_reads.last().unwrap();
+    assert!(read_at > S(3605) && read_at <= S(3607), "{read_at:?}");
+    let vms = sim.core.report().unwrap().vms.clone().unwrap();
+    assert_eq!(
+        vms[0].since,
+        Some(t0() + chrono::Duration::seconds(read_at.as_secs() as i64)),
+        "the reading's time, in whole seconds"
+    );
+    assert_eq!(vms[1].since, Some(t0()));
+    assert_eq!(sim.world.restarts, Vec::<Duration>::new());
+
+    // The guest's own reading in the same world: restarted and adopted within the hour.
+    let mut guest = Sim::new(settings(), world_that_asks_for_action(UNLICENSED));
+    guest.run(S(3600));
+    assert!(!guest.core.is_host());
+    assert!(!guest.world.restarts.is_empty() && !guest.world.adopts.is_empty());
+}
+
+/// `service.role = "guest"`: a host's reading is not taken for a host (the report is then
+/// the guest's, whatever it makes of it), and `"host"` is a host before any reading.
+#[test]
+fn the_role_in_the_config_decides_over_the_reading() {
+    let mut s = settings();
+    s.service.role = vgpu_license_agent::config::ServiceRole::Guest;
+    let sim = Sim::new(s, World::new(HOST_UNLICENSED));
+    assert!(!sim.core.is_host());
+    let mut s = settings();
+    s.service.role = vgpu_license_agent::config::ServiceRole::Host;
+    let sim = Sim::new(s, World::new(HOST_UNLICENSED));
+    assert!(sim.core.is_host());
+}

@@ -444,3 +444,210 @@ fn the_schema_checks_each_vms_state() {
     r["role"] = Value::from("hypervisor");
     assert!(!v.is_valid(&r));
 }
+
+// ---- The service on a simulated vGPU host ----
+
+use std::time::{Duration, Instant};
+
+use crate::common::sim::{Agent, Machine, Setup};
+
+const VM_A: (&str, &str, &str) = (
+    "3251637554",
+    "tenant-a_vm-a",
+    "6939a743-b4d3-4b8f-b917-a8f7009744ee",
+);
+const VM_B: (&str, &str, &str) = (
+    "3251637566",
+    "tenant-b_vm-b",
+    "43f26719-90d9-4b25-80eb-040b44132eb8",
+);
+
+/// The report's entry of the VM whose vGPU ID is `id`.
+fn vm<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
+    r["vms"]
+        .as_array()?
+        .iter()
+        .find(|v| v["vgpu_id"].as_str() == Some(id))
+}
+
+/// The value of a host metric for the VM named `vm`, if it has a series.
+fn vm_metric(metrics: &str, name: &str, vm: &str) -> Option<f64> {
+    let label = format!("vm=\"{vm}\"");
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?.strip_prefix('{')?;
+        rest.contains(&label)
+            .then(|| l.rsplit_once(' ')?.1.parse().ok())?
+    })
+}
+
+/// A `since` as the report writes it.
+fn since_of(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::parse_from_rfc3339(v["since"].as_str().expect("a since"))
+        .unwrap()
+        .into()
+}
+
+/// The service on a vGPU host (found in `auto` by `Virtualization Mode : Host VGPU`), at its
+/// default intervals: one tenant's VM licensed all along, another's booting, then licensing,
+/// licensed, throttled and stopped. Each change reaches `status --json` (`vms`, each VM's
+/// `since`) within 10 s of the vGPU manager's line, the metrics (no series left for the VM
+/// once it is gone) and the journal (one line per change, naming that VM's states only); the
+/// host changes nothing (a token dropped there stays as dropped, no restart).
+#[test]
+fn the_service_on_a_host_follows_each_vms_license() {
+    let m = Machine::new(Setup {
+        // The agent reads the vGPU manager's lines, which name no machine: no other machine
+        // runs meanwhile.
+        whole_journal: true,
+        ..Setup::default()
+    });
+    m.update_sim(|c| c.host = true);
+    // The service's own intervals, not the test machine's short ones.
+    let config: String = m
+        .config_text()
+        .lines()
+        .filter(|l| !l.starts_with("poll_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    m.write_config(&config);
+    let dropped = m.drop_token(0o600);
+    m.vgpu_mgr(&[VM_A.0, "licensed", VM_A.1, VM_A.2]);
+    m.vgpu_mgr(&[VM_B.0, "booting", VM_B.1, VM_B.2]);
+    let started = chrono::Utc::now();
+    let agent = Agent::start(&m);
+    let r = agent.wait_status("the host's report", Duration::from_secs(20), |r| {
+        r["role"] == "host" && r["vms"].as_array().is_some_and(|v| v.len() == 2)
+    });
+    assert_eq!(r["state"], "licensed", "{r:#}");
+    assert_eq!(vm(&r, VM_B.0).unwrap()["state"], "unknown");
+    assert_eq!(vm(&r, VM_B.0).unwrap()["guest_driver"], Value::Null);
+    let a_since = since_of(vm(&r, VM_A.0).unwrap());
+    assert!(a_since >= started - chrono::Duration::seconds(1), "{r:#}");
+    let metrics = agent.metrics();
+    assert_eq!(
+        vm_metric(&metrics, "vgpu_license_vm_licensed", VM_A.1),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    let steps = [
+        ("unlicensed", "unlicensed", 1, "unknown -> unlicensed"),
+        ("licensed", "licensed", 0, "unlicensed -> licensed"),
+        ("restricted", "restricted", 2, "licensed -> restricted"),
+    ];
+    for (i, (phase, state, code, line)) in steps.into_iter().enumerate() {
+        if i == 0 {
+            // Right after a periodic reading, the next one 15 s away: only the line can
+            // explain a change seen within 10 s.
+            let last = agent.status().unwrap()["observed_at"].clone();
+            agent.wait_status("a periodic reading", Duration::from_secs(20), |r| {
+                r["observed_at"] != last
+            });
+        }
+        let before = chrono::Utc::now();
+        let logged = Instant::now();
+        m.vgpu_mgr(&[VM_B.0, phase]);
+        let r = agent.wait_status(
+            &format!("tenant-b's VM {state}"),
+            Duration::from_secs(10),
+            |r| vm(r, VM_B.0).is_some_and(|v| v["state"] == state),
+        );
+        assert!(logged.elapsed() < Duration::from_secs(10));
+        assert_eq!(
+            (r["state"].as_str(), r["exit_code"].as_i64()),
+            (Some(state), Some(code))
+        );
+        // Since the reading that showed it (whole seconds); the other VM's since stays.
+        let b_since = since_of(vm(&r, VM_B.0).unwrap());
+        assert!(
+            b_since >= before - chrono::Duration::seconds(1) && b_since <= chrono::Utc::now(),
+            "{b_since} for a change at {before}"
+        );
+        assert_eq!(since_of(vm(&r, VM_A.0).unwrap()), a_since);
+        // The metrics hold what status.json holds (written first).
+        let metrics = agent.metrics();
+        for (name, value) in [
+            ("vgpu_license_vm_licensed", state == "licensed"),
+            ("vgpu_license_vm_restricted", state == "restricted"),
+        ] {
+            assert_eq!(
+                vm_metric(&metrics, name, VM_B.1),
+                Some(f64::from(u8::from(value))),
+                "{name} after {phase}: {metrics}"
+            );
+        }
+        let want = format!("VM tenant-b/vm-b (vGPU {}): {line}", VM_B.0);
+        crate::common::sim::wait_for(
+            &format!("the journal line {want:?}"),
+            Duration::from_secs(5),
+            || {
+                agent
+                    .journal_lines()
+                    .iter()
+                    .any(|l| l.ends_with(&want))
+                    .then_some(())
+            },
+            || agent.journal_lines().join("\n"),
+        );
+    }
+
+    // Stopped: no line says so; the next periodic reading (15 s by default) does.
+    m.vgpu_mgr(&[VM_B.0, "stopped"]);
+    let r = agent.wait_status("tenant-b's VM gone", Duration::from_secs(25), |r| {
+        r["vms"].as_array().is_some_and(|v| v.len() == 1)
+    });
+    assert_eq!(r["state"], "licensed");
+    assert!(vm(&r, VM_A.0).is_some());
+    let metrics = agent.metrics();
+    assert!(!metrics.contains(VM_B.1), "{metrics}");
+    assert!(
+        metrics.contains("vgpu_license_host_vgpus{state=\"restricted\"} 0"),
+        "{metrics}"
+    );
+    let lines = agent.journal_lines();
+    let gone = format!("VM tenant-b/vm-b (vGPU {}): gone (was restricted)", VM_B.0);
+    crate::common::sim::wait_for(
+        "the line of the VM gone",
+        Duration::from_secs(5),
+        || {
+            agent
+                .journal_lines()
+                .iter()
+                .any(|l| l.ends_with(&gone))
+                .then_some(())
+        },
+        || lines.join("\n"),
+    );
+    // Each VM's lines name its own states, never another VM's.
+    let lines = agent.journal_lines();
+    let b_lines: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("VM tenant-b/"))
+        .collect();
+    assert_eq!(b_lines.len(), 5, "{lines:#?}");
+    assert!(
+        b_lines.iter().all(|l| !l.contains("tenant-a")),
+        "{b_lines:#?}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("VM tenant-a/")).count(),
+        1,
+        "vm-a's one line, as first seen: {lines:#?}"
+    );
+    // Nothing changed on the host: the token as dropped, gridd never restarted.
+    assert_eq!(std::fs::read(m.token_path()).unwrap(), dropped);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(m.token_path())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    assert_eq!(m.restarts(), 0);
+    assert!(
+        lines.iter().any(|l| l.contains("this is a vGPU host")),
+        "{lines:#?}"
+    );
+}

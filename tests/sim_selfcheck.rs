@@ -1086,3 +1086,118 @@ fn legacy_gridd_licenses_from_the_server_gridd_conf_names() {
     sim::shared::stop_gridd(&m.sim, Duration::from_secs(5)).unwrap();
     assert_eq!(smi_status(&m).1, LicenseStatus::Unlicensed);
 }
+
+/// The keys of `nvidia-smi vgpu -q` text, in order, with their indentation.
+fn vgpu_q_keys(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with("    "))
+        .map(|l| match l.split_once(':') {
+            Some((k, _)) => k.trim_end().to_string(),
+            None => l.trim_end().to_string(),
+        })
+        .collect()
+}
+
+/// The simulated host: `nvidia-smi -q` says `Host VGPU`, `vgpu -q` lays each VM out with the
+/// keys of the real 580 host's output (smi-host-vgpu-q-two-vms.txt), in its order, and reads
+/// as the parser expects; the simulated vGPU manager's lines reach the real journal as
+/// `nvidia-vgpu-mgr`'s, each a line of the samples but for its versions.
+#[test]
+fn the_simulated_host_prints_and_logs_as_the_real_one() {
+    let m = Machine::new(setup(|c| c.host = true));
+    let q = String::from_utf8(m.smi(&["-q"]).stdout).unwrap();
+    assert!(
+        q.lines().any(|l| l
+            .split_once(':')
+            .is_some_and(|(k, v)| k.trim() == "Virtualization Mode" && v.trim() == "Host VGPU")),
+        "{q}"
+    );
+    assert!(!q.contains("License Status"), "{q}");
+    m.vgpu_mgr(&[
+        "3251637554",
+        "booting",
+        "instance-00000004",
+        "083bc63f-0a3c-4647-9bb4-27f905b7d7bb",
+    ]);
+    m.vgpu_mgr(&[
+        "3251637566",
+        "unlicensed",
+        "instance-00000005",
+        "f0adb76f-7612-4c68-84b4-375a4e6c5476",
+    ]);
+    let out = String::from_utf8(m.smi(&["vgpu", "-q"]).stdout).unwrap();
+    let sample = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/samples/smi-host-vgpu-q-two-vms.txt"),
+    )
+    .unwrap();
+    assert_eq!(vgpu_q_keys(&out), vgpu_q_keys(&sample), "{out}");
+    let snap = smi::parse(out.as_bytes()).unwrap();
+    assert!(snap.host_view);
+    let vms: Vec<(Option<&str>, Option<&str>)> = snap
+        .host_vgpus
+        .iter()
+        .map(|v| (v.guest_driver.as_deref(), v.license_status.as_deref()))
+        .collect();
+    assert_eq!(
+        vms,
+        [
+            (Some("N/A"), Some("N/A (Expiry: N/A)")),
+            (Some("580.105.08"), Some("Unlicensed (Unrestricted)"))
+        ]
+    );
+    m.vgpu_mgr(&["3251637566", "licensed"]);
+    m.vgpu_mgr(&["3251637554", "stopped"]);
+    let out = String::from_utf8(m.smi(&["vgpu", "-q"]).stdout).unwrap();
+    let snap = smi::parse(out.as_bytes()).unwrap();
+    assert_eq!(snap.host_vgpus.len(), 1);
+    assert!(
+        snap.host_vgpus[0]
+            .license_status
+            .as_deref()
+            .is_some_and(|s| s.starts_with("Licensed (Expiry: ")),
+        "{out}"
+    );
+    // The lines, from journald, as the vGPU manager's.
+    let lines = wait_for(
+        "the vGPU manager's license line",
+        T,
+        || {
+            let e = sim::journal(&["_COMM=nvidia-vgpu-mgr"], Some(&m.since));
+            let lines: Vec<String> = e.iter().map(sim::message).collect();
+            lines
+                .iter()
+                .any(|l| l.ends_with("vGPU license state: Licensed"))
+                .then_some(lines)
+        },
+        String::new,
+    );
+    let samples: Vec<String> = [
+        "host-vgpu-mgr-log-ubuntu-server-docs.txt",
+        "host-vgpu-mgr-log-vgpu_unlock-rs-37.txt",
+    ]
+    .iter()
+    .flat_map(|f| {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/samples")
+                .join(f),
+        )
+        .unwrap();
+        text.lines()
+            .filter_map(|l| Some(l[l.find("]: ")? + 3..].to_string()))
+            .collect::<Vec<_>>()
+    })
+    .collect();
+    let versions = |l: &str| match l.split_once("Driver Version: ") {
+        Some((head, _)) => format!("{head}Driver Version: X"),
+        None => l.to_string(),
+    };
+    let known: Vec<String> = samples.iter().map(|l| versions(l)).collect();
+    for line in &lines {
+        // The throttled guest's wording is the guest's own `License Status` (no sample of
+        // the host logging it).
+        let line = line.replace("Unlicensed (Restricted)", "Unlicensed (Unrestricted)");
+        assert!(known.contains(&versions(&line)), "{line:?} is in no sample");
+    }
+}

@@ -129,9 +129,21 @@ impl Drop for Journalctl {
     }
 }
 
-/// Follows gridd's journal, restarting `journalctl` with backoff whenever it ends.
+/// Whose lines a follower reads, and what it makes of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Lines {
+    /// gridd's: its events, the fold rebuilt from this boot's whenever journalctl starts.
+    Gridd,
+    /// The vGPU manager's on a host: each one a sign that a VM changed (the reading names
+    /// which, and how), new lines only.
+    VgpuMgr,
+}
+
+/// Follows gridd's journal (or the vGPU manager's), restarting `journalctl` with backoff
+/// whenever it ends.
 pub async fn follow_journal(
     argv: Vec<String>,
+    lines: Lines,
     tx: mpsc::UnboundedSender<Event>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -141,8 +153,10 @@ pub async fn follow_journal(
         let why = match Journalctl::spawn(&argv) {
             Err(e) => format!("cannot start {}: {e}", argv[0]),
             Ok(mut journalctl) => {
-                let _ = tx.send(Event::JournalRestarted);
-                let Some(why) = follow(&mut journalctl, &tx, &mut stop).await else {
+                if lines == Lines::Gridd {
+                    let _ = tx.send(Event::JournalRestarted);
+                }
+                let Some(why) = follow(&mut journalctl, lines, &tx, &mut stop).await else {
                     // Stopping: dropped, journalctl is killed and reaped.
                     return;
                 };
@@ -166,6 +180,7 @@ pub async fn follow_journal(
 /// (`None`).
 async fn follow(
     journalctl: &mut Journalctl,
+    lines: Lines,
     tx: &mpsc::UnboundedSender<Event>,
     stop: &mut watch::Receiver<bool>,
 ) -> Option<String> {
@@ -177,6 +192,11 @@ async fn follow(
     loop {
         tokio::select! {
             more = next_line(&mut journalctl.stdout, &mut line) => match more {
+                Ok(true) if lines == Lines::VgpuMgr => {
+                    if crate::model::observe::vgpu_mgr::is_own_entry(&line) {
+                        let _ = tx.send(Event::VgpuMgr);
+                    }
+                }
                 Ok(true) => {
                     if from_systemd(&line) {
                         let _ = tx.send(Event::GriddUnitLine);

@@ -411,6 +411,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     let (stop_tx, stop_rx) = watch::channel(false);
     let follower = tokio::spawn(follower::follow_journal(
         live::journal_args(&settings, true),
+        follower::Lines::Gridd,
         tx.clone(),
         stop_rx.clone(),
     ));
@@ -462,6 +463,8 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
 
     let alarm = Alarm::new();
     info!("vgpu-license-agent started");
+    // On a vGPU host (known from the first reading in `auto`), the vGPU manager's journal.
+    let mut host_follower = None;
     let mut memory = MemoryRelease::new();
     loop {
         let mut wake = clock.instant(core.next_wake(clock.now()));
@@ -510,8 +513,11 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
             _ = sigint.recv() => break,
         }
         after_wake(&mut core, &shell, clock.now(), started, watchdog);
+        if host_follower.is_none() && core.is_host() {
+            host_follower = Some(follow_vgpu_mgr(&core, &shell, &stop_rx));
+        }
     }
-    stop(stop_tx, follower, servers).await;
+    stop(stop_tx, [Some(follower), host_follower], servers).await;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -522,17 +528,38 @@ fn heartbeat_for(watchdog: Option<Duration>) -> Duration {
     })
 }
 
-/// Stops the follower and the metrics servers.
+/// On a vGPU host: says so once, and follows the vGPU manager's journal, so that a VM's
+/// change is read soon after its line rather than at the next periodic reading.
+fn follow_vgpu_mgr(
+    core: &Core,
+    shell: &Shell,
+    stop: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    info!(
+        "this is a vGPU host (service.role = {}): reporting each VM's vGPU license from nvidia-smi vgpu -q and the vGPU manager's journal; nothing is installed, adopted or restarted here",
+        core.settings().service.role.as_str()
+    );
+    tokio::spawn(follower::follow_journal(
+        live::vgpu_mgr_journal_args(core.settings()),
+        follower::Lines::VgpuMgr,
+        shell.tx.clone(),
+        stop.clone(),
+    ))
+}
+
+/// Stops the followers and the metrics servers.
 async fn stop(
     stop_tx: watch::Sender<bool>,
-    follower: tokio::task::JoinHandle<()>,
+    followers: [Option<tokio::task::JoinHandle<()>>; 2],
     servers: Vec<tokio::task::JoinHandle<()>>,
 ) {
     info!("stopping");
     notify(&[sd_notify::NotifyState::Stopping]);
     let _ = stop_tx.send(true);
-    // The follower kills and reaps its journalctl; blocking jobs end within their limits.
-    let _ = tokio::time::timeout(Duration::from_secs(5), follower).await;
+    // The followers kill and reap their journalctl; blocking jobs end within their limits.
+    for follower in followers.into_iter().flatten() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), follower).await;
+    }
     for s in servers {
         s.abort();
     }

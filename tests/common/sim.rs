@@ -951,6 +951,23 @@ impl Machine {
         GpuState::load(&self.sim)
     }
 
+    /// On a simulated vGPU host ([`SimConfig::host`]): the vGPU manager sees one VM's change
+    /// (`args`: `VGPU_ID PHASE [VM_NAME VM_UUID]`, see `tests/sim/vgpu_mgr.rs`), and logs
+    /// what it logs at it.
+    pub fn vgpu_mgr(&self, args: &[&str]) {
+        let out = Command::new(program("sim-nvidia-vgpu-mgr"))
+            .arg("--sim-dir")
+            .arg(&self.sim)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "sim-nvidia-vgpu-mgr {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// The simulated nvidia-smi's `-q` output now.
     pub fn smi(&self, args: &[&str]) -> std::process::Output {
         Command::new(self.path("bin/nvidia-smi"))

@@ -16,7 +16,7 @@ mod shared;
 use std::io::Write;
 
 use chrono::{Local, Utc};
-use shared::{GpuState, SimConfig, SmiMode};
+use shared::{GpuState, SimConfig, SimVm, SmiMode};
 
 const NO_DRIVER: &str = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.\n";
 
@@ -52,6 +52,10 @@ fn main() {
         gpus,
     };
     let flags: Vec<&str> = args.iter().map(String::as_str).collect();
+    if flags.first() == Some(&"vgpu") {
+        vgpu(&cfg, &dir, &flags[1..]);
+        return;
+    }
     let query = flags.iter().any(|f| matches!(*f, "-q" | "--query"));
     let xml = flags.iter().any(|f| matches!(*f, "-x" | "--xml-format"));
     let known = flags.iter().all(|f| {
@@ -81,6 +85,47 @@ fn main() {
     } else {
         print!("{}", smi.table());
     }
+}
+
+/// `nvidia-smi vgpu -q` on a host: per physical GPU, its active vGPUs, each VM's as
+/// smi-host-vgpu-q-two-vms.txt (580, SR-IOV) prints them. A guest's nvidia-smi has no vGPU
+/// of its own to list: no sample shows what it says, so it is refused as an unknown option.
+fn vgpu(cfg: &SimConfig, dir: &std::path::Path, flags: &[&str]) {
+    if !cfg.host || !matches!(flags, ["-q"] | ["--query"]) {
+        println!("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.");
+        std::process::exit(2);
+    }
+    let kv = |indent: usize, k: &str, v: &str| {
+        let key = format!("{}{k}", " ".repeat(indent));
+        format!("{key:<42}: {v}\n")
+    };
+    let vms = SimVm::load_all(dir);
+    let mut s = format!("GPU {}\n", cfg.bus_id);
+    s += &kv(4, "Active vGPUs", &vms.len().to_string());
+    for (i, vm) in vms.iter().enumerate() {
+        let (driver, status) = vm.guest_columns();
+        s += &kv(4, "vGPU ID", &vm.vgpu_id);
+        s += &kv(8, "VM UUID", &vm.vm_uuid);
+        s += &kv(8, "VM Name", &vm.vm_name);
+        s += &kv(8, "vGPU Name", &vm.profile);
+        s += &kv(8, "vGPU Type", "1519");
+        s += &kv(8, "vGPU UUID", &vm.vgpu_uuid);
+        s += &kv(8, "Guest Driver Version", &driver);
+        s += &kv(8, "License Status", &status);
+        s += &kv(8, "GPU Instance ID", "N/A");
+        s += &kv(8, "Placement ID", &(i * 3).to_string());
+        s += "        PCI\n";
+        s += &kv(12, "Bus Id", &format!("00000000:00:{:02x}.0", i * 5));
+        s += "        FB Memory Usage\n";
+        s += &kv(12, "Total", "3072 MiB");
+        s += &kv(12, "Used", "128 MiB");
+        s += &kv(12, "Free", "2944 MiB");
+        s += "        Utilization\n";
+        for k in ["GPU", "Memory", "Encoder", "Decoder"] {
+            s += &kv(12, k, "0 %");
+        }
+    }
+    print!("{s}");
 }
 
 /// Starts `sleep` in a session of its own (as a daemon that nvidia-smi started would be),
@@ -175,6 +220,21 @@ fn gpu_state(cfg: &SimConfig, state: &GpuState, i: u32) -> GpuState {
 impl Gpu {
     fn new(cfg: &SimConfig, state: &GpuState, now: i64, i: u32) -> Gpu {
         let bus = bus_id(&cfg.bus_id, i);
+        if cfg.host {
+            // The physical GPU under the vGPU manager: no license of its own.
+            let product = cfg
+                .profile
+                .rsplit_once('-')
+                .map_or(cfg.profile.clone(), |(p, _)| p.to_string());
+            return Gpu {
+                bus_id: bus,
+                product,
+                brand: "NVIDIA".into(),
+                uuid: format!("GPU-9d2c81f0-6b3e-4a57-8c1d-0e4f7a2b5c{:02x}", 0x10 + i),
+                mode: "Host VGPU",
+                license: None,
+            };
+        }
         if cfg.passthrough {
             let product = cfg
                 .profile
@@ -247,7 +307,15 @@ impl Gpu {
         s += &kv(4, "GSP Firmware Version", "N/A");
         s += &head(4, "GPU Virtualization Mode");
         s += &kv(8, "Virtualization Mode", self.mode);
-        s += &kv(8, "Host VGPU Mode", "N/A");
+        s += &kv(
+            8,
+            "Host VGPU Mode",
+            if self.mode == "Host VGPU" {
+                "SR-IOV"
+            } else {
+                "N/A"
+            },
+        );
         s += &kv(8, "vGPU Heterogeneous Mode", "N/A");
         if let Some((edition, status)) = &self.license {
             s += &head(4, "vGPU Software Licensed Product");

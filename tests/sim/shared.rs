@@ -153,6 +153,10 @@ pub struct SimConfig {
     pub gridd_unit: bool,
     /// How long a restart's start job waits queued, behind the units it is ordered after.
     pub restart_queued_ms: u64,
+    /// A vGPU host (the vGPU manager's driver): `nvidia-smi -q` shows `Virtualization Mode :
+    /// Host VGPU` and no license of its own, `nvidia-smi vgpu -q` lists the VMs of `vms.json`
+    /// (see [`SimVm`]); no gridd runs there.
+    pub host: bool,
 }
 
 impl Default for SimConfig {
@@ -183,6 +187,7 @@ impl Default for SimConfig {
             platform_licensed: false,
             gridd_unit: true,
             restart_queued_ms: 300,
+            host: false,
         }
     }
 }
@@ -253,6 +258,68 @@ impl SimConfig {
             &dir.join(CONFIG_FILE),
             serde_json::to_string_pretty(self)?.as_bytes(),
         )
+    }
+}
+
+pub const VMS_FILE: &str = "vms.json";
+
+/// Where a VM's guest is, as the host's vGPU manager sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmPhase {
+    /// The VM runs and its guest driver has not loaded (`Guest Driver Version : N/A`).
+    Booting,
+    /// The guest driver runs without a license, within its grace period.
+    Unlicensed,
+    Licensed,
+    /// The guest driver runs without a license, throttled.
+    Restricted,
+}
+
+/// One VM's vGPU on a simulated host (`vms.json`, a list, in the order `vgpu -q` prints it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimVm {
+    pub vgpu_id: String,
+    pub vm_uuid: String,
+    pub vm_name: String,
+    pub vgpu_uuid: String,
+    pub profile: String,
+    pub phase: VmPhase,
+    /// The guest driver's version, once it loads.
+    pub guest_driver: String,
+    /// Unix time the guest's lease ends, while licensed.
+    pub expiry: Option<i64>,
+}
+
+impl SimVm {
+    pub fn load_all(dir: &Path) -> Vec<SimVm> {
+        fs::read(dir.join(VMS_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn save_all(dir: &Path, vms: &[SimVm]) -> io::Result<()> {
+        write_atomic(&dir.join(VMS_FILE), serde_json::to_string(vms)?.as_bytes())
+    }
+
+    /// `Guest Driver Version` and `License Status` as the host's `nvidia-smi vgpu -q` prints
+    /// them (smi-host-vgpu-q-*.txt: `N/A` and `N/A (Expiry: N/A)` before the guest driver
+    /// loads; the guest's own wording after).
+    pub fn guest_columns(&self) -> (String, String) {
+        let driver = self.guest_driver.clone();
+        match self.phase {
+            VmPhase::Booting => ("N/A".into(), "N/A (Expiry: N/A)".into()),
+            VmPhase::Unlicensed => (driver, "Unlicensed (Unrestricted)".into()),
+            VmPhase::Restricted => (driver, "Unlicensed (Restricted)".into()),
+            VmPhase::Licensed => {
+                let exp = self
+                    .expiry
+                    .and_then(|e| DateTime::from_timestamp(e, 0))
+                    .map_or("N/A".to_string(), gmt);
+                (driver, format!("Licensed (Expiry: {exp})"))
+            }
+        }
     }
 }
 

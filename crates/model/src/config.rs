@@ -169,6 +169,32 @@ pub struct Service {
     pub first_token_look: Duration,
     /// Whether the agent manages the token, gridd.conf and gridd, or only observes.
     pub mode: ServiceMode,
+    /// Whether this machine is a vGPU guest or the host of vGPU VMs.
+    pub role: ServiceRole,
+}
+
+/// `service.role`: whose license the agent reports, a guest's own or, on a vGPU host, its
+/// VMs'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceRole {
+    /// A host where `nvidia-smi -q` shows `Virtualization Mode : Host VGPU` for a GPU, a
+    /// guest elsewhere.
+    Auto,
+    /// A vGPU guest: its own license, gridd and token.
+    Guest,
+    /// A vGPU host: its VMs' licenses (`nvidia-smi vgpu -q`); nothing is installed,
+    /// adopted or restarted.
+    Host,
+}
+
+impl ServiceRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceRole::Auto => "auto",
+            ServiceRole::Guest => "guest",
+            ServiceRole::Host => "host",
+        }
+    }
 }
 
 /// `service.mode`: who owns the token, gridd.conf and gridd.
@@ -271,6 +297,7 @@ impl Default for Service {
             webhook_url: None,
             first_token_look: Duration::from_secs(30),
             mode: ServiceMode::Auto,
+            role: ServiceRole::Auto,
         }
     }
 }
@@ -446,6 +473,7 @@ struct ServiceFragment {
     webhook_url: Option<String>,
     first_token_look_seconds: Option<u64>,
     mode: Option<String>,
+    role: Option<String>,
 }
 
 /// A config file larger than this is not one.
@@ -690,6 +718,19 @@ impl Service {
                 }
             };
         }
+        if let Some(r) = sv.role {
+            self.role = match r.as_str() {
+                "auto" => ServiceRole::Auto,
+                "guest" => ServiceRole::Guest,
+                "host" => ServiceRole::Host,
+                _ => {
+                    return Err(format!(
+                        "service.role = {}: expected \"auto\" (a host where nvidia-smi -q shows Virtualization Mode : Host VGPU, a guest elsewhere), \"guest\" or \"host\"",
+                        shown_value(&r)
+                    ));
+                }
+            };
+        }
         Ok(())
     }
 
@@ -893,6 +934,28 @@ mod tests {
         let err = Settings::default().apply_toml("timeout = 1\n").unwrap_err();
         assert!(err.contains("unknown field `timeout`"), "{err}");
         assert!(err.contains("`service`"), "{err}");
+    }
+
+    #[test]
+    fn the_role_is_auto_guest_or_host() {
+        assert_eq!(Settings::default().service.role, ServiceRole::Auto);
+        for (text, role) in [
+            ("auto", ServiceRole::Auto),
+            ("guest", ServiceRole::Guest),
+            ("host", ServiceRole::Host),
+        ] {
+            let mut s = Settings::default();
+            s.apply_toml(&format!("[service]\nrole = \"{text}\"\n"))
+                .unwrap();
+            assert_eq!((s.service.role, s.service.role.as_str()), (role, text));
+        }
+        let e = Settings::default()
+            .apply_toml("[service]\nrole = \"hypervisor\"\n")
+            .unwrap_err();
+        assert!(
+            e.contains("service.role = \"hypervisor\"") && e.contains("\"guest\" or \"host\""),
+            "{e}"
+        );
     }
 
     #[test]

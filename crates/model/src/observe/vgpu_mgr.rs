@@ -252,6 +252,12 @@ fn json_line(line: &[u8]) -> Option<(Option<Stamp>, Option<u32>, String)> {
     Some((stamp_of(&entry), pid, message))
 }
 
+/// Whether a `journalctl -o json` entry is the vGPU manager's (root's, by journald's own
+/// fields where it has them): what a follower of its journal acts on.
+pub fn is_own_entry(line: &[u8]) -> bool {
+    json_line(line).is_some()
+}
+
 /// A whole log at once.
 pub fn scan(bytes: &[u8]) -> HostLog {
     let mut s = Scan::new();
@@ -348,6 +354,12 @@ Sep 24 18:44:17 gamma nvidia-vgpu-mgr[1869902]: notice: vmiop_log: (0x0): vGPU l
         // A trimmed export with the identifier alone is taken at its word.
         let bare = entry(r#""SYSLOG_IDENTIFIER":"nvidia-vgpu-mgr","#);
         assert_eq!(scan(format!("{bare}\n").as_bytes()).states.len(), 1);
+        // The service's follower acts on the same entries, and on no other.
+        assert!(is_own_entry(ok.as_bytes()));
+        assert!(!is_own_entry(forged.as_bytes()));
+        assert!(!is_own_entry(
+            b"Sep 24 18:43:42 g nvidia-vgpu-mgr[7]: text, no entry"
+        ));
     }
 
     #[test]

@@ -326,8 +326,9 @@ impl Core {
         let Some(report) = &self.published.report else {
             return;
         };
-        // Observing only: the token is the operator's (or the admin's) to put in place.
-        if self.node.mode == Mode::Observe {
+        // Observing only: the token is the operator's (or the admin's) to put in place. A
+        // vGPU host holds no token: its guests do.
+        if self.node.mode == Mode::Observe || self.is_host() {
             return;
         }
         let licensed = report.state == State::Licensed;

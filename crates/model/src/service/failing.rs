@@ -17,6 +17,11 @@ impl Core {
     /// Remedy: restart gridd when that can help, probe the DLS when a failure says nothing
     /// specific (or to measure a clock skew gridd named).
     pub(super) fn remedy_step(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        // A vGPU host has no gridd to restart nor a lease to probe a DLS for: its VMs'
+        // licenses are their guests' to fix.
+        if self.is_host() {
+            return;
+        }
         let Some(report) = &self.published.report else {
             return;
         };

@@ -28,6 +28,7 @@ use crate::token::{Token, TokenError};
 
 mod adoption;
 mod failing;
+mod host;
 mod in_flight;
 mod node;
 mod report;
@@ -36,6 +37,7 @@ mod seen;
 
 use adoption::{Adoption, say_restarted};
 use failing::Probing;
+pub use host::vm_change_line;
 use in_flight::InFlight;
 use report::Published;
 pub use report::status_line;
@@ -147,6 +149,9 @@ pub enum Event {
     /// The licensing Secret (`kubernetes.licensing_secret`), read: what it holds, or why it
     /// could not be read.
     LicensingSecret(Result<crate::node::SecretToken, String>),
+    /// On a vGPU host, the vGPU manager (`nvidia-vgpu-mgr`) logged a line: a VM's vGPU
+    /// started or stopped, or its guest's license changed.
+    VgpuMgr,
     /// Answers that came together (a reading, where the driver runs, systemd's word), in
     /// order: one batch, one report.
     Together(Vec<Event>),
@@ -227,6 +232,8 @@ pub struct Core {
     busy: InFlight,
     schedule: Schedule,
     published: Published,
+    /// On a vGPU host: each VM's vGPU, its state and since when.
+    vms: host::VmMemory,
 }
 
 impl Core {
@@ -287,6 +294,7 @@ impl Core {
                 rewrite: false,
                 ready: false,
             },
+            vms: host::VmMemory::default(),
         }
     }
 
@@ -376,6 +384,7 @@ impl Core {
             Event::Reloaded(s) => self.reload(*s, now),
             Event::LastShutdown(record) => self.on_last_shutdown(record),
             Event::CloneDetected(c) => self.on_clone(*c),
+            Event::VgpuMgr => self.on_vgpu_mgr(now),
             Event::Together(events) => {
                 for e in events {
                     fx.extend(self.handle(e, now));
@@ -688,6 +697,10 @@ impl Core {
     }
 
     fn check_unit(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        // A vGPU host runs no gridd.
+        if self.is_host() {
+            return;
+        }
         let running = (matches!(self.seen.unit, Some(Ok(()))) && self.busy.unit.settled())
             .then_some(self.seen.gridd_pid)
             .flatten();
