@@ -185,7 +185,7 @@ impl Sim {
                         })
                     }
                     Effect::ReadLastShutdown => Some(Event::LastShutdown(None)),
-                    Effect::ReadSecret => None,
+                    Effect::ReadSecret | Effect::VmEvent(_) => None,
                     Effect::Publish(_) | Effect::Ready => None,
                 };
                 if let Some(ev) = event {

@@ -488,11 +488,13 @@ fn since_of(v: &Value) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// The service on a vGPU host (found in `auto` by `Virtualization Mode : Host VGPU`), at its
-/// default intervals: one tenant's VM licensed all along, another's booting, then licensing,
-/// licensed, throttled and stopped. Each change reaches `status --json` (`vms`, each VM's
-/// `since`) within 10 s of the vGPU manager's line, the metrics (no series left for the VM
-/// once it is gone) and the journal (one line per change, naming that VM's states only); the
-/// host changes nothing (a token dropped there stays as dropped, no restart).
+/// default intervals, in a pod of a KubeVirt cluster: one tenant's VM licensed all along,
+/// another's booting, then licensing, licensed, throttled and stopped. Each change reaches
+/// `status --json` (`vms`, each VM's `since`) within 10 s of the vGPU manager's line, the
+/// metrics (no series left for the VM once it is gone), the journal (one line per change,
+/// naming that VM's states only) and the VMI, as one Event (through the API stand-in, with
+/// the host's RBAC: get VMIs, create events); the host changes nothing (a token dropped
+/// there stays as dropped, no restart) and writes no condition to its Node.
 #[test]
 fn the_service_on_a_host_follows_each_vms_license() {
     let m = Machine::new(Setup {
@@ -513,8 +515,34 @@ fn the_service_on_a_host_follows_each_vms_license() {
     let dropped = m.drop_token(0o600);
     m.vgpu_mgr(&[VM_A.0, "licensed", VM_A.1, VM_A.2]);
     m.vgpu_mgr(&[VM_B.0, "booting", VM_B.1, VM_B.2]);
+    // The cluster: both VMIs, the host's RBAC, the agent in a pod with a service account.
+    use crate::common::sim::kube_api::{FakeApi, node_object};
+    let api = FakeApi::start(crate::kube::TOKEN, vec![node_object("gpu-host-1", vec![])]);
+    api.set_vmi("tenant-a", "vm-a", VM_A.2);
+    api.set_vmi("tenant-b", "vm-b", VM_B.2);
+    api.grant_host();
+    let sa = m.service_account(crate::kube::TOKEN, &api.ca_pem);
+    let config = m.config_text();
+    m.write_config(&format!(
+        "{config}[kubernetes]\nservice_account_dir = \"{}\"\n",
+        sa.display()
+    ));
+    let port = api.port().to_string();
     let started = chrono::Utc::now();
-    let agent = Agent::start(&m);
+    let agent = Agent::start_with_env(
+        &m,
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1".as_ref()),
+            ("KUBERNETES_SERVICE_PORT", port.as_ref()),
+            ("NODE_NAME", "gpu-host-1".as_ref()),
+        ],
+    );
+    let events_of = |reason: &str| {
+        api.events()
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect::<Vec<_>>()
+    };
     let r = agent.wait_status("the host's report", Duration::from_secs(20), |r| {
         r["role"] == "host" && r["vms"].as_array().is_some_and(|v| v.len() == 2)
     });
@@ -531,11 +559,29 @@ fn the_service_on_a_host_follows_each_vms_license() {
     );
 
     let steps = [
-        ("unlicensed", "unlicensed", 1, "unknown -> unlicensed"),
-        ("licensed", "licensed", 0, "unlicensed -> licensed"),
-        ("restricted", "restricted", 2, "licensed -> restricted"),
+        (
+            "unlicensed",
+            "unlicensed",
+            1,
+            "unknown -> unlicensed",
+            "VgpuUnlicensed",
+        ),
+        (
+            "licensed",
+            "licensed",
+            0,
+            "unlicensed -> licensed",
+            "VgpuLicensed",
+        ),
+        (
+            "restricted",
+            "restricted",
+            2,
+            "licensed -> restricted",
+            "VgpuRestricted",
+        ),
     ];
-    for (i, (phase, state, code, line)) in steps.into_iter().enumerate() {
+    for (i, (phase, state, code, line, reason)) in steps.into_iter().enumerate() {
         if i == 0 {
             // Right after a periodic reading, the next one 15 s away: only the line can
             // explain a change seen within 10 s.
@@ -576,6 +622,30 @@ fn the_service_on_a_host_follows_each_vms_license() {
                 "{name} after {phase}: {metrics}"
             );
         }
+        // The VMI's Event, within the same 10 s.
+        let event = crate::common::sim::wait_for(
+            &format!("the Event {reason} on tenant-b/vm-b"),
+            Duration::from_secs(10).saturating_sub(logged.elapsed()),
+            || events_of(reason).pop(),
+            || {
+                format!(
+                    "{}\n--- API requests: {:?}",
+                    agent.context(),
+                    api.requests()
+                )
+            },
+        );
+        assert_eq!(event["involvedObject"]["name"], "vm-b", "{event:#}");
+        assert_eq!(
+            event["involvedObject"]["uid"].as_str(),
+            api.vmi_uid("tenant-b", "vm-b").as_deref()
+        );
+        let warning = if reason == "VgpuLicensed" {
+            "Normal"
+        } else {
+            "Warning"
+        };
+        assert_eq!(event["type"], warning, "{event:#}");
         let want = format!("VM tenant-b/vm-b (vGPU {}): {line}", VM_B.0);
         crate::common::sim::wait_for(
             &format!("the journal line {want:?}"),
@@ -634,6 +704,12 @@ fn the_service_on_a_host_follows_each_vms_license() {
         1,
         "vm-a's one line, as first seen: {lines:#?}"
     );
+    // One Event per change of vm-b's license, none for vm-a (licensed all along), none for
+    // vm-b's going; the host's Node carries no license condition of its own.
+    let events = api.events();
+    assert_eq!(events.len(), 3, "{events:#?}");
+    assert!(events.iter().all(|e| e["involvedObject"]["name"] == "vm-b"));
+    assert!(api.condition("gpu-host-1", "VgpuLicensed").is_none());
     // Nothing changed on the host: the token as dropped, gridd never restarted.
     assert_eq!(std::fs::read(m.token_path()).unwrap(), dropped);
     use std::os::unix::fs::PermissionsExt;

@@ -21,18 +21,60 @@ use crate::model::text::escape;
 /// The component Events name as their source.
 pub const COMPONENT: &str = "vgpu-license-agent";
 
-/// One Event to create: a VM's vGPU license changed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmEvent {
-    pub namespace: String,
-    pub vmi: String,
-    /// The VM UUID the vGPU manager shows, where it shows one: the VMI's firmware UUID.
-    pub vm_uuid: Option<String>,
-    /// `Warning` (restricted, unlicensed) or `Normal` (licensed).
-    pub warning: bool,
-    /// `VgpuRestricted`, `VgpuUnlicensed`, `VgpuLicensed`.
-    pub reason: String,
-    pub message: String,
+pub use crate::model::host::VmEvent;
+
+/// How many Events may wait for the API: a host's changes are few; past this (the API down
+/// for long while VMs come and go), the newest are dropped, and said.
+const QUEUE: usize = 64;
+
+/// Where the service sends the Events it decides; they are created one after the other.
+pub fn spawn_sender(api: Api, stop: tokio::sync::watch::Receiver<bool>) -> Sender {
+    let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
+    tokio::spawn(send_all(api, rx, stop));
+    Sender(tx)
+}
+
+/// The service's end of the Events' queue.
+pub struct Sender(tokio::sync::mpsc::Sender<VmEvent>);
+
+impl Sender {
+    /// Queues `e` (dropped, and said, when the queue is full).
+    pub fn send(&self, e: VmEvent) {
+        if self.0.try_send(e).is_err() {
+            tracing::warn!(
+                "an Event on a VMI was dropped: {QUEUE} wait for the API already (is it reachable?)"
+            );
+        }
+    }
+}
+
+/// Creates each queued Event until `stop`; a failure is a warning once per streak, never a
+/// retry (the next change of the VM makes the next Event).
+async fn send_all(
+    api: Api,
+    mut rx: tokio::sync::mpsc::Receiver<VmEvent>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut session = Session::default();
+    let mut failing = false;
+    loop {
+        let e = tokio::select! {
+            e = rx.recv() => match e { Some(e) => e, None => return },
+            _ = stop.changed() => return,
+        };
+        match post(&api, &mut session, &e, Utc::now()).await {
+            Ok(()) => {
+                if std::mem::take(&mut failing) {
+                    tracing::info!("Events on VMIs are created again");
+                }
+            }
+            Err(err) => {
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!("an Event on a VMI was not created: {err:#}");
+                }
+            }
+        }
+    }
 }
 
 /// The VMI as the API has it: its uid and resourceVersion, for the Event's involvedObject.

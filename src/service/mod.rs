@@ -158,6 +158,8 @@ struct Shell {
     condition: Option<watch::Sender<Option<crate::model::node::condition::Condition>>>,
     /// Asks the licensing Secret's reader for a read now (none without one).
     secret_now: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// Where Events on KubeVirt VMIs go (a host with the API; none elsewhere).
+    vm_events: Option<crate::kube::events::Sender>,
 }
 
 impl Shell {
@@ -191,6 +193,11 @@ impl Shell {
                     Event::Probed { verdict, skew }
                 }),
                 Effect::ReadLastShutdown => reads.last_shutdown = true,
+                Effect::VmEvent(e) => {
+                    if let Some(s) = &self.vm_events {
+                        s.send(*e);
+                    }
+                }
                 Effect::ReadSecret => {
                     if let Some(n) = &self.secret_now {
                         n.notify_one();
@@ -422,6 +429,14 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         Some((c, s)) => (Some(c), s),
         None => (None, None),
     };
+    // Events on VMIs go where the Node condition does (they wait, idle, where no host's
+    // change ever comes).
+    let vm_events = condition.as_ref().and_then(|_| {
+        crate::kube::target(&settings)
+            .ok()
+            .flatten()
+            .map(|api| crate::kube::events::spawn_sender(api, stop_rx.clone()))
+    });
     let watch = (node.mode == crate::model::node::Mode::Manage)
         .then(|| dir_watch::Watch::start(&settings))
         .flatten();
@@ -452,6 +467,7 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         watch,
         condition,
         secret_now,
+        vm_events,
     };
     // Before the first effects: on a GPU Operator node they read under its driver root.
     for effects in [

@@ -251,6 +251,63 @@ fn describe(l: &LicenseLine) -> String {
     }
 }
 
+/// A Kubernetes Event on the VirtualMachineInstance that runs a VM, at a change of its
+/// vGPU's license (a host's service on KubeVirt; the agent sends it, confirmed by the VMI's
+/// firmware UUID).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmEvent {
+    pub namespace: String,
+    pub vmi: String,
+    /// The VM UUID the vGPU manager shows: the VMI's `spec.domain.firmware.uuid`.
+    pub vm_uuid: Option<String>,
+    /// `Warning` (restricted, unlicensed), else `Normal` (licensed).
+    pub warning: bool,
+    /// `VgpuRestricted`, `VgpuUnlicensed` or `VgpuLicensed`.
+    pub reason: String,
+    pub message: String,
+}
+
+/// The Event a VM's change of state from `before` makes, where it makes one: a KubeVirt VM
+/// (its name `NAMESPACE_NAME`) whose guest driver reports a license, no license, or a
+/// throttled vGPU. A VM without a guest driver (`unknown`), one gone, and one first seen
+/// (the service's start: nothing changed) make none.
+pub fn vm_event(vm: &Vm, before: Option<VmState>) -> Option<VmEvent> {
+    let kv = vm.kubevirt.as_ref()?;
+    let before = before.filter(|b| *b != vm.state)?;
+    let (warning, reason) = match vm.state {
+        VmState::Restricted => (true, "VgpuRestricted"),
+        VmState::Unlicensed => (true, "VgpuUnlicensed"),
+        VmState::Licensed => (false, "VgpuLicensed"),
+        VmState::Unknown => return None,
+    };
+    let show = |v: &Option<String>| crate::text::escape(v.as_deref().unwrap_or("?")).into_owned();
+    let status = match vm.state {
+        VmState::Restricted => {
+            "unlicensed and throttled now: its CUDA calls fail until the guest holds a license (its token, gridd.conf FeatureType, its way to the DLS)"
+        }
+        VmState::Unlicensed => {
+            "no license: full speed for the grace period, then throttled (its token, gridd.conf FeatureType, its way to the DLS)"
+        }
+        _ => "licensed",
+    };
+    Some(VmEvent {
+        namespace: kv.namespace.clone(),
+        vmi: kv.vmi.clone(),
+        vm_uuid: vm.vm_uuid.clone(),
+        warning,
+        reason: reason.to_string(),
+        message: format!(
+            "vGPU {} (vGPU ID {}, GPU {}): {} ({}; was {}), as its guest driver reports to the host's vGPU manager",
+            show(&vm.profile),
+            show(&vm.vgpu_id),
+            show(&vm.gpu),
+            status,
+            show(&vm.license_status),
+            before.as_str()
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,5 +601,46 @@ mod tests {
             b"Sep 24 18:44:17 g nvidia-vgpu-mgr[7]: vGPU license state: Unlicensed (Restricted)\n",
         );
         assert_eq!(log_state(&log), Some(State::Restricted));
+    }
+
+    /// An Event at each change of a KubeVirt VM's license, and none where nothing changed
+    /// (first seen), no guest driver answers, or the VM is not KubeVirt's.
+    #[test]
+    fn an_event_is_a_kubevirt_vms_change_of_license() {
+        let r = host_report(TWO_TENANTS);
+        let vms = r.vms.as_ref().unwrap();
+        let b = vms
+            .iter()
+            .find(|v| v.vm_name.as_deref() == Some("tenant-b_vm-b"))
+            .unwrap();
+        assert_eq!(b.state, VmState::Restricted);
+        let e = vm_event(b, Some(VmState::Licensed)).unwrap();
+        assert_eq!(
+            (
+                e.namespace.as_str(),
+                e.vmi.as_str(),
+                e.warning,
+                e.reason.as_str()
+            ),
+            ("tenant-b", "vm-b", true, "VgpuRestricted")
+        );
+        assert_eq!(e.vm_uuid.as_deref(), b.vm_uuid.as_deref());
+        assert!(
+            e.message.contains("throttled") && e.message.contains("was licensed"),
+            "{}",
+            e.message
+        );
+        assert_eq!(vm_event(b, None), None, "first seen: nothing changed");
+        assert_eq!(vm_event(b, Some(VmState::Restricted)), None);
+        let mut licensed = b.clone();
+        licensed.state = VmState::Licensed;
+        let e = vm_event(&licensed, Some(VmState::Restricted)).unwrap();
+        assert_eq!((e.warning, e.reason.as_str()), (false, "VgpuLicensed"));
+        let mut driverless = b.clone();
+        driverless.state = VmState::Unknown;
+        assert_eq!(vm_event(&driverless, Some(VmState::Licensed)), None);
+        let mut openstack = b.clone();
+        openstack.kubevirt = None;
+        assert_eq!(vm_event(&openstack, Some(VmState::Licensed)), None);
     }
 }

@@ -67,6 +67,11 @@ pub fn camel(code: &str) -> String {
 
 /// The condition a report means, or `None` where there is nothing to license.
 pub fn of(report: &Report, status_line: &str) -> Option<Condition> {
+    // A vGPU host holds no license of its own: its VMs' licenses go to their VMIs as
+    // Events, never to the host's Node (one tenant's VM would gate the whole node).
+    if report.role == crate::report::Role::Host {
+        return None;
+    }
     let reason = report.failure.as_ref().map(|f| f.reason);
     let (status, reason) = match report.state {
         State::NoGpu | State::NotLicensable => return None,

@@ -128,7 +128,7 @@ impl Core {
     /// A host's report: since when each vGPU is in its state, and a journal line for each
     /// change since the last report. A report without `vms` (nvidia-smi failed) leaves the
     /// memory as it is: a VM is gone when a reading no longer lists it, not when none came.
-    pub(super) fn remember_vms(&mut self, report: &mut Report, now: Now) {
+    pub(super) fn remember_vms(&mut self, report: &mut Report, now: Now, fx: &mut Vec<Effect>) {
         if !self.is_host() {
             return;
         }
@@ -138,7 +138,19 @@ impl Core {
             return;
         };
         let at = report.observed_at.unwrap_or(now.wall);
-        for (name, vgpu_id, before, after) in self.vms.update(vms, at) {
+        let before: HashMap<Key, VmState> = self
+            .vms
+            .seen
+            .iter()
+            .map(|(k, s)| (k.clone(), s.state))
+            .collect();
+        let changes = self.vms.update(vms, at);
+        // An Event on each KubeVirt VM's VMI at a change of its license.
+        fx.extend(vms.iter().filter_map(|v| {
+            crate::host::vm_event(v, before.get(&key(v)).copied())
+                .map(|e| Effect::VmEvent(Box::new(e)))
+        }));
+        for (name, vgpu_id, before, after) in changes {
             info!(
                 vgpu_license_vm = crate::text::escape(&name).as_ref(),
                 vgpu_license_vgpu_id = crate::text::escape(&vgpu_id).as_ref(),

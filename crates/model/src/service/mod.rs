@@ -182,6 +182,8 @@ pub enum Effect {
     /// Read the licensing Secret now, not at the next heartbeat: the token gridd runs with
     /// changed (a new driver pod), and the Secret as read before is no verdict on it.
     ReadSecret,
+    /// On a vGPU host under KubeVirt: an Event on a VM's VMI, its vGPU's license changed.
+    VmEvent(Box<crate::host::VmEvent>),
     Publish(Box<Publication>),
     /// The first report is out: tell systemd the service is ready.
     Ready,

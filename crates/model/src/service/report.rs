@@ -173,7 +173,7 @@ impl Core {
     /// Makes the report and says where it goes.
     pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let mut report = evaluate(self.observations(now));
-        self.remember_vms(&mut report, now);
+        self.remember_vms(&mut report, now, fx);
         self.remember_seen(&report, now);
         self.log_new_failure(&report);
         let previous = self.published.report.as_ref().map(|r| r.state);
