@@ -173,7 +173,12 @@ gridd_not_running_more_than() { [ "$(gridd_not_running_lines)" -gt "$1" ]; }
 check_gridd_killed() {
 	local before
 	before=$(gridd_not_running_lines)
-	guest systemctl kill --signal=SIGKILL nvidia-gridd.service || return 1
+	# kill(2) itself: `systemctl kill` fails on systemd 247 in a container ("Failed to send
+	# signal SIGKILL to auxiliary processes").
+	guest sh -c 'kill -KILL "$(systemctl show -P MainPID nvidia-gridd.service)"' || {
+		guest systemctl start nvidia-gridd.service
+		return 1
+	}
 	wait_until 15 gridd_not_running_more_than "$before" || {
 		agent_journal_tail
 		guest systemctl start nvidia-gridd.service

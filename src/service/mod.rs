@@ -348,6 +348,12 @@ fn node_condition_writer(
 /// start's questions take one thread, not one each.
 fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event {
     let mut events = Vec::new();
+    if reads.token || reads.smi {
+        // Where the driver runs is looked at with each reading and each look at the token,
+        // first: a GPU Operator's driver pod comes and goes, and a token read while its pod
+        // goes (its readiness marker gone) is no verdict on the Secret.
+        events.push(Event::Node(Box::new(crate::node::detect(settings))));
+    }
     if reads.token {
         events.push(Event::LegacyServer(live::legacy_server(settings)));
         let tokens = live::token_state(settings, Utc::now());
@@ -359,9 +365,6 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
         events.push(Event::Adopted(adopted));
     }
     if reads.smi {
-        // Where the driver runs is looked at with each reading: a GPU Operator's
-        // driver pod comes and goes.
-        events.push(Event::Node(Box::new(crate::node::detect(settings))));
         events.push(Event::Smi(live::read_smi(settings)));
     }
     if reads.unit {
