@@ -734,3 +734,58 @@ fn an_event_goes_to_the_vmi_its_firmware_uuid_confirms() {
         );
     }
 }
+
+/// The host's manifests: its ClusterRole grants what the Events need and nothing more (get
+/// VMIs, create events: nothing of Nodes or Secrets), its DaemonSet runs on the vm-vgpu hosts
+/// with the guest nodes' access (the same securityContext, not privileged) under its own
+/// service account and config, and that config is one `config check` takes, in the host's
+/// role.
+#[test]
+fn the_hosts_manifests_grant_the_events_and_nothing_more() {
+    let role = manifest("deploy/kubernetes/host/20-clusterrole.yaml");
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ])
+    );
+    let host = manifest("deploy/kubernetes/host/40-daemonset.yaml");
+    let guest = manifest("deploy/kubernetes/daemonset/40-daemonset.yaml");
+    let (h, g) = (
+        &host["spec"]["template"]["spec"],
+        &guest["spec"]["template"]["spec"],
+    );
+    assert_eq!(
+        h["nodeSelector"],
+        json!({"nvidia.com/gpu.workload.config": "vm-vgpu"})
+    );
+    assert_eq!(h["serviceAccountName"], "vgpu-license-agent-host");
+    assert_eq!(
+        h["containers"][0]["securityContext"],
+        g["containers"][0]["securityContext"]
+    );
+    assert_ne!(h["containers"][0]["securityContext"]["privileged"], true);
+    let binding = manifest("deploy/kubernetes/host/21-clusterrolebinding.yaml");
+    assert_eq!(binding["subjects"][0]["name"], h["serviceAccountName"]);
+    let config_map = h["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "config")
+        .unwrap();
+    assert_eq!(config_map["configMap"]["name"], "vgpu-license-agent-host");
+    let cm = manifest("deploy/kubernetes/host/30-configmap.yaml");
+    let text = cm["data"]["config.toml"].as_str().unwrap();
+    assert!(text.contains("role = \"host\""), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = std::process::Command::new(crate::common::BIN)
+        .arg("--config")
+        .arg(&file)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}

@@ -8,6 +8,7 @@
                                                   prometheus-operator/podmonitor.yaml
   the DaemonSet, RBAC, readiness rule (below)  -> daemonset/, daemonset-taint/,
                                                   licensing-secret/, node-readiness/
+  host/config.toml, the host's DaemonSet        -> host/
 
 so that the alert rules, the dashboard and the scrape settings each have one source, the file
 a person edits. Run it after editing one of them; `--check` (the tests run it) exits 1 and
@@ -504,6 +505,89 @@ def ds_daemonset(_label):
     })
 
 
+HOST = NAME + "-host"
+HOST_CONFIG = os.path.join(HERE, "host", "config.toml")
+# KubeVirt's vGPU hosts: the GPU Operator labels them by the workload they run
+# (sandboxWorkloads; vm-vgpu is the vGPU manager's).
+HOST_NODE_SELECTOR = {"nvidia.com/gpu.workload.config": "vm-vgpu"}
+HOST_NOTE = ("The agent on KubeVirt's vGPU hosts (the GPU Operator's vm-vgpu nodes): every VM's vGPU\n"
+             "license, from the vGPU manager, in its report and metrics, and as Events on the VMIs.\n"
+             "`kubectl apply -f deploy/kubernetes/daemonset/00-namespace.yaml -f deploy/kubernetes/host/`.\n"
+             "See docs/host.md.")
+
+
+def host_serviceaccount(_label):
+    return dump(generated("deploy/kubernetes/generate.py", HOST_NOTE), {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": agent_meta(HOST),
+    })
+
+
+def host_clusterrole(_label):
+    return dump(generated("deploy/kubernetes/generate.py", HOST_NOTE +
+                          "\nThe least the host's agent needs: a VMI read (its uid, and its firmware UUID that\n"
+                          "confirms the VM), an Event created on it. Nothing of the Node."), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": metadata(HOST),
+        "rules": [
+            {"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"],
+             "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ],
+    })
+
+
+def host_clusterrolebinding(_label):
+    return dump(generated("deploy/kubernetes/generate.py", HOST_NOTE), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": metadata(HOST),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HOST},
+        "subjects": [{"kind": "ServiceAccount", "name": HOST, "namespace": AGENT_NAMESPACE}],
+    })
+
+
+def host_configmap(_label):
+    with open(HOST_CONFIG, encoding="utf-8") as f:
+        config = f.read()
+    return dump(generated("deploy/kubernetes/host/config.toml", HOST_NOTE), {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": agent_meta(HOST),
+        "data": {"config.toml": config},
+    })
+
+
+def host_daemonset(label):
+    """The guest nodes' DaemonSet, for the vm-vgpu hosts: the same image, access and
+    volumes (the vGPU manager's container shares its root at /run/nvidia/driver as the
+    driver container does), its own service account, config and nodes."""
+    ds = yaml.safe_load(ds_daemonset(label))
+    ds["metadata"] = agent_meta(HOST)
+    labels = {"app.kubernetes.io/name": HOST}
+    spec = ds["spec"]
+    spec["selector"] = {"matchLabels": labels}
+    pod = spec["template"]
+    pod["metadata"]["labels"] = dict(labels)
+    pod["spec"]["serviceAccountName"] = HOST
+    pod["spec"]["nodeSelector"] = dict(HOST_NODE_SELECTOR)
+    pod["spec"]["tolerations"] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    for v in pod["spec"]["volumes"]:
+        if v["name"] == "config":
+            v["configMap"]["name"] = HOST
+    return dump(generated("deploy/kubernetes/generate.py", HOST_NOTE +
+                          "\nThe image: the guest nodes' (`make image`). Access as the guest nodes' DaemonSet\n"
+                          "(daemonset/40-daemonset.yaml says why for each): not privileged, SYS_CHROOT\n"
+                          "only, the node's journal and /run/nvidia read-only. Where the nvidia\n"
+                          "RuntimeClass does not run on vm-vgpu nodes (the operator deploys no container\n"
+                          "toolkit there), nvidia-smi cannot open the GPU, the report says so, and the\n"
+                          "agent needs `privileged: true` (or the nodes' .deb or .rpm, docs/host.md)."), ds)
+
+
 TAINT_NOTE = ("Only for kubernetes.taint_unlicensed = true (set it in daemonset/30-configmap.yaml):\n"
               "the agent then also patches its Node's spec.taints (its own taint only).\n"
               "`kubectl apply -f deploy/kubernetes/daemonset-taint/` after daemonset/.")
@@ -688,6 +772,11 @@ OUTPUTS = {
     "daemonset-taint/clusterrole.yaml": taint_clusterrole,
     "daemonset-taint/clusterrolebinding.yaml": taint_clusterrolebinding,
     "node-readiness/nodereadinessrule.yaml": readiness_rule,
+    "host/10-serviceaccount.yaml": host_serviceaccount,
+    "host/20-clusterrole.yaml": host_clusterrole,
+    "host/21-clusterrolebinding.yaml": host_clusterrolebinding,
+    "host/30-configmap.yaml": host_configmap,
+    "host/40-daemonset.yaml": host_daemonset,
     "licensing-secret/role.yaml": secret_role,
     "licensing-secret/rolebinding.yaml": secret_rolebinding,
     "cozystack/agent-vmpodscrape.yaml": agent_vmpodscrape,
