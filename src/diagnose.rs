@@ -192,6 +192,10 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
         // Nothing to license: no check below applies, and none fails.
         return nothing_to_license(settings, assemble::observe(settings, &look));
     }
+    if look.smi.host_view {
+        // A vGPU host: no token, gridd or DLS of its own; its VMs' licenses, each with its fix.
+        return host_diagnosis(settings, assemble::observe(settings, &look), &look.smi);
+    }
     // A token whose dates this guest's clock rejects still names its DLS: asking it is how the
     // clock is measured ("not valid yet" is itself the sign of a clock behind).
     let named = look.token.as_ref().ok().cloned();
@@ -230,6 +234,120 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
         checks,
         probes,
         report,
+    }
+}
+
+/// A vGPU host's checks: the vGPU manager's driver and its service, then one line per VM's
+/// vGPU with its guest's fix (a host holds no token, gridd or lease of its own, so none of a
+/// guest's checks applies).
+fn host_diagnosis(settings: &Settings, obs: state::Observations, smi: &SmiSnapshot) -> Diagnosis {
+    let report = state::evaluate(obs);
+    let vms = report.vms.clone().unwrap_or_default();
+    let mut checks = vec![check(
+        "driver",
+        Status::Ok,
+        format!(
+            "the vGPU manager's driver{} answers: {} active vGPU(s) (nvidia-smi vgpu -q)",
+            smi.driver_version
+                .as_deref()
+                .map_or(String::new(), |v| format!(
+                    " {}",
+                    crate::model::text::escape(v)
+                )),
+            vms.len()
+        ),
+    )];
+    checks.push(vgpu_manager_check(settings));
+    checks.extend(vms.iter().map(vm_check));
+    Diagnosis {
+        checks,
+        probes: Vec::new(),
+        report,
+    }
+}
+
+/// The vGPU manager's service: its systemd unit, or the GPU Operator's container.
+fn vgpu_manager_check(settings: &Settings) -> Check {
+    if let Some(root) = &settings.commands.smi_root {
+        return check(
+            "vgpu-manager",
+            Status::Ok,
+            format!(
+                "the vGPU manager runs in the GPU Operator's container (its root {})",
+                crate::model::text::show_path(root)
+            ),
+        );
+    }
+    const UNIT: &str = "nvidia-vgpu-mgr.service";
+    let argv = vec![
+        settings.commands.systemctl.clone(),
+        "is-active".into(),
+        UNIT.into(),
+    ];
+    let state = crate::command::run(&argv, settings.commands.timeout)
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    match state.as_str() {
+        "active" => check("vgpu-manager", Status::Ok, format!("{UNIT} is active")),
+        "" => check(
+            "vgpu-manager",
+            Status::Skip,
+            format!("systemctl cannot tell whether {UNIT} runs"),
+        ),
+        other => check(
+            "vgpu-manager",
+            Status::Warn,
+            format!("{UNIT} is {}", crate::model::text::escape(other)),
+        )
+        .fix(format!(
+            "`systemctl status {UNIT}` and `journalctl -u {UNIT}`: the vGPU manager must run for any VM to get its vGPU"
+        )),
+    }
+}
+
+/// One VM's vGPU: its state as its guest driver reports it, and what its guest needs.
+fn vm_check(v: &crate::model::report::Vm) -> Check {
+    use crate::model::report::VmState;
+    let what = format!(
+        "VM {} (vGPU {}, {} on GPU {})",
+        crate::model::text::escape(&v.name()),
+        crate::model::text::escape(v.vgpu_id.as_deref().unwrap_or("?")),
+        crate::model::text::escape(v.profile.as_deref().unwrap_or("?")),
+        crate::model::text::escape(v.gpu.as_deref().unwrap_or("?"))
+    );
+    let owner = v.kubevirt.as_ref().map_or(String::new(), |k| {
+        format!(
+            "; its owner sees it in `kubectl -n {} describe vmi {}`",
+            k.namespace, k.vmi
+        )
+    });
+    let guest_fix = format!(
+        "in the guest: its client configuration token (`vgpu-license-agent install --token-file FILE`, or the platform's Secret), gridd.conf's FeatureType, and its way to the DLS; `vgpu-license-agent status` inside it names the cause{owner}"
+    );
+    let status =
+        crate::model::text::escape(v.license_status.as_deref().unwrap_or("?")).into_owned();
+    match v.state {
+        VmState::Licensed => check("vm", Status::Ok, format!("{what}: licensed ({status})")),
+        VmState::Unlicensed => check(
+            "vm",
+            Status::Warn,
+            format!("{what}: no license ({status}): throttled after the grace period"),
+        )
+        .fix(guest_fix),
+        VmState::Restricted => check(
+            "vm",
+            Status::Fail,
+            format!("{what}: throttled ({status}): its CUDA calls fail"),
+        )
+        .fix(guest_fix),
+        VmState::Unknown => check(
+            "vm",
+            Status::Ok,
+            format!("{what}: no guest driver answers (booting, or a guest without NVIDIA's driver): nothing asks for a license"),
+        )
+        .fix(format!(
+            "where the VM should use its vGPU, install NVIDIA's vGPU guest driver of the host's branch in it{owner}"
+        )),
     }
 }
 
