@@ -32,7 +32,8 @@
 # the host's network), each run's output shown whole when it ends, and one summary. The
 # guests: each release of BOOT_TEST_SUITES by its name, the cloud-init guests by their
 # user-data (write-files, runcmd, kubevirt-token-source), and the GPU Operator node
-# (gpu-operator, from bookworm's tree: deb/boot-test/gpu-operator.sh); BOOT_TEST_ONLY="NAME..."
+# (gpu-operator, from bookworm's tree: deb/boot-test/gpu-operator.sh), and the vGPU host
+# (vgpu-host, from bookworm's tree: deb/boot-test/host.sh); BOOT_TEST_ONLY="NAME..."
 # boots those alone, in this run. Each kind of guest is a file of deb/boot-test/, beside
 # lib.sh, what they share. `bash deb/boot-test.sh --fill-cache` only makes the cached trees
 # (tests/all.sh does so while the packages build).
@@ -79,6 +80,8 @@ BOOT_TEST_LIB=$ROOT/deb/boot-test
 . "$BOOT_TEST_LIB/golden.sh"
 # shellcheck source=deb/boot-test/gpu-operator.sh
 . "$BOOT_TEST_LIB/gpu-operator.sh"
+# shellcheck source=deb/boot-test/host.sh
+. "$BOOT_TEST_LIB/host.sh"
 
 # ---- Main
 
@@ -101,6 +104,7 @@ guest_names() {
 	local f
 	printf '%s\n' "${SUITES[@]}"
 	[[ " ${SUITES[*]} " != *" $GO_SUITE "* ]] || echo "$GO_GUEST"
+	[[ " ${SUITES[*]} " != *" $HO_SUITE "* ]] || echo "$HO_GUEST"
 	[[ " ${SUITES[*]} " == *" $CLOUD_INIT_SUITE "* ]] || return 0
 	for f in "${CI_USER_DATA[@]}"; do ci_kind "$f"; done
 }
@@ -174,6 +178,7 @@ for SUITE in "${SUITES[@]}"; do
 	[ "$SUITE" != "$CLOUD_INIT_SUITE" ] || cloud_init_checks
 done
 ! go_wanted || go_checks
+! ho_wanted || ho_checks
 echo
 echo "time per guest (debootstrap, boot, checks; a cloud-init guest: its three boots): ${TIMES[*]}"
 echo "boot test: $SECONDS s in all"

@@ -348,7 +348,7 @@ boot_state() {
 # SIM_EXAMPLES: where the simulator's programs are (set SIM_EXAMPLES_PREBUILT=1 to use them
 # as they are, without cargo).
 SIM_EXAMPLES=${SIM_EXAMPLES:-$TARGET_DIR/$PORTABLE_TARGET/debug}
-SIM_PROGRAMS=(sim-nvidia-gridd sim-nvidia-smi sim-dls)
+SIM_PROGRAMS=(sim-nvidia-gridd sim-nvidia-smi sim-dls sim-nvidia-vgpu-mgr)
 SIM_DIR_GUEST=/var/lib/vgpu-sim
 SIM_DLS_PORT=${SIM_DLS_PORT:-38443}
 TOKEN_GUEST=/etc/nvidia/ClientConfigToken/client_configuration_token.tok
