@@ -306,7 +306,7 @@ LANES+=($!)
   lane_part "Debian package" bash deb/check.sh
   lane_part "RPM package" bash rpm/check.sh
   lane_part "OCI image (make image)" bash packaging/build-image.sh
-  lane_part "boot test in systemd-nspawn guests (bookworm, bullseye, cloud-init, GPU Operator node)" boot_test
+  lane_part "boot test in systemd-nspawn guests (bookworm, bullseye, cloud-init, GPU Operator node, vGPU host)" boot_test
 ) &
 LANES+=($!)
 wait "${LANES[@]}"

@@ -44,7 +44,8 @@ ho_report() { guest cat "/run/$NAME/status.json" 2>/dev/null | "$PYTHON" -c "imp
 ho_vm_state() { ho_report "[m['state'] for m in v.get('vms') or [] if m['vgpu_id'] == '$1'][0]"; }
 ho_vm_state_is() { [ "$(ho_vm_state "$1")" = "$2" ]; }
 ho_vms_are() { [ "$(ho_report "len(v.get('vms') or [])")" = "$1" ]; }
-ho_metric() { grep -F "$1{" "$GUEST/var/lib/prometheus/node-exporter/vgpu_license_agent.prom" 2>/dev/null | grep -F "vm=\"$2\"" | awk '{print $2}'; }
+ho_metric() { grep -F "$1{" "$GUEST/var/lib/prometheus/node-exporter/vgpu_license_agent.prom" 2>/dev/null | grep -F "vm=\"$2\"" | awk '{print $NF}'; }
+ho_metric_is() { [ "$(ho_metric "$1" "$2")" = "$3" ]; }
 ho_journal_has() { guest journalctl -b --no-pager -o cat -u "$NAME.service" | grep -qF "$1"; }
 ho_tail() {
 	echo "--- status.json:"
@@ -77,8 +78,9 @@ ho_vm_restricted() {
 		return 1
 	}
 	echo "status.json: restricted after $((SECONDS - start)) s"
-	[ "$(ho_metric vgpu_license_vm_restricted "${HO_B[2]}")" = 1 ] || {
-		echo "the metrics textfile does not say the VM is restricted" >&2
+	wait_until 5 ho_metric_is vgpu_license_vm_restricted "${HO_B[2]}" 1 || {
+		echo "the metrics textfile does not say the VM is restricted:" >&2
+		grep '^vgpu_license_vm_' "$GUEST/var/lib/prometheus/node-exporter/vgpu_license_agent.prom" >&2
 		return 1
 	}
 	line="VM tenant-b/vm-b (vGPU ${HO_B[0]}): unlicensed -> restricted"
@@ -106,13 +108,22 @@ ho_vm_stopped() {
 	}
 }
 
-# Nothing of a guest's was touched: no token directory made, no restart, no gridd asked for.
+# Nothing of a guest's was touched: no token or gridd.conf written (/etc/nvidia is the
+# package's empty directory), no restart of gridd, nor any attempt.
 ho_changed_nothing() {
-	local restarts
-	restarts=$(sed -n 's/^vgpu_license_gridd_restarts_total //p' "$GUEST/var/lib/prometheus/node-exporter/vgpu_license_agent.prom")
-	echo "the agent's gridd restarts: ${restarts:-none}"
-	[ "${restarts:-0}" = 0 ] && [ ! -e "$GUEST/etc/nvidia" ] &&
-		! guest journalctl -b --no-pager -o cat -u "$NAME.service" | grep -q 'restarted nvidia-gridd'
+	local files
+	files=$(find "$GUEST/etc/nvidia" -mindepth 1 2>/dev/null)
+	[ -z "$files" ] || {
+		echo "written on the host: $files" >&2
+		return 1
+	}
+	local said
+	said=$(guest journalctl -b --no-pager -o cat -u "$NAME.service" | grep 'nvidia-gridd\|token')
+	[ -z "$said" ] || {
+		echo "the host's service spoke of gridd or a token:" >&2
+		echo "$said" >&2
+		return 1
+	}
 }
 
 ho_checks() {
