@@ -524,6 +524,7 @@ impl Image {
                 // Scheduling and the API's side: nothing of the container's.
                 "serviceAccountName"
                 | "nodeSelector"
+                | "affinity"
                 | "tolerations"
                 | "priorityClassName"
                 | "terminationGracePeriodSeconds"

@@ -472,6 +472,12 @@ def ds_daemonset(_label):
                 "spec": {
                     "serviceAccountName": NAME,
                     "nodeSelector": dict(GPU_NODE_SELECTOR),
+                    # Not KubeVirt's GPU hosts (the operator's sandbox workloads, labelled
+                    # so): their vGPU manager is host/'s DaemonSet's.
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{
+                            "key": "nvidia.com/gpu.workload.config", "operator": "NotIn",
+                            "values": ["vm-vgpu", "vm-passthrough"]}]}]}}},
                     "tolerations": [
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
                         {"key": "vgpu-license-agent/unlicensed", "operator": "Exists",
@@ -573,6 +579,7 @@ def host_daemonset(label):
     pod["metadata"]["labels"] = dict(labels)
     pod["spec"]["serviceAccountName"] = HOST
     pod["spec"]["nodeSelector"] = dict(HOST_NODE_SELECTOR)
+    del pod["spec"]["affinity"]
     pod["spec"]["tolerations"] = [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     ]
