@@ -33,7 +33,7 @@ INSTALL_ONLY=0
 [ "${1:-}" = --install-only ] && INSTALL_ONLY=1
 export PATH="$HOME/.cargo/bin:$PATH"
 
-APT_PACKAGES=(cloud-init lintian prometheus shellcheck dpkg-dev man-db binutils
+APT_PACKAGES=(cloud-init lintian prometheus shellcheck dpkg-dev man-db binutils openssl
   debootstrap systemd-container ca-certificates procps victoria-metrics python3-yaml
   python3-jsonschema rpm rpmlint cpio gnupg make buildah podman runc)
 
