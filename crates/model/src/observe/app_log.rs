@@ -123,18 +123,45 @@ impl Words {
 const WINDOW: usize = 64 << 10;
 const OVERLAP: usize = 128;
 
-/// [`classify`] of a line's bytes, window by window where it is long.
-fn classify_bytes(raw: &[u8]) -> Option<Weight> {
+/// [`classify`] of a line's bytes, window by window where it is long, and where the words
+/// that decided it begin (about: the window's offset of the first of them), for the text
+/// the report keeps.
+fn classify_bytes(raw: &[u8]) -> Option<(Weight, usize)> {
     let mut words = Words::default();
+    let (mut license_at, mut cuda_at) = (None, None);
     let mut start = 0;
     loop {
         let end = (start + WINDOW).min(raw.len());
-        words = words.and(&String::from_utf8_lossy(&raw[start..end]));
+        let window = String::from_utf8_lossy(&raw[start..end]);
+        let before = words;
+        words = words.and(&window);
+        let lower = || window.to_lowercase();
+        if words.license && !before.license {
+            license_at = Some(start + first_of(&lower(), &LICENSE_WORDS));
+        }
+        if words.cuda && !before.cuda {
+            cuda_at = Some(start + first_of(&lower(), &CUDA_WORDS));
+        }
         if end == raw.len() || words.license {
-            return words.weight();
+            let weight = words.weight()?;
+            let at = if weight == Weight::License {
+                license_at
+            } else {
+                cuda_at
+            };
+            return Some((weight, at.unwrap_or(0)));
         }
         start = end - OVERLAP;
     }
+}
+
+/// Where the first of `words` begins in `lower` (0 where none does).
+fn first_of(lower: &str, words: &[&str]) -> usize {
+    words
+        .iter()
+        .filter_map(|w| lower.find(w))
+        .min()
+        .unwrap_or(0)
 }
 
 /// Reads an application's log, any text (invalid UTF-8 is replaced).
@@ -152,11 +179,17 @@ fn classify_bytes(raw: &[u8]) -> Option<Weight> {
 pub fn scan(input: &[u8]) -> AppLog {
     let mut found = AppLog::default();
     for (i, raw) in input.split(|&b| b == b'\n').enumerate() {
-        let Some(weight) = classify_bytes(raw) else {
+        let Some((weight, at)) = classify_bytes(raw) else {
             continue;
         };
-        // What the report keeps of the line: its start, as text.
-        let line = String::from_utf8_lossy(&raw[..raw.len().min(4 * MAX_TEXT + 4)]);
+        // What the report keeps of the line: its start, or in a line longer than that, from
+        // a little before the words that decided it.
+        let from = if raw.len() > 4 * MAX_TEXT {
+            at.saturating_sub(MAX_TEXT / 4).min(raw.len())
+        } else {
+            0
+        };
+        let line = String::from_utf8_lossy(&raw[from..raw.len().min(from + 4 * MAX_TEXT + 4)]);
         let slot = match weight {
             Weight::License => &mut found.license,
             Weight::Hint => &mut found.hint,
@@ -254,11 +287,23 @@ mod tests {
         let found = scan(deep.as_bytes());
         assert_eq!(found.license.as_ref().map(|e| e.line), Some(1));
         assert!(found.license.unwrap().text.len() <= MAX_TEXT);
+        // What is kept is the words that decided it, not the line's start.
+        let found = scan(deep.as_bytes());
+        assert!(
+            found.license.unwrap().text.contains("valid Grid license"),
+            "the text kept is around the words"
+        );
         let apart = format!("CUDA error: {pad} operation not supported");
-        assert_eq!(classify_bytes(apart.as_bytes()), Some(Weight::Hint));
+        assert_eq!(
+            classify_bytes(apart.as_bytes()).map(|w| w.0),
+            Some(Weight::Hint)
+        );
         // A word cut by a window's end is still seen.
         let at_edge = format!("{}cudaErrorDeviceNotLicensed", "x".repeat(WINDOW - 10));
-        assert_eq!(classify_bytes(at_edge.as_bytes()), Some(Weight::License));
+        assert_eq!(
+            classify_bytes(at_edge.as_bytes()).map(|w| w.0),
+            Some(Weight::License)
+        );
         assert_eq!(classify_bytes("x".repeat(2 * WINDOW).as_bytes()), None);
     }
 }
