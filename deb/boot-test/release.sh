@@ -199,11 +199,14 @@ agent_checks() {
 	check "the agent is active" check_agent_active
 	check "a token dropped with mode 0600 is fixed to 0744, gridd.conf's FeatureType=0 set to 1, nvidia-gridd.service restarted" check_token_dropped
 	check "vgpu-license-agent status --wait 60 exits 0 once licensed, from the service's report" check_status_wait
-	check "gridd killed outright: gridd_not_running within seconds, from systemd's line about its unit" check_gridd_killed
 	check "the agent follows gridd's journal of this boot (its report lists gridd's acquisition)" check_follows_the_journal
 	check "systemctl status shows the agent's state line" check_systemctl_status
 	check "journalctl -x explains an injected failure (clock skew) from the catalog" check_explained_failure
 	license_gate_checks
+	# Last of the license checks: a gridd killed outright leaves its lease in the driver (as
+	# nvidia-smi shows it) with no process of gridd's to return it, which the checks above,
+	# restarting gridd with the DLS down, would see.
+	check "gridd killed outright: gridd_not_running within seconds, from systemd's line about its unit" check_gridd_killed
 	check "the agent is still active" check_agent_active
 }
 
