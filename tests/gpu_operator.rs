@@ -910,6 +910,17 @@ fn the_image_reports_a_gpu_operator_node_as_the_daemonset_runs_it() {
     }
 }
 
+/// A new driver pod on `m`: its root (kept at `away` meanwhile) mounted again, `token`
+/// copied in, gridd started, the readiness `marker` last.
+fn driver_pod_back(m: &Machine, away: &Path, marker: &Path, token: &[u8]) {
+    let root = driver_root(m);
+    std::fs::remove_dir(&root).unwrap();
+    std::fs::rename(away, &root).unwrap();
+    sim::write_mode(&m.token_path(), token, 0o644);
+    m.start_gridd();
+    std::fs::write(marker, b"").unwrap();
+}
+
 /// A GPU Operator node on the service's default intervals (5 min between readings while
 /// licensed, 15 s without), its driver pod ready (its marker, returned), licensed.
 fn day_two_node() -> (Machine, Agent, PathBuf) {
@@ -948,13 +959,7 @@ fn scenario_day_two_the_driver_pod_deleted_and_made_again() {
         std::fs::rename(&root, &away).unwrap();
         std::fs::create_dir(&root).unwrap();
     };
-    let pod_back = |token: &[u8]| {
-        std::fs::remove_dir(&root).unwrap();
-        std::fs::rename(&away, &root).unwrap();
-        sim::write_mode(&m.token_path(), token, 0o644);
-        m.start_gridd();
-        std::fs::write(&marker, b"").unwrap();
-    };
+    let pod_back = |token: &[u8]| driver_pod_back(&m, &away, &marker, token);
 
     pod_gone();
     let v = a.wait_status("driver_unavailable within 30 s", T, |v| {
@@ -1095,11 +1100,7 @@ fn scenario_day_two_the_root_going_first_reaches_the_node_at_once() {
     );
 
     // A new pod: its root mounted, its token copied, gridd started, the marker last.
-    std::fs::remove_dir(&root).unwrap();
-    std::fs::rename(&away, &root).unwrap();
-    sim::write_mode(&m.token_path(), &m.token(), 0o644);
-    m.start_gridd();
-    std::fs::write(&marker, b"").unwrap();
+    driver_pod_back(&m, &away, &marker, &m.token());
     a.wait_status("licensed within 30 s", T, |v| {
         v["state"] == "licensed" && v["failure"].is_null()
     });
@@ -1184,11 +1185,7 @@ fn scenario_day_two_the_marker_going_first_is_no_verdict_on_the_token() {
     );
     assert_eq!(said(), 1, "{}", a.context());
 
-    std::fs::remove_dir(&root).unwrap();
-    std::fs::rename(&away, &root).unwrap();
-    sim::write_mode(&m.token_path(), &m.token(), 0o644);
-    m.start_gridd();
-    std::fs::write(&marker, b"").unwrap();
+    driver_pod_back(&m, &away, &marker, &m.token());
     a.wait_status("licensed within 30 s", T, |v| {
         v["state"] == "licensed" && v["failure"].is_null()
     });

@@ -9,9 +9,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 use crate::common::skipped;
-use crate::samples::{analyze, fixture};
-
-const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
+use crate::samples::{analyze, fixture, run_analyze};
 
 fn sample(name: &str) -> String {
     fixture("samples").join(name).display().to_string()
@@ -19,20 +17,7 @@ fn sample(name: &str) -> String {
 
 /// `analyze` with `args` (not `--json`): standard output and the exit code.
 fn run(args: &[&str], stdin: Option<&[u8]>) -> (String, i32) {
-    let mut child = Command::new(BIN)
-        .arg("analyze")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(bytes) = stdin {
-        input.write_all(bytes).unwrap();
-    }
-    drop(input);
-    let out = child.wait_with_output().unwrap();
+    let out = run_analyze(args, stdin);
     (
         String::from_utf8(out.stdout).unwrap(),
         out.status.code().unwrap(),

@@ -27,10 +27,10 @@ fn validator() -> jsonschema::Validator {
 
 /// Runs `analyze --json` with `args`, checks the report against the schema, returns it and the
 /// exit code.
-pub(crate) fn analyze(args: &[&str], stdin: Option<&[u8]>) -> (Value, i32) {
+/// `analyze` with `args`, `stdin` given on its standard input: what it left.
+pub(crate) fn run_analyze(args: &[&str], stdin: Option<&[u8]>) -> std::process::Output {
     let mut child = Command::new(BIN)
         .arg("analyze")
-        .arg("--json")
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -42,7 +42,11 @@ pub(crate) fn analyze(args: &[&str], stdin: Option<&[u8]>) -> (Value, i32) {
         input.write_all(bytes).unwrap();
     }
     drop(input);
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+pub(crate) fn analyze(args: &[&str], stdin: Option<&[u8]>) -> (Value, i32) {
+    let out = run_analyze(&[&["--json"], args].concat(), stdin);
     let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{args:?}: not JSON ({e}); stderr: {}",

@@ -494,6 +494,19 @@ fn the_journal_gets_the_agents_lines_not_its_http_clients() {
     );
 }
 
+/// A GPU Operator node with its token and gridd.conf, `configure`d, its gridd started.
+fn operator_node(configure: impl FnOnce(&Machine)) -> Machine {
+    let m = Machine::new(Setup {
+        gpu_operator: true,
+        ..Setup::default()
+    });
+    write_gridd_conf(&m);
+    configure(&m);
+    sim::write_mode(&m.token_path(), &m.token(), 0o644);
+    m.start_gridd();
+    m
+}
+
 /// A GPU Operator node whose driver root holds an nvidia-smi that another user owns (or may
 /// write): root would run it by `chroot`. It is not run: `status` and `diagnose` say so with
 /// the owner, and the service reports `driver_unavailable` with the owner, in its metrics
@@ -503,13 +516,7 @@ fn a_driver_root_another_user_owns_is_not_run() {
     if !nix::unistd::geteuid().is_root() {
         return skipped("giving a file to another user needs root");
     }
-    let m = Machine::new(Setup {
-        gpu_operator: true,
-        ..Setup::default()
-    });
-    write_gridd_conf(&m);
-    sim::write_mode(&m.token_path(), &m.token(), 0o644);
-    m.start_gridd();
+    let m = operator_node(|_| {});
     let sim_dir = m.container_sim().unwrap().to_path_buf();
     let cli = |args: &[&str]| {
         let out = std::process::Command::new(crate::common::BIN)
@@ -579,15 +586,8 @@ fn a_driver_root_runs_the_nvidia_smi_it_checked() {
     if !nix::unistd::geteuid().is_root() {
         return skipped("giving a file to another user needs root");
     }
-    let m = Machine::new(Setup {
-        gpu_operator: true,
-        ..Setup::default()
-    });
-    write_gridd_conf(&m);
     // The default: a name, found as the root's files have it.
-    m.set_config("nvidia_smi", "\"nvidia-smi\"");
-    sim::write_mode(&m.token_path(), &m.token(), 0o644);
-    m.start_gridd();
+    let m = operator_node(|m| m.set_config("nvidia_smi", "\"nvidia-smi\""));
     let sim_dir = m.container_sim().unwrap().to_path_buf();
     let local = m.path("run/nvidia/driver/usr/local/bin");
     std::fs::create_dir_all(&local).unwrap();

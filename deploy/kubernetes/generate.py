@@ -302,12 +302,27 @@ def ds_namespace(_label):
     })
 
 
-def ds_serviceaccount(_label):
-    return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE), {
+def service_account(name, note):
+    return dump(generated("deploy/kubernetes/generate.py", note), {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": agent_meta(NAME),
+        "metadata": agent_meta(name),
     })
+
+
+def cluster_role_binding(name, note):
+    """The ClusterRole `name` bound to the service account `name` of the agent's namespace."""
+    return dump(generated("deploy/kubernetes/generate.py", note), {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": metadata(name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": AGENT_NAMESPACE}],
+    })
+
+
+def ds_serviceaccount(_label):
+    return service_account(NAME, DAEMONSET_NOTE)
 
 
 def ds_clusterrole(_label):
@@ -325,13 +340,7 @@ def ds_clusterrole(_label):
 
 
 def ds_clusterrolebinding(_label):
-    return dump(generated("deploy/kubernetes/generate.py", DAEMONSET_NOTE), {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": metadata(NAME),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": AGENT_NAMESPACE}],
-    })
+    return cluster_role_binding(NAME, DAEMONSET_NOTE)
 
 
 def ds_configmap(_label):
@@ -523,11 +532,7 @@ HOST_NOTE = ("The agent on KubeVirt's vGPU hosts (the GPU Operator's vm-vgpu nod
 
 
 def host_serviceaccount(_label):
-    return dump(generated("deploy/kubernetes/generate.py", HOST_NOTE), {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": agent_meta(HOST),
-    })
+    return service_account(HOST, HOST_NOTE)
 
 
 def host_clusterrole(_label):
@@ -546,13 +551,7 @@ def host_clusterrole(_label):
 
 
 def host_clusterrolebinding(_label):
-    return dump(generated("deploy/kubernetes/generate.py", HOST_NOTE), {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": metadata(HOST),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": HOST},
-        "subjects": [{"kind": "ServiceAccount", "name": HOST, "namespace": AGENT_NAMESPACE}],
-    })
+    return cluster_role_binding(HOST, HOST_NOTE)
 
 
 def host_configmap(_label):
