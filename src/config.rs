@@ -1,11 +1,11 @@
 //! The agent's config files: `config.toml`, then `config.d/*.toml` drop-ins in name order,
 //! each read only where root alone can change it, then merged and validated by the model
-//! ([`vgpu_license_model::config`], whose types are re-exported here). A missing main file
+//! ([`vgpu_license_model::config`], where the settings' types are). A missing main file
 //! means defaults.
 
 use std::path::{Path, PathBuf};
 
-pub use vgpu_license_model::config::*;
+use crate::model::config::{ConfigError, MAX_CONFIG_BYTES, Settings, shown_value};
 
 /// Loads `main` (missing = defaults) and `<dir of main>/config.d/*.toml` in name order.
 pub fn load(main: &Path) -> Result<Settings, ConfigError> {

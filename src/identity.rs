@@ -20,9 +20,9 @@ use anyhow::{Context, anyhow};
 use chrono::Utc;
 use serde::Deserialize;
 
-use crate::config::Settings;
 use crate::files::fsutil;
 use crate::files::input::{self, Links};
+use crate::model::config::Settings;
 use crate::model::text::show_path;
 
 pub use crate::files::layout::{CLONE_FILE, CLONE_SEEN_FILE, IDENTITY_FILE};

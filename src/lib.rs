@@ -8,11 +8,8 @@
 // What decides: the model crate, as `crate::model`.
 pub use vgpu_license_model as model;
 
-pub mod analyze;
 pub mod cli;
-pub mod command;
 pub mod config;
-pub mod diagnose;
 pub mod files;
 pub mod gridd;
 pub mod http;
@@ -20,10 +17,8 @@ pub mod identity;
 pub mod image;
 pub mod install;
 pub mod kube;
-pub mod live;
 pub mod node;
 pub mod observe;
 pub mod probe;
 pub mod service;
-pub mod status;
 pub mod token;

@@ -8,18 +8,18 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
-use vgpu_license_agent::config::Settings;
-use vgpu_license_agent::observe::journal::{self, GriddEvent};
-use vgpu_license_agent::observe::smi;
 use vgpu_license_agent::service::core::{
     AFTER_EXPIRY, AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
     SMI_FLOOR,
 };
-use vgpu_license_agent::token::{Token, TokenError, Untimely};
 use vgpu_license_model::assemble::{SmiRead, TokenProblem};
+use vgpu_license_model::config::Settings;
 use vgpu_license_model::install::{Outcome, Restart};
+use vgpu_license_model::observe::journal::{self, GriddEvent};
+use vgpu_license_model::observe::smi;
 use vgpu_license_model::policy;
 use vgpu_license_model::report::{Reason, State};
+use vgpu_license_model::token::{Token, TokenError, Untimely};
 
 const LICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n";
 const UNLICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Unlicensed (Unrestricted)\n";
@@ -1744,11 +1744,11 @@ fn a_host_whose_vms_are_unlicensed_for_an_hour_changes_nothing() {
 #[test]
 fn the_role_in_the_config_decides_over_the_reading() {
     let mut s = settings();
-    s.service.role = vgpu_license_agent::config::ServiceRole::Guest;
+    s.service.role = vgpu_license_model::config::ServiceRole::Guest;
     let sim = Sim::new(s, World::new(HOST_UNLICENSED));
     assert!(!sim.core.is_host());
     let mut s = settings();
-    s.service.role = vgpu_license_agent::config::ServiceRole::Host;
+    s.service.role = vgpu_license_model::config::ServiceRole::Host;
     let sim = Sim::new(s, World::new(HOST_UNLICENSED));
     assert!(sim.core.is_host());
 }

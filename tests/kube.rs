@@ -667,7 +667,7 @@ fn an_event_goes_to_the_vmi_its_firmware_uuid_confirms() {
     let kc = dir.path().join("kubeconfig");
     std::fs::write(&kc, crate::trust::kubeconfig(&api, None)).unwrap();
     std::fs::set_permissions(&kc, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let mut settings = vgpu_license_agent::config::Settings::default();
+    let mut settings = vgpu_license_model::config::Settings::default();
     settings.kubernetes.kubeconfig = Some(kc);
     settings.kubernetes.node_name = Some("gpu-host-1".into());
     let target = vgpu_license_agent::kube::target(&settings)

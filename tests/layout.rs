@@ -263,6 +263,111 @@ fn the_modules_import_each_other_in_no_cycle() {
     );
 }
 
+/// The agent's top level, its table of contents: each folder (or file) of `src/`, from the
+/// bottom up. A module imports only the ones below it; a new one takes its place here.
+const LAYERS: [&str; 14] = [
+    "files", "config", "http", "identity", "token", "gridd", "node", "probe", "observe", "kube",
+    "install", "image", "service", "cli",
+];
+
+/// The folder (top-level module) of a module: `observe/smi` is in `observe`.
+fn folder(module: &str) -> &str {
+    module.split('/').next().unwrap_or(module)
+}
+
+/// The imports from one folder into another that is not below it in [`LAYERS`].
+fn upward_imports(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let rank = |m: &str| LAYERS.iter().position(|l| *l == folder(m));
+    let mut up = Vec::new();
+    for (from, tos) in edges {
+        for to in tos {
+            if folder(from) == folder(to) || to == "model" {
+                continue;
+            }
+            match (rank(from), rank(to)) {
+                (Some(f), Some(t)) if t < f => {}
+                (None, _) => up.push(format!("{from} is in no layer")),
+                _ => up.push(format!("{from} imports {to}")),
+            }
+        }
+    }
+    up
+}
+
+#[test]
+fn the_folders_import_only_the_layers_below() {
+    let up = upward_imports(&src_graph());
+    assert!(
+        up.is_empty(),
+        "imports that run up or across the layers of src/ ({LAYERS:?}, bottom first): {up:?}; move what both need down, or pass it in as a value"
+    );
+}
+
+#[test]
+fn the_top_level_is_a_table_of_contents() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = fs::read_to_string(root.join("lib.rs")).unwrap();
+    let modules: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+        .collect();
+    assert!(
+        modules.len() <= 15,
+        "src/lib.rs has {} modules: {modules:?}",
+        modules.len()
+    );
+    let mut sorted = modules.clone();
+    sorted.sort_unstable();
+    let mut layers = LAYERS.to_vec();
+    layers.sort_unstable();
+    assert_eq!(sorted, layers, "src/lib.rs's modules and LAYERS differ");
+    // No wildcard re-exports: each name has one path.
+    let mut dirs = vec![root];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let (code, _) = non_test_code(&fs::read_to_string(&path).unwrap());
+                let glob = code.lines().find(|l| {
+                    let l = l.trim_start();
+                    (l.starts_with("pub use ") || l.starts_with("pub(crate) use "))
+                        && l.ends_with("::*;")
+                });
+                assert!(
+                    glob.is_none(),
+                    "{}: a wildcard re-export: {glob:?}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// The layering check itself, on made-up edges: one going up is named, one going down is not.
+#[test]
+fn an_import_up_the_layers_is_named() {
+    let edges = BTreeMap::from([
+        (
+            "install/source".to_string(),
+            BTreeSet::from(["cli".to_string(), "files/input".to_string()]),
+        ),
+        (
+            "cli".to_string(),
+            BTreeSet::from(["install/source".to_string()]),
+        ),
+        ("nowhere".to_string(), BTreeSet::from(["files".to_string()])),
+    ]);
+    assert_eq!(
+        upward_imports(&edges),
+        vec![
+            "install/source imports cli".to_string(),
+            "nowhere is in no layer".to_string()
+        ]
+    );
+}
+
 #[test]
 fn the_state_directory_layout_is_a_leaf() {
     let edges = src_graph();

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::sim::{Agent, Machine, Setup, has_event, wait_for, write_gridd_conf};
-use vgpu_license_agent::config::Settings;
+use vgpu_license_model::config::Settings;
 
 /// Deadline of anything the agent must do.
 const T: Duration = Duration::from_secs(60);

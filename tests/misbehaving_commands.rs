@@ -11,11 +11,11 @@ use std::time::Duration;
 use crate::common::sim::{GpuState, SimConfig, SmiMode, program};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use vgpu_license_agent::command;
-use vgpu_license_agent::config::Settings;
-use vgpu_license_agent::live;
-use vgpu_license_agent::observe::smi::{LicenseStatus, classify_status};
+use vgpu_license_agent::gridd::command;
+use vgpu_license_agent::observe::live;
 use vgpu_license_model::assemble::SmiRead;
+use vgpu_license_model::config::Settings;
+use vgpu_license_model::observe::smi::{LicenseStatus, classify_status};
 
 /// The tests of this module measure the whole process (CPU seconds, descriptors): one at a
 /// time.

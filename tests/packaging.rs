@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use vgpu_license_agent::config::Settings;
+use vgpu_license_model::config::Settings;
 
 const CONFIG: &str = include_str!("../packaging/config.toml");
 const UNIT: &str = include_str!("../packaging/vgpu-license-agent.service");

@@ -603,7 +603,7 @@ fn journalctl_with_previous_boot(root: &Root, boot_id: &str, at_micros: i64) {
 
 #[test]
 fn after_prepare_image_a_clones_first_boot_reports_no_last_shutdown_of_the_builder() {
-    use vgpu_license_agent::live::previous_boot_shutdown;
+    use vgpu_license_agent::image::prepared::last_shutdown as previous_boot_shutdown;
     let this_boot = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     let mut root = Root::new();
     journalctl_with_previous_boot(

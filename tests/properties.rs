@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use vgpu_license_agent::cli::Cli;
-use vgpu_license_agent::config::Settings;
-use vgpu_license_agent::observe::{journal, smi};
-use vgpu_license_agent::token::Token;
+use vgpu_license_model::config::Settings;
 use vgpu_license_model::gridd_conf::GriddConf;
+use vgpu_license_model::observe::{journal, smi};
 use vgpu_license_model::state::{LogFold, Observations, evaluate};
 use vgpu_license_model::time::LogTime;
+use vgpu_license_model::token::Token;
 
 /// Every numeric key of the config.
 const NUMERIC_KEYS: &[(&str, &str)] = &[
@@ -142,7 +142,7 @@ fn everything(input: &[u8]) {
     assert!(message_bytes <= 3 * input.len());
     if let Ok(t) = Token::decode(input) {
         let now = chrono::Utc::now();
-        let _ = vgpu_license_agent::token::inspect::render("x", &t, t.validity(now));
+        let _ = vgpu_license_agent::cli::token::render("x", &t, t.validity(now));
         let targets = vgpu_license_agent::probe::targets(&t);
         assert!(targets.len() <= 2 * t.nodes.len());
     }
@@ -703,7 +703,7 @@ fn toml_value() -> impl Strategy<Value = String> {
 fn load_config(
     main: &[u8],
     dropin: Option<&[u8]>,
-) -> Result<Settings, vgpu_license_agent::config::ConfigError> {
+) -> Result<Settings, vgpu_license_model::config::ConfigError> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.toml");
     std::fs::write(&path, main).unwrap();
@@ -715,7 +715,7 @@ fn load_config(
 }
 
 /// A loaded config holds only what its own checks allow; an error is one line, escaped.
-fn loaded_or_refused(r: &Result<Settings, vgpu_license_agent::config::ConfigError>) -> String {
+fn loaded_or_refused(r: &Result<Settings, vgpu_license_model::config::ConfigError>) -> String {
     match r {
         Ok(s) => {
             durations_are_safe(s);
@@ -1113,7 +1113,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let settings = state_settings(dir.path());
         std::fs::write(&settings.paths.status_file, &bytes).unwrap();
-        prop_assert!(vgpu_license_agent::status::from_service(&settings).is_none());
+        prop_assert!(vgpu_license_agent::cli::status::from_service(&settings).is_none());
         if let Ok(report) = serde_json::from_slice::<Report>(&bytes) {
             let shown = human::render(&report);
             // What a person reads says the state first, and carries no control character

@@ -130,7 +130,7 @@ fn scenario_a_truncated_token_beside_the_good_one_is_a_visible_warning() {
     let message = v["failure"]["message"].as_str().unwrap();
     assert!(message.contains(DOWNLOAD), "names the file: {message}");
     // The words the agent uses for the same file alone in the directory.
-    let alone = vgpu_license_agent::token::Token::decode(cut)
+    let alone = vgpu_license_model::token::Token::decode(cut)
         .unwrap_err()
         .to_string();
     assert!(message.contains(&alone), "{message}\nvs\n{alone}");

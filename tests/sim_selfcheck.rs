@@ -12,8 +12,8 @@ use crate::common::sim::gridd_lines::{self, Source};
 use crate::common::sim::{
     self, FakeDls, Machine, Mode, NetworkFailure, Setup, SimConfig, SmiMode, wait_for,
 };
-use vgpu_license_agent::observe::journal::{self, GriddEvent};
-use vgpu_license_agent::observe::smi::{self, LicenseStatus, classify_status};
+use vgpu_license_model::observe::journal::{self, GriddEvent};
+use vgpu_license_model::observe::smi::{self, LicenseStatus, classify_status};
 use vgpu_license_model::report::{EventKind, Reason};
 
 const T: Duration = Duration::from_secs(15);
@@ -167,7 +167,7 @@ fn every_line_gridd_can_log_is_held_to_its_source() {
 #[test]
 fn dls_signed_tokens_verify_and_edited_ones_do_not() {
     use sim::dls::jws::{self, Rejected};
-    use vgpu_license_agent::token::Token;
+    use vgpu_license_model::token::Token;
     // The committed key pair is one.
     let public = jws::spki_rsa_public_key(&jws::pem_der(jws::PUBLIC_KEY_PEM)).unwrap();
     assert_eq!(public, jws::signing_key_public());

@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use anyhow::anyhow;
 
 use crate::cli::ConfigCommand;
-use crate::config::{Settings, config_files};
+use crate::config::config_files;
+use crate::model::config::Settings;
 use crate::model::text::show_path;
 
 /// `config check` / `config show`.

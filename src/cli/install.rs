@@ -5,8 +5,8 @@ use std::time::Duration;
 use anyhow::anyhow;
 
 use crate::cli::InstallArgs;
-use crate::config::Settings;
 use crate::install::{Request, check_feature_type, install, nothing_changed, source};
+use crate::model::config::Settings;
 use crate::model::install::{Outcome, Restart};
 
 /// `vgpu-license-agent install`.
@@ -20,7 +20,8 @@ pub fn run(args: &InstallArgs, settings: &Settings) -> anyhow::Result<()> {
         .timeout
         .map(Duration::from_secs)
         .unwrap_or(settings.commands.timeout);
-    let token = source::read(&args.source, args.ca_file.as_deref(), timeout, args.retries)?;
+    let given = args.source.given()?;
+    let token = source::read(given, args.ca_file.as_deref(), timeout, args.retries)?;
     refuse_where_the_platform_licenses(args, settings)?;
     let req = Request {
         token,
@@ -41,7 +42,8 @@ fn refuse_where_the_platform_licenses(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     if !args.force
-        && let crate::model::assemble::SmiRead::Snapshot(smi) = crate::live::read_smi(settings)
+        && let crate::model::assemble::SmiRead::Snapshot(smi) =
+            crate::observe::live::read_smi(settings)
         && crate::model::state::licensing_mode(None, None, Some(&smi), None)
             == crate::model::report::LicensingMode::CloudProvider
     {

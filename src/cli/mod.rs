@@ -255,6 +255,22 @@ pub struct TokenSource {
     pub token_url: Option<String>,
 }
 
+impl TokenSource {
+    /// The one source given (clap holds them to one).
+    pub fn given(&self) -> anyhow::Result<crate::install::source::Given<'_>> {
+        use crate::install::source::Given;
+        if let Some(path) = &self.token_file {
+            Ok(Given::File(path))
+        } else if let Some(text) = &self.token_base64 {
+            Ok(Given::Base64(text))
+        } else if let Some(url) = &self.token_url {
+            Ok(Given::Url(url))
+        } else {
+            anyhow::bail!("no token given: use --token-file, --token-base64 or --token-url")
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct InstallArgs {
     #[command(flatten)]

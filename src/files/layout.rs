@@ -6,8 +6,8 @@ use std::fs;
 
 use anyhow::anyhow;
 
-use crate::config::Settings;
 use crate::files::fsutil;
+use crate::model::config::Settings;
 use crate::model::text::show_path;
 
 /// Held while an install runs.

@@ -30,9 +30,9 @@ use anyhow::anyhow;
 use base64::Engine;
 use chrono::Utc;
 
-use crate::config::Settings;
 use crate::files::fsutil;
 use crate::files::input::{self, Links};
+use crate::model::config::Settings;
 use crate::model::text::show_path;
 
 /// The agent's own unit.
@@ -255,7 +255,7 @@ fn check_root(root: &Path) -> anyhow::Result<()> {
 }
 
 /// Every path of the config taken below `root`, none reached through a symlink.
-fn paths_under(root: &Path, p: &mut crate::config::Paths) -> anyhow::Result<()> {
+fn paths_under(root: &Path, p: &mut crate::model::config::Paths) -> anyhow::Result<()> {
     for path in [
         &mut p.token_dir,
         &mut p.gridd_conf,
@@ -302,7 +302,7 @@ fn entries(dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// without the unit (a builder with no NVIDIA driver yet), has nothing to stop.
 fn is_active(settings: &Settings, unit: &str) -> bool {
     let argv = [settings.commands.systemctl.as_str(), "is-active", unit].map(String::from);
-    crate::command::run(&argv, settings.commands.timeout).is_ok_and(|o| {
+    crate::gridd::command::run(&argv, settings.commands.timeout).is_ok_and(|o| {
         matches!(
             String::from_utf8_lossy(&o.stdout).trim(),
             "active" | "activating" | "reloading" | "deactivating"
@@ -312,7 +312,7 @@ fn is_active(settings: &Settings, unit: &str) -> bool {
 
 fn stop(settings: &Settings, unit: &str) -> anyhow::Result<()> {
     let argv = [settings.commands.systemctl.as_str(), "stop", unit].map(String::from);
-    let out = crate::command::run(&argv, settings.commands.timeout)
+    let out = crate::gridd::command::run(&argv, settings.commands.timeout)
         .map_err(|e| anyhow!("cannot stop {unit}: {}: {e}", settings.commands.systemctl))?;
     if !out.status.success() {
         return Err(anyhow!(
@@ -577,7 +577,7 @@ fn plan(settings: &Settings, req: &Request) -> anyhow::Result<Plan> {
 }
 
 /// The agent's status file and metrics textfile, where they are files (or links).
-fn agent_outputs(paths: &crate::config::Paths) -> anyhow::Result<Vec<PathBuf>> {
+fn agent_outputs(paths: &crate::model::config::Paths) -> anyhow::Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for (key, f) in [
         ("paths.status_file", &paths.status_file),
@@ -600,7 +600,7 @@ fn agent_outputs(paths: &crate::config::Paths) -> anyhow::Result<Vec<PathBuf>> {
 /// gridd's client state: its entries go to `remove` with `purge`; otherwise the directories
 /// that hold something are left, with their number of entries.
 fn client_state(
-    paths: &crate::config::Paths,
+    paths: &crate::model::config::Paths,
     purge: bool,
     remove: &mut Vec<PathBuf>,
 ) -> anyhow::Result<Vec<(PathBuf, usize)>> {
@@ -828,7 +828,7 @@ fn remove_all(paths: Vec<PathBuf>) -> anyhow::Result<Vec<PathBuf>> {
 fn run_journal_commands(settings: &Settings, cmds: &[Vec<String>]) -> anyhow::Result<Vec<String>> {
     let mut ran = Vec::new();
     for argv in cmds {
-        let out = crate::command::run(argv, settings.commands.timeout)
+        let out = crate::gridd::command::run(argv, settings.commands.timeout)
             .map_err(|e| anyhow!("cannot run {}: {e}", argv.join(" ")))?;
         if !out.status.success() {
             return Err(anyhow!(

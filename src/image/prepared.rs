@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Settings;
 use crate::files::input::{self, Links};
+use crate::model::config::Settings;
 
 /// The record that an image was prepared, beside the state directory (the state directory
 /// itself is emptied, and holds only the agent's own files).
@@ -50,6 +50,16 @@ impl ImagePrepared {
     }
 }
 
+/// What gridd did with its lease as this guest's previous boot ended
+/// ([`crate::observe::live::previous_boot_shutdown`]); none on a clone's first boot, whose
+/// previous boot in the journal the image kept is the builder's.
+pub fn last_shutdown(settings: &Settings) -> Option<crate::model::shutdown::LastShutdown> {
+    if previous_boot_is_the_builders(settings) {
+        return None;
+    }
+    crate::observe::live::previous_boot_shutdown(settings)
+}
+
 /// For the service's last-shutdown reading: whether the journal's previous boot is the
 /// builder's (the image was prepared in it, or after it), so that it is not reported as this
 /// guest's own. Asks journalctl for that boot's last entry only when the image was prepared.
@@ -66,7 +76,7 @@ pub fn previous_boot_is_the_builders(settings: &Settings) -> bool {
     ]
     .map(String::from)
     .to_vec();
-    let Ok(out) = crate::command::run(&argv, settings.commands.timeout) else {
+    let Ok(out) = crate::gridd::command::run(&argv, settings.commands.timeout) else {
         return false;
     };
     let Some(entry) = String::from_utf8_lossy(&out.stdout)

@@ -135,8 +135,9 @@ pub fn adopt(
                 "the token in the token source {} (paths.token_source) was not installed: {}; put a current client configuration token from the DLS into the source (the Secret); {stays}",
                 show_path(source),
                 match why {
-                    crate::token::Untimely::Expired(t) => format!("it expired at {}", rfc3339(t)),
-                    crate::token::Untimely::NotYetValid(t) => format!(
+                    crate::model::token::Untimely::Expired(t) =>
+                        format!("it expired at {}", rfc3339(t)),
+                    crate::model::token::Untimely::NotYetValid(t) => format!(
                         "it is not valid before {} (is this guest's clock right?)",
                         rfc3339(t)
                     ),
@@ -206,12 +207,14 @@ fn read_source(source: &Path, token_file: &str) -> Result<Vec<u8>, TokenRejected
         Ok(_) => source.to_path_buf(),
         Err(e) => return Err(gone(&e)),
     };
-    input::read_file(&file, crate::token::MAX_TOKEN_BYTES, Links::Follow).map_err(|e| match e {
-        ReadError::TooLarge(_) => {
-            TokenRejected::Invalid(TokenError::TooLarge(crate::token::MAX_TOKEN_BYTES + 1))
-        }
-        e => gone(&e),
-    })
+    input::read_file(&file, crate::model::token::MAX_TOKEN_BYTES, Links::Follow).map_err(
+        |e| match e {
+            ReadError::TooLarge(_) => TokenRejected::Invalid(TokenError::TooLarge(
+                crate::model::token::MAX_TOKEN_BYTES + 1,
+            )),
+            e => gone(&e),
+        },
+    )
 }
 
 /// The token source (shown as `shown`) gives no token: why.

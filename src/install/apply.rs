@@ -225,7 +225,7 @@ fn swap_in(
     plan: &[Change],
     previous: Option<&Previous>,
     token: Option<fsutil::Staged>,
-    paths: &crate::config::Paths,
+    paths: &crate::model::config::Paths,
     (replaced_root, stamp): (&Path, &str),
     undo: &mut Vec<Undo>,
     done: &mut Vec<Change>,
@@ -292,7 +292,7 @@ fn finish(
     plan: &[Change],
     previous: Option<&Previous>,
     conf: Option<fsutil::Staged>,
-    paths: &crate::config::Paths,
+    paths: &crate::model::config::Paths,
     done: &mut Vec<Change>,
 ) -> anyhow::Result<()> {
     for change in plan {
@@ -328,7 +328,7 @@ fn finish(
 /// descriptor and without following links: a `replaced/` swapped for a symlink after the
 /// check is never written through.
 fn replaced_dir(
-    paths: &crate::config::Paths,
+    paths: &crate::model::config::Paths,
     replaced_root: &Path,
     stamp: &str,
     undo: &mut Vec<Undo>,
@@ -350,7 +350,7 @@ fn replaced_dir(
 fn save_previous(
     plan: &[Change],
     previous: Option<&Previous>,
-    paths: &crate::config::Paths,
+    paths: &crate::model::config::Paths,
     into_dir: &Dir,
     into: &Path,
     undo: &mut Vec<Undo>,

@@ -65,11 +65,11 @@ async fn attempt(
                 "cannot download the token from {shown}: {last}; {hint}"
             ));
         }
-        match body_capped(&mut resp, crate::token::MAX_TOKEN_BYTES).await {
+        match body_capped(&mut resp, crate::model::token::MAX_TOKEN_BYTES).await {
             Ok(body) => Attempt::Done(body),
             Err(BodyError::TooLarge) => Attempt::Fail(anyhow!(
                 "the download from {shown} is larger than {} bytes, far more than a client configuration token (a few KB); check that the URL serves the .tok file",
-                crate::token::MAX_TOKEN_BYTES
+                crate::model::token::MAX_TOKEN_BYTES
             )),
             Err(BodyError::Broken(e)) if e.is_timeout() => Attempt::Retry(too_slow(timeout)),
             Err(BodyError::Broken(e)) => {

@@ -30,16 +30,16 @@ use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::config::Settings;
 use crate::files::fsutil::{self, LockError};
 use crate::files::input::{self, Links, ReadError};
 use crate::files::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::gridd::restart_gridd;
+use crate::model::config::Settings;
 use crate::model::gridd_conf::{self, Edit, GriddConf};
 use crate::model::text::show_path;
 use crate::model::time::rfc3339;
+use crate::model::token::{Token, TokenError};
 use crate::token::dir::sha256_hex;
-use crate::token::{Token, TokenError};
 
 /// Mode of the installed token (NVIDIA's guidance: gridd need not own it).
 pub const TOKEN_MODE: u32 = 0o744;
@@ -152,10 +152,10 @@ impl InstallState {
 }
 
 /// The vGPUs nvidia-smi shows now (empty when it does not answer).
-fn smi_gpus(settings: &Settings) -> Vec<crate::observe::smi::SmiGpu> {
+fn smi_gpus(settings: &Settings) -> Vec<crate::model::observe::smi::SmiGpu> {
     let argv = vec![settings.commands.nvidia_smi.clone(), "-q".to_string()];
-    match crate::command::run(&argv, settings.commands.timeout) {
-        Ok(out) if out.status.success() => crate::observe::smi::parse(&out.stdout)
+    match crate::gridd::command::run(&argv, settings.commands.timeout) {
+        Ok(out) if out.status.success() => crate::model::observe::smi::parse(&out.stdout)
             .map(|s| s.gpus)
             .unwrap_or_default(),
         _ => Vec::new(),
@@ -532,7 +532,7 @@ struct Inputs {
     /// This run's name in `replaced/` (its time).
     stamp: String,
     /// The vGPUs nvidia-smi shows, where the FeatureType to set needs them (else none).
-    gpus: Vec<crate::observe::smi::SmiGpu>,
+    gpus: Vec<crate::model::observe::smi::SmiGpu>,
 }
 
 impl Inputs {
@@ -636,7 +636,7 @@ fn needs_gpus(requested: FeatureType, cur: &Current) -> bool {
 fn feature_type_to_set(
     requested: FeatureType,
     cur: &Current,
-    gpus: &[crate::observe::smi::SmiGpu],
+    gpus: &[crate::model::observe::smi::SmiGpu],
     warnings: &mut Vec<String>,
 ) -> u8 {
     let present = present_feature_type(cur);

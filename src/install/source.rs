@@ -9,9 +9,8 @@ use anyhow::{anyhow, bail};
 use base64::Engine;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 
-use crate::cli::TokenSource;
 use crate::files::input::{self, ReadError};
-use crate::token::{MAX_TOKEN_BYTES, TokenError};
+use crate::model::token::{MAX_TOKEN_BYTES, TokenError};
 
 /// How long standard input may take to deliver a whole token where no config says (`token
 /// inspect -`): a pipe from a command that never writes or never closes must not hang.
@@ -110,22 +109,30 @@ fn encoded_token(bytes: &[u8]) -> bool {
     })
 }
 
-/// The token's bytes from whichever source was given.
+/// Where an install's token comes from (the command line's `--token-file`, `--token-base64`
+/// or `--token-url`).
+#[derive(Debug, Clone, Copy)]
+pub enum Given<'a> {
+    /// A file, `-` for standard input.
+    File(&'a Path),
+    /// The token's bytes, base64-encoded.
+    Base64(&'a str),
+    /// An HTTPS URL to download it from.
+    Url(&'a str),
+}
+
+/// The token's bytes from the source given.
 pub fn read(
-    source: &TokenSource,
+    source: Given<'_>,
     ca_file: Option<&Path>,
     timeout: Duration,
     retries: u32,
 ) -> anyhow::Result<Vec<u8>> {
-    if let Some(path) = &source.token_file {
+    match source {
         // The same time limit as a download's attempt: the config's commands.timeout_seconds.
-        from_file(path, timeout)
-    } else if let Some(text) = &source.token_base64 {
-        from_base64(text)
-    } else if let Some(url) = &source.token_url {
-        super::fetch::fetch(url, ca_file, timeout, retries)
-    } else {
-        bail!("no token given: use --token-file, --token-base64 or --token-url")
+        Given::File(path) => from_file(path, timeout),
+        Given::Base64(text) => from_base64(text),
+        Given::Url(url) => super::fetch::fetch(url, ca_file, timeout, retries),
     }
 }
 

@@ -2,8 +2,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
 use super::*;
-use crate::token::Untimely;
-use crate::token::testing::make_token;
+use crate::model::token::Untimely;
+use crate::model::token::testing::make_token;
 
 fn payload(jti: &str, exp: i64) -> serde_json::Value {
     serde_json::json!({

@@ -30,8 +30,8 @@ use anyhow::{Context, anyhow, bail};
 use reqwest::{Client, RequestBuilder, Url};
 use serde_json::{Value, json};
 
-use crate::config::{Settings, Switch};
 use crate::files::input::{self, Links};
+use crate::model::config::{Settings, Switch};
 use crate::model::node::condition::TYPE;
 use crate::model::text::show_path;
 
@@ -219,7 +219,7 @@ pub fn target(settings: &Settings) -> anyhow::Result<Option<Api>> {
 
 /// The in-cluster API, its CA and the service account's token, where the agent runs in a
 /// pod with a service account; `None` elsewhere (an error where `node_condition = "on"`).
-fn in_cluster(k: &crate::config::Kubernetes) -> anyhow::Result<Option<kubeconfig::Found>> {
+fn in_cluster(k: &crate::model::config::Kubernetes) -> anyhow::Result<Option<kubeconfig::Found>> {
     let sa = &k.service_account_dir;
     let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
     let in_pod = host.is_some() && sa.join("token").exists();

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::{Api, MAX_ANSWER, Session};
-use crate::config::SecretRef;
+use crate::model::config::SecretRef;
 use crate::model::node::{SECRET_TOKEN_KEY, SecretToken};
 
 /// Reads the Secret `name` now and then every `every`, and at once when `bell` rings (the
@@ -101,7 +101,7 @@ fn token_of(secret: &Value) -> Result<SecretToken, String> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(data.trim())
         .map_err(|_| format!("its {SECRET_TOKEN_KEY} is not base64 data"))?;
-    Ok(SecretToken::Token(Box::new(crate::token::Token::decode(
-        &bytes,
-    ))))
+    Ok(SecretToken::Token(Box::new(
+        crate::model::token::Token::decode(&bytes),
+    )))
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::command;
-use crate::config::Settings;
+use crate::gridd::command;
+use crate::model::config::Settings;
 
 /// Where systemd (pid 1) says it runs in a container, and which one.
 const CONTAINER_FILE: &str = "/run/systemd/container";

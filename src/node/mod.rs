@@ -17,7 +17,7 @@ pub mod journal_boot;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{ServiceMode, Settings};
+use crate::model::config::{ServiceMode, Settings};
 use crate::model::node::{Mode, Node};
 
 /// Where gridd's unit files would be on the host.

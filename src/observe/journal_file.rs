@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 
-use crate::observe::journal::{self, GriddEvent, ScanStats};
+use crate::model::observe::journal::{self, GriddEvent, ScanStats};
 
 /// Sections of this size are what the threads search, one at a time.
 const SECTION: u64 = 8 << 20;
@@ -91,7 +91,7 @@ impl Read for At<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::journal::{MAX_LINE, scan};
+    use crate::model::observe::journal::{MAX_LINE, scan};
 
     fn events(text: &str) -> (Vec<GriddEvent>, ScanStats) {
         let mut v = Vec::new();

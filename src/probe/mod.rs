@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::gridd_conf::Proxy;
 use crate::model::report::{Finding, Reason};
 use crate::model::time::rfc3339;
-use crate::token::Token;
+use crate::model::token::Token;
 
 mod http;
 mod net;

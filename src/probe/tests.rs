@@ -353,7 +353,7 @@ fn heads_hosts_and_targets() {
     assert_eq!(endpoint("fd00::5", 443), "[fd00::5]:443");
     assert_eq!(skew_words(312.4), "312 s ahead of");
     assert_eq!(skew_words(-4.24), "4.2 s behind");
-    let token = crate::token::Token {
+    let token = crate::model::token::Token {
         algorithm: None,
         issuer: None,
         audience: None,
@@ -364,12 +364,12 @@ fn heads_hosts_and_targets() {
         instance_ref: None,
         scope_refs: vec![],
         nodes: vec![
-            crate::token::DlsNode {
+            crate::model::token::DlsNode {
                 host: "a".into(),
                 auth_port: 443,
                 lease_port: 443,
             },
-            crate::token::DlsNode {
+            crate::model::token::DlsNode {
                 host: "b".into(),
                 auth_port: 8082,
                 lease_port: 443,

@@ -11,7 +11,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::io::unix::AsyncFd;
 use tracing::warn;
 
-use crate::config::Settings;
+use crate::model::config::Settings;
 
 /// What changes a directory's entries or a file's content, mode or owner, and the watched
 /// directory's own end: not opens, reads or closes without a write.

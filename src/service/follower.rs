@@ -16,7 +16,7 @@ use tracing::{error, warn};
 
 use super::core::Event;
 use crate::model::backoff::Backoff;
-use crate::observe::journal::LineParser;
+use crate::model::observe::journal::LineParser;
 
 /// The longest journal entry (one line of JSON) the follower reads: far above any of gridd's
 /// (journald cuts a syslog line at 48 KiB); a longer one is skipped, never held whole.
@@ -235,7 +235,7 @@ fn stop_if_unreadable(said: &str) {
                 "run as root (sudo)"
             }
         );
-        crate::command::kill_all();
+        crate::gridd::command::kill_all();
         std::process::exit(1);
     }
 }

@@ -9,9 +9,9 @@ use std::os::unix::fs::OpenOptionsExt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Settings;
 use crate::files::fsutil;
 use crate::files::layout::{RESTARTS_FILE, RUN_LOCK_FILE};
+use crate::model::config::Settings;
 
 /// The lock of the running service, released when dropped (or when the process ends, however
 /// it ends).

@@ -26,10 +26,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
-use crate::config::Settings;
 use crate::install;
-use crate::live;
+use crate::model::config::Settings;
 use crate::model::report::Finding;
+use crate::observe::live;
 
 pub use self::core::status_line;
 use self::core::{Core, Effect, Event, HEARTBEAT, Now, Publication};
@@ -67,7 +67,7 @@ pub fn run(settings: Settings, config_path: &Path, log_stderr: bool) -> anyhow::
         }
     }
     // Commands still running (a hung nvidia-smi, say) are killed; their threads reap them.
-    crate::command::kill_all();
+    crate::gridd::command::kill_all();
     rt.shutdown_timeout(Duration::from_secs(2));
     code
 }
@@ -179,7 +179,7 @@ impl Shell {
                 } => reads.adopt = Some((licensed, may_restart)),
                 Effect::RestartGridd { for_token, .. } => blocking(tx, move || {
                     let target = for_token.then(|| install::restart_target(&settings));
-                    let restarted = crate::live::restart_gridd(&settings);
+                    let restarted = crate::gridd::restart_gridd(&settings);
                     if restarted.is_ok()
                         && let Some(target) = target
                         && let Err(e) = install::restart_made(&settings, target.as_deref())
@@ -375,7 +375,8 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
         if let Some(c) = crate::identity::take_unreported(settings) {
             events.push(Event::CloneDetected(Box::new(c)));
         }
-        events.push(Event::LastShutdown(live::previous_boot_shutdown(settings)));
+        let shutdown = crate::image::prepared::last_shutdown(settings);
+        events.push(Event::LastShutdown(shutdown));
     }
     Event::Together(events)
 }
@@ -398,7 +399,7 @@ fn vouched_or_asked(settings: &Settings, running: Option<u32>) -> Event {
     if running.is_some_and(crate::gridd::still_runs) {
         return Event::Unit(Some(Ok(())));
     }
-    Event::Unit(live::gridd_running(settings))
+    Event::Unit(crate::gridd::gridd_running(settings))
 }
 
 /// Runs `job` off the loop; its result comes back as an event.
@@ -629,11 +630,11 @@ fn earlier_restarts(settings: &Settings, started: f64) -> Vec<f64> {
 }
 
 /// The config again (SIGHUP), checked as at the start.
-fn reload(config_path: &Path) -> Result<Settings, crate::config::ConfigError> {
+fn reload(config_path: &Path) -> Result<Settings, crate::model::config::ConfigError> {
     crate::config::load(config_path).and_then(|s| {
         crate::config::check_outputs_on_disk(&s)
             .map(|()| s)
-            .map_err(|message| crate::config::ConfigError {
+            .map_err(|message| crate::model::config::ConfigError {
                 file: config_path.to_path_buf(),
                 message,
             })
@@ -822,7 +823,7 @@ fn probe_dls(
 ) -> (Option<Finding>, Option<f64>) {
     let targets: Vec<(String, u16)> = nodes.iter().map(|n| (n.host.clone(), n.port)).collect();
     // Through gridd.conf's proxy, as gridd goes; one gridd cannot use is diagnose's to explain.
-    let via = crate::live::gridd_proxy(settings).ok().flatten();
+    let via = crate::observe::live::gridd_proxy(settings).ok().flatten();
     let probes = crate::probe::probe_all(&targets, via.as_ref(), settings.service.probe_timeout);
     let skew = crate::probe::clock_skew(&probes);
     (

@@ -39,7 +39,7 @@ use chrono::{DateTime, Utc};
 use crate::files::dir::{Dir, Entry, NotOpened};
 use crate::files::input::{self, ReadError};
 use crate::model::text::show_path;
-use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
+use crate::model::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
 /// More entries than a token directory ever has: such a directory is some other directory.
 pub const MAX_ENTRIES: usize = 64;
@@ -167,7 +167,7 @@ pub struct Held {
     pub changed: i128,
 }
 
-pub use super::HELD_BOUND;
+use crate::model::token::HELD_BOUND;
 
 impl Listing {
     /// The strays' names for a message: a few, and how many more.
@@ -635,10 +635,10 @@ fn verdict(
 ) -> Option<String> {
     match &lost.content {
         Content::Token(t) => Some(match t.validity(now) {
-            Err(crate::token::Untimely::Expired(at)) => {
+            Err(crate::model::token::Untimely::Expired(at)) => {
                 format!("the token expired at {}", crate::model::time::rfc3339(at))
             }
-            Err(crate::token::Untimely::NotYetValid(at)) => format!(
+            Err(crate::model::token::Untimely::NotYetValid(at)) => format!(
                 "the token is not valid before {} (is this guest's clock right?)",
                 crate::model::time::rfc3339(at)
             ),
@@ -714,7 +714,7 @@ mod tests {
 
     fn token(exp_days: i64) -> String {
         let now = Utc::now().timestamp();
-        crate::token::testing::make_token(&serde_json::json!({
+        crate::model::token::testing::make_token(&serde_json::json!({
             "iat": now - 86400, "nbf": now - 86400, "exp": now + exp_days * 86400,
             "service_instance_configuration": {
                 "node_url_list": [{"url": "dls.example.com", "svc_port_set_idx": 0}],

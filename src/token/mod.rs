@@ -2,7 +2,4 @@
 //! re-exported here), which file of the token directory is the token ([`dir`]), and
 //! `token inspect` ([`inspect`]).
 
-pub use vgpu_license_model::token::*;
-
 pub mod dir;
-pub mod inspect;

@@ -1,8 +1,9 @@
 //! nvidia-gridd's unit and process operations: whether its unit (or, without one, its
 //! process) runs, and its restart with the configured command.
 
-use crate::command;
-use crate::config::Settings;
+pub mod command;
+
+use crate::model::config::Settings;
 
 /// How long a `deactivating` unit is asked again before it counts as not running.
 const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -172,14 +173,14 @@ pub fn gridd_process_runs() -> bool {
 /// nor dead): the process of a line gridd logged, looked at again. One read of
 /// `/proc/PID/stat`; no question to systemd.
 pub fn still_runs(pid: u32) -> bool {
-    crate::command::process_runs(pid, "nvidia-gridd")
+    crate::gridd::command::process_runs(pid, "nvidia-gridd")
 }
 
 /// Runs the configured restart command with the configured time limit.
 pub fn restart_gridd(settings: &Settings) -> Result<(), String> {
     let _under_way = UnderWay::begin();
     let cmd = &settings.commands.restart_gridd;
-    match crate::command::run(cmd, settings.commands.timeout) {
+    match crate::gridd::command::run(cmd, settings.commands.timeout) {
         Ok(out) if out.status.success() => Ok(()),
         Ok(out) => Err(format!(
             "{}{}",

@@ -6,14 +6,14 @@ use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
 
-use crate::command;
-use crate::config::{ServiceRole, Settings};
+use crate::gridd::command;
+use crate::model::config::{ServiceRole, Settings};
+use crate::model::observe::journal::{self, ScanStats};
+use crate::model::observe::smi::{self, SmiSnapshot};
 use crate::model::report::{Reason, Report};
 use crate::model::state::{LogFold, Observations};
+use crate::model::token::{MAX_TOKEN_BYTES, Token, TokenError};
 use crate::node::journal_boot::this_boot_arg;
-use crate::observe::journal::{self, ScanStats};
-use crate::observe::smi::{self, SmiSnapshot};
-use crate::token::{MAX_TOKEN_BYTES, Token, TokenError};
 
 /// Runs `nvidia-smi -q` with the configured time limit, once the PCI bus shows an NVIDIA
 /// device: with none (a VM of the image without a vGPU) there is nothing to ask.
@@ -226,12 +226,8 @@ pub fn read_journal(
 
 /// What gridd did with its lease as the previous boot ended, from that boot's journal (which
 /// a persistent journal keeps). `None` when there is no previous boot in the journal, or gridd
-/// held no lease at its end.
+/// held no lease at its end. The caller asks first whether that boot was the image builder's.
 pub fn previous_boot_shutdown(settings: &Settings) -> Option<crate::model::shutdown::LastShutdown> {
-    // A clone's first boot: the previous boot in the journal the image kept is the builder's.
-    if crate::image::prepared::previous_boot_is_the_builders(settings) {
-        return None;
-    }
     let argv = journal_args_of(settings, false, "--boot=-1");
     let out = command::run(&argv, settings.commands.timeout).ok()?;
     // gridd logs a few lines an hour; the last ones of the boot are what matters.
@@ -325,7 +321,6 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     }
 }
 
-pub use crate::gridd::{gridd_process_runs, gridd_running, restart_gridd};
 use crate::model::assemble::{self, SmiRead, Source, TokenProblem};
 
 /// The license server gridd.conf names (`ServerAddress`, non-empty), if any: what tells a
@@ -397,7 +392,7 @@ pub fn look(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Look 
         journal_note,
         held: tokens.held_since(),
         token: tokens.token,
-        unit: gridd_running(settings),
+        unit: crate::gridd::gridd_running(settings),
         legacy_server: legacy_server(settings),
         node: crate::node::detect(settings).seen(),
         probe: None,
