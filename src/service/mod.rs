@@ -409,61 +409,70 @@ fn blocking(tx: mpsc::UnboundedSender<Event>, job: impl FnOnce() -> Event + Send
     });
 }
 
-async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<ExitCode> {
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let (metrics_tx, metrics_rx) = watch::channel(String::new());
-    let clock = Clock(Instant::now());
-    // The same moment on the system's clock, which the restarts are kept in.
-    let started = instance::monotonic_now();
-    let mut sigterm = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut sighup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
+/// SIGTERM and SIGINT (stop), SIGHUP (reload).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
 
-    let (stop_tx, stop_rx) = watch::channel(false);
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+            hup: signal(SignalKind::hangup()).context("SIGHUP handler")?,
+        })
+    }
+}
+
+/// What woke the loop.
+enum Woken {
+    /// Answers of work off the loop, journal lines, a watch's change: in order, one batch.
+    Events(Vec<Event>),
+    /// The core's next wake (or a write's retry) came.
+    Alarm,
+    /// SIGHUP.
+    Reload,
+    /// SIGTERM or SIGINT.
+    Stop,
+}
+
+/// The service's running parts: the core, the shell that carries out its effects, and what
+/// feeds them.
+struct Running {
+    core: Core,
+    shell: Shell,
+    rx: mpsc::UnboundedReceiver<Event>,
+    driver_watch: Option<dir_watch::DriverWatch>,
+    follower: tokio::task::JoinHandle<()>,
+    servers: Vec<tokio::task::JoinHandle<()>>,
+    /// Whether systemd's watchdog is pinged.
+    watchdog: bool,
+}
+
+/// Starts the service's parts: the journal follower, the Node writer, the watches, the
+/// metrics servers, and the core with the restarts this boot already made.
+async fn start(
+    settings: Settings,
+    clock: &Clock,
+    started: f64,
+    stop_rx: &watch::Receiver<bool>,
+) -> Running {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (metrics_tx, metrics_rx) = watch::channel(String::new());
     let follower = tokio::spawn(follower::follow_journal(
         live::journal_args(&settings, true),
         follower::Lines::Gridd,
         tx.clone(),
         stop_rx.clone(),
     ));
-    // Observing only (a GPU Operator node, service.mode = "observe"), nothing is adopted: the
-    // token directory is not watched.
     let node = crate::node::detect(&settings);
-    let (condition, secret_now) = match node_condition_writer(&settings, &tx, &stop_rx) {
-        Some((c, s)) => (Some(c), s),
-        None => (None, None),
-    };
-    // Events on VMIs go where the Node condition does (they wait, idle, where no host's
-    // change ever comes).
-    let vm_events = condition.as_ref().and_then(|_| {
-        crate::kube::target(&settings)
-            .ok()
-            .flatten()
-            .map(|api| crate::kube::events::spawn_sender(api, stop_rx.clone()))
-    });
-    let watch = (node.mode == crate::model::node::Mode::Manage)
-        .then(|| dir_watch::Watch::start(&settings))
-        .flatten();
-    // Where a GPU Operator may run its driver pod, its comings and goings are watched.
-    let driver_watch = settings
-        .paths
-        .driver_root
-        .parent()
-        .filter(|p| p.is_dir())
-        .and_then(|_| dir_watch::DriverWatch::start(&settings.paths.driver_root));
+    let (condition, secret_now, vm_events) = kube_parts(&settings, &tx, stop_rx);
+    let (watch, driver_watch) = watches(&settings, node.mode);
     let servers = serve_metrics(&settings, metrics_rx).await;
-    // Under systemd's watchdog, the ping rides on the heartbeat's wakeup (twice per period);
-    // without one there is no watchdog timer at all.
     let watchdog = sd_notify::watchdog_enabled();
-    let heartbeat = heartbeat_for(watchdog);
-    let watchdog = watchdog.is_some();
-    // A token source is also looked at on the short interval: virtiofs (how KubeVirt shares
-    // a Secret) reports no changes made on the host.
-    let watched = watch.is_some() && settings.paths.token_source.is_none();
-    remove_leftovers(&settings);
-    let restarts = earlier_restarts(&settings, started);
-    let mut core = Core::with_restarts(settings, heartbeat, watched, clock.now(), &restarts)
-        .for_process(std::process::id());
+    let mut core = make_core(settings, watchdog, watch.is_some(), clock, started);
     let shell = Shell {
         tx,
         metrics_tx,
@@ -480,7 +489,113 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     ] {
         shell.carry_out(&core, effects);
     }
+    Running {
+        core,
+        shell,
+        rx,
+        driver_watch,
+        follower,
+        servers,
+        watchdog: watchdog.is_some(),
+    }
+}
 
+/// The core, with the restarts this boot already made. Under systemd's watchdog, the ping
+/// rides on the heartbeat's wakeup (twice per period); without one there is no watchdog
+/// timer at all.
+fn make_core(
+    settings: Settings,
+    watchdog: Option<Duration>,
+    watched: bool,
+    clock: &Clock,
+    started: f64,
+) -> Core {
+    let heartbeat = heartbeat_for(watchdog);
+    // A token source is also looked at on the short interval: virtiofs (how KubeVirt shares
+    // a Secret) reports no changes made on the host.
+    let watched = watched && settings.paths.token_source.is_none();
+    remove_leftovers(&settings);
+    let restarts = earlier_restarts(&settings, started);
+    Core::with_restarts(settings, heartbeat, watched, clock.now(), &restarts)
+        .for_process(std::process::id())
+}
+
+type KubeParts = (
+    Option<watch::Sender<Option<crate::model::node::condition::Condition>>>,
+    Option<std::sync::Arc<tokio::sync::Notify>>,
+    Option<crate::kube::events::Sender>,
+);
+
+/// The Node condition's writer, the licensing Secret's bell, and the sender of Events on
+/// VMIs, where the agent may write to the Kubernetes API.
+fn kube_parts(
+    settings: &Settings,
+    tx: &mpsc::UnboundedSender<Event>,
+    stop_rx: &watch::Receiver<bool>,
+) -> KubeParts {
+    let Some((condition, secret_now)) = node_condition_writer(settings, tx, stop_rx) else {
+        return (None, None, None);
+    };
+    // Events on VMIs go where the Node condition does (they wait, idle, where no host's
+    // change ever comes).
+    let vm_events = crate::kube::target(settings)
+        .ok()
+        .flatten()
+        .map(|api| crate::kube::events::spawn_sender(api, stop_rx.clone()));
+    (Some(condition), secret_now, vm_events)
+}
+
+/// The token directory's watch (where the agent manages gridd: observing only, a GPU
+/// Operator node's or `service.mode = "observe"`, nothing is adopted), and the driver pod's
+/// (where a GPU Operator may run one, its comings and goings).
+fn watches(
+    settings: &Settings,
+    mode: crate::model::node::Mode,
+) -> (Option<dir_watch::Watch>, Option<dir_watch::DriverWatch>) {
+    let watch = (mode == crate::model::node::Mode::Manage)
+        .then(|| dir_watch::Watch::start(settings))
+        .flatten();
+    let driver_watch = settings
+        .paths
+        .driver_root
+        .parent()
+        .filter(|p| p.is_dir())
+        .and_then(|_| dir_watch::DriverWatch::start(&settings.paths.driver_root));
+    (watch, driver_watch)
+}
+
+/// Waits for what comes first: an event, a watch's change, the alarm or a signal.
+async fn next(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    shell: &Shell,
+    driver_watch: Option<&dir_watch::DriverWatch>,
+    alarm: &Alarm,
+    wake: Instant,
+    signals: &mut Signals,
+) -> Woken {
+    tokio::select! {
+        Some(event) = rx.recv() => {
+            // A backlog (this boot's journal at start) makes one report, not one each.
+            let more = std::iter::from_fn(|| rx.try_recv().ok());
+            Woken::Events(std::iter::once(event).chain(more).collect())
+        }
+        _ = dir_watch::changed(shell.watch.as_ref()) => Woken::Events(vec![Event::TokenDirChanged]),
+        _ = dir_watch::driver_changed(driver_watch) => Woken::Events(vec![Event::DriverPodChanged]),
+        _ = alarm.until(wake) => Woken::Alarm,
+        _ = signals.hup.recv() => Woken::Reload,
+        _ = signals.term.recv() => Woken::Stop,
+        _ = signals.int.recv() => Woken::Stop,
+    }
+}
+
+async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<ExitCode> {
+    let clock = Clock(Instant::now());
+    // The same moment on the system's clock, which the restarts are kept in.
+    let started = instance::monotonic_now();
+    let mut signals = Signals::new()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut run = start(settings, &clock, started, &stop_rx).await;
+    let (core, shell) = (&mut run.core, &run.shell);
     let alarm = Alarm::new();
     info!("vgpu-license-agent started");
     // On a vGPU host (known from the first reading in `auto`), the vGPU manager's journal.
@@ -494,51 +609,48 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         if retrying {
             wake = wake.min(Instant::now() + WRITE_RETRY);
         }
-        tokio::select! {
-            Some(event) = rx.recv() => {
-                // A backlog (this boot's journal at start) makes one report, not one each.
-                let events = std::iter::once(event).chain(std::iter::from_fn(|| rx.try_recv().ok()));
-                let mut effects = Vec::new();
-                for event in events {
-                    effects.extend(core.handle(event, clock.now()));
-                    memory.events += 1;
-                }
-                shell.carry_out(&core, effects);
+        let driver_watch = run.driver_watch.as_ref();
+        match next(&mut run.rx, shell, driver_watch, &alarm, wake, &mut signals).await {
+            Woken::Events(events) => {
+                memory.events += events.len();
+                let effects = events
+                    .into_iter()
+                    .flat_map(|e| core.handle(e, clock.now()))
+                    .collect();
+                shell.carry_out(core, effects);
             }
-            _ = dir_watch::changed(shell.watch.as_ref()) => {
-                let effects = core.handle(Event::TokenDirChanged, clock.now());
-                memory.events += 1;
-                shell.carry_out(&core, effects);
-            }
-            _ = dir_watch::driver_changed(driver_watch.as_ref()) => {
-                let effects = core.handle(Event::DriverPodChanged, clock.now());
-                memory.events += 1;
-                shell.carry_out(&core, effects);
-            }
-            _ = alarm.until(wake) => {
+            Woken::Alarm => {
                 if retrying {
                     core.write_again();
                 }
                 memory.on_quiet_wake(core.ready());
             }
-            _ = sighup.recv() => match reload(&config_path) {
-                Ok(s) => {
-                    info!("config reloaded from {}", crate::model::text::show_path(&config_path));
-                    let effects = core.handle(Event::Reloaded(Box::new(s)), clock.now());
-                    shell.carry_out(&core, effects);
-                }
-                Err(e) => error!("config not reloaded, keeping the last good one: {e}"),
-            },
-            _ = sigterm.recv() => break,
-            _ = sigint.recv() => break,
+            Woken::Reload => reload_into(core, shell, &config_path, clock.now()),
+            Woken::Stop => break,
         }
-        after_wake(&mut core, &shell, clock.now(), started, watchdog);
+        after_wake(core, shell, clock.now(), started, run.watchdog);
         if host_follower.is_none() && core.is_host() {
-            host_follower = Some(follow_vgpu_mgr(&core, &shell, &stop_rx));
+            host_follower = Some(follow_vgpu_mgr(core, shell, &stop_rx));
         }
     }
-    stop(stop_tx, [Some(follower), host_follower], servers).await;
+    stop(stop_tx, [Some(run.follower), host_follower], run.servers).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// SIGHUP: the config read and validated again, and handed to the core; a bad one is said
+/// and the last good one kept.
+fn reload_into(core: &mut Core, shell: &Shell, config_path: &Path, now: Now) {
+    match reload(config_path) {
+        Ok(s) => {
+            info!(
+                "config reloaded from {}",
+                crate::model::text::show_path(config_path)
+            );
+            let effects = core.handle(Event::Reloaded(Box::new(s)), now);
+            shell.carry_out(core, effects);
+        }
+        Err(e) => error!("config not reloaded, keeping the last good one: {e}"),
+    }
 }
 
 /// The heartbeat: under systemd's watchdog, half its interval where that is shorter.
