@@ -101,6 +101,17 @@ struct Stream<R> {
     dropped: bool,
 }
 
+impl<R> Stream<R> {
+    fn new(pipe: Option<R>, tail: bool) -> Stream<R> {
+        Stream {
+            pipe,
+            buf: Vec::new(),
+            tail,
+            dropped: false,
+        }
+    }
+}
+
 /// What one look at the pipes found.
 enum Pumped {
     /// Something was read, or a pipe reached its end.
@@ -270,32 +281,9 @@ pub fn run_keeping_tail(argv: &[String], timeout: Duration) -> Result<(Output, b
 }
 
 fn run_keeping(argv: &[String], timeout: Duration, tail: bool) -> Result<(Output, bool), RunError> {
-    let (program, args) = argv.split_first().ok_or_else(|| {
-        RunError::Spawn(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "empty command",
-        ))
-    })?;
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(RunError::Spawn)?;
-    let mut out = Stream {
-        pipe: child.stdout.take(),
-        buf: Vec::new(),
-        tail,
-        dropped: false,
-    };
-    let mut err = Stream {
-        pipe: child.stderr.take(),
-        buf: Vec::new(),
-        tail: false,
-        dropped: false,
-    };
+    let mut child = spawn(argv)?;
+    let mut out = Stream::new(child.stdout.take(), tail);
+    let mut err = Stream::new(child.stderr.take(), false);
     let deadline = Instant::now() + timeout;
     let pgid = Pid::from_raw(child.id() as i32);
     let _running = Running::register(pgid);
@@ -321,18 +309,7 @@ fn run_keeping(argv: &[String], timeout: Duration, tail: bool) -> Result<(Output
     // its own.
     let _ = killpg(pgid, Signal::SIGKILL);
     if let End::Exited = end {
-        // What the command wrote before it exited is in the pipes now: take what is there,
-        // without waiting for an end that a holder in another session may never give.
-        loop {
-            match pump(&mut out, &mut err, None, Duration::ZERO, &mut chunk) {
-                Pumped::Moved if Instant::now() < deadline => {}
-                Pumped::TooMuch => {
-                    end = End::TooMuch;
-                    break;
-                }
-                _ => break,
-            }
-        }
+        end = drain(&mut out, &mut err, deadline, &mut chunk);
     }
     // `out` and `err` drop on return: the pipes close, whoever else holds their other end.
     let status = child.wait();
@@ -347,6 +324,41 @@ fn run_keeping(argv: &[String], timeout: Duration, tail: bool) -> Result<(Output
             },
             out.dropped,
         )),
+    }
+}
+
+/// Starts `argv` in a process group of its own, its output piped and nothing on its input.
+fn spawn(argv: &[String]) -> Result<std::process::Child, RunError> {
+    let (program, args) = argv.split_first().ok_or_else(|| {
+        RunError::Spawn(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "empty command",
+        ))
+    })?;
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(RunError::Spawn)
+}
+
+/// What the command wrote before it exited is in the pipes now: takes what is there, without
+/// waiting for an end that a holder in another session may never give.
+fn drain(
+    out: &mut Stream<ChildStdout>,
+    err: &mut Stream<ChildStderr>,
+    deadline: Instant,
+    chunk: &mut [u8],
+) -> End {
+    loop {
+        match pump(out, err, None, Duration::ZERO, chunk) {
+            Pumped::Moved if Instant::now() < deadline => {}
+            Pumped::TooMuch => return End::TooMuch,
+            _ => return End::Exited,
+        }
     }
 }
 

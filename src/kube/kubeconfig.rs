@@ -60,69 +60,22 @@ enum Open {
 /// Scalars are read as YAML 1.2's core schema reads them (a number's text kept where it is
 /// not an integer).
 fn yaml(text: &str) -> Result<Value, String> {
-    use yaml_rust2::parser::{Event, Parser};
-    let mut parser = Parser::new_from_str(text);
+    let mut parser = yaml_rust2::parser::Parser::new_from_str(text);
     let mut stack: Vec<Open> = Vec::new();
     let mut doc: Option<Value> = None;
-    let not_yaml = |e: &dyn std::fmt::Display| format!("is not a kubeconfig (YAML or JSON): {e}");
     loop {
         let (event, mark) = parser.next_token().map_err(|e| {
             // The parser's own limit on flow collections (`[[[...`), said as nesting.
             if e.info().contains("recursion limit") {
-                format!(
-                    "nests deeper than {MAX_DEPTH} levels (line {}): not a kubeconfig",
-                    e.marker().line()
-                )
+                nests_too_deep(e.marker().line())
             } else {
                 not_yaml(&e)
             }
         })?;
-        let line = mark.line();
-        let anchored = |anchor: usize| {
-            (anchor != 0).then(|| {
-                format!(
-                    "has a YAML anchor (line {line}): a kubeconfig has none, and the agent reads none: write the value out"
-                )
-            })
-        };
-        let value = match event {
-            Event::StreamEnd => break,
-            Event::DocumentEnd if doc.is_some() => break,
-            Event::Alias(_) => {
-                return Err(format!(
-                    "has a YAML alias (line {line}): a kubeconfig has none, and the agent reads none: write the value out"
-                ));
-            }
-            Event::Scalar(v, style, anchor, tag) => {
-                if let Some(why) = anchored(anchor) {
-                    return Err(why);
-                }
-                scalar(
-                    v,
-                    style == yaml_rust2::scanner::TScalarStyle::Plain && tag.is_none(),
-                )
-            }
-            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
-                if let Some(why) = anchored(anchor) {
-                    return Err(why);
-                }
-                if stack.len() >= MAX_DEPTH {
-                    return Err(format!(
-                        "nests deeper than {MAX_DEPTH} levels (line {line}): not a kubeconfig"
-                    ));
-                }
-                stack.push(match event {
-                    Event::SequenceStart(..) => Open::Seq(Vec::new()),
-                    _ => Open::Map(serde_json::Map::new(), None),
-                });
-                continue;
-            }
-            Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
-                Some(Open::Seq(a)) => Value::Array(a),
-                Some(Open::Map(m, _)) => Value::Object(m),
-                None => return Err(not_yaml(&"a collection ends that never began")),
-            },
-            _ => continue,
+        let value = match yaml_step(event, mark.line(), &mut stack, doc.is_some())? {
+            Step::End => break,
+            Step::Skip => continue,
+            Step::Value(v) => v,
         };
         match stack.last_mut() {
             None => doc = Some(value),
@@ -133,16 +86,78 @@ fn yaml(text: &str) -> Result<Value, String> {
                 }
                 None => match value {
                     Value::String(k) => *key = Some(k),
-                    _ => {
-                        return Err(
-                            "is YAML with keys that are not text: not a kubeconfig".to_string()
-                        );
-                    }
+                    _ => return Err("is YAML with keys that are not text: not a kubeconfig".into()),
                 },
             },
         }
     }
     doc.ok_or_else(|| "is empty: not a kubeconfig".to_string())
+}
+
+fn not_yaml(e: &dyn std::fmt::Display) -> String {
+    format!("is not a kubeconfig (YAML or JSON): {e}")
+}
+
+fn nests_too_deep(line: usize) -> String {
+    format!("nests deeper than {MAX_DEPTH} levels (line {line}): not a kubeconfig")
+}
+
+/// What one parser event gives the document being built.
+enum Step {
+    /// The first document ended.
+    End,
+    /// Nothing to place (a collection opened, a document began).
+    Skip,
+    /// A value to place where the stack is.
+    Value(Value),
+}
+
+/// One parser event on the stack of open collections: an anchor, an alias or nesting past
+/// [`MAX_DEPTH`] refused, a scalar read, a collection opened or closed.
+fn yaml_step(
+    event: yaml_rust2::parser::Event,
+    line: usize,
+    stack: &mut Vec<Open>,
+    have_doc: bool,
+) -> Result<Step, String> {
+    use yaml_rust2::parser::Event;
+    let anchored = |anchor: usize| match anchor {
+        0 => Ok(()),
+        _ => Err(format!(
+            "has a YAML anchor (line {line}): a kubeconfig has none, and the agent reads none: write the value out"
+        )),
+    };
+    Ok(match event {
+        Event::StreamEnd => Step::End,
+        Event::DocumentEnd if have_doc => Step::End,
+        Event::Alias(_) => {
+            return Err(format!(
+                "has a YAML alias (line {line}): a kubeconfig has none, and the agent reads none: write the value out"
+            ));
+        }
+        Event::Scalar(v, style, anchor, tag) => {
+            anchored(anchor)?;
+            let plain = style == yaml_rust2::scanner::TScalarStyle::Plain && tag.is_none();
+            Step::Value(scalar(v, plain))
+        }
+        Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+            anchored(anchor)?;
+            if stack.len() >= MAX_DEPTH {
+                return Err(nests_too_deep(line));
+            }
+            stack.push(match event {
+                Event::SequenceStart(..) => Open::Seq(Vec::new()),
+                _ => Open::Map(serde_json::Map::new(), None),
+            });
+            Step::Skip
+        }
+        Event::SequenceEnd | Event::MappingEnd => Step::Value(match stack.pop() {
+            Some(Open::Seq(a)) => Value::Array(a),
+            Some(Open::Map(m, _)) => Value::Object(m),
+            None => return Err(not_yaml(&"a collection ends that never began")),
+        }),
+        _ => Step::Skip,
+    })
 }
 
 /// A scalar's value: a plain one as the core schema reads it, a quoted or tagged one as text.

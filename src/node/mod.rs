@@ -111,40 +111,44 @@ pub fn checked_smi(root: &Path, smi: &str) -> Result<PathBuf, String> {
 /// The most links followed on the way to nvidia-smi (the kernel's own limit).
 const MAX_LINKS: usize = 40;
 
+/// One step of the walk to nvidia-smi: a link is refused unless root's or the agent's own
+/// user's (the kernel follows it); anything else is held to [`crate::config::owned_safely`].
+fn judge_step(host: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+    let what = format!("{} in the GPU Operator's driver root", host.display());
+    if meta.file_type().is_symlink() {
+        use std::os::unix::fs::MetadataExt;
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(format!(
+                "{what} is a link owned by uid {}, who {ROOT_RISK}; the agent refuses it",
+                meta.uid()
+            ));
+        }
+        return Ok(());
+    }
+    crate::config::owned_safely(meta, &what, ROOT_RISK)
+}
+
+/// A path's parts as a walk takes them: names and `..`, the root and `.` left out.
+fn walk_parts(p: &Path) -> Vec<std::ffi::OsString> {
+    use std::path::Component;
+    p.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some("..".into()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// `inside` resolved inside `root` as `chroot root` would resolve it, each step checked; a
 /// part that does not exist ends the walk (running it then fails as a missing program).
 fn resolve_in_root(root: &Path, inside: &Path) -> Result<PathBuf, String> {
-    use std::collections::VecDeque;
-    use std::path::Component;
-    let judge = |host: &Path, meta: &std::fs::Metadata| -> Result<(), String> {
-        let what = format!("{} in the GPU Operator's driver root", host.display());
-        if meta.file_type().is_symlink() {
-            use std::os::unix::fs::MetadataExt;
-            let me = nix::unistd::geteuid().as_raw();
-            if meta.uid() != 0 && meta.uid() != me {
-                return Err(format!(
-                    "{what} is a link owned by uid {}, who {ROOT_RISK}; the agent refuses it",
-                    meta.uid()
-                ));
-            }
-            return Ok(());
-        }
-        crate::config::owned_safely(meta, &what, ROOT_RISK)
-    };
     let meta = root
         .symlink_metadata()
         .map_err(|e| format!("{}: {e}", root.display()))?;
-    judge(root, &meta)?;
-    let parts = |p: &Path| -> Vec<std::ffi::OsString> {
-        p.components()
-            .filter_map(|c| match c {
-                Component::Normal(n) => Some(n.to_os_string()),
-                Component::ParentDir => Some("..".into()),
-                _ => None,
-            })
-            .collect()
-    };
-    let mut todo: VecDeque<_> = parts(inside).into();
+    judge_step(root, &meta)?;
+    let mut todo: std::collections::VecDeque<_> = walk_parts(inside).into();
     let mut at = PathBuf::new();
     let mut links = 0;
     while let Some(part) = todo.pop_front() {
@@ -159,7 +163,7 @@ fn resolve_in_root(root: &Path, inside: &Path) -> Result<PathBuf, String> {
             at.extend(todo);
             break;
         };
-        judge(&host, &meta)?;
+        judge_step(&host, &meta)?;
         if !meta.file_type().is_symlink() {
             at.push(part);
             continue;
@@ -175,7 +179,7 @@ fn resolve_in_root(root: &Path, inside: &Path) -> Result<PathBuf, String> {
         if target.is_absolute() {
             at = PathBuf::new();
         }
-        for p in parts(&target).into_iter().rev() {
+        for p in walk_parts(&target).into_iter().rev() {
             todo.push_front(p);
         }
     }
