@@ -677,70 +677,60 @@ fn token_dir_check(settings: &Settings, ts: &live::TokenState, dir: &str) -> Che
 }
 
 /// Strays in the token directory: a failure where one is no token (gridd may exit on it), a
-/// warning where they are old tokens.
+/// warning where they are old tokens or a file is still being written.
 fn strays_check(
     settings: &Settings,
     listing: &crate::token::dir::Listing,
     dir: &str,
 ) -> Option<Check> {
+    if let Some(c) = stuck_writers_check(listing, dir) {
+        return Some(c);
+    }
     let moved = format!(
         "move them out of {dir} (the running service moves strays to {}/replaced/ at its next look; `vgpu-license-agent install --token-file FILE` does too)",
         crate::model::text::show_path(&settings.paths.state_dir)
     );
-    let stuck = listing.stuck_writers(chrono::Utc::now());
-    if !stuck.is_empty() {
-        let named: Vec<String> = stuck
-            .iter()
-            .map(|(n, secs)| format!("{n} (for {secs} s)"))
-            .collect();
-        return Some(
-            check(
-                "token-dir",
-                Status::Warn,
-                format!(
-                    "{dir} holds a file that a process keeps open for writing: {}; it is judged once its writer closes it, the rest of the directory is not held up",
-                    named.join(", ")
-                ),
-            )
-            .fix(format!(
-                "`fuser -v {dir}/*` names the process (an editor, a stuck copy): let it finish or stop it"
-            )),
-        );
-    }
-    let not_tokens: Vec<_> = listing
+    let not_tokens = listing
         .strays
         .iter()
-        .filter(|s| s.kind != crate::token::dir::StrayKind::OldToken)
-        .collect();
-    if !not_tokens.is_empty() {
+        .any(|s| s.kind != crate::token::dir::StrayKind::OldToken);
+    let (status, text) = if not_tokens {
         let what = if listing.has_gridd_conf() {
             "nvidia-gridd reads every file there and exits on a gridd.conf (its place is /etc/nvidia/gridd.conf)"
         } else {
             "nvidia-gridd reads every file there and may fail to decode them and exit"
         };
-        return Some(
-            check(
-                "token-dir",
-                Status::Fail,
-                format!("{dir} also holds {}: {what}", listing.stray_names()),
-            )
-            .fix(moved),
+        let text = format!("{dir} also holds {}: {what}", listing.stray_names());
+        (Status::Fail, text)
+    } else if !listing.strays.is_empty() {
+        let text = format!(
+            "{dir} also holds old tokens ({}): which one nvidia-gridd uses is not known",
+            listing.stray_names()
         );
+        (Status::Warn, text)
+    } else {
+        return None;
+    };
+    Some(check("token-dir", status, text).fix(moved))
+}
+
+/// A file of the token directory that a process keeps open for writing past the bound.
+fn stuck_writers_check(listing: &crate::token::dir::Listing, dir: &str) -> Option<Check> {
+    let stuck = listing.stuck_writers(chrono::Utc::now());
+    if stuck.is_empty() {
+        return None;
     }
-    if !listing.strays.is_empty() {
-        return Some(
-            check(
-                "token-dir",
-                Status::Warn,
-                format!(
-                    "{dir} also holds old tokens ({}): which one nvidia-gridd uses is not known",
-                    listing.stray_names()
-                ),
-            )
-            .fix(moved),
-        );
-    }
-    None
+    let named: Vec<String> = stuck
+        .iter()
+        .map(|(n, secs)| format!("{n} (for {secs} s)"))
+        .collect();
+    let text = format!(
+        "{dir} holds a file that a process keeps open for writing: {}; it is judged once its writer closes it, the rest of the directory is not held up",
+        named.join(", ")
+    );
+    Some(check("token-dir", Status::Warn, text).fix(format!(
+        "`fuser -v {dir}/*` names the process (an editor, a stuck copy): let it finish or stop it"
+    )))
 }
 
 /// The token directory and the token must be root's and writable by root alone: anyone else

@@ -109,52 +109,59 @@ pub fn run(args: &TokenInspectArgs, settings: &Settings) -> anyhow::Result<ExitC
             // On a GPU Operator node, the driver container's token under its root.
             let settings = &crate::node::detect(settings).apply(settings);
             let path = crate::observe::live::token_state(settings, Utc::now()).path;
-            (path, Some(token_finding(settings)))
+            (path, token_finding(settings))
         }
     };
-    let said = said.flatten();
-    let bytes = match read_limited(&path) {
-        Ok(b) => b,
+    let bytes = read_limited(&path).map_err(|e| match &said {
         // No token to show: what status says of that (a share that did not mount, a Secret
         // without one) rather than a bare "No such file".
-        Err(e) => match &said {
-            Some(f) => anyhow::bail!(
-                "{}: {e:#}; status says {}: {} -> {}",
-                show_path(&path),
-                f.reason.as_str(),
-                f.message,
-                f.advice
-            ),
-            None => return Err(e),
-        },
-    };
+        Some(f) => anyhow::anyhow!(
+            "{}: {e:#}; status says {}: {} -> {}",
+            show_path(&path),
+            f.reason.as_str(),
+            f.message,
+            f.advice
+        ),
+        None => e,
+    })?;
     let token = Token::decode(&bytes).with_context(|| show_path(&path))?;
     let validity = token.validity(Utc::now());
-    let file = show_path(&path);
-    if args.json {
-        let out = Inspection {
-            file,
-            token: &token,
-            validity: validity.err().map_or("valid", Untimely::name),
-            status: said.clone(),
-        };
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        let mut text = render(&file, &token, validity);
-        if let Some(f) = &said {
-            text.push_str(&format!(
-                "Status:   {}: {}\nFix:      {}\n",
-                f.reason.as_str(),
-                f.message,
-                f.advice
-            ));
-        }
-        print!("{}", crate::model::text::for_terminal(&text));
-    }
+    print_inspection(args.json, show_path(&path), &token, validity, said.as_ref())?;
     Ok(match (validity, said) {
         (Ok(()), None) => ExitCode::SUCCESS,
         _ => ExitCode::from(1),
     })
+}
+
+/// `token inspect`'s output: JSON, or the text with status's word on the token after it.
+fn print_inspection(
+    json: bool,
+    file: String,
+    token: &Token,
+    validity: Result<(), Untimely>,
+    said: Option<&crate::model::report::Failure>,
+) -> anyhow::Result<()> {
+    if json {
+        let out = Inspection {
+            file,
+            token,
+            validity: validity.err().map_or("valid", Untimely::name),
+            status: said.cloned(),
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let mut text = render(&file, token, validity);
+    if let Some(f) = said {
+        text.push_str(&format!(
+            "Status:   {}: {}\nFix:      {}\n",
+            f.reason.as_str(),
+            f.message,
+            f.advice
+        ));
+    }
+    print!("{}", crate::model::text::for_terminal(&text));
+    Ok(())
 }
 
 /// What `status` says of the installed token, where it says something about it: the

@@ -103,30 +103,15 @@ pub fn negotiate(accept: Option<&str>) -> Format {
         }
     };
     for range in accept.split(',') {
-        let mut parts = range.split(';');
-        let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
-        let params: Vec<(String, String)> = parts
-            .filter_map(|p| {
-                let (k, v) = p.split_once('=')?;
-                Some((
-                    k.trim().to_ascii_lowercase(),
-                    v.trim().trim_matches('"').to_string(),
-                ))
-            })
-            .collect();
-        let version = params
-            .iter()
-            .find(|(k, _)| k == "version")
-            .map(|(_, v)| v.as_str());
-        let q = quality(&params);
+        let (media, version, q) = media_range(range);
         match media.as_str() {
             "application/openmetrics-text" => {
-                if matches!(version, None | Some("1.0.0") | Some("0.0.1")) {
+                if matches!(version.as_deref(), None | Some("1.0.0") | Some("0.0.1")) {
                     better(&mut om, 3, q);
                 }
             }
             "text/plain" => {
-                if matches!(version, None | Some("0.0.4")) {
+                if matches!(version.as_deref(), None | Some("0.0.4")) {
                     better(&mut text, 3, q);
                 }
             }
@@ -144,6 +129,27 @@ pub fn negotiate(accept: Option<&str>) -> Format {
     } else {
         Format::Prometheus
     }
+}
+
+/// One range of an `Accept` header: its media type (lower case), its `version` parameter,
+/// and its q.
+fn media_range(range: &str) -> (String, Option<String>, f32) {
+    let mut parts = range.split(';');
+    let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let params: Vec<(String, String)> = parts
+        .filter_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            Some((
+                k.trim().to_ascii_lowercase(),
+                v.trim().trim_matches('"').to_string(),
+            ))
+        })
+        .collect();
+    let version = params
+        .iter()
+        .find(|(k, _)| k == "version")
+        .map(|(_, v)| v.clone());
+    (media, version, quality(&params))
 }
 
 /// An answer, before hyper writes it.
@@ -371,9 +377,7 @@ async fn accept_loop(
     metrics: watch::Receiver<String>,
     slots: Arc<Slots>,
 ) {
-    // Whether the last accept failed, and whether that failure was logged.
-    let mut failing: Option<bool> = None;
-    let mut logged_at: Option<tokio::time::Instant> = None;
+    let mut failing = Failing::default();
     loop {
         let accepted = match &listener {
             Listener::Tcp(l) => l.accept().await.map(|(c, _)| {
@@ -382,42 +386,63 @@ async fn accept_loop(
             }),
             Listener::Unix(l) => l.accept().await.map(|(c, _)| Conn::Unix(c)),
         };
-        match accepted {
-            Ok(conn) => {
-                if failing.take() == Some(true) {
-                    info!("metrics listener {name}: accepting connections again");
-                }
-                let m = metrics.clone();
-                let evicted = slots.admit(|asked, slot| {
-                    tokio::spawn(async move {
-                        let _slot = slot;
-                        match conn {
-                            Conn::Tcp(c) => serve_connection(c, m, asked, READ_DEADLINE).await,
-                            Conn::Unix(c) => serve_connection(c, m, asked, READ_DEADLINE).await,
-                        }
-                    })
-                });
-                // A closed connection's descriptor is released when its task is dropped:
-                // let that happen before the next accept.
-                if evicted != Admitted::Room {
-                    tokio::task::yield_now().await;
-                }
-            }
+        let conn = match accepted {
+            Ok(conn) => conn,
             Err(e) => {
-                if failing.is_none() {
-                    let quiet = logged_at.is_some_and(|t| t.elapsed() < ACCEPT_QUIET);
-                    if !quiet {
-                        logged_at = Some(tokio::time::Instant::now());
-                        warn!(
-                            "metrics listener {name}: cannot accept a connection: {e}; trying again every {} ms (the agent's other work keeps its descriptors: scrapers get at most {} connections)",
-                            ACCEPT_PAUSE.as_millis(),
-                            slots.cap
-                        );
-                    }
-                    failing = Some(!quiet);
-                }
+                failing.failed(&name, &e, slots.cap);
                 tokio::time::sleep(ACCEPT_PAUSE).await;
+                continue;
             }
+        };
+        failing.recovered(&name);
+        let m = metrics.clone();
+        let evicted = slots.admit(|asked, slot| {
+            tokio::spawn(async move {
+                let _slot = slot;
+                match conn {
+                    Conn::Tcp(c) => serve_connection(c, m, asked, READ_DEADLINE).await,
+                    Conn::Unix(c) => serve_connection(c, m, asked, READ_DEADLINE).await,
+                }
+            })
+        });
+        // A closed connection's descriptor is released when its task is dropped: let that
+        // happen before the next accept.
+        if evicted != Admitted::Room {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// A listener's failing accepts, as the journal hears of them.
+#[derive(Default)]
+struct Failing {
+    /// Whether the last accept failed, and whether that failure was logged.
+    now: Option<bool>,
+    logged_at: Option<tokio::time::Instant>,
+}
+
+impl Failing {
+    /// A failure is logged when it starts, unless the last one logged was within
+    /// [`ACCEPT_QUIET`].
+    fn failed(&mut self, name: &str, e: &std::io::Error, cap: usize) {
+        if self.now.is_some() {
+            return;
+        }
+        let quiet = self.logged_at.is_some_and(|t| t.elapsed() < ACCEPT_QUIET);
+        if !quiet {
+            self.logged_at = Some(tokio::time::Instant::now());
+            warn!(
+                "metrics listener {name}: cannot accept a connection: {e}; trying again every {} ms (the agent's other work keeps its descriptors: scrapers get at most {cap} connections)",
+                ACCEPT_PAUSE.as_millis(),
+            );
+        }
+        self.now = Some(!quiet);
+    }
+
+    /// The recovery is logged where the failure was.
+    fn recovered(&mut self, name: &str) {
+        if self.now.take() == Some(true) {
+            info!("metrics listener {name}: accepting connections again");
         }
     }
 }
