@@ -220,16 +220,10 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
     checks.extend(proxy_check(&via));
     if named.is_some() {
         let driver = smi.driver_version.as_deref();
-        for p in &probes {
-            checks.extend(probe_checks(p, settings, now, mode, driver));
-        }
-        checks.extend(not_probed_check(&targets));
+        checks.extend(dls_checks(&probes, &targets, settings, now, mode, driver));
     } else {
-        checks.push(check(
-            "dls",
-            Status::Skip,
-            "DLS checks skipped: no usable token names a DLS",
-        ));
+        let skipped = "DLS checks skipped: no usable token names a DLS";
+        checks.push(check("dls", Status::Skip, skipped));
     }
     let report = state::evaluate(obs);
     checks.push(license_check(&report, &checks));
@@ -238,6 +232,23 @@ fn diagnose_at(settings: &Settings, now: DateTime<Utc>) -> Diagnosis {
         probes,
         report,
     }
+}
+
+/// The DLS's checks: each address the token names, probed, and those left unprobed.
+fn dls_checks(
+    probes: &[NodeProbe],
+    targets: &[(String, u16)],
+    settings: &Settings,
+    now: DateTime<Utc>,
+    mode: LicensingMode,
+    driver: Option<&str>,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for p in probes {
+        checks.extend(probe_checks(p, settings, now, mode, driver));
+    }
+    checks.extend(not_probed_check(targets));
+    checks
 }
 
 /// A vGPU host's checks: the vGPU manager's driver and its service, then one line per VM's

@@ -6,7 +6,6 @@ use std::path::Path;
 use anyhow::anyhow;
 
 use crate::cli::PrepareImageArgs;
-
 use crate::image::{Request, prepare, settings_under};
 
 /// `vgpu-license-agent prepare-image`; `config` is the agent's config file (taken below
@@ -30,35 +29,21 @@ pub fn run(args: &PrepareImageArgs, config: &Path) -> anyhow::Result<()> {
     for line in done.lines() {
         println!("{}", crate::model::text::for_terminal(&line));
     }
-    if !done.unsearched.is_empty() {
+    let one = |n: usize, it: &'static str, them: &'static str| if n == 1 { it } else { them };
+    let unsearched = done.unsearched.len();
+    if unsearched > 0 {
         return Err(anyhow!(
-            "{} could not be searched whole (listed above): the image is not known to be clean; remove or fix {} and run prepare-image again",
-            if done.unsearched.len() == 1 {
-                "1 file".to_string()
-            } else {
-                format!("{} files", done.unsearched.len())
-            },
-            if done.unsearched.len() == 1 {
-                "it"
-            } else {
-                "them"
-            },
+            "{unsearched} {} could not be searched whole (listed above): the image is not known to be clean; remove or fix {} and run prepare-image again",
+            one(unsearched, "file", "files"),
+            one(unsearched, "it", "them"),
         ));
     }
-    if !done.holding.is_empty() {
+    let holding = done.holding.len();
+    if holding > 0 {
         return Err(anyhow!(
-            "{} {} the token (listed above): the image is not ready; clean {} as said and run prepare-image again",
-            done.holding.len(),
-            if done.holding.len() == 1 {
-                "file still holds"
-            } else {
-                "files still hold"
-            },
-            if done.holding.len() == 1 {
-                "it"
-            } else {
-                "them"
-            },
+            "{holding} {} the token (listed above): the image is not ready; clean {} as said and run prepare-image again",
+            one(holding, "file still holds", "files still hold"),
+            one(holding, "it", "them"),
         ));
     }
     Ok(())
