@@ -288,40 +288,9 @@ fn read_fields(fields: Fields, m: &str, rest: &str, c: &mut Classified) -> Optio
                 c.edition = nonempty(edition);
             }
         }
-        F::Lease => {
-            if let Some((url, edition)) = info_of(m).and_then(legacy_info) {
-                // `(Info: http://10.5.8.208:7070/request; Quadro-Virtual-DWS,5.0)`: the
-                // legacy server's URL and the feature it served.
-                c.server = host_of_url(url);
-                c.edition = nonempty(edition);
-                c.legacy = true;
-            } else if let Some(info) = info_of(m) {
-                let head = info.split(';').next().unwrap_or(info);
-                let (server, edition) = head.split_once(',').unwrap_or((head, ""));
-                c.server = nonempty(server);
-                c.edition = nonempty(edition);
-                c.expiry = expiry_in(info);
-            } else if let Some((_, url)) = m.split_once("Server URL") {
-                // `License acquired successfully. Server URL : http://host:7070/request`.
-                c.server = host_of_url(url.trim_start().trim_start_matches(':'));
-                c.legacy = true;
-            }
-        }
+        F::Lease => read_lease(m, c),
         F::Returned => c.server = info_of(m).and_then(nonempty),
-        F::AcquireFailedFrom => match rest.split_once("(Info:") {
-            Some((server, info)) => {
-                c.server = nonempty(server);
-                let info = info.trim().strip_suffix(')').unwrap_or(info.trim());
-                match info.split_once("- Error:") {
-                    Some((edition, err)) => {
-                        c.edition = nonempty(edition);
-                        c.reason = Some(reason_of_error(err));
-                    }
-                    None => c.edition = nonempty(info),
-                }
-            }
-            None => c.server = nonempty(rest),
-        },
+        F::AcquireFailedFrom => read_acquire_failed(rest, c),
         F::ReturnFailedTo => {
             let (server, err) = rest.split_once("(Error:").unwrap_or((rest, ""));
             c.server = nonempty(server);
@@ -341,22 +310,65 @@ fn read_fields(fields: Fields, m: &str, rest: &str, c: &mut Classified) -> Optio
             c.edition = nonempty(edition);
         }
         F::LicensedFor => c.edition = legacy_edition(rest.trim_end().trim_end_matches('.')),
-        F::ServerUnreachable => {
-            if !(rest.contains("not reachable") || rest.contains("unreachable")) {
-                return None;
-            }
-            let server = rest
-                .split_whitespace()
-                .next()
-                .filter(|w| !matches!(*w, "is" | "not" | "unreachable"))
-                .map(|w| w.trim_matches(|c: char| c == '(' || c == ')' || c == ','));
-            c.server = server.and_then(|s| host_of_url(s).or_else(|| nonempty(s)));
-        }
+        F::ServerUnreachable => read_unreachable(rest, c)?,
         F::SoftwarePackage => {
             let n: u32 = rest.split(')').next()?.trim().parse().ok()?;
             c.cloud_provider = n >= 1;
         }
     }
+    Some(())
+}
+
+/// A lease's line: the DLS's `(Info: server,edition; Expiry: ...)`, a legacy server's URL
+/// and feature, or a legacy `Server URL : ...`.
+fn read_lease(m: &str, c: &mut Classified) {
+    if let Some((url, edition)) = info_of(m).and_then(legacy_info) {
+        // `(Info: http://10.5.8.208:7070/request; Quadro-Virtual-DWS,5.0)`: the legacy
+        // server's URL and the feature it served.
+        c.server = host_of_url(url);
+        c.edition = nonempty(edition);
+        c.legacy = true;
+    } else if let Some(info) = info_of(m) {
+        let head = info.split(';').next().unwrap_or(info);
+        let (server, edition) = head.split_once(',').unwrap_or((head, ""));
+        c.server = nonempty(server);
+        c.edition = nonempty(edition);
+        c.expiry = expiry_in(info);
+    } else if let Some((_, url)) = m.split_once("Server URL") {
+        // `License acquired successfully. Server URL : http://host:7070/request`.
+        c.server = host_of_url(url.trim_start().trim_start_matches(':'));
+        c.legacy = true;
+    }
+}
+
+/// `Failed to acquire license from SERVER (Info: EDITION - Error: ...)`.
+fn read_acquire_failed(rest: &str, c: &mut Classified) {
+    let Some((server, info)) = rest.split_once("(Info:") else {
+        c.server = nonempty(rest);
+        return;
+    };
+    c.server = nonempty(server);
+    let info = info.trim().strip_suffix(')').unwrap_or(info.trim());
+    match info.split_once("- Error:") {
+        Some((edition, err)) => {
+            c.edition = nonempty(edition);
+            c.reason = Some(reason_of_error(err));
+        }
+        None => c.edition = nonempty(info),
+    }
+}
+
+/// `... SERVER is not reachable` in its several forms; `None` where the words are not there.
+fn read_unreachable(rest: &str, c: &mut Classified) -> Option<()> {
+    if !(rest.contains("not reachable") || rest.contains("unreachable")) {
+        return None;
+    }
+    let server = rest
+        .split_whitespace()
+        .next()
+        .filter(|w| !matches!(*w, "is" | "not" | "unreachable"))
+        .map(|w| w.trim_matches(|c: char| c == '(' || c == ')' || c == ','));
+    c.server = server.and_then(|s| host_of_url(s).or_else(|| nonempty(s)));
     Some(())
 }
 

@@ -133,54 +133,67 @@ pub(crate) fn parse_stamp(s: &str) -> Option<(Stamp, &str)> {
     let (w1, rest) = word(s)?;
     // short-iso / short-iso-precise: 2024-09-16T01:16:29+0800
     if let Some((date, time)) = w1.split_once('T')
-        && let Some((y, mo, d)) = parse_ymd(date)
+        && let Some(ymd) = parse_ymd(date)
     {
-        let zone_at = time.find(['+', '-', 'Z']).unwrap_or(time.len());
-        let secs = parse_hms(&time[..zone_at])?;
-        let offset = if zone_at < time.len() {
-            Some(parse_zone(&time[zone_at..])?)
-        } else {
-            None
-        };
-        let st = Stamp {
-            year: Some(y),
-            month: mo,
-            day: d,
-            secs,
-            offset,
-        };
-        return Some((st, rest));
+        return Some((iso_stamp(ymd, time)?, rest));
     }
     // short-full: Mon 2024-09-16 01:16:29 CST
     if is_weekday(w1)
         && let Some((w2, rest2)) = word(rest)
-        && let Some((y, mo, d)) = parse_ymd(w2)
+        && let Some(ymd) = parse_ymd(w2)
     {
-        let (w3, rest3) = word(rest2)?;
-        let secs = parse_hms(w3)?;
-        let (offset, rest4) = match word(rest3) {
-            Some((z, r)) if z.chars().all(|c| c.is_ascii_uppercase()) && z.len() <= 5 => {
-                (parse_zone(z), r)
-            }
-            Some((z, r)) if parse_zone(z).is_some() => (parse_zone(z), r),
-            _ => (None, rest3),
-        };
-        let st = Stamp {
-            year: Some(y),
-            month: mo,
-            day: d,
-            secs,
-            offset,
-        };
-        return Some((st, rest4));
+        return full_stamp(ymd, rest2);
     }
-    // Windows container log: Tue Dec 20 17:25:11 2022:<1>:msg
+    short_stamp(w1, rest)
+}
+
+/// short-iso's time and zone (`01:16:29+0800`), the date read.
+fn iso_stamp((y, month, day): (i32, u32, u32), time: &str) -> Option<Stamp> {
+    let zone_at = time.find(['+', '-', 'Z']).unwrap_or(time.len());
+    let secs = parse_hms(&time[..zone_at])?;
+    let offset = if zone_at < time.len() {
+        Some(parse_zone(&time[zone_at..])?)
+    } else {
+        None
+    };
+    Some(Stamp {
+        year: Some(y),
+        month,
+        day,
+        secs,
+        offset,
+    })
+}
+
+/// short-full's time and zone (`01:16:29 CST`), the weekday and date read.
+fn full_stamp((y, month, day): (i32, u32, u32), rest: &str) -> Option<(Stamp, &str)> {
+    let (w3, rest3) = word(rest)?;
+    let secs = parse_hms(w3)?;
+    let (offset, rest4) = match word(rest3) {
+        Some((z, r)) if z.chars().all(|c| c.is_ascii_uppercase()) && z.len() <= 5 => {
+            (parse_zone(z), r)
+        }
+        Some((z, r)) if parse_zone(z).is_some() => (parse_zone(z), r),
+        _ => (None, rest3),
+    };
+    let st = Stamp {
+        year: Some(y),
+        month,
+        day,
+        secs,
+        offset,
+    };
+    Some((st, rest4))
+}
+
+/// short / short-precise (`Sep 16 01:16:29[.123456]`), and a Windows container log's
+/// `Tue Dec 20 17:25:11 2022:<1>:msg`.
+fn short_stamp<'a>(w1: &'a str, rest: &'a str) -> Option<(Stamp, &'a str)> {
     let (w1, rest) = if is_weekday(w1) {
         word(rest)?
     } else {
         (w1, rest)
     };
-    // short / short-precise: Sep 16 01:16:29[.123456]
     let month = month_of(w1).filter(|_| w1.len() == 3)?;
     let (dw, rest) = word(rest)?;
     let day: u32 = dw.parse().ok().filter(|d| (1..=31).contains(d))?;
