@@ -28,6 +28,7 @@ use tracing::{error, info, warn};
 
 use crate::config::Settings;
 use crate::install;
+use crate::kube;
 use crate::live;
 use crate::model::report::Finding;
 
@@ -159,7 +160,7 @@ struct Shell {
     /// Asks the licensing Secret's reader for a read now (none without one).
     secret_now: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Where Events on KubeVirt VMIs go (a host with the API; none elsewhere).
-    vm_events: Option<crate::kube::events::Sender>,
+    vm_events: Option<kube::events::Sender>,
 }
 
 impl Shell {
@@ -293,10 +294,10 @@ fn node_condition_writer(
     tx: &mpsc::UnboundedSender<Event>,
     stop: &watch::Receiver<bool>,
 ) -> Option<NodeChannels> {
-    let api = match crate::kube::target(settings) {
+    let api = match kube::target(settings) {
         Ok(Some(api)) => api,
         Ok(None) => {
-            if let Some(why) = crate::kube::unreadable_secret(settings) {
+            if let Some(why) = kube::unreadable_secret(settings) {
                 warn!("{why}");
             }
             return None;
@@ -317,7 +318,7 @@ fn node_condition_writer(
         );
         let tx = tx.clone();
         let bell = std::sync::Arc::new(tokio::sync::Notify::new());
-        tokio::spawn(crate::kube::secret::follow(
+        tokio::spawn(kube::secret::follow(
             api.clone(),
             name,
             settings.kubernetes.heartbeat,
@@ -331,14 +332,8 @@ fn node_condition_writer(
     });
     let (cond_tx, cond_rx) = watch::channel(None);
     let tx = tx.clone();
-    tokio::spawn(crate::kube::write_condition(
-        api,
-        cond_rx,
-        move |o| {
-            let _ = tx.send(Event::NodeCondition(o));
-        },
-        stop.clone(),
-    ));
+    let tell = move |o| _ = tx.send(Event::NodeCondition(o));
+    tokio::spawn(kube::write_condition(api, cond_rx, tell, stop.clone()));
     Some((cond_tx, secret_now))
 }
 
@@ -435,10 +430,10 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     // Events on VMIs go where the Node condition does (they wait, idle, where no host's
     // change ever comes).
     let vm_events = condition.as_ref().and_then(|_| {
-        crate::kube::target(&settings)
+        kube::target(&settings)
             .ok()
             .flatten()
-            .map(|api| crate::kube::events::spawn_sender(api, stop_rx.clone()))
+            .map(|api| kube::events::spawn_sender(api, stop_rx.clone()))
     });
     let watch = (node.mode == crate::model::node::Mode::Manage)
         .then(|| dir_watch::Watch::start(&settings))
