@@ -3,8 +3,8 @@
 //! - the sources read as values: nvidia-smi's and gridd's words ([`observe`]), the token
 //!   ([`token`]), gridd.conf ([`gridd_conf`]), the user-data a guest boots with
 //!   ([`userdata`]), the settings ([`config`]);
-//! - one observation ([`assemble`]) and its judgement ([`state`]): the [`report`], by the
-//!   rules of [`policy`];
+//! - one observation ([`assemble`], made of the values of [`observations`]) and its judgement
+//!   ([`state`]): the [`report`], by the rules of [`policy`];
 //! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`install`]: the plan),
 //!   the node's mode ([`node`]), its Kubernetes condition ([`node::condition`]) and
 //!   when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
@@ -25,6 +25,7 @@ pub mod host;
 pub mod identity;
 pub mod install;
 pub mod node;
+pub mod observations;
 pub mod observe;
 pub mod policy;
 pub mod remedy;
