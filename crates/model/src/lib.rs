@@ -13,6 +13,9 @@
 //!   hypervisor;
 //! - the service's judgement over time ([`service`]): events and the time in, effects out;
 //! - times and text as operators read them ([`time`], [`text`]).
+//!
+//! The modules are layers, each importing only those below it (`tests/layering.rs` has the
+//! order, from [`text`] and [`time`] at the bottom to [`service`] at the top).
 
 // Its tests read fixtures (see clippy.toml); the model itself reads nothing.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))]
