@@ -141,31 +141,23 @@ impl NodeWriter {
     /// What happened at `now`: a condition from the service, the node's uptime, or the
     /// answer to the action [`NodeWriter::poll`] asked last.
     pub fn handle(&mut self, input: Input, now: Now) {
-        match input {
-            Input::Condition(cond) => {
+        match (input, self.write.as_mut()) {
+            (Input::Condition(cond), _) => {
                 self.current = Some(cond);
                 self.changed = true;
-                return;
             }
-            Input::Uptime(up) => {
-                self.uptime = Some((now.mono, up));
-                return;
-            }
-            _ => {}
-        }
-        let Some(mut w) = self.write.take() else {
-            return;
-        };
-        match input {
-            Input::NodeRead(Ok(current)) => {
+            (Input::Uptime(up), _) => self.uptime = Some((now.mono, up)),
+            // An answer with no write under way: nothing asked for it.
+            (_, None) => {}
+            (Input::NodeRead(Ok(current)), Some(w)) => {
                 self.known = Some(current);
                 w.step = Step::Patch;
             }
-            Input::NodeRead(Err(e)) | Input::Patched(Err(e)) => {
+            (Input::NodeRead(Err(e)) | Input::Patched(Err(e)), Some(w)) => {
                 w.outcome.condition = Some(Err(e));
                 w.step = Step::Done;
             }
-            Input::Patched(Ok(())) => {
+            (Input::Patched(Ok(())), Some(w)) => {
                 self.written = Some(Written {
                     cond: w.cond.clone(),
                     at: now.mono,
@@ -174,16 +166,14 @@ impl NodeWriter {
                 w.outcome.condition = Some(Ok(()));
                 w.step = Step::Taint;
             }
-            Input::Tainted(result) => {
+            (Input::Tainted(result), Some(w)) => {
                 if result.is_ok() {
                     self.tainted = Some(w.want);
                 }
                 w.outcome.taint = Some((w.want, result));
                 w.step = Step::Done;
             }
-            Input::Condition(_) | Input::Uptime(_) => {}
         }
-        self.write = Some(w);
     }
 
     /// What to do at `now`, if anything: the next action of the write under way (none while
