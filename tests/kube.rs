@@ -6,9 +6,9 @@
 //! refreshes `lastHeartbeatTime`, other writers' conditions stay, a 403 or an API that is down
 //! is a warning and a count while the rest of the service goes on, and nothing is written
 //! where the agent is not in a pod. How often and when the writer writes, retries and keeps
-//! the taint is `tests/node_writer.rs`'s, in simulated time; here the real writer sends: the
-//! waits are for what it sends (its heartbeat and retries included), and no sleep is longer
-//! than one write's sending. The taint's scenarios give the agent the uptime they need
+//! the taint is `crates/model/tests/node_writer.rs`'s, in simulated time; here the real
+//! writer sends: the waits are for what it sends (its heartbeat and retries included), and no
+//! sleep is longer than one write's sending. The taint's scenarios give the agent the uptime they need
 //! ([`Agent::start_booted`]), whatever this machine's.
 
 use std::time::Duration;
@@ -513,7 +513,7 @@ fn scenario_without_the_key_no_taint_is_written() {
 
 /// With the key, a node booted a moment ago: an unlicensed vGPU is gridd's first
 /// acquisition still under way, not a failure: no taint yet (it comes past the settling
-/// time, `tests/node_writer.rs`).
+/// time, `crates/model/tests/node_writer.rs`).
 #[test]
 fn scenario_a_node_just_booted_gets_no_taint_yet() {
     let api = FakeApi::start(TOKEN, vec![node_object(NODE, vec![])]);
@@ -556,7 +556,7 @@ fn scenario_retries_keep_the_time_of_the_change() {
         }
         run
     };
-    // Two tries refused (the backoff's schedule is `tests/node_writer.rs`'s).
+    // Two tries refused (the backoff's schedule is `crates/model/tests/node_writer.rs`'s).
     sim::wait_for(
         "two refused writes of True",
         T,

@@ -27,7 +27,6 @@ mod layout;
 mod licensing_secret;
 mod metrics_server;
 mod misbehaving_commands;
-mod node_writer;
 mod one_answer;
 mod packaging;
 mod prepare_image;
@@ -35,9 +34,6 @@ mod properties;
 mod rotation;
 mod samples;
 mod service;
-// The service's sans-I/O core in simulated time (`core` would shadow the core crate).
-#[path = "core.rs"]
-mod service_core;
 mod service_faults;
 mod sim_selfcheck;
 mod token_inspect;

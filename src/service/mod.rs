@@ -27,6 +27,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use crate::install;
+use crate::kube;
 use crate::model::config::Settings;
 use crate::model::report::Finding;
 use crate::observe::live;
@@ -159,7 +160,7 @@ struct Shell {
     /// Asks the licensing Secret's reader for a read now (none without one).
     secret_now: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Where Events on KubeVirt VMIs go (a host with the API; none elsewhere).
-    vm_events: Option<crate::kube::events::Sender>,
+    vm_events: Option<kube::events::Sender>,
 }
 
 impl Shell {
@@ -293,10 +294,10 @@ fn node_condition_writer(
     tx: &mpsc::UnboundedSender<Event>,
     stop: &watch::Receiver<bool>,
 ) -> Option<NodeChannels> {
-    let api = match crate::kube::target(settings) {
+    let api = match kube::target(settings) {
         Ok(Some(api)) => api,
         Ok(None) => {
-            if let Some(why) = crate::kube::unreadable_secret(settings) {
+            if let Some(why) = kube::unreadable_secret(settings) {
                 warn!("{why}");
             }
             return None;
@@ -317,7 +318,7 @@ fn node_condition_writer(
         );
         let tx = tx.clone();
         let bell = std::sync::Arc::new(tokio::sync::Notify::new());
-        tokio::spawn(crate::kube::secret::follow(
+        tokio::spawn(kube::secret::follow(
             api.clone(),
             name,
             settings.kubernetes.heartbeat,
@@ -331,14 +332,8 @@ fn node_condition_writer(
     });
     let (cond_tx, cond_rx) = watch::channel(None);
     let tx = tx.clone();
-    tokio::spawn(crate::kube::write_condition(
-        api,
-        cond_rx,
-        move |o| {
-            let _ = tx.send(Event::NodeCondition(o));
-        },
-        stop.clone(),
-    ));
+    let tell = move |o| _ = tx.send(Event::NodeCondition(o));
+    tokio::spawn(kube::write_condition(api, cond_rx, tell, stop.clone()));
     Some((cond_tx, secret_now))
 }
 
@@ -523,7 +518,7 @@ fn make_core(
 type KubeParts = (
     Option<watch::Sender<Option<crate::model::node::condition::Condition>>>,
     Option<std::sync::Arc<tokio::sync::Notify>>,
-    Option<crate::kube::events::Sender>,
+    Option<kube::events::Sender>,
 );
 
 /// The Node condition's writer, the licensing Secret's bell, and the sender of Events on
@@ -538,10 +533,10 @@ fn kube_parts(
     };
     // Events on VMIs go where the Node condition does (they wait, idle, where no host's
     // change ever comes).
-    let vm_events = crate::kube::target(settings)
+    let vm_events = kube::target(settings)
         .ok()
         .flatten()
-        .map(|api| crate::kube::events::spawn_sender(api, stop_rx.clone()));
+        .map(|api| kube::events::spawn_sender(api, stop_rx.clone()));
     (Some(condition), secret_now, vm_events)
 }
 

@@ -53,10 +53,10 @@ impl SecretRef {
     /// `NAMESPACE/NAME`, each an RFC 1123 name, as the API takes them.
     pub fn parse(v: &str) -> Result<SecretRef, String> {
         let (namespace, name) = v.split_once('/').unwrap_or_default();
-        let ns_ok = crate::node::condition::node_name_problem(namespace).is_none()
+        let ns_ok = node_name_problem(namespace).is_none()
             && !namespace.contains('.')
             && namespace.len() <= 63;
-        if !ns_ok || crate::node::condition::node_name_problem(name).is_some() {
+        if !ns_ok || node_name_problem(name).is_some() {
             return Err(format!(
                 "kubernetes.licensing_secret = {}: expected \"NAMESPACE/NAME\" of the GPU Operator's licensing Secret (driver.licensingConfig.secretName in its namespace, as `kubectl -n gpu-operator get secret` shows it), or \"\" for none",
                 shown_value(v)
@@ -574,9 +574,7 @@ impl Settings {
             kube.licensing_secret = (!v.is_empty()).then(|| SecretRef::parse(&v)).transpose()?;
         }
         if let Some(v) = k.node_name {
-            if let Some(why) =
-                crate::node::condition::node_name_problem(&v).filter(|_| !v.is_empty())
-            {
+            if let Some(why) = node_name_problem(&v).filter(|_| !v.is_empty()) {
                 return Err(format!(
                     "kubernetes.node_name {why}; set it to the Node's name as `kubectl get nodes` shows it, or leave it unset for $NODE_NAME"
                 ));
@@ -896,6 +894,29 @@ pub fn listen_address(value: &str) -> Option<Listen> {
         Some(_) => None,
         None => value.parse().ok().map(Listen::At),
     }
+}
+
+/// Why `name` cannot be a Node's name (a phrase after the name, which it does not repeat:
+/// a config value may be a secret put in the wrong key), or `None` where it can: a Node's name is an RFC 1123
+/// subdomain (as the API server checks it): at most 253 characters, dot-separated labels of
+/// lower-case letters, digits and `-`, each starting and ending with a letter or digit. A
+/// name such as `..` or `status` would otherwise make another URL of the API.
+pub fn node_name_problem(name: &str) -> Option<String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() <= 253 && name.split('.').all(label_ok) {
+        return None;
+    }
+    Some(
+        "is not a Kubernetes node name (an RFC 1123 subdomain: lower-case letters, digits, '-' and '.', each part starting and ending with a letter or digit, at most 253 characters)"
+            .into(),
+    )
 }
 
 #[cfg(test)]

@@ -6,10 +6,10 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::observations::Observations;
 use crate::observe::smi::{HostVgpu, LicenseStatus, classify_status};
 use crate::observe::vgpu_mgr::{HostLog, LicenseLine};
 use crate::report::{KubeVirt, Report, Role, SCHEMA, State, Vm, VmState};
-use crate::state::Observations;
 use crate::text::escape;
 use crate::time::whole_secs;
 

@@ -3,8 +3,8 @@
 //! - the sources read as values: nvidia-smi's and gridd's words ([`observe`]), the token
 //!   ([`token`]), gridd.conf ([`gridd_conf`]), the user-data a guest boots with
 //!   ([`userdata`]), the settings ([`config`]);
-//! - one observation ([`assemble`]) and its judgement ([`state`]): the [`report`], by the
-//!   rules of [`policy`];
+//! - one observation ([`assemble`], made of the values of [`observations`]) and its judgement
+//!   ([`state`]): the [`report`], by the rules of [`policy`];
 //! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`install`]: the plan),
 //!   the node's mode ([`node`]), its Kubernetes condition ([`node::condition`]) and
 //!   when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
@@ -13,6 +13,9 @@
 //!   hypervisor;
 //! - the service's judgement over time ([`service`]): events and the time in, effects out;
 //! - times and text as operators read them ([`time`], [`text`]).
+//!
+//! The modules are layers, each importing only those below it (`tests/layering.rs` has the
+//! order, from [`text`] and [`time`] at the bottom to [`service`] at the top).
 
 // Its tests read fixtures (see clippy.toml); the model itself reads nothing.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_types))]
@@ -25,6 +28,7 @@ pub mod host;
 pub mod identity;
 pub mod install;
 pub mod node;
+pub mod observations;
 pub mod observe;
 pub mod policy;
 pub mod remedy;

@@ -7,6 +7,7 @@
 //! (`Licensed`, `TokenExpired`, `DlsUnreachable` ...), `message` the status line with the
 //! edition and the lease's expiry.
 
+pub use crate::config::node_name_problem;
 use crate::report::{Reason, Report, State};
 
 /// The condition's type.
@@ -129,29 +130,6 @@ impl Outcome {
     pub fn failed(&self) -> bool {
         matches!(self.condition, Some(Err(_))) || matches!(self.taint, Some((_, Err(_))))
     }
-}
-
-/// Why `name` cannot be a Node's name (a phrase after the name, which it does not repeat:
-/// a config value may be a secret put in the wrong key), or `None` where it can: a Node's name is an RFC 1123
-/// subdomain (as the API server checks it): at most 253 characters, dot-separated labels of
-/// lower-case letters, digits and `-`, each starting and ending with a letter or digit. A
-/// name such as `..` or `status` would otherwise make another URL of the API.
-pub fn node_name_problem(name: &str) -> Option<String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.len() <= 253 && name.split('.').all(label_ok) {
-        return None;
-    }
-    Some(
-        "is not a Kubernetes node name (an RFC 1123 subdomain: lower-case letters, digits, '-' and '.', each part starting and ending with a letter or digit, at most 253 characters)"
-            .into(),
-    )
 }
 
 #[cfg(test)]

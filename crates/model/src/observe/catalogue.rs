@@ -10,8 +10,8 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::observe::meaning::{EventKind, Reason};
 use crate::observe::smi::expiry_in;
-use crate::report::{EventKind, Reason};
 
 /// Where a wording was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

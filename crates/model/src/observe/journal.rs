@@ -22,9 +22,9 @@ use memchr::{memchr, memmem, memrchr};
 pub use crate::observe::catalogue::{Classified, classify, reason_of_error};
 use crate::observe::entry::{self, Field, Fields};
 use crate::observe::lines::Lines;
+use crate::observe::meaning::{EventKind, Reason};
 pub use crate::observe::stamp::Stamp;
 use crate::observe::stamp::parse_stamp;
-use crate::report::{EventKind, Reason};
 
 const IDENT: &str = "nvidia-gridd";
 /// gridd's unit, as journald records it in `_SYSTEMD_UNIT`.

@@ -6,6 +6,7 @@ pub mod catalogue;
 pub mod entry;
 pub mod journal;
 pub mod lines;
+pub mod meaning;
 pub mod smi;
 pub mod stamp;
 pub mod vgpu_mgr;

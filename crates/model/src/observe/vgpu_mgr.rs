@@ -17,9 +17,9 @@ use crate::observe::entry::{self, Field};
 use crate::observe::journal::{
     Context, TextLine, in_context, parse_status_header, parse_text_line, stamp_of, str_of,
 };
+use crate::observe::meaning::VmState;
 use crate::observe::smi::{LicenseStatus, classify_status};
 use crate::observe::stamp::Stamp;
-use crate::report::VmState;
 
 /// The vGPU manager's program name, as the journal and syslog name it.
 pub const IDENT: &str = "nvidia-vgpu-mgr";

@@ -331,7 +331,7 @@ fn per_gpu(o: &mut String, report: &Report) {
 }
 
 /// What the previous boot's last shutdown did with the lease.
-fn last_shutdown(o: &mut String, last: &crate::shutdown::LastShutdown) {
+fn last_shutdown(o: &mut String, last: &super::LastShutdown) {
     one(
         o,
         "vgpu_license_last_return_success",

@@ -1,9 +1,10 @@
 //! The Node writer's decisions in simulated time: when the condition is written and written
 //! again, the `lastTransitionTime` it carries, when the opt-in taint goes on and off (given
-//! the node's uptime), and the backoff after failed writes. The writer's loop is played here
-//! in the order `src/kube/writer.rs` plays it, against a simulated Node that answers or
-//! fails as told; no clock, no `/proc/uptime`, no wait. `tests/kube.rs` shows the real
-//! writer sending to a simulated API server.
+//! the node's uptime), and the backoff after failed writes. The writer is driven here as
+//! `src/kube/writer.rs` drives it (what happens in with `handle`, its actions out of `poll`,
+//! the next wake from `poll_timeout`), against a simulated Node that answers or fails as
+//! told; no clock, no `/proc/uptime`, no wait. `tests/kube.rs` shows the real writer
+//! sending to a simulated API server.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::Value;
 use vgpu_license_model::node::condition::{Condition, Outcome, TAINT_SETTLE};
-use vgpu_license_model::node::writer::{BACKOFF, NodeWriter, patch};
+use vgpu_license_model::node::writer::{Action, BACKOFF, Input, NodeWriter};
 use vgpu_license_model::time::{Now, rfc3339};
 
 fn t0() -> DateTime<Utc> {
@@ -63,30 +64,27 @@ struct Node {
     taint_writes: Vec<(u64, bool)>,
 }
 
-/// The writer's loop in simulated time: conditions from the service at given times, the
+/// The writer's shell in simulated time: conditions from the service at given times, the
 /// node booted `up` seconds before the writer started.
 struct Sim {
     writer: NodeWriter,
     node: Node,
-    up: u64,
     now: u64,
-    /// When the loop's wait runs out, as its last turn set it.
-    wait: u64,
-    current: Option<Condition>,
     changes: VecDeque<(u64, Condition)>,
+    /// The outcomes of the writes, for the service.
+    outcomes: Vec<(u64, Outcome)>,
 }
 
 impl Sim {
     fn new(heartbeat: u64, taint: bool, up: u64) -> Sim {
-        let writer = NodeWriter::new(Duration::from_secs(heartbeat), taint);
+        let mut writer = NodeWriter::new(Duration::from_secs(heartbeat), taint);
+        writer.handle(Input::Uptime(Duration::from_secs(up)), at(0));
         Sim {
-            wait: writer.next_write(at(0)).as_secs(),
             writer,
             node: Node::default(),
-            up,
             now: 0,
-            current: None,
             changes: VecDeque::new(),
+            outcomes: Vec::new(),
         }
     }
 
@@ -96,69 +94,63 @@ impl Sim {
         self
     }
 
-    /// Plays the loop until `end`: each turn waits for a change or the writer's next write.
+    /// Plays the shell until `end`: each turn waits for a change or the writer's timeout,
+    /// then carries out what the writer asks until it asks nothing more.
     fn run_until(&mut self, end: u64) -> &mut Sim {
         loop {
-            let (t, changed) = match self.changes.front() {
-                Some((tc, _)) if *tc <= self.wait => (*tc, true),
-                _ => (self.wait, false),
+            let wake = self.writer.poll_timeout().as_secs();
+            let (t, change) = match self.changes.front() {
+                Some((tc, _)) if *tc <= wake => (*tc, self.changes.pop_front()),
+                _ => (wake, None),
             };
             if t > end {
+                if let Some(c) = change {
+                    self.changes.push_front(c);
+                }
                 self.now = end;
                 return self;
             }
             self.now = t;
-            if changed {
-                self.current = self.changes.pop_front().map(|(_, c)| c);
+            if let Some((_, cond)) = change {
+                self.writer.handle(Input::Condition(cond), at(t));
             }
-            if let Some(cond) = self.current.clone()
-                && self.writer.take(&cond, changed, at(t))
-            {
-                let outcome = self.write(&cond);
-                self.writer.settle(&outcome, at(t));
+            while let Some(action) = self.writer.poll(at(t)) {
+                let input = match action {
+                    Action::ReadNode => Input::NodeRead(Ok(self.node.condition.clone())),
+                    Action::Patch(body) => Input::Patched(self.patch(body)),
+                    Action::Taint(want) => Input::Tainted(self.taint(want)),
+                    Action::Done(outcome) => {
+                        self.outcomes.push((t, outcome));
+                        continue;
+                    }
+                };
+                self.writer.handle(input, at(t));
             }
-            self.wait = self.writer.next_write(at(t)).as_secs();
         }
     }
 
-    /// One write, in the order of the real writer's.
-    fn write(&mut self, cond: &Condition) -> Outcome {
-        let t = self.now;
-        let condition = self
-            .writer
-            .condition_due(cond, at(t))
-            .then(|| self.write_condition(cond));
-        let taint = if matches!(condition, Some(Err(_))) {
-            None
-        } else {
-            let uptime = Duration::from_secs(self.up + t);
-            self.writer.taint_owed(cond, uptime).map(|want| {
-                self.node.taint_writes.push((t, want));
-                if self.node.fail_taint {
-                    return (want, Err("HTTP 403".to_string()));
-                }
-                self.node.tainted = want;
-                self.writer.taint_written(want);
-                (want, Ok(()))
-            })
-        };
-        Outcome { condition, taint }
-    }
-
-    fn write_condition(&mut self, cond: &Condition) -> Result<(), String> {
-        let t = self.now;
-        if self.writer.needs_node() {
-            self.writer.node_read(self.node.condition.clone());
-        }
-        let transition = self.writer.transition(cond);
-        self.node
-            .patches
-            .push((t, patch(cond, &transition, at(t).wall)));
+    /// The simulated API's answer to a status patch.
+    fn patch(&mut self, body: Value) -> Result<(), String> {
+        let c = &body["status"]["conditions"][0];
+        let condition = (
+            c["status"].as_str().unwrap().to_string(),
+            c["lastTransitionTime"].as_str().unwrap().to_string(),
+        );
+        self.node.patches.push((self.now, body));
         if self.node.fail_status {
             return Err("HTTP 500".into());
         }
-        self.node.condition = Some((cond.status.to_string(), transition.clone()));
-        self.writer.condition_written(cond, transition, at(t));
+        self.node.condition = Some(condition);
+        Ok(())
+    }
+
+    /// The simulated API's answer to a taint write.
+    fn taint(&mut self, want: bool) -> Result<(), String> {
+        self.node.taint_writes.push((self.now, want));
+        if self.node.fail_taint {
+            return Err("HTTP 403".into());
+        }
+        self.node.tainted = want;
         Ok(())
     }
 
@@ -285,16 +277,27 @@ fn the_nodes_own_transition_time_stands_for_the_status_it_shows() {
 fn the_transition_follows_the_wall_clock_of_the_change_not_of_the_write() {
     // The wall clock stepped back between the change and the write that went through: the
     // Node still gets the change's time (what the retries carried).
+    let transition = |a: Option<Action>| match a {
+        Some(Action::Patch(body)) => body["status"]["conditions"][0]["lastTransitionTime"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        other => panic!("{other:?}"),
+    };
     let mut w = NodeWriter::new(Duration::from_secs(60), false);
-    assert!(w.take(&unlicensed(), true, at(0)));
-    w.node_read(None);
-    assert_eq!(w.transition(&unlicensed()), wall(0));
+    w.handle(Input::Condition(unlicensed()), at(0));
+    assert_eq!(w.poll(at(0)), Some(Action::ReadNode));
+    w.handle(Input::NodeRead(Ok(None)), at(0));
+    assert_eq!(transition(w.poll(at(0))), wall(0));
+    assert_eq!(w.poll(at(0)), None, "the patch's answer is awaited");
+    w.handle(Input::Patched(Err("HTTP 500".into())), at(0));
+    assert!(matches!(w.poll(at(0)), Some(Action::Done(o)) if o.failed()));
+    assert_eq!(w.poll_timeout(), Duration::from_secs(5));
     let stepped = Now {
         mono: Duration::from_secs(5),
         wall: t0() - chrono::Duration::hours(1),
     };
-    assert!(w.take(&unlicensed(), false, stepped));
-    assert_eq!(w.transition(&unlicensed()), wall(0));
+    assert_eq!(transition(w.poll(stepped)), wall(0));
 }
 
 #[test]
@@ -364,6 +367,14 @@ fn a_refused_taint_is_retried_with_backoff_without_writing_the_condition_again()
         vec![(0, true), (5, true), (15, true), (35, true)]
     );
     assert!(sim.node.tainted);
+    // What the service is told: the condition written, the taint refused three times.
+    let told: Vec<_> = sim.outcomes.iter().map(|(t, o)| (*t, o.failed())).collect();
+    assert_eq!(
+        told,
+        vec![(0, true), (5, true), (15, true), (35, false), (335, false)]
+    );
+    assert_eq!(sim.outcomes[0].1.condition, Some(Ok(())));
+    assert_eq!(sim.outcomes[1].1.condition, None, "the condition is fresh");
     // The heartbeat, a heartbeat after the condition's write, with the taint already on.
     assert_eq!(sim.patch_times(), vec![0, 335]);
 }
