@@ -482,9 +482,19 @@ fn parse_line(
     let value = value.trim();
     let value = (!value.is_empty()).then(|| value.to_string());
     let in_license = section.as_ref().is_some_and(|s| is_license_section(&s.0));
-    if host_key(snap, key, value.clone()) {
-        return;
+    if !host_key(snap, key, value.clone()) {
+        guest_key(snap, key, value, in_license, section.is_none());
     }
+}
+
+/// A key of a guest's output: the driver, the vGPU's profile, its license.
+fn guest_key(
+    snap: &mut SmiSnapshot,
+    key: &str,
+    value: Option<String>,
+    in_license: bool,
+    top_level: bool,
+) {
     if key.eq_ignore_ascii_case("Timestamp") {
         snap.timestamp = value.as_deref().and_then(parse_smi_timestamp);
     } else if key.eq_ignore_ascii_case("Driver Version") {
@@ -494,7 +504,7 @@ fn parse_line(
             let gpu = current_for(snap, |g| g.edition.is_some());
             gpu.edition = value;
             gpu.has_license_section = true;
-        } else if section.is_none() {
+        } else if top_level {
             let gpu = current(snap);
             if gpu.profile.is_none() {
                 gpu.profile = value;
