@@ -49,21 +49,8 @@ async fn attempt(
                 ));
             }
         };
-        let status = resp.status();
-        if !status.is_success() {
-            let code = status.as_u16();
-            let last = format!("the server answered HTTP {status}");
-            if status.is_server_error() || code == 408 || code == 429 {
-                return Attempt::Retry(last);
-            }
-            let hint = match code {
-                401 | 403 => "check the credentials the URL needs",
-                404 | 410 => "check the URL",
-                _ => "check the URL and the server",
-            };
-            return Attempt::Fail(anyhow!(
-                "cannot download the token from {shown}: {last}; {hint}"
-            ));
+        if let Some(refused) = refused_status(resp.status(), shown) {
+            return refused;
         }
         match body_capped(&mut resp, crate::model::token::MAX_TOKEN_BYTES).await {
             Ok(body) => Attempt::Done(body),
@@ -81,6 +68,27 @@ async fn attempt(
         Ok(a) => a,
         Err(_) => Attempt::Retry(too_slow(timeout)),
     }
+}
+
+/// An answer that is not a success: worth another attempt (5xx, 408, 429) or not (the rest,
+/// with the hint for its code).
+fn refused_status(status: reqwest::StatusCode, shown: &str) -> Option<Attempt> {
+    if status.is_success() {
+        return None;
+    }
+    let code = status.as_u16();
+    let last = format!("the server answered HTTP {status}");
+    if status.is_server_error() || code == 408 || code == 429 {
+        return Some(Attempt::Retry(last));
+    }
+    let hint = match code {
+        401 | 403 => "check the credentials the URL needs",
+        404 | 410 => "check the URL",
+        _ => "check the URL and the server",
+    };
+    Some(Attempt::Fail(anyhow!(
+        "cannot download the token from {shown}: {last}; {hint}"
+    )))
 }
 
 /// The attempt's time limit ran out (the client's own limit and this one are the same).
