@@ -11,7 +11,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use base64::Engine;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
 
@@ -44,28 +43,7 @@ pub fn make_executable(path: &Path) {
 /// A client configuration token with the structure of a real one; `exp` and `nbf` as given,
 /// `jti` to make tokens differ.
 pub fn token(jti: &str, nbf: i64, exp: i64) -> Vec<u8> {
-    let e = &base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let payload = serde_json::json!({
-        "iss": "NLS Service Instance", "aud": "NLS Licensed Client",
-        "iat": nbf, "nbf": nbf, "exp": exp, "jti": jti,
-        "scope_ref_list": ["20000000-0000-0000-0000-000000000001"],
-        "service_instance_configuration": {
-            "nls_service_instance_ref": "10000000-0000-0000-0000-000000000001",
-            "svc_port_set_list": [{"idx": 0, "d_name": "DLS", "svc_port_map": [
-                {"service": "auth", "port": 443}, {"service": "lease", "port": 443}]}],
-            "node_url_list": [{"idx": 0, "url": "dls-a.example", "svc_port_set_idx": 0}]
-        },
-        "service_instance_public_key_configuration": {
-            "service_instance_public_key_pem": "-----KEY MATERIAL-----"
-        }
-    });
-    format!(
-        "{}.{}.{}",
-        e.encode(br#"{"alg":"RS256","typ":"JWT"}"#),
-        e.encode(payload.to_string()),
-        e.encode([7u8; 256])
-    )
-    .into_bytes()
+    vgpu_license_model::token::testing::token_with(jti, nbf, exp).into_bytes()
 }
 
 /// A token valid from 2023 to 2035.

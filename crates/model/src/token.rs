@@ -344,6 +344,25 @@ pub mod testing {
             e.encode([7u8; 256])
         )
     }
+
+    /// A token of one DLS (`dls-a.example`, ports 443), valid from `nbf` to `exp`; `jti` to
+    /// make tokens differ.
+    pub fn token_with(jti: &str, nbf: i64, exp: i64) -> String {
+        make_token(&serde_json::json!({
+            "iss": "NLS Service Instance", "aud": "NLS Licensed Client",
+            "iat": nbf, "nbf": nbf, "exp": exp, "jti": jti,
+            "scope_ref_list": ["20000000-0000-0000-0000-000000000001"],
+            "service_instance_configuration": {
+                "nls_service_instance_ref": "10000000-0000-0000-0000-000000000001",
+                "svc_port_set_list": [{"idx": 0, "d_name": "DLS", "svc_port_map": [
+                    {"service": "auth", "port": 443}, {"service": "lease", "port": 443}]}],
+                "node_url_list": [{"idx": 0, "url": "dls-a.example", "svc_port_set_idx": 0}]
+            },
+            "service_instance_public_key_configuration": {
+                "service_instance_public_key_pem": "-----KEY MATERIAL-----"
+            }
+        }))
+    }
 }
 
 #[cfg(test)]

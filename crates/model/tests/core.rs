@@ -19,7 +19,7 @@ use vgpu_license_model::service::{
     AFTER_EXPIRY, AdoptError, Core, Effect, Event, HEARTBEAT, MEASURE_REPEAT, Now, PROBE_REPEAT,
     SMI_FLOOR,
 };
-use vgpu_license_model::token::testing::make_token;
+use vgpu_license_model::token::testing::token_with;
 use vgpu_license_model::token::{Token, TokenError, Untimely};
 
 const LICENSED: &str = "GPU 00000000:02:01.0\n    Product Name : NVIDIA L40S-24Q\n    vGPU Software Licensed Product\n        Product Name : NVIDIA RTX Virtual Workstation\n        License Status : Licensed (Expiry: 2099-1-1 0:0:0 GMT)\n";
@@ -53,20 +53,7 @@ fn gridd(pid: u32, message: &str) -> GriddEvent {
 /// A client configuration token with the structure of a real one, valid from 2023 to 2035;
 /// `jti` to make tokens differ.
 fn valid_token(jti: &str) -> String {
-    make_token(&serde_json::json!({
-        "iss": "NLS Service Instance", "aud": "NLS Licensed Client",
-        "iat": 1_700_000_000, "nbf": 1_700_000_000, "exp": 2_078_691_200, "jti": jti,
-        "scope_ref_list": ["20000000-0000-0000-0000-000000000001"],
-        "service_instance_configuration": {
-            "nls_service_instance_ref": "10000000-0000-0000-0000-000000000001",
-            "svc_port_set_list": [{"idx": 0, "d_name": "DLS", "svc_port_map": [
-                {"service": "auth", "port": 443}, {"service": "lease", "port": 443}]}],
-            "node_url_list": [{"idx": 0, "url": "dls-a.example", "svc_port_set_idx": 0}]
-        },
-        "service_instance_public_key_configuration": {
-            "service_instance_public_key_pem": "-----KEY MATERIAL-----"
-        }
-    }))
+    token_with(jti, 1_700_000_000, 2_078_691_200)
 }
 
 fn token() -> Token {
