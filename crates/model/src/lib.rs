@@ -5,7 +5,7 @@
 //!   ([`userdata`]), the settings ([`config`]);
 //! - one observation ([`assemble`]) and its judgement ([`state`]): the [`report`], by the
 //!   rules of [`policy`];
-//! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`install`]: the plan),
+//! - what to do about it: restarts of gridd ([`restart`]), a token's installation ([`install`]: the plan),
 //!   the node's mode ([`node`]), its Kubernetes condition ([`node::condition`]) and
 //!   when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
 //!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
@@ -27,8 +27,8 @@ pub mod install;
 pub mod node;
 pub mod observe;
 pub mod policy;
-pub mod remedy;
 pub mod report;
+pub mod restart;
 pub mod service;
 pub mod shutdown;
 pub mod state;
