@@ -1,7 +1,7 @@
 //! What an install or an adoption changes, as values: each change to the files (made, or
 //! planned in a dry run), why a file is moved aside, whether gridd was restarted, the whole
-//! outcome and its lines, and why a token was refused or not adopted. No I/O: the service's
-//! core and `install` share them.
+//! outcome and its lines, and why a token was refused or not adopted; and the plan that
+//! decides them ([`plan`]). No I/O: the service's core and `install` share them.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,12 @@ use chrono::{DateTime, Utc};
 use crate::gridd_conf::Edit;
 use crate::time::rfc3339;
 use crate::token::{TokenError, Untimely};
+
+pub mod plan;
+pub use plan::{
+    Ask, ConfNow, ConfPlan, Current, FeatureType, GRIDD_CONF_MODE, Inputs, InstallState, Plan,
+    Previous, Stray, TOKEN_DIR_MODE, TOKEN_MODE,
+};
 
 /// One change to the files, made or (in a dry run) planned.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,34 +75,6 @@ pub enum Aside {
 }
 
 impl Change {
-    /// Why gridd has to be restarted to see this change, when it has: what it reads changed
-    /// (the token, its mode, gridd.conf, or a valid token it may be licensed with is moved
-    /// away). A stray moved aside changes nothing gridd holds.
-    pub fn restart_reason(&self) -> Option<String> {
-        Some(match self {
-            Change::WriteToken { .. } => "the token changed".into(),
-            Change::MoveStray {
-                why: Aside::Previous,
-                from,
-                ..
-            } => format!(
-                "a newer token replaces {}",
-                crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy())
-            ),
-            Change::MoveStray {
-                why: Aside::Refused { valid: true, .. },
-                from,
-                ..
-            } => format!(
-                "a valid token gridd may have read ({}) was moved aside",
-                crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy())
-            ),
-            Change::ChmodToken { .. } => "the token's mode changed".into(),
-            Change::WriteGriddConf { .. } => "gridd.conf changed".into(),
-            _ => return None,
-        })
-    }
-
     /// One line, in the past tense (`done`) or as a plan.
     pub fn describe(&self, done: bool) -> String {
         let v = |past: &str, plan: &str| tense(done, past, plan);

@@ -5,9 +5,9 @@
 //!   ([`userdata`]), the settings ([`config`]);
 //! - one observation ([`assemble`]) and its judgement ([`state`]): the [`report`], by the
 //!   rules of [`policy`];
-//! - what to do about it: restarts of gridd ([`restart`]), a token's installation ([`install`]: the plan),
-//!   the node's mode ([`node`]), its Kubernetes condition ([`node::condition`]) and
-//!   when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
+//! - what to do about it: every restart of gridd ([`restart`]), a token's installation
+//!   ([`install`]: the plan), the node's mode ([`node`]), its Kubernetes condition
+//!   ([`node::condition`]) and when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
 //!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
 //! - a vGPU host's view of every VM's vGPU ([`host`]): the same flow, seen from the
 //!   hypervisor;

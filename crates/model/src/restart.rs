@@ -1,12 +1,189 @@
-//! What to do about a state: restart nvidia-gridd when a restart can help, with exponential
-//! backoff, jitter and a budget per hour; never for what a restart cannot fix. Pure: the
-//! caller passes the time (seconds on a monotonic clock) and the jitter.
+//! When nvidia-gridd is restarted: every decision to restart it, in one place. Pure: the
+//! caller passes what it read (whether systemd has gridd's unit, what the agent remembers),
+//! the time (seconds on a monotonic clock) and the jitter.
+//!
+//! - After an install or an adoption ([`for_install`], [`after_install`]): when what gridd
+//!   reads changed ([`for_change`]: the token, its mode, gridd.conf, a valid token moved
+//!   away), a restart is still owed, the token in place is not the one gridd was last
+//!   restarted for, or (without a license) files gridd may have failed on were moved aside.
+//!   Not where systemd has no gridd unit (the driver that brings it starts gridd with the
+//!   token); left to the user with `--no-restart`; owed while the service's budget or backoff
+//!   says wait, and paid by the next restart made for that token ([`pays_owed`]).
+//! - By the service while something fails ([`Remedy::decide`], [`Remedy::service_restart`]):
+//!   when a restart can help, after a grace period, with exponential backoff, jitter and a
+//!   budget per hour; never for what a restart cannot fix, nor where the agent only observes,
+//!   gridd's unit is missing, or its own work (a restart, an adoption) is under way.
+//! - For a new token in the service ([`Remedy::may_restart_for_token`]): the same budget,
+//!   and, while a license is held, the same backoff.
 
 use std::collections::VecDeque;
 
+use chrono::{DateTime, Utc};
+
 use crate::backoff::Backoff;
-use crate::config::Service;
+use crate::config::{Service, Settings};
+use crate::install::{Aside, Change, InstallState, Restart};
 use crate::report::{Reason, State};
+
+// ---- After an install or an adoption.
+
+/// Why gridd has to be restarted to see this change, when it has: what it reads changed
+/// (the token, its mode, gridd.conf, or a valid token it may be licensed with is moved
+/// away). A stray moved aside changes nothing gridd holds.
+pub fn for_change(change: &Change) -> Option<String> {
+    let name = |from: &std::path::Path| {
+        crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy()).to_string()
+    };
+    Some(match change {
+        Change::WriteToken { .. } => "the token changed".into(),
+        Change::MoveStray {
+            why: Aside::Previous,
+            from,
+            ..
+        } => format!("a newer token replaces {}", name(from)),
+        Change::MoveStray {
+            why: Aside::Refused { valid: true, .. },
+            from,
+            ..
+        } => format!(
+            "a valid token gridd may have read ({}) was moved aside",
+            name(from)
+        ),
+        Change::ChmodToken { .. } => "the token's mode changed".into(),
+        Change::WriteGriddConf { .. } => "gridd.conf changed".into(),
+        _ => return None,
+    })
+}
+
+/// Why nvidia-gridd must be restarted after `changes` (for the token whose SHA-256 is
+/// `sha`), in true words, or `None`: what it reads changed, a restart is still owed (made
+/// when the caller's budget allows), or the token in place is not the one it was last
+/// restarted for. A stray moved aside costs a licensed gridd no restart; without a license it
+/// may be what gridd failed on.
+pub fn for_install(
+    changes: &[Change],
+    state: &InstallState,
+    sha: &str,
+    licensed: bool,
+) -> Option<String> {
+    let mut why: Vec<String> = Vec::new();
+    for r in changes.iter().filter_map(for_change) {
+        if !why.contains(&r) {
+            why.push(r);
+        }
+    }
+    if !why.is_empty() {
+        return Some(why.join("; "));
+    }
+    let restarted_for = state.token_sha256.as_deref();
+    if state.restart_pending {
+        // Owed until made: where the service's budget or backoff says wait (its request's
+        // `restart` false), it stays owed, with its deadline, rather than being forgotten.
+        Some("an earlier restart is still owed (it failed, was interrupted or had to wait)".into())
+    } else if restarted_for.is_some_and(|s| s != sha) {
+        Some("the token in place is not the one nvidia-gridd was last restarted for".into())
+    } else if restarted_for.is_none() && !licensed {
+        Some("the agent has not restarted it since this token was put in place".into())
+    } else if !licensed
+        && changes
+            .iter()
+            .any(|c| matches!(c, Change::MoveStray { .. }))
+    {
+        Some("files nvidia-gridd may have failed on were moved out of the token directory".into())
+    } else {
+        None
+    }
+}
+
+/// The restart that changes needing one get once they are made, and whether it stays owed
+/// (remembered until it succeeds): due (the caller makes it), owed for later (`owe`: the
+/// service makes it when its budget allows), left to the user (`restart` false:
+/// `--no-restart`), or none where systemd has no gridd unit (`unit_missing`, the unit's name
+/// `unit`): the gridd a driver install brings starts with this token.
+pub fn after_install(restart: bool, owe: bool, unit_missing: bool, unit: &str) -> (Restart, bool) {
+    if !restart {
+        let r = if owe {
+            Restart::Deferred
+        } else {
+            Restart::Skipped
+        };
+        (r, owe)
+    } else if unit_missing {
+        (Restart::NoUnit(unit.to_string()), false)
+    } else {
+        (Restart::Due, true)
+    }
+}
+
+/// The restart a dry run would make for its reason, if any.
+pub fn in_dry_run(reason: Option<&str>, restart: bool) -> Restart {
+    match (reason, restart) {
+        (None, _) => Restart::NotNeeded,
+        (Some(_), true) => Restart::WouldRestart,
+        (Some(_), false) => Restart::Skipped,
+    }
+}
+
+/// Whether a restart of gridd made for the token `target` (its SHA-256, taken when the
+/// restart began) pays the one owed: a token adopted while it ran is still owed its own,
+/// since gridd may have started before it was in place.
+pub fn pays_owed(state: &InstallState, target: Option<&str>) -> bool {
+    state.restart_pending && state.token_sha256.as_deref() == target
+}
+
+/// Whether the restart command restarts gridd's systemd unit (it names the unit, as the
+/// default `systemctl restart nvidia-gridd.service` does): then, where systemd has no such
+/// unit, the restart could only fail ("Unit ... not found"). Another restart command (a
+/// script, gridd without a unit) is run as configured.
+pub fn command_restarts_unit(settings: &Settings) -> bool {
+    let unit = settings.gridd.unit.as_str();
+    let stem = unit.strip_suffix(".service").unwrap_or(unit);
+    settings
+        .commands
+        .restart_gridd
+        .iter()
+        .skip(1)
+        .any(|a| a == unit || a == stem)
+}
+
+// ---- By the service: the remedy while something fails.
+
+/// What else the service knows when its remedy would restart gridd: each is a reason not to
+/// restart it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Circumstances {
+    /// The agent manages gridd here (not `service.mode = "observe"`, not a GPU Operator
+    /// node).
+    pub manages: bool,
+    /// systemd has no gridd unit (systemctl answers exit 5): it comes with the GRID guest
+    /// driver, which is the fix.
+    pub unit_missing: bool,
+    /// A restart of the agent's own runs.
+    pub restarting: bool,
+    /// An adoption runs.
+    pub adopting: bool,
+    /// gridd just said it holds a license: the reading that shows it is on its way.
+    pub license_said: bool,
+    /// The report is not the latest reading's (the report gap held it back).
+    pub report_stale: bool,
+}
+
+impl Circumstances {
+    /// Whether nothing here stands in a restart's way.
+    pub fn allow(&self) -> bool {
+        self.manages
+            && !self.unit_missing
+            && !self.restarting
+            && !self.adopting
+            && !self.license_said
+            && !self.report_stale
+    }
+}
+
+/// The spread of a restart's backoff, in [0, 1), from the wall clock's nanoseconds.
+pub fn jitter(wall: DateTime<Utc>) -> f64 {
+    f64::from(wall.timestamp_subsec_nanos() % 1000) / 1000.0
+}
 
 /// The decision for now.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,6 +309,23 @@ impl Remedy {
         Decision::Restart(why)
     }
 
+    /// Why the service restarts gridd now, if it does: the remedy's decision
+    /// ([`Remedy::decide`], always made: it keeps the grace and the backoff), where the
+    /// circumstances allow it. The caller records the restart ([`Remedy::restarted`]).
+    pub fn service_restart(
+        &mut self,
+        cfg: &Service,
+        now: f64,
+        state: State,
+        reason: Option<Reason>,
+        at: &Circumstances,
+    ) -> Option<String> {
+        match self.decide(cfg, now, state, reason) {
+            Decision::Restart(why) if at.allow() => Some(why),
+            _ => None,
+        }
+    }
+
     /// The next moment after `now` at which [`Remedy::decide`] may answer otherwise with
     /// nothing else changed: the grace's end, the backoff's, or a restart leaving the hour's
     /// budget. `None` when none is ahead.
@@ -232,6 +426,307 @@ mod tests {
         let mut r = Remedy::with_history(&c, &[-30.0], 0.0);
         assert!(!r.may_restart(&c, 0.0));
         assert!(r.may_restart(&c, 31.0));
+    }
+
+    // ---- After an install or an adoption.
+
+    #[test]
+    fn after_install_the_restart_is_due_owed_left_or_none() {
+        let unit = "nvidia-gridd.service";
+        let no_unit = Restart::NoUnit(unit.into());
+        // (restart may be made now, owed if not, unit missing) -> (restart, owed after).
+        let cases = [
+            ((true, false, false), (Restart::Due, true)),
+            ((true, true, false), (Restart::Due, true)),
+            ((true, false, true), (no_unit.clone(), false)),
+            ((true, true, true), (no_unit, false)),
+            ((false, false, false), (Restart::Skipped, false)),
+            ((false, false, true), (Restart::Skipped, false)),
+            ((false, true, false), (Restart::Deferred, true)),
+            ((false, true, true), (Restart::Deferred, true)),
+        ];
+        for ((restart, owe, missing), want) in cases {
+            assert_eq!(
+                after_install(restart, owe, missing, unit),
+                want,
+                "restart {restart}, owe {owe}, unit missing {missing}"
+            );
+        }
+        for (reason, restart, want) in [
+            (None, true, Restart::NotNeeded),
+            (None, false, Restart::NotNeeded),
+            (Some("the token changed"), true, Restart::WouldRestart),
+            (Some("the token changed"), false, Restart::Skipped),
+        ] {
+            assert_eq!(in_dry_run(reason, restart), want, "{reason:?} {restart}");
+        }
+    }
+
+    #[test]
+    fn each_change_gridd_reads_is_a_reason() {
+        let p = |s: &str| std::path::PathBuf::from(s);
+        let moved = |why: Aside| Change::MoveStray {
+            from: p("/d/old.tok"),
+            to: p("/r/old.tok"),
+            why,
+        };
+        let refused = |valid| Aside::Refused {
+            why: "older".into(),
+            valid,
+        };
+        let cases = [
+            (
+                Change::WriteToken {
+                    path: p("/d/t.tok"),
+                    bytes: 1,
+                    mode: 0o744,
+                },
+                Some("the token changed"),
+            ),
+            (
+                Change::ChmodToken {
+                    path: p("/d/t.tok"),
+                    from: 0o600,
+                    to: 0o744,
+                },
+                Some("the token's mode changed"),
+            ),
+            (
+                Change::WriteGriddConf {
+                    path: p("/e/gridd.conf"),
+                    created: false,
+                    mode: 0o644,
+                    edits: Vec::new(),
+                },
+                Some("gridd.conf changed"),
+            ),
+            (
+                moved(Aside::Previous),
+                Some("a newer token replaces old.tok"),
+            ),
+            (
+                moved(refused(true)),
+                Some("a valid token gridd may have read (old.tok) was moved aside"),
+            ),
+        ];
+        for (change, want) in cases {
+            assert_eq!(for_change(&change).as_deref(), want, "{change:?}");
+        }
+    }
+
+    #[test]
+    fn reasons_are_said_once_each_in_order() {
+        let previous = Change::MoveStray {
+            from: "/d/old.tok".into(),
+            to: "/r/old.tok".into(),
+            why: Aside::Previous,
+        };
+        let token = token_written();
+        let both = [token.clone(), token, previous];
+        assert_eq!(
+            for_install(&both, &InstallState::default(), "a", true).as_deref(),
+            Some("the token changed; a newer token replaces old.tok")
+        );
+    }
+
+    #[test]
+    fn a_change_gridd_does_not_read_is_none() {
+        let p = |s: &str| std::path::PathBuf::from(s);
+        let moved = |why: Aside| Change::MoveStray {
+            from: p("/d/old.tok"),
+            to: p("/r/old.tok"),
+            why,
+        };
+        let refused = Aside::Refused {
+            why: "it does not decode".into(),
+            valid: false,
+        };
+        let cases = [
+            moved(refused),
+            moved(Aside::Stray),
+            Change::SavePrevious {
+                from: p("/d/t.tok"),
+                to: p("/r/t.tok"),
+            },
+            Change::RemoveTemp { path: p("/d/.t") },
+            Change::CreateDir {
+                path: p("/d"),
+                mode: 0o755,
+            },
+            Change::ChmodDir {
+                path: p("/d"),
+                from: 0o700,
+                to: 0o755,
+            },
+        ];
+        for change in cases {
+            assert_eq!(for_change(&change), None, "{change:?}");
+        }
+    }
+
+    fn token_written() -> Change {
+        Change::WriteToken {
+            path: "/d/t.tok".into(),
+            bytes: 1,
+            mode: 0o744,
+        }
+    }
+
+    #[test]
+    fn without_a_change_the_memory_and_the_license_decide() {
+        let stray = Change::MoveStray {
+            from: "/d/README".into(),
+            to: "/r/README".into(),
+            why: Aside::Stray,
+        };
+        let state = |sha: Option<&str>, owed| InstallState {
+            token_sha256: sha.map(str::to_string),
+            restart_pending: owed,
+            updated_at: None,
+        };
+        // (changes, remembered, licensed) -> part of the reason, or none.
+        let cases: [(&[Change], InstallState, bool, Option<&str>); 8] = [
+            (&[], state(Some("a"), false), true, None),
+            (&[], state(Some("a"), false), false, None),
+            (&[], state(Some("a"), true), true, Some("still owed")),
+            (&[], state(Some("b"), false), true, Some("not the one")),
+            (&[], state(None, false), true, None),
+            (&[], state(None, false), false, Some("has not restarted it")),
+            (
+                std::slice::from_ref(&stray),
+                state(Some("a"), false),
+                false,
+                Some("may have failed on"),
+            ),
+            (
+                std::slice::from_ref(&stray),
+                state(Some("a"), false),
+                true,
+                None,
+            ),
+        ];
+        for (changes, st, licensed, want) in cases {
+            let got = for_install(changes, &st, "a", licensed);
+            match (want, got.as_deref()) {
+                (None, None) => {}
+                (Some(w), Some(g)) => assert!(g.contains(w), "{st:?} {licensed}: {g}"),
+                (w, g) => panic!("{st:?} {licensed}: {g:?}, expected {w:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_restart_pays_what_is_owed_only_for_its_own_token() {
+        let owed = |sha: &str| InstallState {
+            token_sha256: Some(sha.into()),
+            restart_pending: true,
+            updated_at: None,
+        };
+        assert!(pays_owed(&owed("a"), Some("a")));
+        // A token adopted while it ran is owed its own.
+        assert!(!pays_owed(&owed("b"), Some("a")));
+        assert!(!pays_owed(&owed("a"), None));
+        assert!(!pays_owed(&InstallState::default(), None));
+    }
+
+    #[test]
+    fn only_a_command_naming_the_unit_needs_it() {
+        let mut s = Settings::default();
+        assert!(command_restarts_unit(&s), "{:?}", s.commands.restart_gridd);
+        for (argv, names) in [
+            (vec!["systemctl", "restart", "nvidia-gridd"], true),
+            (vec!["systemctl", "restart", "nvidia-gridd.service"], true),
+            (vec!["/usr/local/bin/restart-gridd"], false),
+            (vec!["sh", "-c", "pkill nvidia-gridd; nvidia-gridd"], false),
+        ] {
+            s.commands.restart_gridd = argv.iter().map(|a| a.to_string()).collect();
+            assert_eq!(command_restarts_unit(&s), names, "{argv:?}");
+        }
+    }
+
+    // ---- By the service.
+
+    #[test]
+    fn the_service_restarts_only_where_nothing_stands_in_the_way() {
+        let c = cfg();
+        let clear = Circumstances {
+            manages: true,
+            ..Circumstances::default()
+        };
+        let down = Some(Reason::GriddNotRunning);
+        // Each circumstance alone holds the restart back.
+        let held = [
+            Circumstances {
+                manages: false,
+                ..clear
+            },
+            Circumstances {
+                unit_missing: true,
+                ..clear
+            },
+            Circumstances {
+                restarting: true,
+                ..clear
+            },
+            Circumstances {
+                adopting: true,
+                ..clear
+            },
+            Circumstances {
+                license_said: true,
+                ..clear
+            },
+            Circumstances {
+                report_stale: true,
+                ..clear
+            },
+        ];
+        for at in held {
+            let mut m = Remedy::new(&c);
+            assert_eq!(
+                m.service_restart(&c, 0.0, State::Unlicensed, down, &at),
+                None,
+                "{at:?}"
+            );
+        }
+        let mut m = Remedy::new(&c);
+        assert_eq!(
+            m.service_restart(&c, 0.0, State::Unlicensed, down, &clear),
+            Some("nvidia-gridd is not running".into())
+        );
+    }
+
+    #[test]
+    fn a_restart_held_back_keeps_the_remedys_clock() {
+        let c = cfg();
+        let clear = Circumstances {
+            manages: true,
+            ..Circumstances::default()
+        };
+        // Held back or not, the remedy's clock runs: the grace starts at the first look.
+        let mut m = Remedy::new(&c);
+        let dls = Some(Reason::DlsUnreachable);
+        let held = Circumstances {
+            adopting: true,
+            ..clear
+        };
+        assert_eq!(
+            m.service_restart(&c, 0.0, State::Unlicensed, dls, &held),
+            None
+        );
+        assert_eq!(
+            m.service_restart(&c, 119.0, State::Unlicensed, dls, &clear),
+            None
+        );
+        assert!(
+            m.service_restart(&c, 120.0, State::Unlicensed, dls, &clear)
+                .is_some_and(|why| why.starts_with("no license for 120 s"))
+        );
+        // Licensed with gridd running: nothing.
+        assert_eq!(
+            m.service_restart(&c, 200.0, State::Licensed, None, &clear),
+            None
+        );
     }
 
     fn cfg() -> Service {

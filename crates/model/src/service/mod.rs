@@ -22,7 +22,7 @@ use crate::observe::smi::SmiSnapshot;
 use crate::policy;
 use crate::report::metrics::{self, Counters};
 use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
-use crate::restart::{Decision, Remedy};
+use crate::restart::Remedy;
 use crate::state::{LogFold, MAX_EVENTS, evaluate};
 use crate::token::{Token, TokenError};
 
