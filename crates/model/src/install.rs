@@ -11,10 +11,13 @@ use crate::gridd_conf::Edit;
 use crate::time::rfc3339;
 use crate::token::{TokenError, Untimely};
 
+use crate::restart::Touch;
+pub use crate::restart::{InstallState, Restart};
+
 pub mod plan;
 pub use plan::{
-    Ask, ConfNow, ConfPlan, Current, FeatureType, GRIDD_CONF_MODE, Inputs, InstallState, Plan,
-    Previous, Stray, TOKEN_DIR_MODE, TOKEN_MODE,
+    Ask, ConfNow, ConfPlan, Current, FeatureType, GRIDD_CONF_MODE, Inputs, Plan, Previous, Stray,
+    TOKEN_DIR_MODE, TOKEN_MODE,
 };
 
 /// One change to the files, made or (in a dry run) planned.
@@ -75,6 +78,31 @@ pub enum Aside {
 }
 
 impl Change {
+    /// What this change does to what gridd reads ([`crate::restart::for_change`] says whether
+    /// that needs a restart).
+    pub fn touch(&self) -> Touch {
+        let name = |from: &Path| {
+            crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy()).to_string()
+        };
+        match self {
+            Change::WriteToken { .. } => Touch::Token,
+            Change::ChmodToken { .. } => Touch::TokenMode,
+            Change::WriteGriddConf { .. } => Touch::GriddConf,
+            Change::MoveStray {
+                why: Aside::Previous,
+                from,
+                ..
+            } => Touch::Replaced(name(from)),
+            Change::MoveStray {
+                why: Aside::Refused { valid: true, .. },
+                from,
+                ..
+            } => Touch::ValidTokenMoved(name(from)),
+            Change::MoveStray { .. } => Touch::Stray,
+            _ => Touch::Nothing,
+        }
+    }
+
     /// One line, in the past tense (`done`) or as a plan.
     pub fn describe(&self, done: bool) -> String {
         let v = |past: &str, plan: &str| tense(done, past, plan);
@@ -163,33 +191,6 @@ fn tense(done: bool, past: &str, plan: &str) -> String {
     } else {
         format!("would {plan}")
     }
-}
-
-/// Whether nvidia-gridd was restarted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Restart {
-    /// Nothing it reads changed.
-    NotNeeded,
-    /// A restart was due, but `--no-restart` was given.
-    Skipped,
-    /// A dry run: a restart would be made.
-    WouldRestart,
-    /// The service's restart budget or backoff says wait: the restart stays owed and is made
-    /// once they allow it.
-    Deferred,
-    /// Due: the changes need it and nothing says wait; it is owed (remembered, so that a
-    /// crash does not lose it) until the caller makes it: `install` at once, the service
-    /// through its own restart of gridd, which its remedy sees.
-    Due,
-    /// Restarted.
-    Done,
-    /// Not tried: the restart command restarts gridd's systemd unit, and systemd has no such
-    /// unit (the driver that brings it is not installed). gridd reads the token when it
-    /// first starts. The unit's name.
-    NoUnit(String),
-    /// The restart command failed or ran out of time: why, on one line. The restart stays
-    /// pending: the next install or adopt retries it.
-    Failed(String),
 }
 
 /// What an install or an adopt did (or, in a dry run, would do).

@@ -20,54 +20,100 @@ use std::collections::VecDeque;
 
 use chrono::{DateTime, Utc};
 
+use serde::{Deserialize, Serialize};
+
 use crate::backoff::Backoff;
 use crate::config::{Service, Settings};
-use crate::install::{Aside, Change, InstallState, Restart};
 use crate::report::{Reason, State};
 
 // ---- After an install or an adoption.
 
-/// Why gridd has to be restarted to see this change, when it has: what it reads changed
-/// (the token, its mode, gridd.conf, or a valid token it may be licensed with is moved
-/// away). A stray moved aside changes nothing gridd holds.
-pub fn for_change(change: &Change) -> Option<String> {
-    let name = |from: &std::path::Path| {
-        crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy()).to_string()
-    };
-    Some(match change {
-        Change::WriteToken { .. } => "the token changed".into(),
-        Change::MoveStray {
-            why: Aside::Previous,
-            from,
-            ..
-        } => format!("a newer token replaces {}", name(from)),
-        Change::MoveStray {
-            why: Aside::Refused { valid: true, .. },
-            from,
-            ..
-        } => format!(
-            "a valid token gridd may have read ({}) was moved aside",
-            name(from)
-        ),
-        Change::ChmodToken { .. } => "the token's mode changed".into(),
-        Change::WriteGriddConf { .. } => "gridd.conf changed".into(),
-        _ => return None,
+/// What the agent remembers between installs: which token gridd was restarted for (or is
+/// owed a restart for), and whether that restart is still owed.
+#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InstallState {
+    /// The SHA-256 (hex) of the token gridd was last restarted for, or is owed a restart for.
+    pub token_sha256: Option<String>,
+    pub restart_pending: bool,
+    pub updated_at: Option<String>,
+}
+
+/// Whether nvidia-gridd was restarted after an install or an adoption.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restart {
+    /// Nothing it reads changed.
+    NotNeeded,
+    /// A restart was due, but `--no-restart` was given.
+    Skipped,
+    /// A dry run: a restart would be made.
+    WouldRestart,
+    /// The service's restart budget or backoff says wait: the restart stays owed and is made
+    /// once they allow it.
+    Deferred,
+    /// Due: the changes need it and nothing says wait; it is owed (remembered, so that a
+    /// crash does not lose it) until the caller makes it: `install` at once, the service
+    /// through its own restart of gridd, which its remedy sees.
+    Due,
+    /// Restarted.
+    Done,
+    /// Not tried: the restart command restarts gridd's systemd unit, and systemd has no such
+    /// unit (the driver that brings it is not installed). gridd reads the token when it
+    /// first starts. The unit's name.
+    NoUnit(String),
+    /// The restart command failed or ran out of time: why, on one line. The restart stays
+    /// pending: the next install or adopt retries it.
+    Failed(String),
+}
+
+/// What one change of an install or an adoption does to what gridd reads
+/// (`install::Change::touch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Touch {
+    /// The token is written.
+    Token,
+    /// The token's mode is set.
+    TokenMode,
+    /// gridd.conf is written.
+    GriddConf,
+    /// The token in place until now, under this name, is moved aside: a newer one replaces it.
+    Replaced(String),
+    /// A valid token gridd may have read, under this name, is moved aside.
+    ValidTokenMoved(String),
+    /// Another file is moved out of the token directory (a stray, a refused token).
+    Stray,
+    /// Nothing gridd reads (the directory, a temporary file, the copy of the old token).
+    Nothing,
+}
+
+/// Why gridd has to be restarted to see a change, when it has: what it reads changed (the
+/// token, its mode, gridd.conf, or a valid token it may be licensed with is moved away). A
+/// stray moved aside changes nothing gridd holds.
+pub fn for_change(touch: &Touch) -> Option<String> {
+    Some(match touch {
+        Touch::Token => "the token changed".into(),
+        Touch::Replaced(name) => format!("a newer token replaces {name}"),
+        Touch::ValidTokenMoved(name) => {
+            format!("a valid token gridd may have read ({name}) was moved aside")
+        }
+        Touch::TokenMode => "the token's mode changed".into(),
+        Touch::GriddConf => "gridd.conf changed".into(),
+        Touch::Stray | Touch::Nothing => return None,
     })
 }
 
-/// Why nvidia-gridd must be restarted after `changes` (for the token whose SHA-256 is
-/// `sha`), in true words, or `None`: what it reads changed, a restart is still owed (made
+/// Why nvidia-gridd must be restarted after changes that touch what it reads as `touches`
+/// (for the token whose SHA-256 is `sha`), in true words, or `None`: what it reads changed, a restart is still owed (made
 /// when the caller's budget allows), or the token in place is not the one it was last
 /// restarted for. A stray moved aside costs a licensed gridd no restart; without a license it
 /// may be what gridd failed on.
 pub fn for_install(
-    changes: &[Change],
+    touches: &[Touch],
     state: &InstallState,
     sha: &str,
     licensed: bool,
 ) -> Option<String> {
     let mut why: Vec<String> = Vec::new();
-    for r in changes.iter().filter_map(for_change) {
+    for r in touches.iter().filter_map(for_change) {
         if !why.contains(&r) {
             why.push(r);
         }
@@ -84,11 +130,7 @@ pub fn for_install(
         Some("the token in place is not the one nvidia-gridd was last restarted for".into())
     } else if restarted_for.is_none() && !licensed {
         Some("the agent has not restarted it since this token was put in place".into())
-    } else if !licensed
-        && changes
-            .iter()
-            .any(|c| matches!(c, Change::MoveStray { .. }))
-    {
+    } else if !licensed && touches.contains(&Touch::Stray) {
         Some("files nvidia-gridd may have failed on were moved out of the token directory".into())
     } else {
         None
@@ -464,149 +506,67 @@ mod tests {
 
     #[test]
     fn each_change_gridd_reads_is_a_reason() {
-        let p = |s: &str| std::path::PathBuf::from(s);
-        let moved = |why: Aside| Change::MoveStray {
-            from: p("/d/old.tok"),
-            to: p("/r/old.tok"),
-            why,
-        };
-        let refused = |valid| Aside::Refused {
-            why: "older".into(),
-            valid,
-        };
         let cases = [
+            (Touch::Token, Some("the token changed")),
+            (Touch::TokenMode, Some("the token's mode changed")),
+            (Touch::GriddConf, Some("gridd.conf changed")),
             (
-                Change::WriteToken {
-                    path: p("/d/t.tok"),
-                    bytes: 1,
-                    mode: 0o744,
-                },
-                Some("the token changed"),
-            ),
-            (
-                Change::ChmodToken {
-                    path: p("/d/t.tok"),
-                    from: 0o600,
-                    to: 0o744,
-                },
-                Some("the token's mode changed"),
-            ),
-            (
-                Change::WriteGriddConf {
-                    path: p("/e/gridd.conf"),
-                    created: false,
-                    mode: 0o644,
-                    edits: Vec::new(),
-                },
-                Some("gridd.conf changed"),
-            ),
-            (
-                moved(Aside::Previous),
+                Touch::Replaced("old.tok".into()),
                 Some("a newer token replaces old.tok"),
             ),
             (
-                moved(refused(true)),
+                Touch::ValidTokenMoved("old.tok".into()),
                 Some("a valid token gridd may have read (old.tok) was moved aside"),
             ),
+            (Touch::Stray, None),
+            (Touch::Nothing, None),
         ];
-        for (change, want) in cases {
-            assert_eq!(for_change(&change).as_deref(), want, "{change:?}");
+        for (touch, want) in cases {
+            assert_eq!(for_change(&touch).as_deref(), want, "{touch:?}");
         }
     }
 
     #[test]
     fn reasons_are_said_once_each_in_order() {
-        let previous = Change::MoveStray {
-            from: "/d/old.tok".into(),
-            to: "/r/old.tok".into(),
-            why: Aside::Previous,
-        };
-        let token = token_written();
-        let both = [token.clone(), token, previous];
+        let touches = [
+            Touch::Token,
+            Touch::Nothing,
+            Touch::Token,
+            Touch::Replaced("old.tok".into()),
+        ];
         assert_eq!(
-            for_install(&both, &InstallState::default(), "a", true).as_deref(),
+            for_install(&touches, &InstallState::default(), "a", true).as_deref(),
             Some("the token changed; a newer token replaces old.tok")
         );
     }
 
     #[test]
-    fn a_change_gridd_does_not_read_is_none() {
-        let p = |s: &str| std::path::PathBuf::from(s);
-        let moved = |why: Aside| Change::MoveStray {
-            from: p("/d/old.tok"),
-            to: p("/r/old.tok"),
-            why,
-        };
-        let refused = Aside::Refused {
-            why: "it does not decode".into(),
-            valid: false,
-        };
-        let cases = [
-            moved(refused),
-            moved(Aside::Stray),
-            Change::SavePrevious {
-                from: p("/d/t.tok"),
-                to: p("/r/t.tok"),
-            },
-            Change::RemoveTemp { path: p("/d/.t") },
-            Change::CreateDir {
-                path: p("/d"),
-                mode: 0o755,
-            },
-            Change::ChmodDir {
-                path: p("/d"),
-                from: 0o700,
-                to: 0o755,
-            },
-        ];
-        for change in cases {
-            assert_eq!(for_change(&change), None, "{change:?}");
-        }
-    }
-
-    fn token_written() -> Change {
-        Change::WriteToken {
-            path: "/d/t.tok".into(),
-            bytes: 1,
-            mode: 0o744,
-        }
-    }
-
-    #[test]
     fn without_a_change_the_memory_and_the_license_decide() {
-        let stray = Change::MoveStray {
-            from: "/d/README".into(),
-            to: "/r/README".into(),
-            why: Aside::Stray,
-        };
         let state = |sha: Option<&str>, owed| InstallState {
             token_sha256: sha.map(str::to_string),
             restart_pending: owed,
             updated_at: None,
         };
-        // (changes, remembered, licensed) -> part of the reason, or none.
-        let cases: [(&[Change], InstallState, bool, Option<&str>); 8] = [
+        let stray: &[Touch] = &[Touch::Nothing, Touch::Stray];
+        // (touches, remembered, licensed) -> part of the reason, or none.
+        let cases: [(&[Touch], InstallState, bool, Option<&str>); 9] = [
             (&[], state(Some("a"), false), true, None),
             (&[], state(Some("a"), false), false, None),
+            (&[Touch::Nothing], state(Some("a"), false), false, None),
             (&[], state(Some("a"), true), true, Some("still owed")),
             (&[], state(Some("b"), false), true, Some("not the one")),
             (&[], state(None, false), true, None),
             (&[], state(None, false), false, Some("has not restarted it")),
             (
-                std::slice::from_ref(&stray),
+                stray,
                 state(Some("a"), false),
                 false,
                 Some("may have failed on"),
             ),
-            (
-                std::slice::from_ref(&stray),
-                state(Some("a"), false),
-                true,
-                None,
-            ),
+            (stray, state(Some("a"), false), true, None),
         ];
-        for (changes, st, licensed, want) in cases {
-            let got = for_install(changes, &st, "a", licensed);
+        for (touches, st, licensed, want) in cases {
+            let got = for_install(touches, &st, "a", licensed);
             match (want, got.as_deref()) {
                 (None, None) => {}
                 (Some(w), Some(g)) => assert!(g.contains(w), "{st:?} {licensed}: {g}"),

@@ -8,9 +8,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use super::{Aside, Change, Outcome, Restart};
+use super::{Aside, Change, InstallState, Outcome, Restart};
 use crate::config::Settings;
 use crate::gridd_conf::{self, Edit, GriddConf};
 use crate::observe::smi::SmiGpu;
@@ -23,16 +21,6 @@ pub const TOKEN_DIR_MODE: u32 = 0o755;
 pub const GRIDD_CONF_MODE: u32 = 0o644;
 const NEW_GRIDD_CONF_HEADER: &str = "# gridd.conf, created by vgpu-license-agent install.\n\
 # FeatureType=1: NVIDIA vGPU (the driver picks the edition from the vGPU profile).\n";
-
-/// What the agent remembers between installs: which token it installed, and whether a
-/// restart of gridd is still owed.
-#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq)]
-pub struct InstallState {
-    /// The SHA-256 (hex) of the token gridd was last restarted for, or is owed a restart for.
-    pub token_sha256: Option<String>,
-    pub restart_pending: bool,
-    pub updated_at: Option<String>,
-}
 
 /// What is in place now, as the agent read it.
 #[derive(Debug, Clone, Default)]
@@ -167,8 +155,9 @@ impl Plan {
         let planned_dir = inputs.replaced_root.join(&inputs.stamp);
         let (changes, kept_name) =
             plan_changes(cur, ask.bytes, &conf, &inputs.state, settings, &planned_dir);
+        let touches: Vec<_> = changes.iter().map(Change::touch).collect();
         let reason =
-            crate::restart::for_install(&changes, &inputs.state, &inputs.sha256, ask.licensed);
+            crate::restart::for_install(&touches, &inputs.state, &inputs.sha256, ask.licensed);
         let outcome = Outcome {
             dry_run: ask.dry_run,
             token_summary: ask.summary,

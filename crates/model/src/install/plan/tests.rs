@@ -2,6 +2,7 @@
 //! their SHA-256 are inputs here, so any bytes do.
 
 use super::*;
+use crate::restart::Touch;
 
 const OLD: &[u8] = b"old token";
 const NEW: &[u8] = b"new token";
@@ -559,4 +560,46 @@ fn the_token_directory_and_leftovers_come_first() {
     let plan = plan_for(&s, &cur, OLD, OLD, true);
     assert_eq!(plan.outcome.kept_name, Some(other));
     assert!(plan.outcome.changes.is_empty());
+}
+
+#[test]
+fn each_change_says_what_of_gridd_s_files_it_touches() {
+    let p = |s: &str| PathBuf::from(s);
+    let moved = |why: Aside| Change::MoveStray {
+        from: p("/d/old.tok"),
+        to: p("/r/old.tok"),
+        why,
+    };
+    let refused = |valid| Aside::Refused {
+        why: "older".into(),
+        valid,
+    };
+    let cases = [
+        (moved(Aside::Previous), Touch::Replaced("old.tok".into())),
+        (
+            moved(refused(true)),
+            Touch::ValidTokenMoved("old.tok".into()),
+        ),
+        (moved(refused(false)), Touch::Stray),
+        (moved(Aside::Stray), Touch::Stray),
+        (
+            Change::SavePrevious {
+                from: p("/d/t.tok"),
+                to: p("/r/t.tok"),
+            },
+            Touch::Nothing,
+        ),
+        (Change::RemoveTemp { path: p("/d/.t") }, Touch::Nothing),
+        (
+            Change::ChmodDir {
+                path: p("/d"),
+                from: 0o700,
+                to: 0o755,
+            },
+            Touch::Nothing,
+        ),
+    ];
+    for (change, touch) in cases {
+        assert_eq!(change.touch(), touch, "{change:?}");
+    }
 }
