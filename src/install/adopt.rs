@@ -84,10 +84,7 @@ pub(super) fn adopt_bytes(
         licensed: how.licensed,
         owe_restart: true,
         summary: summary(bytes, &token),
-        warnings: crlf_warning(bytes)
-            .into_iter()
-            .chain(expiry_warning(&token, Utc::now()))
-            .collect(),
+        warnings: warnings(bytes, &token, Utc::now(), None),
     };
     let core = InstallRequest {
         ask,

@@ -17,6 +17,9 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
+pub(crate) use crate::model::install::ask::nothing_changed;
+pub use crate::model::install::ask::{check_feature_type, validate};
+use crate::model::install::ask::{summary, warnings};
 use crate::model::install::{
     AdoptError, Ask, Change, ConfPlan, Current, FeatureType, Inputs, InstallState, Outcome, Plan,
     Previous, Restart, SETTLE, TokenRejected,
@@ -42,8 +45,8 @@ use crate::files::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::gridd::restart_gridd;
 use crate::model::text::show_path;
 use crate::model::time::rfc3339;
+use crate::token::TokenError;
 use crate::token::dir::sha256_hex;
-use crate::token::{Token, TokenError};
 
 /// Mode of `<state_dir>/replaced/`: it holds old tokens, which are secrets.
 const REPLACED_MODE: u32 = 0o700;
@@ -59,68 +62,6 @@ pub struct Request {
     pub dry_run: bool,
     /// Restart nvidia-gridd after a change (`false` for `--no-restart`).
     pub restart: bool,
-}
-
-/// Decodes and checks a token; with `force`, an expired or not-yet-valid token passes with a
-/// warning.
-pub fn validate(
-    bytes: &[u8],
-    now: DateTime<Utc>,
-    force: bool,
-) -> Result<(Token, Option<String>), TokenRejected> {
-    let token = Token::decode(bytes).map_err(TokenRejected::Invalid)?;
-    let rejected = match token.validity(now) {
-        Ok(()) => return Ok((token, None)),
-        Err(why) => TokenRejected::Untimely { why, now },
-    };
-    if force {
-        Ok((token, Some(format!("--force: {rejected}"))))
-    } else {
-        Err(rejected)
-    }
-}
-
-/// A token with a CR line end (saved on Windows, pasted through a Windows editor) is
-/// installed byte for byte, as every token is; whether gridd reads it so is not known.
-/// A token that expires soon is installed, with a word: the next acquisition after its expiry
-/// fails.
-fn expiry_warning(token: &Token, now: DateTime<Utc>) -> Option<String> {
-    let exp = token.expires_soon(now)?;
-    let left = exp - now;
-    let shown = if left.num_hours() >= 48 {
-        format!("{} days", left.num_days())
-    } else if left.num_minutes() >= 120 {
-        format!("{} hours", left.num_hours())
-    } else {
-        format!("{} minutes", left.num_minutes().max(1))
-    };
-    Some(format!(
-        "the token expires at {} (in {shown}): generate a new one on the DLS and install it before then",
-        rfc3339(exp)
-    ))
-}
-
-fn crlf_warning(bytes: &[u8]) -> Option<String> {
-    bytes.contains(&b'\r').then(|| {
-        "the token has a CR (Windows) line end; it is installed byte for byte, but if nvidia-gridd fails to decode it, save it with a Unix line end (`dos2unix FILE`) and install it again".to_string()
-    })
-}
-
-fn summary(bytes: &[u8], token: &Token) -> String {
-    let nodes: Vec<String> = token
-        .nodes
-        .iter()
-        .map(|n| format!("{}:{}", crate::model::text::escape(&n.host), n.lease_port))
-        .collect();
-    let until = token
-        .expires
-        .map(|e| format!(", valid until {}", rfc3339(e)))
-        .unwrap_or_default();
-    format!(
-        "token: {} bytes, DLS {}{until}",
-        bytes.len(),
-        nodes.join(", ")
-    )
 }
 
 /// What the agent remembers of earlier installs ([`InstallState`]): none where nothing was
@@ -148,10 +89,6 @@ fn smi_gpus(settings: &Settings) -> Vec<crate::observe::smi::SmiGpu> {
             .unwrap_or_default(),
         _ => Vec::new(),
     }
-}
-
-pub(crate) fn nothing_changed() -> &'static str {
-    "nothing was changed"
 }
 
 fn io_err(what: String, e: io::Error, fix: &str) -> anyhow::Error {
@@ -533,41 +470,21 @@ pub fn restart_made(settings: &Settings, target: Option<&str>) -> Result<(), Str
     })
 }
 
-/// How many installs' worth of moved-aside files `replaced/` keeps: the oldest go first.
-pub const REPLACED_KEPT: usize = 20;
+pub use crate::model::install::plan::REPLACED_KEPT;
 
-/// Removes the oldest `replaced/<stamp>` directories beyond [`REPLACED_KEPT`] (only names of
-/// the stamp's form: anything else there is left alone).
+/// Removes the directories of `replaced/` that the model says go
+/// ([`replaced_to_prune`](crate::model::install::plan::replaced_to_prune)).
 fn prune_replaced(root: &Path, this_run: &str) {
-    let is_stamp = |n: &str| {
-        let base = n.split('-').next().unwrap_or(n);
-        base.len() == 16 && base.as_bytes()[8] == b'T' && base.ends_with('Z')
-    };
-    // What this run just moved aside stays, whatever the clock says of the others (a clock
-    // set back makes this run's stamp the oldest).
-    let ours =
-        |n: &str| n == this_run || n.strip_prefix(this_run).is_some_and(|r| r.starts_with('-'));
     let Ok(entries) = fsutil::list_dir(root) else {
         return;
     };
-    let mut kept = 0;
-    let mut stamps: Vec<PathBuf> = Vec::new();
-    for (n, p) in entries {
-        let n = n.to_string_lossy();
-        if !is_stamp(&n) || !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
-        if ours(&n) {
-            kept += 1;
-        } else {
-            stamps.push(p);
-        }
-    }
-    // Stamps sort by time; `<stamp>-2` after `<stamp>`.
-    stamps.sort();
-    let excess = (stamps.len() + kept).saturating_sub(REPLACED_KEPT);
-    for old in &stamps[..excess.min(stamps.len())] {
-        let _ = fs::remove_dir_all(old);
+    let dirs: Vec<String> = entries
+        .into_iter()
+        .filter(|(_, p)| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()))
+        .filter_map(|(n, _)| n.into_string().ok())
+        .collect();
+    for name in crate::model::install::plan::replaced_to_prune(&dirs, this_run) {
+        let _ = fs::remove_dir_all(root.join(name));
     }
 }
 
@@ -629,11 +546,7 @@ pub fn install_at(
         licensed: false,
         owe_restart: false,
         summary: summary(&req.token, &token),
-        warnings: warning
-            .into_iter()
-            .chain(crlf_warning(&req.token))
-            .chain(expiry_warning(&token, now))
-            .collect(),
+        warnings: warnings(&req.token, &token, now, warning),
     };
     let mut outcome = run_core(
         InstallRequest {
@@ -649,17 +562,6 @@ pub fn install_at(
     })?;
     make_restart(settings, &mut outcome);
     Ok(outcome)
-}
-
-pub fn check_feature_type(ft: u8) -> anyhow::Result<()> {
-    if matches!(ft, 0 | 1 | 2 | 4) {
-        Ok(())
-    } else {
-        Err(anyhow!(
-            "--feature-type {ft}: expected 1 (NVIDIA vGPU, right for every vGPU guest), 0 (unlicensed), 2 (RTX Virtual Workstation, passthrough) or 4 (Virtual Compute Server, passthrough); {}",
-            nothing_changed()
-        ))
-    }
 }
 
 #[cfg(test)]

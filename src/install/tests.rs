@@ -3,8 +3,8 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::*;
 use crate::model::install::Aside;
-use crate::token::Untimely;
 use crate::token::testing::make_token;
+use crate::token::{Token, Untimely};
 
 fn payload(jti: &str, exp: i64) -> serde_json::Value {
     serde_json::json!({

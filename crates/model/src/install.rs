@@ -1,7 +1,7 @@
 //! What an install or an adoption changes, as values: each change to the files (made, or
 //! planned in a dry run), why a file is moved aside, whether gridd was restarted, the whole
-//! outcome and its lines, and why a token was refused or not adopted; and the plan that
-//! decides them ([`plan`]). No I/O: the service's core and `install` share them.
+//! outcome and its lines, and why a token was refused or not adopted; the token asked for,
+//! judged ([`ask`]), and the plan that decides the changes ([`plan`]). No I/O: the service's core and `install` share them.
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +14,7 @@ use crate::token::{TokenError, Untimely};
 use crate::restart::Touch;
 pub use crate::restart::{InstallState, Restart};
 
+pub mod ask;
 pub mod plan;
 pub use plan::{
     Ask, ConfNow, ConfPlan, Current, FeatureType, GRIDD_CONF_MODE, Inputs, Plan, Previous, Stray,

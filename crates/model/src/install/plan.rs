@@ -436,5 +436,31 @@ fn aside(s: &Stray, state: &InstallState, token_file: &str, installed: Option<&s
     }
 }
 
+/// How many installs' worth of moved-aside files `replaced/` keeps: the oldest go first.
+pub const REPLACED_KEPT: usize = 20;
+
+/// Which of `dirs` (the directories in `replaced/`, by name) go: the oldest `<stamp>` ones
+/// beyond [`REPLACED_KEPT`], only names of the stamp's form (anything else there is left
+/// alone).
+pub fn replaced_to_prune(dirs: &[String], this_run: &str) -> Vec<String> {
+    let is_stamp = |n: &str| {
+        let base = n.split('-').next().unwrap_or(n);
+        base.len() == 16 && base.as_bytes()[8] == b'T' && base.ends_with('Z')
+    };
+    // What this run just moved aside stays, whatever the clock says of the others (a clock
+    // set back makes this run's stamp the oldest).
+    let ours =
+        |n: &str| n == this_run || n.strip_prefix(this_run).is_some_and(|r| r.starts_with('-'));
+    let (kept, mut stamps): (Vec<&String>, Vec<&String>) =
+        dirs.iter().filter(|n| is_stamp(n)).partition(|n| ours(n));
+    // Stamps sort by time; `<stamp>-2` after `<stamp>`.
+    stamps.sort();
+    let excess = (stamps.len() + kept.len()).saturating_sub(REPLACED_KEPT);
+    stamps[..excess.min(stamps.len())]
+        .iter()
+        .map(|n| n.to_string())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

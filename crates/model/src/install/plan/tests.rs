@@ -603,3 +603,21 @@ fn each_change_says_what_of_gridd_s_files_it_touches() {
         assert_eq!(change.touch(), touch, "{change:?}");
     }
 }
+
+#[test]
+fn replaced_keeps_the_newest_and_this_runs_whatever_the_clock() {
+    let stamp = |i: usize| format!("20260101T0000{i:02}Z");
+    let mut dirs: Vec<String> = (0..REPLACED_KEPT + 3).map(stamp).collect();
+    dirs.push("notes".into());
+    dirs.push(format!("{}-2", stamp(1)));
+    // 24 stamps: the 4 oldest go; `-2` sorts after its stamp; other names stay.
+    let gone = replaced_to_prune(&dirs, &stamp(REPLACED_KEPT + 2));
+    assert_eq!(
+        gone,
+        [stamp(0), stamp(1), format!("{}-2", stamp(1)), stamp(2)]
+    );
+    // This run's stamp is the oldest (a clock set back): it stays, with its `-2`.
+    let gone = replaced_to_prune(&dirs, &stamp(1));
+    assert_eq!(gone, [stamp(0), stamp(2), stamp(3), stamp(4)]);
+    assert!(replaced_to_prune(&dirs[..REPLACED_KEPT], &stamp(0)).is_empty());
+}
