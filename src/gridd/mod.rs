@@ -112,15 +112,7 @@ fn unit_exists(settings: &Settings) -> bool {
 /// unit: then the restart could only fail ("Unit ... not found"). Another restart command
 /// (a script, gridd without a unit) is run as configured.
 pub fn restart_unit_missing(settings: &Settings) -> bool {
-    let unit = settings.gridd.unit.as_str();
-    let stem = unit.strip_suffix(".service").unwrap_or(unit);
-    let names_it = settings
-        .commands
-        .restart_gridd
-        .iter()
-        .skip(1)
-        .any(|a| a == unit || a == stem);
-    names_it && !unit_exists(settings)
+    crate::model::restart::command_restarts_unit(settings) && !unit_exists(settings)
 }
 
 /// Whether systemd holds a job that starts gridd's unit (`systemctl list-jobs`: `ID UNIT TYPE

@@ -70,29 +70,27 @@ pub(super) fn adopt_bytes(
     how: Adoption,
 ) -> Result<Outcome, AdoptError> {
     let (token, _) = validate(bytes, Utc::now(), false).map_err(AdoptError::Rejected)?;
-    Ok(run_core(
-        InstallRequest {
-            bytes,
-            feature_type: if settings.gridd.feature_type_configured {
-                FeatureType::Set(settings.gridd.feature_type)
-            } else {
-                FeatureType::Default(settings.gridd.feature_type)
-            },
-            dry_run: false,
-            // Token changes spend the same restart budget and backoff as every other restart
-            // of gridd: while they say wait, the restart is owed.
-            restart: how.may_restart,
-            licensed: how.licensed,
-            owe_restart: true,
-            summary: summary(bytes, &token),
-            warnings: crlf_warning(bytes)
-                .into_iter()
-                .chain(expiry_warning(&token, Utc::now()))
-                .collect(),
-            in_place: how.in_place,
+    let ask = Ask {
+        bytes,
+        feature_type: if settings.gridd.feature_type_configured {
+            FeatureType::Set(settings.gridd.feature_type)
+        } else {
+            FeatureType::Default(settings.gridd.feature_type)
         },
-        settings,
-    )?)
+        dry_run: false,
+        // Token changes spend the same restart budget and backoff as every other restart
+        // of gridd: while they say wait, the restart is owed.
+        restart: how.may_restart,
+        licensed: how.licensed,
+        owe_restart: true,
+        summary: summary(bytes, &token),
+        warnings: warnings(bytes, &token, Utc::now(), None),
+    };
+    let core = InstallRequest {
+        ask,
+        in_place: how.in_place,
+    };
+    Ok(run_core(core, settings)?)
 }
 
 /// How the service adopts: whether gridd holds a license, whether its remedy allows a

@@ -1,11 +1,13 @@
 //! `install`: validated, atomic, idempotent install of the token and gridd.conf.
 //!
 //! The order that keeps "an error changes nothing" true and a whole token in the directory at
-//! every instant: validate the token, take the lock, read what is installed, plan every
-//! change, write the new files next to their targets (synced, not yet renamed), keep a copy of
-//! the token being replaced, rename the new token into place, then move strays (the previous
-//! token under another name among them) aside; each step undone on a later error. Only then
-//! is nvidia-gridd restarted, with a time limit.
+//! every instant: validate the token, take the lock, read what is installed (and what the
+//! plan needs besides: what the agent remembers, the time, the vGPUs), have the model plan
+//! every change and the restart (`model::install::plan`), write the new files next to their
+//! targets (synced, not yet renamed), keep a copy of the token being replaced, rename the new
+//! token into place, then move strays (the previous token under another name among them)
+//! aside; each step undone on a later error ([`apply`]). Only then is nvidia-gridd restarted,
+//! with a time limit, where the model's `restart` says so.
 //!
 //! The service reuses the same core through [`adopt_dropped_token`] for a token that
 //! cloud-init's `write_files` put in place itself.
@@ -15,7 +17,14 @@ mod apply;
 pub mod fetch;
 pub mod source;
 
-use crate::model::install::{AdoptError, Aside, Change, Outcome, Restart, SETTLE, TokenRejected};
+pub(crate) use crate::model::install::ask::nothing_changed;
+pub use crate::model::install::ask::{check_feature_type, validate};
+use crate::model::install::ask::{summary, warnings};
+use crate::model::install::{
+    AdoptError, Ask, Change, ConfPlan, Current, FeatureType, Inputs, InstallState, Outcome, Plan,
+    Previous, Restart, SETTLE, TokenRejected,
+};
+pub use crate::model::install::{GRIDD_CONF_MODE, TOKEN_DIR_MODE, TOKEN_MODE};
 pub use adopt::{adopt, adopt_dropped_token, check_source};
 use apply::apply;
 
@@ -28,29 +37,19 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use crate::files::fsutil::{self, LockError};
 use crate::files::input::{self, Links, ReadError};
 use crate::files::layout::{LOCK_FILE, REPLACED_DIR, STAMP_FORMAT, STATE_FILE};
 use crate::gridd::restart_gridd;
 use crate::model::config::Settings;
-use crate::model::gridd_conf::{self, Edit, GriddConf};
 use crate::model::text::show_path;
 use crate::model::time::rfc3339;
-use crate::model::token::{Token, TokenError};
+use crate::model::token::TokenError;
 use crate::token::dir::sha256_hex;
 
-/// Mode of the installed token (NVIDIA's guidance: gridd need not own it).
-pub const TOKEN_MODE: u32 = 0o744;
-/// Mode of the token directory.
-pub const TOKEN_DIR_MODE: u32 = 0o755;
-/// Mode of a gridd.conf the agent creates (an existing one keeps its mode and owner).
-pub const GRIDD_CONF_MODE: u32 = 0o644;
 /// Mode of `<state_dir>/replaced/`: it holds old tokens, which are secrets.
 const REPLACED_MODE: u32 = 0o700;
-const NEW_GRIDD_CONF_HEADER: &str = "# gridd.conf, created by vgpu-license-agent install.\n\
-# FeatureType=1: NVIDIA vGPU (the driver picks the edition from the vGPU profile).\n";
 
 /// What to install.
 #[derive(Debug, Clone)]
@@ -65,90 +64,20 @@ pub struct Request {
     pub restart: bool,
 }
 
-/// Decodes and checks a token; with `force`, an expired or not-yet-valid token passes with a
-/// warning.
-pub fn validate(
-    bytes: &[u8],
-    now: DateTime<Utc>,
-    force: bool,
-) -> Result<(Token, Option<String>), TokenRejected> {
-    let token = Token::decode(bytes).map_err(TokenRejected::Invalid)?;
-    let rejected = match token.validity(now) {
-        Ok(()) => return Ok((token, None)),
-        Err(why) => TokenRejected::Untimely { why, now },
-    };
-    if force {
-        Ok((token, Some(format!("--force: {rejected}"))))
-    } else {
-        Err(rejected)
-    }
+/// What the agent remembers of earlier installs ([`InstallState`]): none where nothing was
+/// recorded, or what was cannot be read.
+fn load_state(state_dir: &Path) -> InstallState {
+    input::read_file(&state_dir.join(STATE_FILE), 1 << 20, Links::Refuse)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
-/// A token with a CR line end (saved on Windows, pasted through a Windows editor) is
-/// installed byte for byte, as every token is; whether gridd reads it so is not known.
-/// A token that expires soon is installed, with a word: the next acquisition after its expiry
-/// fails.
-fn expiry_warning(token: &Token, now: DateTime<Utc>) -> Option<String> {
-    let exp = token.expires_soon(now)?;
-    let left = exp - now;
-    let shown = if left.num_hours() >= 48 {
-        format!("{} days", left.num_days())
-    } else if left.num_minutes() >= 120 {
-        format!("{} hours", left.num_hours())
-    } else {
-        format!("{} minutes", left.num_minutes().max(1))
-    };
-    Some(format!(
-        "the token expires at {} (in {shown}): generate a new one on the DLS and install it before then",
-        rfc3339(exp)
-    ))
-}
-
-fn crlf_warning(bytes: &[u8]) -> Option<String> {
-    bytes.contains(&b'\r').then(|| {
-        "the token has a CR (Windows) line end; it is installed byte for byte, but if nvidia-gridd fails to decode it, save it with a Unix line end (`dos2unix FILE`) and install it again".to_string()
-    })
-}
-
-fn summary(bytes: &[u8], token: &Token) -> String {
-    let nodes: Vec<String> = token
-        .nodes
-        .iter()
-        .map(|n| format!("{}:{}", crate::model::text::escape(&n.host), n.lease_port))
-        .collect();
-    let until = token
-        .expires
-        .map(|e| format!(", valid until {}", rfc3339(e)))
-        .unwrap_or_default();
-    format!(
-        "token: {} bytes, DLS {}{until}",
-        bytes.len(),
-        nodes.join(", ")
-    )
-}
-
-/// What the agent remembers between installs: which token it installed, and whether a
-/// restart of gridd is still owed.
-#[derive(Debug, Default, Clone, Serialize, Deserialize, PartialEq)]
-struct InstallState {
-    token_sha256: Option<String>,
-    restart_pending: bool,
-    updated_at: Option<String>,
-}
-
-impl InstallState {
-    fn load(state_dir: &Path) -> InstallState {
-        input::read_file(&state_dir.join(STATE_FILE), 1 << 20, Links::Refuse)
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
-    }
-
-    fn save(&mut self, state_dir: &Path) -> io::Result<()> {
-        self.updated_at = Some(rfc3339(Utc::now()));
-        let json = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
-        fsutil::write_atomic(&state_dir.join(STATE_FILE), &json, 0o600)
-    }
+/// Records `state`, stamped with the time.
+fn store_state(state: &mut InstallState, state_dir: &Path) -> io::Result<()> {
+    state.updated_at = Some(rfc3339(Utc::now()));
+    let json = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
+    fsutil::write_atomic(&state_dir.join(STATE_FILE), &json, 0o600)
 }
 
 /// The vGPUs nvidia-smi shows now (empty when it does not answer).
@@ -162,38 +91,8 @@ fn smi_gpus(settings: &Settings) -> Vec<crate::model::observe::smi::SmiGpu> {
     }
 }
 
-pub(crate) fn nothing_changed() -> &'static str {
-    "nothing was changed"
-}
-
 fn io_err(what: String, e: io::Error, fix: &str) -> anyhow::Error {
     anyhow!("{what}: {e}; {fix}; {}", nothing_changed())
-}
-
-/// What is in place now.
-struct Current {
-    dir_mode: Option<u32>,
-    /// The installed token, whatever its name ([`crate::token::dir`]).
-    token: Option<Previous>,
-    strays: Vec<crate::token::dir::Stray>,
-    temps: Vec<PathBuf>,
-    conf: Option<ConfNow>,
-}
-
-/// gridd.conf as it is: its bytes, mode and owner (uid, gid).
-struct ConfNow {
-    bytes: Vec<u8>,
-    mode: u32,
-    owner: (u32, u32),
-}
-
-/// The token in place before this install: where it is, its bytes as read, its mode and inode
-/// (a chmod goes to the file that was read, never to whatever the path names later).
-struct Previous {
-    path: PathBuf,
-    bytes: Vec<u8>,
-    mode: u32,
-    ino: u64,
 }
 
 pub use crate::model::gridd_conf::MAX_GRIDD_CONF_BYTES;
@@ -243,10 +142,21 @@ fn read_current(settings: &Settings) -> anyhow::Result<Current> {
     Ok(Current {
         dir_mode: listing.mode,
         token,
-        strays,
+        strays: strays.into_iter().map(plan_stray).collect(),
         temps,
         conf: read_gridd_conf(&settings.paths.gridd_conf)?,
     })
+}
+
+/// A stray as the plan sees it.
+fn plan_stray(s: crate::token::dir::Stray) -> crate::model::install::Stray {
+    crate::model::install::Stray {
+        path: s.path,
+        name: s.name,
+        verdict: s.verdict,
+        other_token: s.other_token,
+        sha256: s.sha256,
+    }
 }
 
 /// Refused: `what` at `path` is owned by a user other than root and this one, who could
@@ -297,6 +207,7 @@ fn previous_token(
         return Ok(None);
     }
     Ok(Some(Previous {
+        sha256: sha256_hex(&t.bytes),
         path: t.path,
         bytes: t.bytes,
         mode: t.mode,
@@ -325,7 +236,7 @@ fn gridd_conf_temps(settings: &Settings) -> Vec<PathBuf> {
 
 /// gridd.conf's bytes and metadata, `None` where there is none; refused where it is a
 /// symlink, not a regular file, or larger than any gridd.conf.
-fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<ConfNow>> {
+fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<crate::model::install::ConfNow>> {
     let cannot_read = |e: io::Error, fix: &str| {
         io_err(
             format!("cannot read {}", crate::model::text::show_path(conf_path)),
@@ -349,7 +260,7 @@ fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<ConfNow>> {
         Ok(m) => {
             let bytes = read_no_follow(conf_path, MAX_GRIDD_CONF_BYTES)
                 .map_err(|e| cannot_read(e, "check its permissions"))?;
-            Ok(Some(ConfNow {
+            Ok(Some(crate::model::install::ConfNow {
                 bytes,
                 mode: fsutil::mode_of(&m),
                 owner: (m.uid(), m.gid()),
@@ -364,31 +275,10 @@ fn read_gridd_conf(conf_path: &Path) -> anyhow::Result<Option<ConfNow>> {
 /// then (unless a dry run) apply and restart. (The service's own core is
 /// `service::core::Core`.)
 struct InstallRequest<'a> {
-    bytes: &'a [u8],
-    feature_type: FeatureType,
-    dry_run: bool,
-    restart: bool,
-    /// gridd already holds a license: a token it found on its own needs no restart.
-    licensed: bool,
-    /// A restart not made (`restart` false) stays owed: the service's adoption while its
-    /// restart budget or backoff says wait. `install --no-restart` owes none.
-    owe_restart: bool,
-    summary: String,
-    warnings: Vec<String>,
-    /// `bytes` were read from the token path itself, before the lock: they are adopted only
-    /// if they are still what is there once the lock is held.
+    ask: Ask<'a>,
+    /// `ask.bytes` were read from the token path itself, before the lock: they are adopted
+    /// only if they are still what is there once the lock is held.
     in_place: bool,
-}
-
-/// What to do with gridd.conf's FeatureType.
-#[derive(Clone, Copy)]
-enum FeatureType {
-    /// Set it to this value (`install`, or a value set in the agent's config).
-    Set(u8),
-    /// Keep the one gridd.conf has when it can serve this guest; else write this one (the
-    /// service's adopt with the default config: an operator's `install --feature-type 4` on a
-    /// passthrough guest stays, the driver template's `FeatureType=0` does not).
-    Default(u8),
 }
 
 /// How long install (and prepare-image, and the service's adoption) wait for the state
@@ -492,348 +382,49 @@ fn run_core(core: InstallRequest<'_>, settings: &Settings) -> Result<Outcome, Co
     // directory, and a refused install changes nothing.
     token_dir_entries(settings)?;
     check_state_dir(settings)?;
-    let _lock = if core.dry_run {
+    let _lock = if core.ask.dry_run {
         None
     } else {
         Some(take_lock(settings)?)
     };
     let cur = read_current(settings)?;
-    if core.in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(core.bytes) {
+    if core.in_place && cur.token.as_ref().map(|p| p.bytes.as_slice()) != Some(core.ask.bytes) {
         // Another install replaced (or removed) the token between the read and the lock:
         // writing the bytes read before would put the old token back over the new one.
         return Err(CoreError::Superseded);
     }
-    let (restart, owe_restart) = (core.restart, core.owe_restart);
-    let inputs = Inputs::read(&core, &cur, settings);
-    let mut plan = Plan::make(core, &cur, settings, inputs);
+    let inputs = read_inputs(&core.ask, &cur, settings);
+    let plan = Plan::make(core.ask, &cur, settings, inputs);
     if plan.outcome.dry_run {
-        return Ok(plan.dry_run(restart));
+        return Ok(plan.dry_run());
     }
-    plan.outcome.changes = apply(&plan, cur.token.as_ref(), settings)?;
+    let made = apply(&plan, cur.token.as_ref(), settings)?;
     prune_replaced(&plan.replaced_root, &plan.stamp);
-    let Plan {
-        mut outcome,
-        mut state,
-        sha,
-        ..
-    } = plan;
-    if outcome.restart_reason.is_some() {
-        state.token_sha256 = Some(sha);
-        restart_for(&mut state, &mut outcome, restart, owe_restart, settings);
+    // Whether systemd has gridd's unit is asked only of a restart the plan would make now.
+    let unit_missing = plan.asks_unit() && crate::gridd::restart_unit_missing(settings);
+    let (mut outcome, state) = plan.settled(made, unit_missing, &settings.gridd.unit);
+    if let Some(mut state) = state {
+        save_state(&mut state, settings, &mut outcome);
     }
     Ok(outcome)
 }
 
-/// What a plan is made from besides the request and what is in place: read or taken before
-/// it, so that making it reads nothing.
-struct Inputs {
-    /// What the agent remembers of earlier installs.
-    state: InstallState,
-    /// This run's name in `replaced/` (its time).
-    stamp: String,
-    /// The vGPUs nvidia-smi shows, where the FeatureType to set needs them (else none).
-    gpus: Vec<crate::model::observe::smi::SmiGpu>,
-}
-
-impl Inputs {
-    fn read(core: &InstallRequest<'_>, cur: &Current, settings: &Settings) -> Inputs {
-        Inputs {
-            state: InstallState::load(&settings.paths.state_dir),
-            stamp: Utc::now().format(STAMP_FORMAT).to_string(),
-            gpus: if needs_gpus(core.feature_type, cur) {
-                smi_gpus(settings)
-            } else {
-                Vec::new()
-            },
-        }
-    }
-}
-
-/// An install's plan, a value made without I/O ([`Plan::make`]): the outcome it has (or in a
-/// dry run would have), the token and gridd.conf as it leaves them, where it moves files
-/// aside, and what the agent remembers of earlier installs. [`apply`] carries it out.
-struct Plan {
-    outcome: Outcome,
-    /// The token's bytes, installed unchanged.
-    token: Vec<u8>,
-    conf: ConfPlan,
-    /// `<state_dir>/replaced/`, and this run's directory in it.
-    replaced_root: PathBuf,
-    stamp: String,
-    state: InstallState,
-    /// The SHA-256 of the token's bytes.
-    sha: String,
-}
-
-impl Plan {
-    fn make(core: InstallRequest<'_>, cur: &Current, settings: &Settings, inputs: Inputs) -> Plan {
-        let paths = &settings.paths;
-        let Inputs { state, stamp, gpus } = inputs;
-        let mut warnings = core.warnings;
-        let ft = feature_type_to_set(core.feature_type, cur, &gpus, &mut warnings);
-        let conf = gridd_conf_with(cur, ft, settings, &mut warnings);
-        let replaced_root = paths.state_dir.join(REPLACED_DIR);
-        let planned_dir = replaced_root.join(&stamp);
-        let (changes, kept_name) =
-            plan_changes(cur, core.bytes, &conf, &state, settings, &planned_dir);
-        let sha = sha256_hex(core.bytes);
-        let reason = restart_reason(&changes, &state, &sha, core.licensed);
-        let outcome = Outcome {
-            dry_run: core.dry_run,
-            token_summary: core.summary,
-            changes,
-            warnings,
-            restart: Restart::NotNeeded,
-            restart_reason: reason,
-            restart_command: settings.commands.restart_gridd.join(" "),
-            kept_name,
-        };
-        Plan {
-            outcome,
-            token: core.bytes.to_vec(),
-            conf,
-            replaced_root,
-            stamp,
-            state,
-            sha,
-        }
-    }
-
-    /// A dry run's outcome: the restart the plan would make.
-    fn dry_run(mut self, restart: bool) -> Outcome {
-        self.outcome.restart = match (&self.outcome.restart_reason, restart) {
-            (None, _) => Restart::NotNeeded,
-            (Some(_), true) => Restart::WouldRestart,
-            (Some(_), false) => Restart::Skipped,
-        };
-        self.outcome
-    }
-}
-
-/// The FeatureType gridd.conf has now, as written there.
-fn present_feature_type(cur: &Current) -> Option<String> {
-    cur.conf
-        .as_ref()
-        .and_then(|c| GriddConf::parse(&c.bytes).get("FeatureType"))
-        .map(|e| e.value)
-}
-
-/// Whether choosing the FeatureType needs the vGPUs nvidia-smi shows: only about a value
-/// other than 1, so that the usual install and adoption run no nvidia-smi.
-fn needs_gpus(requested: FeatureType, cur: &Current) -> bool {
-    match requested {
-        FeatureType::Set(ft) => ft != 1,
-        FeatureType::Default(ft) => {
-            // A value other than 0 and 1 is judged against them; else the one written is.
-            let present = present_feature_type(cur).and_then(|v| v.parse::<u8>().ok());
-            present.is_some_and(|v| v > 1) || (present != Some(1) && ft != 1)
-        }
-    }
-}
-
-/// The FeatureType to set, judged against the vGPUs `gpus` (those nvidia-smi shows, where
-/// [`needs_gpus`]).
-fn feature_type_to_set(
-    requested: FeatureType,
-    cur: &Current,
-    gpus: &[crate::model::observe::smi::SmiGpu],
-    warnings: &mut Vec<String>,
-) -> u8 {
-    let present = present_feature_type(cur);
-    let ft = match requested {
-        FeatureType::Set(ft) => ft,
-        // A value that can serve this guest stays (2 or 4 on passthrough); none, 0 (the
-        // driver's template: unlicensed) or one that does not fit the vGPU profile does not.
-        FeatureType::Default(ft) => match present.as_deref().map(str::parse::<u8>) {
-            Some(Ok(1)) => 1,
-            Some(Ok(v)) if v != 0 && gridd_conf::feature_type_advice(v, gpus).is_none() => v,
-            _ => ft,
-        },
-    };
-    if ft != 1
-        && let Some(w) = gridd_conf::feature_type_advice(ft, gpus)
-    {
-        warnings.push(w);
-    }
-    ft
-}
-
-/// gridd.conf as this install leaves it: FeatureType set, nothing else changed.
-struct ConfPlan {
-    bytes: Vec<u8>,
-    created: bool,
-    edits: Vec<Edit>,
-    mode: u32,
-    owner: Option<(u32, u32)>,
-}
-
-fn gridd_conf_with(
-    cur: &Current,
-    ft: u8,
-    settings: &Settings,
-    warnings: &mut Vec<String>,
-) -> ConfPlan {
-    let ft = ft.to_string();
-    match &cur.conf {
-        Some(now) => {
-            let mut conf = GriddConf::parse(&now.bytes);
-            let edits = conf.set("FeatureType", &ft);
-            warnings.extend(conf.warnings(&settings.paths.token_dir));
-            ConfPlan {
-                bytes: conf.to_bytes(),
-                created: false,
-                edits,
-                mode: now.mode,
-                owner: Some(now.owner),
-            }
-        }
-        None => {
-            let mut conf = GriddConf::parse(NEW_GRIDD_CONF_HEADER.as_bytes());
-            let edits = conf.set("FeatureType", &ft);
-            ConfPlan {
-                bytes: conf.to_bytes(),
-                created: true,
-                edits,
-                mode: GRIDD_CONF_MODE,
-                owner: None,
-            }
-        }
-    }
-}
-
-/// What this install changes, in order, strays going to `planned_dir`; and the other name
-/// the same token keeps in place, if it has one.
-fn plan_changes(
-    cur: &Current,
-    bytes: &[u8],
-    conf: &ConfPlan,
-    state: &InstallState,
-    settings: &Settings,
-    planned_dir: &Path,
-) -> (Vec<Change>, Option<PathBuf>) {
-    let paths = &settings.paths;
-    let mut changes: Vec<Change> = dir_change(cur.dir_mode, &paths.token_dir)
-        .into_iter()
-        .collect();
-    for t in &cur.temps {
-        changes.push(Change::RemoveTemp { path: t.clone() });
-    }
-    let installed_sha = cur.token.as_ref().map(|t| sha256_hex(&t.bytes));
-    for s in &cur.strays {
-        changes.push(Change::MoveStray {
-            from: s.path.clone(),
-            to: planned_dir.join(&s.name),
-            why: aside(s, state, &paths.token_file, installed_sha.as_deref()),
-        });
-    }
-    let kept_name = token_changes(cur, bytes, settings, planned_dir, &mut changes);
-    if cur.conf.as_ref().is_none_or(|now| now.bytes != conf.bytes) {
-        changes.push(Change::WriteGriddConf {
-            path: paths.gridd_conf.clone(),
-            created: conf.created,
-            mode: conf.mode,
-            edits: conf.edits.clone(),
-        });
-    }
-    (changes, kept_name)
-}
-
-/// The token directory created, or its mode set, where it needs it.
-fn dir_change(mode: Option<u32>, token_dir: &Path) -> Option<Change> {
-    match mode {
-        None => Some(Change::CreateDir {
-            path: token_dir.to_path_buf(),
-            mode: TOKEN_DIR_MODE,
-        }),
-        Some(m) if m != TOKEN_DIR_MODE => Some(Change::ChmodDir {
-            path: token_dir.to_path_buf(),
-            from: m,
-            to: TOKEN_DIR_MODE,
-        }),
-        Some(_) => None,
-    }
-}
-
-/// The token written (the one it replaces kept aside), or the one in place kept, its mode
-/// set; the other name the same token keeps in place, if it has one.
-fn token_changes(
-    cur: &Current,
-    bytes: &[u8],
-    settings: &Settings,
-    planned_dir: &Path,
-    changes: &mut Vec<Change>,
-) -> Option<PathBuf> {
-    let paths = &settings.paths;
-    let target = paths.token_path();
-    let write_token = cur.token.as_ref().is_none_or(|p| p.bytes != bytes);
-    // The same token already in place under another name (the DLS's download name, a site's
-    // own) stays as it is: gridd reads any file there, and a config tool that writes that name
-    // again must find it unchanged, not see a second copy appear.
-    let mut kept_name = None;
-    if write_token {
-        match &cur.token {
-            Some(prev) if prev.path == target => changes.push(Change::SavePrevious {
-                from: target.clone(),
-                to: planned_dir.join(&paths.token_file),
-            }),
-            Some(prev) => changes.push(Change::MoveStray {
-                from: prev.path.clone(),
-                to: planned_dir.join(prev.path.file_name().unwrap_or_default()),
-                why: Aside::Previous,
-            }),
-            None => {}
-        }
-        changes.push(Change::WriteToken {
-            path: target.clone(),
-            bytes: bytes.len(),
-            mode: TOKEN_MODE,
-        });
-    } else if let Some(prev) = &cur.token {
-        if prev.path != target {
-            kept_name = Some(prev.path.clone());
-        }
-        if prev.mode != TOKEN_MODE {
-            changes.push(Change::ChmodToken {
-                path: prev.path.clone(),
-                from: prev.mode,
-                to: TOKEN_MODE,
-            });
-        }
-    }
-    kept_name
-}
-
-/// The restart that the changes need, remembering that one is owed until it succeeds: due
-/// (the caller makes it: [`make_restart`]), owed for later (`owe_restart`: the service makes
-/// it when its budget allows), left to the user (`--no-restart`), or none where systemd has
-/// no gridd unit.
-fn restart_for(
-    state: &mut InstallState,
-    outcome: &mut Outcome,
-    restart: bool,
-    owe_restart: bool,
-    settings: &Settings,
-) {
-    if !restart {
-        state.restart_pending = owe_restart;
-        save_state(state, settings, outcome);
-        outcome.restart = if owe_restart {
-            Restart::Deferred
+/// What a plan is made from besides the request and what is in place, read or taken before
+/// it: what the agent remembers, the token's SHA-256, the time (this run's name in
+/// `replaced/`), and the vGPUs nvidia-smi shows where the FeatureType to set needs them.
+fn read_inputs(ask: &Ask<'_>, cur: &Current, settings: &Settings) -> Inputs {
+    let needs_gpus = crate::model::install::plan::needs_gpus(ask.feature_type, cur);
+    Inputs {
+        state: load_state(&settings.paths.state_dir),
+        sha256: sha256_hex(ask.bytes),
+        replaced_root: settings.paths.state_dir.join(REPLACED_DIR),
+        stamp: Utc::now().format(STAMP_FORMAT).to_string(),
+        gpus: if needs_gpus {
+            smi_gpus(settings)
         } else {
-            Restart::Skipped
-        };
-        return;
+            Vec::new()
+        },
     }
-    if crate::gridd::restart_unit_missing(settings) {
-        // Nothing to restart: the gridd a driver install brings starts with this token.
-        state.restart_pending = false;
-        save_state(state, settings, outcome);
-        outcome.restart = Restart::NoUnit(settings.gridd.unit.clone());
-        return;
-    }
-    state.restart_pending = true;
-    save_state(state, settings, outcome);
-    outcome.restart = Restart::Due;
 }
 
 /// Makes the restart a plan left due (`install`; the service makes its own through its
@@ -857,7 +448,7 @@ pub fn make_restart(settings: &Settings, outcome: &mut Outcome) {
 /// The token a restart of gridd beginning now is made for (its SHA-256): the one the last
 /// adoption put in place. Taken before the restart, given to [`restart_made`] after it.
 pub fn restart_target(settings: &Settings) -> Option<String> {
-    InstallState::load(&settings.paths.state_dir).token_sha256
+    load_state(&settings.paths.state_dir).token_sha256
 }
 
 /// A restart of gridd made for the token `target` ([`restart_target`]) succeeded: none is
@@ -866,12 +457,12 @@ pub fn restart_target(settings: &Settings) -> Option<String> {
 /// could not be recorded.
 pub fn restart_made(settings: &Settings, target: Option<&str>) -> Result<(), String> {
     let _lock = take_lock(settings).map_err(|e| format!("{e:#}"))?;
-    let mut state = InstallState::load(&settings.paths.state_dir);
-    if !state.restart_pending || state.token_sha256.as_deref() != target {
+    let mut state = load_state(&settings.paths.state_dir);
+    if !crate::model::restart::pays_owed(&state, target) {
         return Ok(());
     }
     state.restart_pending = false;
-    state.save(&settings.paths.state_dir).map_err(|e| {
+    store_state(&mut state, &settings.paths.state_dir).map_err(|e| {
         format!(
             "cannot record the restart in {}: {e}; the next adoption may restart nvidia-gridd once more",
             crate::model::text::show_path(&settings.paths.state_dir)
@@ -879,118 +470,26 @@ pub fn restart_made(settings: &Settings, target: Option<&str>) -> Result<(), Str
     })
 }
 
-/// How many installs' worth of moved-aside files `replaced/` keeps: the oldest go first.
-pub const REPLACED_KEPT: usize = 20;
+pub use crate::model::install::plan::REPLACED_KEPT;
 
-/// Why a stray is moved aside: the token that was in place (the one the agent last restarted
-/// gridd for, or under the standard name), a file meant as a token that is refused, or a
-/// plain stray.
-fn aside(
-    s: &crate::token::dir::Stray,
-    state: &InstallState,
-    token_file: &str,
-    installed: Option<&str>,
-) -> Aside {
-    let Some(sha) = s.sha256.as_deref() else {
-        return s
-            .verdict
-            .clone()
-            .map_or(Aside::Stray, |why| Aside::Refused { why, valid: false });
-    };
-    if Some(sha) == installed {
-        // A second copy of the token: gridd reads the same either way.
-        return Aside::Stray;
-    }
-    let previous = match state.token_sha256.as_deref() {
-        Some(restarted_for) => sha == restarted_for,
-        None => s.name == token_file,
-    };
-    match &s.verdict {
-        _ if previous => Aside::Previous,
-        Some(why) => Aside::Refused {
-            why: why.clone(),
-            valid: s.other_token,
-        },
-        None => Aside::Stray,
-    }
-}
-
-/// Why nvidia-gridd must be restarted after `changes`, in true words, or `None`: what it reads
-/// changed, a restart is still owed (made when the caller's budget allows), or the token in place is not the one it was last
-/// restarted for. A stray moved aside costs a licensed gridd no restart; without a license it
-/// may be what gridd failed on.
-fn restart_reason(
-    changes: &[Change],
-    state: &InstallState,
-    sha: &str,
-    licensed: bool,
-) -> Option<String> {
-    let mut why: Vec<String> = Vec::new();
-    for r in changes.iter().filter_map(Change::restart_reason) {
-        if !why.contains(&r) {
-            why.push(r);
-        }
-    }
-    if !why.is_empty() {
-        return Some(why.join("; "));
-    }
-    let restarted_for = state.token_sha256.as_deref();
-    if state.restart_pending {
-        // Owed until made: where the service's budget or backoff says wait (its request's
-        // `restart` false), it stays owed, with its deadline, rather than being forgotten.
-        Some("an earlier restart is still owed (it failed, was interrupted or had to wait)".into())
-    } else if restarted_for.is_some_and(|s| s != sha) {
-        Some("the token in place is not the one nvidia-gridd was last restarted for".into())
-    } else if restarted_for.is_none() && !licensed {
-        Some("the agent has not restarted it since this token was put in place".into())
-    } else if !licensed
-        && changes
-            .iter()
-            .any(|c| matches!(c, Change::MoveStray { .. }))
-    {
-        Some("files nvidia-gridd may have failed on were moved out of the token directory".into())
-    } else {
-        None
-    }
-}
-
-/// Removes the oldest `replaced/<stamp>` directories beyond [`REPLACED_KEPT`] (only names of
-/// the stamp's form: anything else there is left alone).
+/// Removes the directories of `replaced/` that the model says go
+/// ([`replaced_to_prune`](crate::model::install::plan::replaced_to_prune)).
 fn prune_replaced(root: &Path, this_run: &str) {
-    let is_stamp = |n: &str| {
-        let base = n.split('-').next().unwrap_or(n);
-        base.len() == 16 && base.as_bytes()[8] == b'T' && base.ends_with('Z')
-    };
-    // What this run just moved aside stays, whatever the clock says of the others (a clock
-    // set back makes this run's stamp the oldest).
-    let ours =
-        |n: &str| n == this_run || n.strip_prefix(this_run).is_some_and(|r| r.starts_with('-'));
     let Ok(entries) = fsutil::list_dir(root) else {
         return;
     };
-    let mut kept = 0;
-    let mut stamps: Vec<PathBuf> = Vec::new();
-    for (n, p) in entries {
-        let n = n.to_string_lossy();
-        if !is_stamp(&n) || !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
-        if ours(&n) {
-            kept += 1;
-        } else {
-            stamps.push(p);
-        }
-    }
-    // Stamps sort by time; `<stamp>-2` after `<stamp>`.
-    stamps.sort();
-    let excess = (stamps.len() + kept).saturating_sub(REPLACED_KEPT);
-    for old in &stamps[..excess.min(stamps.len())] {
-        let _ = fs::remove_dir_all(old);
+    let dirs: Vec<String> = entries
+        .into_iter()
+        .filter(|(_, p)| fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()))
+        .filter_map(|(n, _)| n.into_string().ok())
+        .collect();
+    for name in crate::model::install::plan::replaced_to_prune(&dirs, this_run) {
+        let _ = fs::remove_dir_all(root.join(name));
     }
 }
 
 fn save_state(state: &mut InstallState, settings: &Settings, outcome: &mut Outcome) {
-    if let Err(e) = state.save(&settings.paths.state_dir) {
+    if let Err(e) = store_state(state, &settings.paths.state_dir) {
         outcome.warnings.push(format!(
             "cannot record the install in {}: {e}; the next run may restart nvidia-gridd once more",
             crate::model::text::show_path(&settings.paths.state_dir)
@@ -1039,20 +538,19 @@ pub fn install_at(
 ) -> anyhow::Result<Outcome> {
     check_feature_type(req.feature_type)?;
     let (token, warning) = validate(&req.token, now, req.force)?;
+    let ask = Ask {
+        bytes: &req.token,
+        feature_type: FeatureType::Set(req.feature_type),
+        dry_run: req.dry_run,
+        restart: req.restart,
+        licensed: false,
+        owe_restart: false,
+        summary: summary(&req.token, &token),
+        warnings: warnings(&req.token, &token, now, warning),
+    };
     let mut outcome = run_core(
         InstallRequest {
-            bytes: &req.token,
-            feature_type: FeatureType::Set(req.feature_type),
-            dry_run: req.dry_run,
-            restart: req.restart,
-            licensed: false,
-            owe_restart: false,
-            summary: summary(&req.token, &token),
-            warnings: warning
-                .into_iter()
-                .chain(crlf_warning(&req.token))
-                .chain(expiry_warning(&token, now))
-                .collect(),
+            ask,
             in_place: false,
         },
         settings,
@@ -1064,17 +562,6 @@ pub fn install_at(
     })?;
     make_restart(settings, &mut outcome);
     Ok(outcome)
-}
-
-pub fn check_feature_type(ft: u8) -> anyhow::Result<()> {
-    if matches!(ft, 0 | 1 | 2 | 4) {
-        Ok(())
-    } else {
-        Err(anyhow!(
-            "--feature-type {ft}: expected 1 (NVIDIA vGPU, right for every vGPU guest), 0 (unlicensed), 2 (RTX Virtual Workstation, passthrough) or 4 (Virtual Compute Server, passthrough); {}",
-            nothing_changed()
-        ))
-    }
 }
 
 #[cfg(test)]

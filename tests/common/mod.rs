@@ -11,7 +11,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-
 pub const BIN: &str = env!("CARGO_BIN_EXE_vgpu-license-agent");
 
 /// Makes the file at `path` a program with `mode`: copied by a `cp` of its own to a new file

@@ -1,7 +1,7 @@
 //! What an install or an adoption changes, as values: each change to the files (made, or
 //! planned in a dry run), why a file is moved aside, whether gridd was restarted, the whole
-//! outcome and its lines, and why a token was refused or not adopted. No I/O: the service's
-//! core and `install` share them.
+//! outcome and its lines, and why a token was refused or not adopted; the token asked for,
+//! judged ([`ask`]), and the plan that decides the changes ([`plan`]). No I/O: the service's core and `install` share them.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,16 @@ use chrono::{DateTime, Utc};
 use crate::gridd_conf::Edit;
 use crate::time::rfc3339;
 use crate::token::{TokenError, Untimely};
+
+use crate::restart::Touch;
+pub use crate::restart::{InstallState, Restart};
+
+pub mod ask;
+pub mod plan;
+pub use plan::{
+    Ask, ConfNow, ConfPlan, Current, FeatureType, GRIDD_CONF_MODE, Inputs, Plan, Previous, Stray,
+    TOKEN_DIR_MODE, TOKEN_MODE,
+};
 
 /// One change to the files, made or (in a dry run) planned.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,32 +79,29 @@ pub enum Aside {
 }
 
 impl Change {
-    /// Why gridd has to be restarted to see this change, when it has: what it reads changed
-    /// (the token, its mode, gridd.conf, or a valid token it may be licensed with is moved
-    /// away). A stray moved aside changes nothing gridd holds.
-    pub fn restart_reason(&self) -> Option<String> {
-        Some(match self {
-            Change::WriteToken { .. } => "the token changed".into(),
+    /// What this change does to what gridd reads ([`crate::restart::for_change`] says whether
+    /// that needs a restart).
+    pub fn touch(&self) -> Touch {
+        let name = |from: &Path| {
+            crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy()).to_string()
+        };
+        match self {
+            Change::WriteToken { .. } => Touch::Token,
+            Change::ChmodToken { .. } => Touch::TokenMode,
+            Change::WriteGriddConf { .. } => Touch::GriddConf,
             Change::MoveStray {
                 why: Aside::Previous,
                 from,
                 ..
-            } => format!(
-                "a newer token replaces {}",
-                crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy())
-            ),
+            } => Touch::Replaced(name(from)),
             Change::MoveStray {
                 why: Aside::Refused { valid: true, .. },
                 from,
                 ..
-            } => format!(
-                "a valid token gridd may have read ({}) was moved aside",
-                crate::text::escape(&from.file_name().unwrap_or_default().to_string_lossy())
-            ),
-            Change::ChmodToken { .. } => "the token's mode changed".into(),
-            Change::WriteGriddConf { .. } => "gridd.conf changed".into(),
-            _ => return None,
-        })
+            } => Touch::ValidTokenMoved(name(from)),
+            Change::MoveStray { .. } => Touch::Stray,
+            _ => Touch::Nothing,
+        }
     }
 
     /// One line, in the past tense (`done`) or as a plan.
@@ -185,33 +192,6 @@ fn tense(done: bool, past: &str, plan: &str) -> String {
     } else {
         format!("would {plan}")
     }
-}
-
-/// Whether nvidia-gridd was restarted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Restart {
-    /// Nothing it reads changed.
-    NotNeeded,
-    /// A restart was due, but `--no-restart` was given.
-    Skipped,
-    /// A dry run: a restart would be made.
-    WouldRestart,
-    /// The service's restart budget or backoff says wait: the restart stays owed and is made
-    /// once they allow it.
-    Deferred,
-    /// Due: the changes need it and nothing says wait; it is owed (remembered, so that a
-    /// crash does not lose it) until the caller makes it: `install` at once, the service
-    /// through its own restart of gridd, which its remedy sees.
-    Due,
-    /// Restarted.
-    Done,
-    /// Not tried: the restart command restarts gridd's systemd unit, and systemd has no such
-    /// unit (the driver that brings it is not installed). gridd reads the token when it
-    /// first starts. The unit's name.
-    NoUnit(String),
-    /// The restart command failed or ran out of time: why, on one line. The restart stays
-    /// pending: the next install or adopt retries it.
-    Failed(String),
 }
 
 /// What an install or an adopt did (or, in a dry run, would do).

@@ -5,10 +5,11 @@
 //!   ([`userdata`]), the settings ([`config`]);
 //! - one observation ([`assemble`], made of the values of [`observations`]) and its judgement
 //!   ([`state`]): the [`report`], by the rules of [`policy`];
-//! - what to do about it: restarts of gridd ([`remedy`]), a token's installation ([`install`]: the plan),
-//!   the node's mode ([`node`]), its Kubernetes condition ([`node::condition`]) and
-//!   when to write it ([`node::writer`]), the shared retry schedule ([`backoff`]), a
-//!   cloned guest ([`guest_identity`]), the last shutdown ([`shutdown`]);
+//! - what to do about it: every restart of gridd ([`restart`]), a token's installation
+//!   ([`install`]: the plan), the node's mode ([`node`]), its Kubernetes condition
+//!   ([`node::condition`]) and when to write it ([`node::writer`]), the shared retry
+//!   schedule ([`backoff`]), a
+//!   cloned guest ([`identity`]), the last shutdown ([`shutdown`]);
 //! - a vGPU host's view of every VM's vGPU ([`host`]): the same flow, seen from the
 //!   hypervisor;
 //! - the service's judgement over time ([`service`]): events and the time in, effects out;
@@ -31,8 +32,8 @@ pub mod node;
 pub mod observations;
 pub mod observe;
 pub mod policy;
-pub mod remedy;
 pub mod report;
+pub mod restart;
 pub mod service;
 pub mod shutdown;
 pub mod state;

@@ -31,7 +31,7 @@ const LAYERS: [&str; 20] = [
     "state",
     "assemble",
     "node",
-    "remedy",
+    "restart",
     "install",
     "service",
 ];

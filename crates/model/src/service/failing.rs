@@ -25,57 +25,70 @@ impl Core {
         let Some(report) = &self.published.report else {
             return;
         };
-        let state = report.state;
-        let reason = report.failure.as_ref().map(|f| f.reason);
+        let (state, reason) = (report.state, report.failure.as_ref().map(|f| f.reason));
         if state == State::Licensed {
             self.probing.failure = None;
             self.probing.last = None;
         } else {
-            // A failure gridd (or the agent) left vague: the agent finds the cause itself. A
-            // new one at once; the same one again after the rate limit (what was found may
-            // have been fixed since). Clock skew that gridd named is probed too, more rarely,
-            // to measure it.
-            let base = self.base_reason(now);
-            let (worth_it, repeat) = match base.map(policy::of) {
-                Some(p) if p.probe_measures => (true, MEASURE_REPEAT),
-                Some(p) => (p.probe_refines, PROBE_REPEAT),
-                None => (state == State::Unlicensed, PROBE_REPEAT),
-            };
-            let key = (
-                base.unwrap_or(Reason::Unspecified),
-                self.seen
-                    .fold
-                    .failure_message()
-                    .unwrap_or_default()
-                    .to_string(),
-            );
-            let news = self.probing.last.as_ref() != Some(&key);
-            if worth_it && !self.busy.probe && (news || self.schedule.due(Timer::Probe, now.mono)) {
-                self.busy.probe = true;
-                self.probing.last = Some(key);
-                let every = self.settings.service.poll_unlicensed.max(repeat);
-                self.schedule.set(Timer::Probe, now.mono + every);
-                let nodes = report.dls.clone().unwrap_or_default();
-                fx.push(Effect::Probe(nodes));
-            }
+            self.probe_step(now, fx);
         }
+        self.restart_step(now, state, reason, fx);
+    }
+
+    /// A failure gridd (or the agent) left vague: the agent finds the cause itself. A new one
+    /// at once; the same one again after the rate limit (what was found may have been fixed
+    /// since). Clock skew that gridd named is probed too, more rarely, to measure it.
+    fn probe_step(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let Some(report) = &self.published.report else {
+            return;
+        };
+        let base = self.base_reason(now);
+        let (worth_it, repeat) = match base.map(policy::of) {
+            Some(p) if p.probe_measures => (true, MEASURE_REPEAT),
+            Some(p) => (p.probe_refines, PROBE_REPEAT),
+            None => (report.state == State::Unlicensed, PROBE_REPEAT),
+        };
+        let key = (
+            base.unwrap_or(Reason::Unspecified),
+            self.seen
+                .fold
+                .failure_message()
+                .unwrap_or_default()
+                .to_string(),
+        );
+        let news = self.probing.last.as_ref() != Some(&key);
+        if worth_it && !self.busy.probe && (news || self.schedule.due(Timer::Probe, now.mono)) {
+            self.busy.probe = true;
+            self.probing.last = Some(key);
+            let every = self.settings.service.poll_unlicensed.max(repeat);
+            self.schedule.set(Timer::Probe, now.mono + every);
+            let nodes = report.dls.clone().unwrap_or_default();
+            fx.push(Effect::Probe(nodes));
+        }
+    }
+
+    /// gridd restarted where the remedy says so and nothing else stands in the way
+    /// ([`crate::restart`] decides both).
+    fn restart_step(
+        &mut self,
+        now: Now,
+        state: State,
+        reason: Option<Reason>,
+        fx: &mut Vec<Effect>,
+    ) {
         let t = secs(now);
-        // A unit that does not exist cannot be restarted (systemctl answers exit 5): it comes
-        // with the GRID guest driver, which is the fix.
-        let unit_missing = matches!(&self.seen.unit, Some(Err(why)) if policy::unit_missing(why));
-        if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
-            && self.node.mode == Mode::Manage
-            && !unit_missing
-            && self.busy.restart.is_none()
-            && !self.busy.adopt
-            // gridd just said it holds a license: the reading that shows it is on its way.
-            && self.seen.license_said.is_none()
-            // The report is the latest reading's (not one the report gap held back).
-            && !self.published.dirty
-        {
+        let at = crate::restart::Circumstances {
+            manages: self.node.mode == Mode::Manage,
+            unit_missing: matches!(&self.seen.unit, Some(Err(why)) if policy::unit_missing(why)),
+            restarting: self.busy.restart.is_some(),
+            adopting: self.busy.adopt,
+            license_said: self.seen.license_said.is_some(),
+            report_stale: self.published.dirty,
+        };
+        let cfg = &self.settings.service;
+        if let Some(why) = self.remedy.service_restart(cfg, t, state, reason, &at) {
             self.busy.restart = Some(why.clone());
-            let jitter = f64::from(now.wall.timestamp_subsec_nanos() % 1000) / 1000.0;
-            self.remedy.restarted(t, jitter);
+            self.remedy.restarted(t, crate::restart::jitter(now.wall));
             fx.push(Effect::RestartGridd {
                 why,
                 for_token: false,

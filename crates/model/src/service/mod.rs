@@ -20,9 +20,9 @@ use crate::node::{Mode, Node};
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
 use crate::policy;
-use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
 use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
+use crate::restart::Remedy;
 use crate::state::{LogFold, MAX_EVENTS, evaluate};
 use crate::token::{Token, TokenError};
 
