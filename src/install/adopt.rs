@@ -115,51 +115,10 @@ pub fn adopt(
     licensed: bool,
     may_restart: bool,
 ) -> Result<Outcome, AdoptError> {
-    if let Some(source) = &settings.paths.token_source {
-        let installed = scan_token_dir(settings)
-            .ok()
-            .and_then(|l| l.token)
-            .map(|t| t.bytes);
-        // What stays while the source gives nothing: the installed token, or none.
-        let stays = if installed.is_some() {
-            "the installed token stays"
-        } else {
-            "no token is installed until it gives one"
-        };
-        let refused = |r: TokenRejected| match r {
-            TokenRejected::Source(why) => AdoptError::SourceRejected(format!("{why}; {stays}")),
-            // A Secret cannot take `install --force`: the fix is a current token in it.
-            TokenRejected::Untimely { why, .. } => AdoptError::SourceRejected(format!(
-                "the token in the token source {} (paths.token_source) was not installed: {}; put a current client configuration token from the DLS into the source (the Secret); {stays}",
-                show_path(source),
-                match why {
-                    crate::model::token::Untimely::Expired(t) =>
-                        format!("it expired at {}", rfc3339(t)),
-                    crate::model::token::Untimely::NotYetValid(t) => format!(
-                        "it is not valid before {} (is this guest's clock right?)",
-                        rfc3339(t)
-                    ),
-                }
-            )),
-            r => AdoptError::SourceRejected(format!(
-                "the token in the token source {} (paths.token_source) was not installed: {r}; {stays}",
-                show_path(source)
-            )),
-        };
-        let bytes = read_source(source, &settings.paths.token_file).map_err(refused)?;
-        if installed.as_deref() != Some(bytes.as_slice()) {
-            // A bad token is refused here, before anything changes: the installed one stays.
-            // A new token: gridd must be restarted for it, license held or not.
-            let how = Adoption {
-                licensed: false,
-                may_restart,
-                in_place: false,
-            };
-            return adopt_bytes(settings, &bytes, how).map_err(|e| match e {
-                AdoptError::Rejected(r) => refused(r),
-                e => e,
-            });
-        }
+    if let Some(source) = &settings.paths.token_source
+        && let Some(adopted) = adopt_from_source(settings, source, may_restart)
+    {
+        return adopted;
     }
     // The token is whatever file gridd would read as one, under any name. A file written a
     // moment ago may be half written (`cp` creates, then writes): it is looked at again once
@@ -169,6 +128,68 @@ pub fn adopt(
         return Err(AdoptError::Settling(wait));
     }
     adopt_listing(settings, listing, licensed, may_restart)
+}
+
+/// The token source's token, installed where it is not the installed one already (`None`:
+/// it is, and the token directory is looked at as without a source).
+fn adopt_from_source(
+    settings: &Settings,
+    source: &Path,
+    may_restart: bool,
+) -> Option<Result<Outcome, AdoptError>> {
+    let installed = scan_token_dir(settings)
+        .ok()
+        .and_then(|l| l.token)
+        .map(|t| t.bytes);
+    // What stays while the source gives nothing: the installed token, or none.
+    let stays = if installed.is_some() {
+        "the installed token stays"
+    } else {
+        "no token is installed until it gives one"
+    };
+    let refused = |r| source_refusal(r, source, stays);
+    let bytes = match read_source(source, &settings.paths.token_file) {
+        Ok(bytes) => bytes,
+        Err(r) => return Some(Err(refused(r))),
+    };
+    if installed.as_deref() == Some(bytes.as_slice()) {
+        return None;
+    }
+    // A bad token is refused here, before anything changes: the installed one stays.
+    // A new token: gridd must be restarted for it, license held or not.
+    let how = Adoption {
+        licensed: false,
+        may_restart,
+        in_place: false,
+    };
+    Some(adopt_bytes(settings, &bytes, how).map_err(|e| match e {
+        AdoptError::Rejected(r) => refused(r),
+        e => e,
+    }))
+}
+
+/// Why the token source's token was not installed, and what stays meanwhile.
+fn source_refusal(r: TokenRejected, source: &Path, stays: &str) -> AdoptError {
+    match r {
+        TokenRejected::Source(why) => AdoptError::SourceRejected(format!("{why}; {stays}")),
+        // A Secret cannot take `install --force`: the fix is a current token in it.
+        TokenRejected::Untimely { why, .. } => AdoptError::SourceRejected(format!(
+            "the token in the token source {} (paths.token_source) was not installed: {}; put a current client configuration token from the DLS into the source (the Secret); {stays}",
+            show_path(source),
+            match why {
+                crate::model::token::Untimely::Expired(t) =>
+                    format!("it expired at {}", rfc3339(t)),
+                crate::model::token::Untimely::NotYetValid(t) => format!(
+                    "it is not valid before {} (is this guest's clock right?)",
+                    rfc3339(t)
+                ),
+            }
+        )),
+        r => AdoptError::SourceRejected(format!(
+            "the token in the token source {} (paths.token_source) was not installed: {r}; {stays}",
+            show_path(source)
+        )),
+    }
 }
 
 /// Whether `paths.token_source` holds a token that would be installed (`Ok` also when none
