@@ -325,7 +325,7 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
     }
 }
 
-pub use crate::gridd::{gridd_process_runs, gridd_running, restart_gridd};
+pub use crate::gridd::{UnitState, gridd_process_runs, restart_gridd, unit_state};
 use crate::model::assemble::{self, SmiRead, Source, TokenProblem};
 
 /// The license server gridd.conf names (`ServerAddress`, non-empty), if any: what tells a
@@ -367,7 +367,7 @@ pub struct Look {
     pub token: Result<Token, TokenProblem>,
     /// The token directory's files held open for writing, and their last change.
     pub held: Vec<(String, DateTime<Utc>)>,
-    pub unit: Option<Result<(), String>>,
+    pub unit: Option<UnitState>,
     pub legacy_server: Option<String>,
     pub node: crate::model::state::NodeSeen,
     /// The DLS probe's finding (`diagnose`).
@@ -397,7 +397,7 @@ pub fn look(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Look 
         journal_note,
         held: tokens.held_since(),
         token: tokens.token,
-        unit: gridd_running(settings),
+        unit: unit_state(settings),
         legacy_server: legacy_server(settings),
         node: crate::node::detect(settings).seen(),
         probe: None,
@@ -438,7 +438,7 @@ impl Source for Look {
         Some(&self.token)
     }
 
-    fn unit(&self) -> Option<&Result<(), String>> {
+    fn unit(&self) -> Option<&UnitState> {
         self.unit.as_ref()
     }
 

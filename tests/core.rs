@@ -18,6 +18,7 @@ use vgpu_license_agent::service::core::{
 use vgpu_license_agent::token::{Token, TokenError, Untimely};
 use vgpu_license_model::assemble::{SmiRead, TokenProblem};
 use vgpu_license_model::install::{Outcome, Restart};
+use vgpu_license_model::observe::unit::UnitState;
 use vgpu_license_model::policy;
 use vgpu_license_model::report::{Reason, State};
 
@@ -59,7 +60,7 @@ struct World {
     smi_hangs: bool,
     /// The PCI bus shows no NVIDIA device (nvidia-smi is not asked).
     smi_no_device: bool,
-    unit: Option<Result<(), String>>,
+    unit: Option<UnitState>,
     token: Result<Token, TokenProblem>,
     probe: Option<(Reason, String)>,
     /// The clock skew the probe measures.
@@ -85,7 +86,7 @@ impl World {
             smi: smi.to_string(),
             smi_hangs: false,
             smi_no_device: false,
-            unit: Some(Ok(())),
+            unit: Some(UnitState::Active),
             token: Ok(token()),
             probe: None,
             skew: None,
@@ -295,9 +296,24 @@ fn licensed_for_a_minute() -> Sim {
     sim
 }
 
+/// gridd's unit in `state` (inactive, failed): not running.
+fn stopped(state: &str) -> UnitState {
+    UnitState::Stopped {
+        unit: "nvidia-gridd.service".into(),
+        state: state.into(),
+    }
+}
+
+/// systemd knows no unit of gridd's.
+fn missing_unit() -> UnitState {
+    UnitState::NotInstalled {
+        unit: "nvidia-gridd.service".into(),
+    }
+}
+
 /// systemd's answer: gridd's unit is not running.
 fn inactive() -> Event {
-    Event::Unit(Some(Err("nvidia-gridd.service is inactive".into())))
+    Event::Unit(Some(stopped("inactive")))
 }
 
 #[test]
@@ -520,7 +536,7 @@ fn an_unreachable_dls_is_retried_after_the_grace_with_backoff_and_a_budget() {
 #[test]
 fn gridd_not_running_is_restarted_at_once_and_a_missing_token_is_not() {
     let mut w = World::new(UNLICENSED);
-    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    w.unit = Some(stopped("inactive"));
     let mut sim = Sim::new(settings(), w);
     sim.run(S(5));
     assert_eq!(sim.reason(), Some(Reason::GriddNotRunning));
@@ -576,7 +592,7 @@ fn a_unit_answer_older_than_gridds_start_is_asked_again() {
 #[test]
 fn a_gridd_started_from_outside_is_not_called_down_before_systemd_answers() {
     let mut w = World::new(UNLICENSED);
-    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    w.unit = Some(stopped("inactive"));
     let mut sim = Sim::new(settings(), w);
     sim.log(TOKEN_BAD);
     sim.log("Shutdown (100)");
@@ -599,7 +615,7 @@ fn a_gridd_started_from_outside_is_not_called_down_before_systemd_answers() {
     assert_ne!(sim.reason(), Some(Reason::GriddNotRunning));
     assert_eq!(gridd_not_running_counted(&sim), 0);
     // systemd says it runs: believed.
-    sim.world.unit = Some(Ok(()));
+    sim.world.unit = Some(UnitState::Active);
     sim.carry_out(fx);
     sim.run(S(5));
     assert_eq!(sim.world.restarts.len(), restarts);
@@ -791,7 +807,7 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
     let mut sim = licensed_for_a_minute();
     let now = sim.now();
     sim.core.handle(Event::TokenDirChanged, now);
-    sim.world.unit = Some(Err("nvidia-gridd.service is failed".into()));
+    sim.world.unit = Some(stopped("failed"));
     let fx = sim.core.handle(restarted_for_the_token(), now);
     sim.carry_out(fx);
     sim.run(S(1));
@@ -817,7 +833,10 @@ fn gridd_running_is_the_process_systemd_last_saw_run() {
         (true, None),
         "systemd's last word was 'not running'"
     );
-    assert_eq!(ask(&mut sim, Event::Unit(Some(Ok(())))), (false, None));
+    assert_eq!(
+        ask(&mut sim, Event::Unit(Some(UnitState::Active))),
+        (false, None)
+    );
     assert_eq!(
         ask(&mut sim, line(100, "License renewed successfully.")),
         (false, None),
@@ -840,7 +859,10 @@ fn gridd_running_is_the_process_systemd_last_saw_run() {
         Some(100),
         "vouched for by gridd's process"
     );
-    assert_eq!(ask(&mut sim, Event::Unit(Some(Ok(())))), (false, None));
+    assert_eq!(
+        ask(&mut sim, Event::Unit(Some(UnitState::Active))),
+        (false, None)
+    );
     assert_eq!(
         ask(&mut sim, line(100, "Shutdown (100)")),
         (true, None),
@@ -885,7 +907,7 @@ fn gridds_last_words_explain_why_it_is_not_running() {
         (NETWORK, Reason::GriddNotRunning, true),
     ] {
         let mut w = World::new(UNLICENSED);
-        w.unit = Some(Err("nvidia-gridd.service is failed".into()));
+        w.unit = Some(stopped("failed"));
         let mut sim = Sim::new(settings(), w);
         sim.log(line);
         sim.log("Shutdown (100)");
@@ -960,7 +982,7 @@ fn every_reason_follows_the_policy_table() {
         (Reason::DlsUnreachable, Box::new(|_| {}), Some(NETWORK)),
         (
             Reason::GriddNotRunning,
-            Box::new(|w| w.unit = Some(Err("inactive".into()))),
+            Box::new(|w| w.unit = Some(stopped("inactive"))),
             None,
         ),
         (Reason::Unspecified, Box::new(|_| {}), Some(BARE_FAILURE)),
@@ -1059,7 +1081,7 @@ proptest! {
                     sim.run(Duration::from_secs(1));
                 }
                 Step::Unit(up) => {
-                    sim.world.unit = Some(if up { Ok(()) } else { Err("inactive".into()) });
+                    sim.world.unit = Some(if up { UnitState::Active } else { stopped("inactive") });
                     sim.run(Duration::from_secs(1));
                 }
                 Step::Token(ok) => {
@@ -1202,7 +1224,7 @@ fn a_refused_directory_is_looked_at_again_on_its_next_change() {
 #[test]
 fn a_gridd_unit_that_does_not_exist_is_never_restarted() {
     let mut w = World::new(UNLICENSED);
-    w.unit = Some(Err("nvidia-gridd.service is not installed".into()));
+    w.unit = Some(missing_unit());
     let mut sim = Sim::new(settings(), w);
     sim.run(S(3600));
     assert_eq!(sim.reason(), Some(Reason::GriddNotRunning));
@@ -1218,7 +1240,7 @@ fn a_gridd_unit_that_does_not_exist_is_never_restarted() {
 #[test]
 fn a_guest_without_a_gpu_is_left_alone() {
     let mut w = World::new("");
-    w.unit = Some(Err("nvidia-gridd.service is not installed".into()));
+    w.unit = Some(missing_unit());
     w.token = Err(TokenProblem::Missing);
     w.smi_no_device = true;
     let mut sim = Sim::new(settings(), w);
@@ -1540,12 +1562,12 @@ fn a_failure_a_unit_stop_and_a_driver_pod_change_are_read_within_two_seconds() {
     let cases: [(&str, Happen); 4] = [
         ("a failure line", |sim| sim.log(NETWORK)),
         ("the unit stopping", |sim| {
-            sim.world.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+            sim.world.unit = Some(stopped("inactive"));
             sim.log("Shutdown (100)");
         }),
         // gridd killed outright says nothing; systemd's own line about its unit does.
         ("systemd's line about the unit", |sim| {
-            sim.world.unit = Some(Err("nvidia-gridd.service is failed".into()));
+            sim.world.unit = Some(stopped("failed"));
             sim.handle(Event::GriddUnitLine);
         }),
         ("the driver pod", |sim| sim.handle(Event::DriverPodChanged)),
@@ -1671,7 +1693,7 @@ const HOST_UNLICENSED: &str = "GPU 00000000:41:00.0
 /// a token owed a restart (adopted, then gridd restarted), a vague failure (probed).
 fn world_that_asks_for_action(smi: &str) -> World {
     let mut w = World::new(smi);
-    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    w.unit = Some(stopped("inactive"));
     w.adopt = || adopted_with(Restart::Due);
     w
 }

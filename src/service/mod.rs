@@ -396,9 +396,9 @@ struct Reads {
 /// stands; else systemd is asked.
 fn vouched_or_asked(settings: &Settings, running: Option<u32>) -> Event {
     if running.is_some_and(crate::gridd::still_runs) {
-        return Event::Unit(Some(Ok(())));
+        return Event::Unit(Some(live::UnitState::Active));
     }
-    Event::Unit(live::gridd_running(settings))
+    Event::Unit(live::unit_state(settings))
 }
 
 /// Runs `job` off the loop; its result comes back as an event.

@@ -12,6 +12,7 @@ use crate::identity::CloneDetected;
 use crate::observe::app_log::AppLog;
 use crate::observe::journal::ScanStats;
 use crate::observe::smi::SmiSnapshot;
+use crate::observe::unit::UnitState;
 use crate::report::{Finding, LastShutdown, Reason};
 use crate::state::{LogFold, NodeSeen, Observations, Since};
 use crate::token::{Token, TokenError, Untimely};
@@ -126,7 +127,7 @@ pub trait Source {
         None
     }
     /// Whether gridd's unit runs (nothing: systemd could not say, or was not asked).
-    fn unit(&self) -> Option<&Result<(), String>> {
+    fn unit(&self) -> Option<&UnitState> {
         None
     }
     /// The DLS probe's finding.
@@ -214,6 +215,7 @@ pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
         saved_log_timed: saved_log_timed(src),
         token: judged_token(src).and_then(Result::ok),
         own_failure: own_failure(src),
+        gridd_unit: src.unit().cloned(),
         probe_failure: src.probe(),
         legacy_server: src.legacy_server(),
         at,
@@ -292,10 +294,10 @@ pub fn own_failure(src: &impl Source) -> Option<Finding> {
     let token_failure = judged_token(src)
         .and_then(Result::err)
         .map(|p| (p.reason(), p.to_string()));
-    let unit_down = match src.unit() {
-        Some(Err(why)) => Some((Reason::GriddNotRunning, why.clone())),
-        _ => None,
-    };
+    let unit_down = src
+        .unit()
+        .and_then(UnitState::down)
+        .map(|why| (Reason::GriddNotRunning, why));
     let log_reason = src.log().and_then(LogFold::failure_reason);
     crate::policy::own_failure(token_failure, unit_down, log_reason)
 }

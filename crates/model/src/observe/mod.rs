@@ -8,4 +8,5 @@ pub mod journal;
 pub mod lines;
 pub mod smi;
 pub mod stamp;
+pub mod unit;
 pub mod vgpu_mgr;

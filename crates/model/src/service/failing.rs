@@ -62,7 +62,7 @@ impl Core {
         let t = secs(now);
         // A unit that does not exist cannot be restarted (systemctl answers exit 5): it comes
         // with the GRID guest driver, which is the fix.
-        let unit_missing = matches!(&self.seen.unit, Some(Err(why)) if policy::unit_missing(why));
+        let unit_missing = self.seen.unit.as_ref().is_some_and(UnitState::missing);
         if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
             && self.node.mode == Mode::Manage
             && !unit_missing

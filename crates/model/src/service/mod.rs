@@ -19,6 +19,7 @@ use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
 use crate::node::{Mode, Node};
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
+use crate::observe::unit::UnitState;
 use crate::policy;
 use crate::remedy::{Decision, Remedy};
 use crate::report::metrics::{self, Counters};
@@ -112,8 +113,8 @@ pub enum Event {
     JournalRestarted,
     Gridd(Box<GriddEvent>),
     Smi(SmiRead),
-    /// Whether gridd's unit runs (`None`: systemd could not say).
-    Unit(Option<Result<(), String>>),
+    /// gridd's unit as systemd says it (`None`: systemd could not say).
+    Unit(Option<UnitState>),
     /// The installed token, read again.
     Token(Result<Token, TokenProblem>),
     /// gridd.conf's `ServerAddress` (the legacy license server), read with the token.
@@ -449,13 +450,11 @@ impl Core {
             self.busy.unit.gridd_moved();
             // systemd's "not running" was said before this start: void until it answers
             // again, so that no report meanwhile calls the new gridd down (nor restarts it).
-            if matches!(self.seen.unit, Some(Err(_))) {
+            if self.unit_down() {
                 self.seen.unit = None;
             }
         }
-        if matches!(kind, EventKind::Started | EventKind::Shutdown)
-            || matches!(self.seen.unit, Some(Err(_)))
-        {
+        if matches!(kind, EventKind::Started | EventKind::Shutdown) || self.unit_down() {
             self.check_unit(now, fx);
         }
     }
@@ -497,9 +496,9 @@ impl Core {
 
     /// systemd's answer about gridd's unit: believed unless the agent's own work was under
     /// way, which asks again once it is over.
-    fn on_unit(&mut self, u: Option<Result<(), String>>, now: Now, fx: &mut Vec<Effect>) {
+    fn on_unit(&mut self, u: Option<UnitState>, now: Now, fx: &mut Vec<Effect>) {
         let own_work = self.busy.own_work();
-        let not_running = matches!(u, Some(Err(_)));
+        let not_running = u.as_ref().is_some_and(|u| !u.running());
         let (believed, again) = self.busy.unit.answered(not_running, own_work);
         // One set aside is asked again once the agent's own restart is over (at once if it
         // is over already).
@@ -509,6 +508,11 @@ impl Core {
         if again {
             self.check_unit(now, fx);
         }
+    }
+
+    /// systemd's last word is that gridd's unit does not run.
+    fn unit_down(&self) -> bool {
+        self.seen.unit.as_ref().is_some_and(|u| !u.running())
     }
 
     /// What the previous boot's journal says of its end.
@@ -703,7 +707,8 @@ impl Core {
         if self.is_host() {
             return;
         }
-        let running = (matches!(self.seen.unit, Some(Ok(()))) && self.busy.unit.settled())
+        let up = self.seen.unit.as_ref().is_some_and(UnitState::running);
+        let running = (up && self.busy.unit.settled())
             .then_some(self.seen.gridd_pid)
             .flatten();
         if self.busy.unit.ask() {

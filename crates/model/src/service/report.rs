@@ -332,7 +332,7 @@ impl assemble::Source for Memory<'_> {
         Some(self.core.seen.token.as_ref().unwrap_or(&NOT_READ))
     }
 
-    fn unit(&self) -> Option<&Result<(), String>> {
+    fn unit(&self) -> Option<&UnitState> {
         self.core.seen.unit.as_ref()
     }
 

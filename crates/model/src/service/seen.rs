@@ -17,7 +17,7 @@ pub(super) struct Seen {
     /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which a
     /// report remade on the heartbeat does not move.
     pub(super) observed_at: Option<DateTime<Utc>>,
-    pub(super) unit: Option<Result<(), String>>,
+    pub(super) unit: Option<UnitState>,
     /// The process that logged gridd's latest line (the journal's `_PID`).
     pub(super) gridd_pid: Option<u32>,
     pub(super) token: Option<Result<Token, TokenProblem>>,
