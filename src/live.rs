@@ -355,6 +355,17 @@ pub fn gridd_proxy(settings: &Settings) -> Result<Option<crate::model::gridd_con
     read_gridd_conf(settings).map_or(Ok(None), |c| c.proxy())
 }
 
+/// One look at the token directory and gridd.conf: the installed token, the files held open
+/// for writing, and the legacy license server gridd.conf names.
+pub fn token_read(settings: &Settings, now: DateTime<Utc>) -> assemble::TokenRead {
+    let tokens = token_state(settings, now);
+    assemble::TokenRead {
+        held_writers: tokens.held_since(),
+        token: tokens.token,
+        legacy_server: legacy_server(settings),
+    }
+}
+
 /// What a one-shot look at the machine saw (`status`, `diagnose`): the answers of a source of
 /// observations. The DLS probe and the service's report are `diagnose`'s to add.
 pub struct Look {
@@ -389,16 +400,16 @@ pub fn look(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Look 
         )),
         Ok(_) => None,
     };
-    let tokens = token_state(settings, now);
+    let tokens = token_read(settings, now);
     Look {
         now,
         smi,
         fold: read.ok().map(|(fold, _)| fold),
         journal_note,
-        held: tokens.held_since(),
+        held: tokens.held_writers,
         token: tokens.token,
         unit: unit_state(settings),
-        legacy_server: legacy_server(settings),
+        legacy_server: tokens.legacy_server,
         node: crate::node::detect(settings).seen(),
         probe: None,
         served: None,

@@ -16,7 +16,7 @@ use vgpu_license_agent::service::core::{
     SMI_FLOOR,
 };
 use vgpu_license_agent::token::{Token, TokenError, Untimely};
-use vgpu_license_model::assemble::{SmiRead, TokenProblem};
+use vgpu_license_model::assemble::{SmiRead, TokenProblem, TokenRead};
 use vgpu_license_model::install::{Outcome, Restart};
 use vgpu_license_model::observe::unit::UnitState;
 use vgpu_license_model::policy;
@@ -62,6 +62,8 @@ struct World {
     smi_no_device: bool,
     unit: Option<UnitState>,
     token: Result<Token, TokenProblem>,
+    /// The token directory's files held open for writing, and since when.
+    held: Vec<(String, DateTime<Utc>)>,
     probe: Option<(Reason, String)>,
     /// The clock skew the probe measures.
     skew: Option<f64>,
@@ -81,6 +83,14 @@ struct World {
 }
 
 impl World {
+    /// A look at the token directory: the token and the files held open.
+    fn token_read(&self) -> Event {
+        Event::Token(Box::new(TokenRead {
+            held_writers: self.held.clone(),
+            ..TokenRead::of(self.token.clone())
+        }))
+    }
+
     fn new(smi: &str) -> World {
         World {
             smi: smi.to_string(),
@@ -88,6 +98,7 @@ impl World {
             smi_no_device: false,
             unit: Some(UnitState::Active),
             token: Ok(token()),
+            held: Vec::new(),
             probe: None,
             skew: None,
             after_restart: Vec::new(),
@@ -163,7 +174,7 @@ impl Sim {
                     Effect::CheckUnit => Some(Event::Unit(self.world.unit.clone())),
                     Effect::ReadToken => {
                         self.world.token_reads += 1;
-                        Some(Event::Token(self.world.token.clone()))
+                        Some(self.world.token_read())
                     }
                     Effect::Adopt { .. } => {
                         self.world.adopts.push(self.mono);
@@ -1630,7 +1641,8 @@ fn a_flood_of_driver_pod_events_is_read_about_once_a_second() {
 fn a_file_held_open_for_minutes_is_named_in_the_report_and_counted() {
     let mut sim = licensed_for_a_minute();
     let held_since = sim.now().wall;
-    sim.handle(Event::HeldWriters(vec![("notes.txt".into(), held_since)]));
+    sim.world.held = vec![("notes.txt".into(), held_since)];
+    sim.handle(sim.world.token_read());
     let named = |sim: &Sim| {
         sim.core
             .report()
@@ -1661,7 +1673,8 @@ fn a_file_held_open_for_minutes_is_named_in_the_report_and_counted() {
         Some("vgpu_license_token_dir_held_writers 1")
     );
     // Its writer closes it: the next look finds it no more.
-    sim.handle(Event::HeldWriters(Vec::new()));
+    sim.world.held.clear();
+    sim.handle(sim.world.token_read());
     assert_eq!(named(&sim), None);
     assert_eq!(
         gauge(&sim).as_deref(),

@@ -355,10 +355,8 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
         events.push(Event::Node(Box::new(crate::node::detect(settings))));
     }
     if reads.token {
-        events.push(Event::LegacyServer(live::legacy_server(settings)));
-        let tokens = live::token_state(settings, Utc::now());
-        events.push(Event::HeldWriters(tokens.held_since()));
-        events.push(Event::Token(tokens.token));
+        let read = live::token_read(settings, Utc::now());
+        events.push(Event::Token(Box::new(read)));
     }
     if let Some((licensed, may_restart)) = reads.adopt {
         let adopted = install::adopt(settings, licensed, may_restart).map(Box::new);

@@ -55,6 +55,28 @@ impl SmiRead {
     }
 }
 
+/// One look at the token directory and gridd.conf, as the service reads them together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRead {
+    /// The installed token, or why there is none usable.
+    pub token: Result<Token, TokenProblem>,
+    /// gridd.conf's `ServerAddress` (the legacy license server), when one is set.
+    pub legacy_server: Option<String>,
+    /// The token directory's files held open for writing, and their last change.
+    pub held_writers: Vec<(String, DateTime<Utc>)>,
+}
+
+impl TokenRead {
+    /// A look that found `token`, no legacy server and no file held open.
+    pub fn of(token: Result<Token, TokenProblem>) -> TokenRead {
+        TokenRead {
+            token,
+            legacy_server: None,
+            held_writers: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenProblem {
     Missing,

@@ -168,13 +168,9 @@ pub(super) fn say_restarted(command: &str, why: &str) {
 }
 
 impl Core {
-    /// The token as read: a new one is news for the probe.
-    pub(super) fn on_token(
-        &mut self,
-        t: Result<Token, TokenProblem>,
-        now: Now,
-        fx: &mut Vec<Effect>,
-    ) {
+    /// The token directory as read: gridd.conf's legacy server and the files held open at
+    /// once; the token unless it is being written, and a new one is news for the probe.
+    pub(super) fn on_token(&mut self, read: TokenRead, now: Now, fx: &mut Vec<Effect>) {
         self.busy.token = false;
         if std::mem::take(&mut self.busy.token_again) {
             // Changed again meanwhile: looked at again after a short gap, so that a burst of
@@ -183,38 +179,45 @@ impl Core {
             self.schedule
                 .set(Timer::TokenRead, now.mono + look_gap(took));
         }
-        // A token file being written (made empty, then filled; or part written) is no
-        // verdict yet: looked at again once the directory has been still for a while.
+        self.seen.legacy_server = read.legacy_server;
+        self.seen.held = read.held_writers;
+        if !self.settling(&read.token, now) {
+            self.token_seen(read.token, now, fx);
+        }
+    }
+
+    /// A token file being written (made empty, then filled; or part written) is no verdict
+    /// yet: looked at again once the directory has been still for a while.
+    fn settling(&mut self, t: &Result<Token, TokenProblem>, now: Now) -> bool {
         let partial = matches!(
             t,
             Err(TokenProblem::Invalid(
                 TokenError::Empty | TokenError::Truncated(_)
             ))
         );
-        if let Some(changed) = self.seen.token_dir_changed
-            && partial
-            && now.mono < changed + SETTLE
-        {
-            self.schedule.set(Timer::TokenRead, changed + SETTLE);
-            return;
+        match self.seen.token_dir_changed {
+            Some(changed) if partial && now.mono < changed + SETTLE => {
+                self.schedule.set(Timer::TokenRead, changed + SETTLE);
+                true
+            }
+            _ => false,
         }
-        if self
+    }
+
+    /// The token, judged: a new one is news for the probe and for the licensing Secret.
+    fn token_seen(&mut self, t: Result<Token, TokenProblem>, now: Now, fx: &mut Vec<Effect>) {
+        let changed = !self
             .seen
             .token
             .as_ref()
-            .is_some_and(|old| !same_token(old, &t))
-        {
+            .is_some_and(|old| same_token(old, &t));
+        if changed && self.seen.token.is_some() {
             // A new token is news: a vague failure is probed again at once, and what the
             // last probe found was about the old token's DLS.
             self.probing.last = None;
             self.probing.failure = None;
             self.published.dirty = true;
         }
-        let changed = !self
-            .seen
-            .token
-            .as_ref()
-            .is_some_and(|old| same_token(old, &t));
         if changed {
             // The licensing Secret is compared with this token only once read after it came
             // (a new driver pod's token against the Secret read minutes before would ask for

@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::{error, info, warn};
 
-use crate::assemble::{self, SmiRead, TokenProblem};
+use crate::assemble::{self, SmiRead, TokenProblem, TokenRead};
 use crate::config::Settings;
 use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
 use crate::node::{Mode, Node};
@@ -115,13 +115,8 @@ pub enum Event {
     Smi(SmiRead),
     /// gridd's unit as systemd says it (`None`: systemd could not say).
     Unit(Option<UnitState>),
-    /// The installed token, read again.
-    Token(Result<Token, TokenProblem>),
-    /// gridd.conf's `ServerAddress` (the legacy license server), read with the token.
-    LegacyServer(Option<String>),
-    /// The token directory's files held open for writing, and their last change, read with
-    /// the token.
-    HeldWriters(Vec<(String, DateTime<Utc>)>),
+    /// The token directory and gridd.conf, read again.
+    Token(Box<TokenRead>),
     /// Something changed in the token directory or gridd.conf.
     TokenDirChanged,
     /// On a GPU Operator node, the driver pod's root or its ready marker changed.
@@ -358,9 +353,7 @@ impl Core {
             Event::Gridd(e) => self.on_gridd(*e, now, &mut fx),
             Event::Smi(read) => self.on_smi(read, now),
             Event::Unit(u) => self.on_unit(u, now, &mut fx),
-            Event::Token(t) => self.on_token(t, now, &mut fx),
-            Event::LegacyServer(s) => self.seen.legacy_server = s,
-            Event::HeldWriters(held) => self.seen.held = held,
+            Event::Token(read) => self.on_token(*read, now, &mut fx),
             Event::TokenDirChanged => {
                 self.seen.token_dir_changed = Some(now.mono);
                 self.read_token(now, &mut fx);
