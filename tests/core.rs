@@ -509,7 +509,8 @@ fn clock_skew_named_by_gridd_is_measured_not_retried() {
     assert_eq!(sim.reason(), Some(Reason::ClockSkew));
     let first = sim.world.probes.first().copied().expect("a probe");
     assert!(first <= seen + S(2), "probed at {first:?}");
-    assert_eq!(sim.core.counters().clock_skew_seconds, Some(312.0));
+    let facts = sim.core.report().unwrap().service.clone().unwrap();
+    assert_eq!(facts.clock_skew_seconds, Some(312.0));
     sim.run(S(3600));
     assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
     let n = sim.world.probes.len();

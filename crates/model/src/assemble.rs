@@ -13,7 +13,7 @@ use crate::observe::app_log::AppLog;
 use crate::observe::journal::ScanStats;
 use crate::observe::smi::SmiSnapshot;
 use crate::observe::unit::UnitState;
-use crate::report::{Finding, LastShutdown, Reason};
+use crate::report::{Finding, LastShutdown, Reason, ServiceFacts};
 use crate::state::{LogFold, NodeSeen, Observations, Since};
 use crate::token::{Token, TokenError, Untimely};
 
@@ -217,6 +217,11 @@ pub trait Source {
         None
     }
     /// A clone found at this boot.
+    /// What only the service measured or keeps (the clock's skew, the driver's version
+    /// last read, the installed token's expiry); the rest of its facts are the evaluation's.
+    fn service(&self) -> Option<ServiceFacts> {
+        None
+    }
     fn clone_detected(&self) -> Option<CloneDetected> {
         None
     }
@@ -259,6 +264,7 @@ pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
         agent_pid: src.agent_pid(),
         last_shutdown: src.last_shutdown(),
         clone_detected: src.clone_detected(),
+        service: src.service(),
         since: src.since(),
     }
 }

@@ -13,7 +13,7 @@ use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};
 use crate::observe::unit::UnitState;
 use crate::report::{
     DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, LastShutdown, License, LicensingMode,
-    Reason, Report, SCHEMA, State,
+    Reason, Report, SCHEMA, ServiceFacts, State,
 };
 use crate::time::{LogTime, rfc3339, whole_secs};
 use crate::token::Token;
@@ -262,6 +262,8 @@ pub struct Observations {
     /// Since when the agent's own findings hold, where the service remembers: the report's
     /// failure is dated so, rather than by the observation's time.
     pub since: Since,
+    /// What only the service measured or keeps ([`crate::assemble::Source::service`]).
+    pub service: Option<ServiceFacts>,
 }
 
 /// Since when the agent's own findings hold (the service's memory).
@@ -697,7 +699,18 @@ pub fn evaluate(mut obs: Observations) -> Report {
             .as_ref()
             .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
+        service: service_facts(&obs),
     }
+}
+
+/// The service's facts: what it measured, and what the observations say of the token.
+fn service_facts(obs: &Observations) -> Option<ServiceFacts> {
+    obs.service.clone().map(|f| ServiceFacts {
+        token_rejected: obs.token_rejected.is_some() || obs.source_rejected.is_some(),
+        token_stale: obs.token_stale.is_some(),
+        held_writers: obs.held_writers.len(),
+        ..f
+    })
 }
 
 /// The failure, dated since when the agent's own finding holds where that is known.

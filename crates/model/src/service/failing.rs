@@ -11,6 +11,8 @@ pub(super) struct Probing {
     pub(super) last: Option<Finding>,
     /// What the probe found, until a license or a new token makes it old news.
     pub(super) failure: Option<Finding>,
+    /// Guest clock minus the DLS's clock, last measured.
+    pub(super) skew: Option<f64>,
 }
 
 impl Core {
@@ -87,7 +89,7 @@ impl Core {
     pub(super) fn on_probed(&mut self, verdict: Option<Finding>, skew: Option<f64>) {
         self.busy.probe = false;
         if skew.is_some() {
-            self.counters.clock_skew_seconds = skew;
+            self.probing.skew = skew;
         }
         self.probing.failure = verdict;
     }

@@ -132,8 +132,6 @@ impl Core {
         if !self.is_host() {
             return;
         }
-        // The host's agent only reads, whatever the node's mode.
-        self.counters.mode = Mode::Observe.as_str();
         let Some(vms) = report.vms.as_mut() else {
             return;
         };

@@ -264,11 +264,7 @@ impl Core {
             seen: Seen::new(),
             probing: Probing::default(),
             adoption: Adoption::default(),
-            counters: Counters {
-                mode: Mode::Manage.as_str(),
-                driver: "host",
-                ..Counters::default()
-            },
+            counters: Counters::default(),
             failure_key: None,
             own_since: None,
             failure_seen: None,

@@ -99,8 +99,6 @@ impl Core {
             }
         }
         self.settings = node.apply(&self.base);
-        self.counters.mode = node.mode.as_str();
-        self.counters.driver = node.driver();
         self.node = node;
         self.published.dirty = true;
         if moved || pod_changed {

@@ -123,6 +123,7 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
         last_shutdown,
         mode,
         driver_root,
+        service,
     } = a;
     *schema == b.schema
         && *state == b.state
@@ -140,6 +141,7 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
         && *last_shutdown == b.last_shutdown
         && *mode == b.mode
         && *driver_root == b.driver_root
+        && *service == b.service
 }
 
 /// The one line `systemctl status` shows.
@@ -182,11 +184,6 @@ impl Core {
         }
         let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
         json.push(b'\n');
-        self.counters.driver_version = self
-            .seen
-            .smi
-            .as_ref()
-            .and_then(|s| s.driver_version.clone());
         let metrics_text = metrics::render(&report, &self.counters);
         let write = self
             .published
@@ -203,7 +200,7 @@ impl Core {
 
     /// The observations a report is made of: the service's memory at `now`, answered as a
     /// source. Since when the agent's own finding holds is remembered first (it holds since
-    /// it was first seen, not since this moment); the metrics take their counts.
+    /// it was first seen, not since this moment).
     pub(super) fn observations(&mut self, now: Now) -> crate::state::Observations {
         let own = assemble::own_failure(&self.memory(now)).or_else(|| self.probing.failure.clone());
         match (&own, &self.own_since) {
@@ -211,19 +208,7 @@ impl Core {
             (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
             (None, _) => self.own_since = None,
         }
-        let obs = assemble::observe(&self.settings, &self.memory(now));
-        self.counters.token_rejected =
-            obs.token_rejected.is_some() || obs.source_rejected.is_some();
-        self.counters.token_stale = obs.token_stale.is_some();
-        self.counters.held_writers = obs.held_writers.len();
-        self.counters.token_expiry = self
-            .seen
-            .token
-            .as_ref()
-            .and_then(|t| t.as_ref().ok())
-            .and_then(|t| t.expires)
-            .map(|e| e.timestamp());
-        obs
+        assemble::observe(&self.settings, &self.memory(now))
     }
 
     /// The service's memory at `now`, as a source of observations.
@@ -429,6 +414,23 @@ impl assemble::Source for Memory<'_> {
 
     fn clone_detected(&self) -> Option<crate::identity::CloneDetected> {
         self.core.seen.clone.clone()
+    }
+
+    /// The clock's skew the probe last measured, the driver's version nvidia-smi last
+    /// printed, and the installed token's expiry, whatever its dates.
+    fn service(&self) -> Option<crate::report::ServiceFacts> {
+        let seen = &self.core.seen;
+        Some(crate::report::ServiceFacts {
+            clock_skew_seconds: self.core.probing.skew,
+            driver_version: seen.smi.as_ref().and_then(|s| s.driver_version.clone()),
+            token_expiry: seen
+                .token
+                .as_ref()
+                .and_then(|t| t.as_ref().ok())
+                .and_then(|t| t.expires)
+                .map(|e| e.timestamp()),
+            ..Default::default()
+        })
     }
 
     fn since(&self) -> crate::state::Since {
