@@ -1246,6 +1246,8 @@ fn a_gridd_unit_that_does_not_exist_is_never_restarted() {
         advice.contains("comes with the NVIDIA vGPU (GRID) guest driver"),
         "{advice}"
     );
+    let unit = sim.core.report().unwrap().gridd_unit.clone();
+    assert_eq!(unit.as_deref(), Some("not_installed"));
 }
 
 /// No NVIDIA device on the bus: `no_gpu`, exit 0, no failure, no restart, no probe.

@@ -699,6 +699,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
             .as_ref()
             .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
+        gridd_unit: obs.gridd_unit.as_ref().map(|u| u.as_str().to_string()),
         service: service_facts(&obs),
     }
 }

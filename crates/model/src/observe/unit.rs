@@ -37,6 +37,19 @@ impl UnitState {
         }
     }
 
+    /// The report's word for it (`gridd_unit`): systemd's state of a stopped unit
+    /// (`inactive`, `failed`, `deactivating`), else `active`, `start_queued`, `without_unit`
+    /// or `not_installed`.
+    pub fn as_str(&self) -> &str {
+        match self {
+            UnitState::Active => "active",
+            UnitState::StartQueued(_) => "start_queued",
+            UnitState::WithoutUnit => "without_unit",
+            UnitState::Stopped { state, .. } => state,
+            UnitState::NotInstalled { .. } => "not_installed",
+        }
+    }
+
     /// Whether the unit does not exist.
     pub fn missing(&self) -> bool {
         matches!(self, UnitState::NotInstalled { .. })
@@ -75,5 +88,13 @@ mod tests {
             Some("nvidia-gridd.service is not installed")
         );
         assert!(!missing.running() && missing.missing());
+        assert_eq!(
+            [
+                stopped.as_str(),
+                missing.as_str(),
+                UnitState::Active.as_str()
+            ],
+            ["failed", "not_installed", "active"]
+        );
     }
 }

@@ -532,6 +532,7 @@ mod tests {
             last_shutdown: None,
             mode: None,
             driver_root: None,
+            gridd_unit: None,
             service: None,
         };
         let mut c = Counters::default();
@@ -627,6 +628,7 @@ mod tests {
             last_shutdown: None,
             mode: None,
             driver_root: None,
+            gridd_unit: None,
             service: None,
         }
     }

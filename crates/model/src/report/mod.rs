@@ -516,6 +516,12 @@ pub struct Report {
     /// (absent from `analyze`, which reads no machine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_root: Option<Option<String>>,
+    /// gridd's unit as systemd said it at the observation: `active`, `start_queued` (coming
+    /// back), `without_unit` (gridd runs without one), `inactive`, `failed`, `deactivating`
+    /// or `not_installed`; absent where systemd was not asked (`analyze`, a GPU Operator
+    /// node, a vGPU host) or could not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gridd_unit: Option<String>,
     /// What the service measured and found beside the license, which its metrics show (not
     /// in the JSON: the contract's fields are the report's there); `None` from any other
     /// source.

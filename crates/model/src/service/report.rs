@@ -123,6 +123,7 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
         last_shutdown,
         mode,
         driver_root,
+        gridd_unit,
         service,
     } = a;
     *schema == b.schema
@@ -141,6 +142,7 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
         && *last_shutdown == b.last_shutdown
         && *mode == b.mode
         && *driver_root == b.driver_root
+        && *gridd_unit == b.gridd_unit
         && *service == b.service
 }
 
