@@ -1,7 +1,22 @@
 //! A token dropped in the directory, or given by the token source: read, adopted with
 //! install's plan, refused or deferred, and what is said of it.
 
-use super::*;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::{error, info, warn};
+
+use super::schedule::Timer;
+use super::seen::same_token;
+use super::{
+    ADOPT_AFTER_FAILURE, AdoptError, Core, Effect, Now, TOKEN_NOTICE_FOR, TOKEN_READ_GAP, look_gap,
+    secs,
+};
+use crate::assemble::{TokenProblem, TokenRead};
+use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
+use crate::node::Mode;
+use crate::report::{State, message_ids};
+use crate::token::{Token, TokenError};
 
 /// Adopting the token that the token directory (or the token source) holds.
 #[derive(Debug, Default)]

@@ -1,7 +1,18 @@
 //! While something fails: the DLS probed to name the cause, gridd restarted within its
 //! budget, and the answers.
 
-use super::*;
+use std::time::Duration;
+
+use tracing::error;
+
+use super::adoption::say_restarted;
+use super::schedule::Timer;
+use super::{Core, Effect, MEASURE_REPEAT, Now, PROBE_REPEAT, secs};
+use crate::node::Mode;
+use crate::observe::unit::UnitState;
+use crate::policy;
+use crate::remedy::Decision;
+use crate::report::{Finding, Reason, State};
 
 /// The agent's own probe of the DLS, for the failures gridd states vaguely.
 #[derive(Debug, Default)]

@@ -11,21 +11,18 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tracing::{error, info, warn};
+use tracing::warn;
 
-use crate::assemble::{self, SmiRead, TokenProblem, TokenRead};
+use crate::assemble::{SmiRead, TokenRead};
 use crate::config::Settings;
-use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
-use crate::node::{Mode, Node};
+use crate::install::Outcome;
+use crate::node::Node;
 use crate::observe::journal::GriddEvent;
-use crate::observe::smi::SmiSnapshot;
 use crate::observe::unit::UnitState;
-use crate::policy;
-use crate::remedy::{Decision, Remedy};
-use crate::report::metrics::{self, Counters};
-use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
-use crate::state::{LogFold, MAX_EVENTS, evaluate};
-use crate::token::{Token, TokenError};
+use crate::remedy::Remedy;
+use crate::report::metrics::Counters;
+use crate::report::{DlsEndpoint, EventKind, Finding, Report, State, message_ids};
+use crate::state::{LogFold, MAX_EVENTS};
 
 mod adoption;
 mod failing;
@@ -36,7 +33,7 @@ mod report;
 mod schedule;
 mod seen;
 
-use adoption::{Adoption, say_restarted};
+use adoption::Adoption;
 use failing::Probing;
 pub use host::vm_change_line;
 use in_flight::InFlight;
@@ -44,7 +41,7 @@ use report::Published;
 pub use report::status_line;
 use schedule::{Schedule, Timer};
 pub use seen::stalled;
-use seen::{Seen, lease_expiry, same_token};
+use seen::{Seen, lease_expiry};
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
 /// with time alone), and the token's periodic look rides on its wakeups (nvidia-smi's turn

@@ -1,7 +1,10 @@
 //! On a Kubernetes node: where the driver runs, the Node condition's writes and the
 //! licensing Secret.
 
-use super::*;
+use tracing::{info, warn};
+
+use super::{Core, Effect, Now};
+use crate::node::{Mode, Node};
 
 impl Core {
     /// A write to the Node: a failure of the condition's patch or of the taint's is a

@@ -1,7 +1,22 @@
 //! The service's report: its observations (what the service remembers, as values), the
 //! report made of them, and what status.json, the metrics and the journal last got.
 
-use super::*;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::{info, warn};
+
+use super::adoption::Adoption;
+use super::seen::stalled;
+use super::{Core, Effect, MIN_REPORT_GAP, Now, Publication};
+use crate::assemble::{self, TokenProblem};
+use crate::observe::smi::SmiSnapshot;
+use crate::observe::unit::UnitState;
+use crate::policy;
+use crate::report::metrics;
+use crate::report::{Finding, Reason, Report, State, message_ids};
+use crate::state::{LogFold, evaluate};
+use crate::token::Token;
 
 /// The reports made, and what status.json and the metrics last got.
 #[derive(Debug)]

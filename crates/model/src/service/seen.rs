@@ -1,7 +1,15 @@
 //! What the service has seen: gridd's log folded, the last nvidia-smi answer, the token,
 //! the lease and since when.
 
-use super::*;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::assemble::{SmiRead, TokenProblem};
+use crate::observe::smi::SmiSnapshot;
+use crate::observe::unit::UnitState;
+use crate::state::{LogFold, MAX_EVENTS};
+use crate::token::Token;
 
 /// What the world last said: gridd's lines, nvidia-smi, systemd, the token, what the agent
 /// found at start.
