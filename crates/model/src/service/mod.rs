@@ -18,6 +18,7 @@ use crate::config::Settings;
 use crate::install::Outcome;
 use crate::node::Node;
 use crate::observe::journal::GriddEvent;
+use crate::observe::smi::SmiSnapshot;
 use crate::observe::unit::UnitState;
 use crate::remedy::Remedy;
 use crate::report::metrics::Counters;
@@ -429,9 +430,14 @@ impl Core {
         }
         // A start or stop changes the unit's state; and a line from gridd while systemd was
         // last heard saying it is not running means that answer is old.
-        if unit_knows {
-            return;
+        if !unit_knows {
+            self.unit_after_line(kind, now, fx);
         }
+    }
+
+    /// A line of gridd's logged after systemd's last answer: a start voids a "not running"
+    /// said before it, and a start, a stop or any line while gridd was said down asks again.
+    fn unit_after_line(&mut self, kind: EventKind, now: Now, fx: &mut Vec<Effect>) {
         if kind == EventKind::Started {
             self.busy.unit.gridd_moved();
             // systemd's "not running" was said before this start: void until it answers
@@ -535,27 +541,7 @@ impl Core {
         // In case a change escaped the watcher (or there is none): look at the token again.
         let looks = [Timer::Look, Timer::FirstLook, Timer::Owed];
         if self.schedule.any_due(&looks, now.mono) {
-            let owed = self.schedule.at(Timer::Owed).is_some();
-            self.schedule.stop(Timer::Owed);
-            self.schedule.stop(Timer::FirstLook);
-            let every = if self.watching {
-                ADOPT_WATCHED
-            } else {
-                ADOPT_UNWATCHED
-            };
-            self.schedule.set(Timer::Look, now.mono + every);
-            // An adoption owed (a writer settling, a deferred restart, the gap after a look
-            // in a burst) comes with its reads already; the periodic look reads the token too.
-            if !owed {
-                self.read_token(now, &mut fx);
-            }
-            // A deadline met while an adoption runs (a deferred restart's) is kept: the next
-            // adoption follows that one at once.
-            if self.busy.adopt {
-                self.adoption.due = true;
-            } else {
-                self.adopt(now, &mut fx);
-            }
+            self.look(now, &mut fx);
         }
         let licensed = self
             .published
@@ -567,8 +553,42 @@ impl Core {
         if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
             self.published.dirty = true;
         }
+        self.reads_due(now, &mut fx);
+        self.report_due(now, &mut fx);
+        self.remedy_step(now, &mut fx);
+        fx
+    }
+
+    /// The token directory's look at its deadline (periodic, the first, or an owed
+    /// adoption's): the token read, and what is there adopted.
+    fn look(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let owed = self.schedule.at(Timer::Owed).is_some();
+        self.schedule.stop(Timer::Owed);
+        self.schedule.stop(Timer::FirstLook);
+        let every = if self.watching {
+            ADOPT_WATCHED
+        } else {
+            ADOPT_UNWATCHED
+        };
+        self.schedule.set(Timer::Look, now.mono + every);
+        // An adoption owed (a writer settling, a deferred restart, the gap after a look
+        // in a burst) comes with its reads already; the periodic look reads the token too.
+        if !owed {
+            self.read_token(now, fx);
+        }
+        // A deadline met while an adoption runs (a deferred restart's) is kept: the next
+        // adoption follows that one at once.
+        if self.busy.adopt {
+            self.adoption.due = true;
+        } else {
+            self.adopt(now, fx);
+        }
+    }
+
+    /// nvidia-smi at its turn, and systemd every few seconds while no license is held.
+    fn reads_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
         if self.schedule.smi().is_some_and(|t| now.mono >= t) {
-            self.read_smi(now, &mut fx);
+            self.read_smi(now, fx);
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
         // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
@@ -581,8 +601,13 @@ impl Core {
             })
         {
             self.schedule.set(Timer::Unit, now.mono + UNIT_CHECK);
-            self.check_unit(now, &mut fx);
+            self.check_unit(now, fx);
         }
+    }
+
+    /// The report, when something happened and the gap since the last is over; the first
+    /// tells systemd the service is ready, and starts the first adoption.
+    fn report_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let readable = self.readable();
         let gap_over = self.published.gap_over(now.mono);
         // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
@@ -597,15 +622,13 @@ impl Core {
         if self.published.dirty && readable && gap_over && !(asked && self.quiet()) {
             self.published.dirty = false;
             self.published.made = Some(now.mono);
-            self.publish(now, &mut fx);
+            self.publish(now, fx);
             if !self.published.ready {
                 self.published.ready = true;
                 fx.push(Effect::Ready);
-                self.adopt(now, &mut fx);
+                self.adopt(now, fx);
             }
         }
-        self.remedy_step(now, &mut fx);
-        fx
     }
 
     /// When [`Core::tick`] is next due: a report held back by the gap, else the next deadline
@@ -778,32 +801,7 @@ impl Core {
                 }
                 self.seen.smi_unstarted = Some(why);
             }
-            SmiRead::Snapshot(s) => {
-                self.seen.smi_unstarted = None;
-                self.seen.observed_at = Some(now.wall);
-                if crate::state::smi_state(&s) == State::Licensed {
-                    self.probing.failure = None;
-                }
-                // A reading begun before a renewal line was heard shows the lease from
-                // before it.
-                let older = self
-                    .seen
-                    .lease_line
-                    .is_some_and(|heard| self.schedule.smi_began < heard);
-                let lease = match (lease_expiry(&s), self.seen.lease) {
-                    (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
-                    (Some(exp), Some((old, since))) if exp < old && older => Some((old, since)),
-                    (Some(exp), _) => Some((exp, now.wall)),
-                    (None, _) => None,
-                };
-                if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
-                    self.seen.lease_at_start =
-                        self.seen.smi.is_none() && self.seen.smi_error.is_none();
-                }
-                self.seen.lease = lease;
-                self.seen.smi = Some(s);
-                self.seen.smi_error = None;
-            }
+            SmiRead::Snapshot(s) => self.smi_snapshot(s, now),
             SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
                 self.seen.smi_unstarted = None;
                 self.seen.observed_at = Some(now.wall);
@@ -821,6 +819,33 @@ impl Core {
         self.schedule.set(Timer::Smi, next);
     }
 
+    /// nvidia-smi's answer: the lease it shows, and since when (a lease that did not move,
+    /// or an older one shown by a reading begun before a renewal line, keeps its time).
+    fn smi_snapshot(&mut self, s: SmiSnapshot, now: Now) {
+        self.seen.smi_unstarted = None;
+        self.seen.observed_at = Some(now.wall);
+        if crate::state::smi_state(&s) == State::Licensed {
+            self.probing.failure = None;
+        }
+        // A reading begun before a renewal line was heard shows the lease from before it.
+        let older = self
+            .seen
+            .lease_line
+            .is_some_and(|heard| self.schedule.smi_began < heard);
+        let lease = match (lease_expiry(&s), self.seen.lease) {
+            (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
+            (Some(exp), Some((old, since))) if exp < old && older => Some((old, since)),
+            (Some(exp), _) => Some((exp, now.wall)),
+            (None, _) => None,
+        };
+        if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
+            self.seen.lease_at_start = self.seen.smi.is_none() && self.seen.smi_error.is_none();
+        }
+        self.seen.lease = lease;
+        self.seen.smi = Some(s);
+        self.seen.smi_error = None;
+    }
+
     /// The restarts of gridd in the last hour, when they changed since the last call: the
     /// shell keeps them for the agent's next run, so that the budget is one per guest.
     pub fn restarts_changed(&mut self, now: Now) -> Option<Vec<f64>> {
@@ -832,85 +857,94 @@ impl Core {
     fn reload(&mut self, s: Settings, now: Now) {
         self.base = s.clone();
         let s = self.node.apply(&s);
-        let (old, new) = (&self.settings, &s);
-        for (key, changed) in [
-            (
-                "commands.journalctl",
-                old.commands.journalctl != new.commands.journalctl,
-            ),
-            (
-                "paths.token_dir",
-                old.paths.token_dir != new.paths.token_dir,
-            ),
-            (
-                "paths.gridd_conf",
-                old.paths.gridd_conf != new.paths.gridd_conf,
-            ),
-            (
-                "service.metrics_socket",
-                old.service.metrics_socket != new.service.metrics_socket,
-            ),
-            (
-                "service.metrics_listen",
-                old.service.metrics_listen != new.service.metrics_listen,
-            ),
-        ] {
-            if changed {
-                warn!(
-                    "{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent)"
-                );
-            }
-        }
-        // The Node writer and the Secret's reader are set up at the start with these: each
-        // key that changed is said, and all keep their running values until the restart, so
-        // that what the service writes and what it says it writes stay one.
-        let (ok, nk) = (&old.kubernetes, &new.kubernetes);
-        for (key, changed) in [
-            ("node_condition", ok.node_condition != nk.node_condition),
-            ("kubeconfig", ok.kubeconfig != nk.kubeconfig),
-            (
-                "licensing_secret",
-                ok.licensing_secret != nk.licensing_secret,
-            ),
-            ("node_name", ok.node_name != nk.node_name),
-            (
-                "service_account_dir",
-                ok.service_account_dir != nk.service_account_dir,
-            ),
-            ("heartbeat_seconds", ok.heartbeat != nk.heartbeat),
-            (
-                "taint_unlicensed",
-                ok.taint_unlicensed != nk.taint_unlicensed,
-            ),
-        ] {
-            if changed {
-                warn!(
-                    "kubernetes.{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent); until then the Node and the Secret are written and read as before"
-                );
-            }
-        }
+        say_restart_only(&self.settings, &s);
         self.remedy.reconfigure(&s.service);
-        // What is set up at start keeps its old value until the restart, as said above: the
-        // watcher still watches the old token directory, so the core does not switch to a
-        // new one it would only see at the periodic look.
-        let mut s = s;
-        s.paths.token_dir.clone_from(&self.settings.paths.token_dir);
-        s.paths
-            .gridd_conf
-            .clone_from(&self.settings.paths.gridd_conf);
-        s.commands
-            .journalctl
-            .clone_from(&self.settings.commands.journalctl);
-        s.service
-            .metrics_socket
-            .clone_from(&self.settings.service.metrics_socket);
-        s.service
-            .metrics_listen
-            .clone_from(&self.settings.service.metrics_listen);
-        s.kubernetes.clone_from(&self.settings.kubernetes);
-        self.settings = s;
+        self.settings = kept_from_start(s, &self.settings);
         self.schedule.smi_soon(now.mono);
     }
+}
+
+/// Each key of a reloaded config that takes effect only when the service restarts, and
+/// changed from `old` to `new`: a warning.
+fn say_restart_only(old: &Settings, new: &Settings) {
+    for (key, changed) in [
+        (
+            "commands.journalctl",
+            old.commands.journalctl != new.commands.journalctl,
+        ),
+        (
+            "paths.token_dir",
+            old.paths.token_dir != new.paths.token_dir,
+        ),
+        (
+            "paths.gridd_conf",
+            old.paths.gridd_conf != new.paths.gridd_conf,
+        ),
+        (
+            "service.metrics_socket",
+            old.service.metrics_socket != new.service.metrics_socket,
+        ),
+        (
+            "service.metrics_listen",
+            old.service.metrics_listen != new.service.metrics_listen,
+        ),
+    ] {
+        if changed {
+            warn!(
+                "{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent)"
+            );
+        }
+    }
+    say_kubernetes_restart_only(&old.kubernetes, &new.kubernetes);
+}
+
+/// The Node writer and the Secret's reader are set up at the start with these: each key that
+/// changed is said, and all keep their running values until the restart, so that what the
+/// service writes and what it says it writes stay one.
+fn say_kubernetes_restart_only(ok: &crate::config::Kubernetes, nk: &crate::config::Kubernetes) {
+    for (key, changed) in [
+        ("node_condition", ok.node_condition != nk.node_condition),
+        ("kubeconfig", ok.kubeconfig != nk.kubeconfig),
+        (
+            "licensing_secret",
+            ok.licensing_secret != nk.licensing_secret,
+        ),
+        ("node_name", ok.node_name != nk.node_name),
+        (
+            "service_account_dir",
+            ok.service_account_dir != nk.service_account_dir,
+        ),
+        ("heartbeat_seconds", ok.heartbeat != nk.heartbeat),
+        (
+            "taint_unlicensed",
+            ok.taint_unlicensed != nk.taint_unlicensed,
+        ),
+    ] {
+        if changed {
+            warn!(
+                "kubernetes.{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent); until then the Node and the Secret are written and read as before"
+            );
+        }
+    }
+}
+
+/// A reloaded config `s`, with what is set up at start kept as `running` has it until the
+/// restart, as said: the watcher still watches the old token directory, so the core does not
+/// switch to a new one it would only see at the periodic look.
+fn kept_from_start(mut s: Settings, running: &Settings) -> Settings {
+    s.paths.token_dir.clone_from(&running.paths.token_dir);
+    s.paths.gridd_conf.clone_from(&running.paths.gridd_conf);
+    s.commands
+        .journalctl
+        .clone_from(&running.commands.journalctl);
+    s.service
+        .metrics_socket
+        .clone_from(&running.service.metrics_socket);
+    s.service
+        .metrics_listen
+        .clone_from(&running.service.metrics_listen);
+    s.kubernetes.clone_from(&running.kubernetes);
+    s
 }
 
 fn secs(now: Now) -> f64 {
