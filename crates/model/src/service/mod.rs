@@ -27,6 +27,7 @@ use crate::state::{LogFold, MAX_EVENTS};
 
 mod adoption;
 mod failing;
+mod findings;
 mod host;
 mod in_flight;
 mod node;
@@ -36,6 +37,7 @@ mod seen;
 
 use adoption::Adoption;
 use failing::Probing;
+use findings::Findings;
 pub use host::vm_change_line;
 use in_flight::InFlight;
 use report::Published;
@@ -205,10 +207,8 @@ pub struct Core {
     base: Settings,
     /// Where the driver runs, and whether the agent manages or only observes.
     node: Node,
-    /// The last write of the Node condition failed.
-    condition_failing: bool,
-    /// A write of the opt-in taint fails (one warning per streak).
-    taint_failing: bool,
+    /// The writes to the Node, and whether each fails.
+    node_writes: node::NodeWrites,
     heartbeat: Duration,
     /// The process the reports name as their writer (`None` in tests of the core alone).
     pid: Option<u32>,
@@ -218,13 +218,8 @@ pub struct Core {
     adoption: Adoption,
     counters: Counters,
     remedy: Remedy,
-    /// The failure last logged (and counted), so that each is logged once.
-    failure_key: Option<Finding>,
-    /// The agent's own finding, and since when it holds.
-    own_since: Option<(Finding, DateTime<Utc>)>,
-    /// A finding of what the agent sees (no driver, a stale Secret), and since when the
-    /// service has reported it.
-    failure_seen: Option<(Finding, DateTime<Utc>)>,
+    /// The failures reported: since when each holds, which was last logged.
+    findings: Findings,
     busy: InFlight,
     schedule: Schedule,
     published: Published,
@@ -253,8 +248,7 @@ impl Core {
             remedy: Remedy::with_history(&settings.service, restarts, secs(now)),
             base: settings.clone(),
             node: Node::default(),
-            condition_failing: false,
-            taint_failing: false,
+            node_writes: node::NodeWrites::default(),
             settings,
             heartbeat,
             pid: None,
@@ -263,9 +257,7 @@ impl Core {
             probing: Probing::default(),
             adoption: Adoption::default(),
             counters: Counters::default(),
-            failure_key: None,
-            own_since: None,
-            failure_seen: None,
+            findings: Findings::default(),
             busy: InFlight::default(),
             schedule: {
                 let mut s = Schedule::default();

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::adoption::Adoption;
 use super::seen::stalled;
@@ -193,7 +193,7 @@ impl Core {
     pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let mut report = evaluate(self.observations(now));
         self.remember_vms(&mut report, now, fx);
-        self.remember_seen(&report, now);
+        self.findings.seen_in(&report, now.wall);
         self.log_new_failure(&report);
         let previous = self.published.report.as_ref().map(|r| r.state);
         if previous != Some(report.state) {
@@ -220,11 +220,7 @@ impl Core {
     /// it was first seen, not since this moment).
     pub(super) fn observations(&mut self, now: Now) -> crate::state::Observations {
         let own = assemble::own_failure(&self.memory(now)).or_else(|| self.probing.failure.clone());
-        match (&own, &self.own_since) {
-            (Some(o), Some((k, _))) if o == k => {}
-            (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
-            (None, _) => self.own_since = None,
-        }
+        self.findings.own(own.as_ref(), now.wall);
         assemble::observe(&self.settings, &self.memory(now))
     }
 
@@ -233,59 +229,15 @@ impl Core {
         Memory { core: self, now }
     }
 
-    /// Since when a finding of what the agent sees holds (the report's `failure.at`, one
-    /// journal line per streak): from the first report that made it.
-    fn remember_seen(&mut self, report: &Report, now: Now) {
-        let seen = report
-            .failure
-            .as_ref()
-            .filter(|f| matches!(f.reason, Reason::DriverUnavailable | Reason::TokenStale));
-        self.failure_seen = match (seen, self.failure_seen.take()) {
-            (Some(f), Some(((r, m), at))) if f.reason == r && f.message == m => Some(((r, m), at)),
-            (Some(f), _) => Some((
-                (f.reason, f.message.clone()),
-                match f.at {
-                    Some(crate::time::LogTime::Utc(at)) => at,
-                    _ => now.wall,
-                },
-            )),
-            (None, _) => None,
-        };
-    }
-
     /// A new failure: counted once, logged with its catalog entry.
     pub(super) fn log_new_failure(&mut self, report: &Report) {
-        let key = report.failure.as_ref().map(|f| {
-            (
-                f.reason,
-                format!(
-                    "{}|{}",
-                    f.message,
-                    f.at.map(|a| a.to_string()).unwrap_or_default()
-                ),
-            )
-        });
         // With a token source, no token before the source is read is not yet a failure: the
         // source may bring one.
         let premature = f_is_missing(report)
             && self.settings.paths.token_source.is_some()
             && !self.adoption.source_read;
-        if let Some(f) = &report.failure
-            && key != self.failure_key
-            && !premature
-        {
-            self.counters.count_failure(f.reason);
-            warn!(
-                message_id = message_ids::for_reason(f.reason),
-                vgpu_license_reason = f.reason.as_str(),
-                "{}: {} -> {}",
-                f.reason.as_str(),
-                crate::text::escape(&f.message),
-                crate::text::escape(&f.advice)
-            );
-        }
-        if !premature {
-            self.failure_key = key;
+        if let Some(reason) = self.findings.new_failure(report, premature) {
+            self.counters.count_failure(reason);
         }
     }
 
@@ -451,11 +403,12 @@ impl assemble::Source for Memory<'_> {
     }
 
     fn since(&self) -> crate::state::Since {
+        let (own, seen) = self.core.findings.since();
         crate::state::Since {
             token_rejected: self.core.adoption.rejected_at,
             source_rejected: self.core.adoption.source_rejected_at,
-            own: self.core.own_since.clone(),
-            seen: self.core.failure_seen.clone(),
+            own,
+            seen,
         }
     }
 }
