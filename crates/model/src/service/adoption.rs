@@ -108,6 +108,55 @@ impl Adoption {
         true
     }
 
+    /// Whether the adoption failed in a way that waits, and the token source's verdict,
+    /// which stands until the next adoption says otherwise (a good rotation, or the source
+    /// fixed back to the installed token). Whether that verdict changed.
+    pub(super) fn verdict(&mut self, result: &Result<Box<Outcome>, AdoptError>, now: Now) -> bool {
+        // Only a failure whose undo changed the directory (a full disk, say) waits: a token
+        // or a directory refused as it stands (cloud-init still writing it, a FIFO at the
+        // token path) changes nothing, and the next change is looked at at once.
+        self.failed = match result {
+            Err(AdoptError::Other(_)) => Some(now.mono),
+            _ => None,
+        };
+        let rejected = match result {
+            Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
+            Err(AdoptError::Superseded | AdoptError::Settling(_)) => self.source_rejected.clone(),
+            _ => None,
+        };
+        let changed = rejected != self.source_rejected;
+        if changed {
+            self.source_rejected_at = Some(now.wall);
+        }
+        self.source_rejected = rejected;
+        self.source_read = true;
+        changed
+    }
+
+    /// Whether an adoption's outcome is to be said: a refusal only when it is not the one
+    /// last said. A change made, or another outcome, ends the refusal (the next one is news
+    /// again); a quiet look (nothing to do, a file still being written) does not.
+    pub(super) fn is_news(&mut self, result: &Result<Box<Outcome>, AdoptError>) -> bool {
+        let refusal = match result {
+            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
+            Err(
+                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
+            ) => Some(why.clone()),
+            _ => None,
+        };
+        match refusal {
+            Some(why) => self.news(&why),
+            None => {
+                match result {
+                    Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
+                    Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
+                    _ => self.refusal_said = None,
+                }
+                true
+            }
+        }
+    }
+
     /// Remembers what an adoption refused or rotated, for the report of the next while. A
     /// new token in place with nothing refused ends an earlier refusal: the operator
     /// copied the right file.
@@ -262,7 +311,7 @@ impl Core {
         fx: &mut Vec<Effect>,
     ) {
         self.busy.adopt = false;
-        self.source_verdict(&result, now);
+        self.published.dirty |= self.adoption.verdict(&result, now);
         if let Ok(o) = &result {
             self.adoption.took(o, now);
             self.published.dirty |= o.changed();
@@ -277,32 +326,6 @@ impl Core {
         self.adopted(result, now, fx);
         self.own_work_ended(restarted, now, fx);
         self.next_adoption(restarted || changed, now, fx);
-    }
-
-    /// Whether the adoption failed in a way that waits, and the token source's verdict,
-    /// which stands until the next adoption says otherwise (a good rotation, or the source
-    /// fixed back to the installed token).
-    fn source_verdict(&mut self, result: &Result<Box<Outcome>, AdoptError>, now: Now) {
-        // Only a failure whose undo changed the directory (a full disk, say) waits: a token
-        // or a directory refused as it stands (cloud-init still writing it, a FIFO at the
-        // token path) changes nothing, and the next change is looked at at once.
-        self.adoption.failed = match result {
-            Err(AdoptError::Other(_)) => Some(now.mono),
-            _ => None,
-        };
-        let rejected = match result {
-            Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
-            Err(AdoptError::Superseded | AdoptError::Settling(_)) => {
-                self.adoption.source_rejected.clone()
-            }
-            _ => None,
-        };
-        if rejected != self.adoption.source_rejected {
-            self.published.dirty = true;
-            self.adoption.source_rejected_at = Some(now.wall);
-        }
-        self.adoption.source_rejected = rejected;
-        self.adoption.source_read = true;
     }
 
     /// After an adoption: when the directory's changes may start the next one, and the next
@@ -396,7 +419,7 @@ impl Core {
         now: Now,
         fx: &mut Vec<Effect>,
     ) {
-        if !self.adoption_is_news(&result) {
+        if !self.adoption.is_news(&result) {
             return;
         }
         match result {
@@ -447,30 +470,6 @@ impl Core {
                     "token not adopted: {}",
                     crate::text::escape(&why)
                 )
-            }
-        }
-    }
-
-    /// Whether an adoption's outcome is to be said: a refusal only when it is not the one
-    /// last said. A change made, or another outcome, ends the refusal (the next one is news
-    /// again); a quiet look (nothing to do, a file still being written) does not.
-    pub(super) fn adoption_is_news(&mut self, result: &Result<Box<Outcome>, AdoptError>) -> bool {
-        let refusal = match result {
-            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
-            Err(
-                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
-            ) => Some(why.clone()),
-            _ => None,
-        };
-        match refusal {
-            Some(why) => self.adoption.news(&why),
-            None => {
-                match result {
-                    Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
-                    Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
-                    _ => self.adoption.refusal_said = None,
-                }
-                true
             }
         }
     }
