@@ -531,7 +531,7 @@ impl Core {
         );
         self.schedule.smi_soon(now.mono + Duration::from_secs(1));
         // Asked once the adoption is over.
-        self.busy.unit.after_own_work();
+        self.unit.question.after_own_work();
     }
 
     /// A restart for the token owed: adopted again (and gridd restarted) once the budget

@@ -9,7 +9,6 @@ use super::adoption::say_restarted;
 use super::schedule::Timer;
 use super::{Core, Effect, MEASURE_REPEAT, Now, PROBE_REPEAT, secs};
 use crate::node::Mode;
-use crate::observe::unit::UnitState;
 use crate::policy;
 use crate::remedy::Decision;
 use crate::report::{Finding, Reason, State};
@@ -75,7 +74,7 @@ impl Core {
         let t = secs(now);
         // A unit that does not exist cannot be restarted (systemctl answers exit 5): it comes
         // with the GRID guest driver, which is the fix.
-        let unit_missing = self.seen.unit.as_ref().is_some_and(UnitState::missing);
+        let unit_missing = self.unit.missing();
         if let Decision::Restart(why) = self.remedy.decide(&self.settings.service, t, state, reason)
             && self.node.mode == Mode::Manage
             && !unit_missing
@@ -115,7 +114,7 @@ impl Core {
         let why = self.busy.restart.take().unwrap_or_default();
         self.busy.restarts_ended += 1;
         // Whether gridd runs now is asked once the agent's own work is over.
-        self.busy.unit.after_own_work();
+        self.unit.question.after_own_work();
         self.own_work_ended(true, now, fx);
         // One line per restart, said once its result is known: why, and how it went.
         let command = self.settings.commands.restart_gridd.join(" ");

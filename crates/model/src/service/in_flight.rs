@@ -1,5 +1,6 @@
 //! Work running off the service's loop, so that nothing is started twice, and the
-//! questions to systemd about gridd's unit, one at a time.
+//! questions to systemd about gridd's unit, one at a time ([`super::unit::GriddUnit`] asks
+//! them).
 
 use std::time::Duration;
 
@@ -9,7 +10,6 @@ use chrono::{DateTime, Utc};
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     pub(super) smi: bool,
-    pub(super) unit: UnitQuestion,
     pub(super) adopt: bool,
     /// A restart of the agent's own runs: why (said with its result, in one line).
     pub(super) restart: Option<String>,

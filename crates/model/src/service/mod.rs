@@ -34,6 +34,7 @@ mod node;
 mod report;
 mod schedule;
 mod seen;
+mod unit;
 
 use adoption::Adoption;
 use failing::Probing;
@@ -45,6 +46,7 @@ pub use report::status_line;
 use schedule::{Schedule, Timer};
 pub use seen::stalled;
 use seen::{Seen, lease_expiry};
+use unit::GriddUnit;
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
 /// with time alone), and the token's periodic look rides on its wakeups (nvidia-smi's turn
@@ -220,6 +222,8 @@ pub struct Core {
     remedy: Remedy,
     /// The failures reported: since when each holds, which was last logged.
     findings: Findings,
+    /// gridd's unit: systemd's last word, and the questions to it.
+    unit: GriddUnit,
     busy: InFlight,
     schedule: Schedule,
     published: Published,
@@ -258,6 +262,7 @@ impl Core {
             adoption: Adoption::default(),
             counters: Counters::default(),
             findings: Findings::default(),
+            unit: GriddUnit::default(),
             busy: InFlight::default(),
             schedule: {
                 let mut s = Schedule::default();
@@ -318,7 +323,7 @@ impl Core {
     /// it still runs: gridd's, when systemd's last word before the question was that gridd
     /// runs and no start or stop was logged since.
     pub fn running_gridd(&self) -> Option<u32> {
-        self.busy.unit.vouched
+        self.unit.question.vouched
     }
 
     pub fn report(&self) -> Option<&Report> {
@@ -350,7 +355,7 @@ impl Core {
             // the pod's other steps (the marker, the root, gridd) are done, and after a
             // reading on its way, which may predate the change.
             Event::GriddUnitLine => {
-                self.busy.unit.gridd_moved();
+                self.unit.question.gridd_moved();
                 self.check_unit(now, &mut fx);
                 self.schedule
                     .smi_soon(now.mono + Duration::from_millis(300));
@@ -404,7 +409,7 @@ impl Core {
             _ => {}
         }
         // Likewise systemd's answer to a question asked well after the line.
-        let unit_knows = before(self.busy.unit.asked_at);
+        let unit_knows = before(self.unit.question.asked_at);
         // A process that said it shuts down stands for nothing until systemd was asked.
         if kind == EventKind::Shutdown {
             self.seen.gridd_pid = None;
@@ -431,14 +436,9 @@ impl Core {
     /// said before it, and a start, a stop or any line while gridd was said down asks again.
     fn unit_after_line(&mut self, kind: EventKind, now: Now, fx: &mut Vec<Effect>) {
         if kind == EventKind::Started {
-            self.busy.unit.gridd_moved();
-            // systemd's "not running" was said before this start: void until it answers
-            // again, so that no report meanwhile calls the new gridd down (nor restarts it).
-            if self.unit_down() {
-                self.seen.unit = None;
-            }
+            self.unit.started();
         }
-        if matches!(kind, EventKind::Started | EventKind::Shutdown) || self.unit_down() {
+        if matches!(kind, EventKind::Started | EventKind::Shutdown) || self.unit.down() {
             self.check_unit(now, fx);
         }
     }
@@ -481,22 +481,12 @@ impl Core {
     /// systemd's answer about gridd's unit: believed unless the agent's own work was under
     /// way, which asks again once it is over.
     fn on_unit(&mut self, u: Option<UnitState>, now: Now, fx: &mut Vec<Effect>) {
-        let own_work = self.busy.own_work();
-        let not_running = u.as_ref().is_some_and(|u| !u.running());
-        let (believed, again) = self.busy.unit.answered(not_running, own_work);
         // One set aside is asked again once the agent's own restart is over (at once if it
         // is over already).
-        if believed {
-            self.seen.unit = u;
-        }
+        let again = self.unit.answered(u, self.busy.own_work());
         if again {
             self.check_unit(now, fx);
         }
-    }
-
-    /// systemd's last word is that gridd's unit does not run.
-    fn unit_down(&self) -> bool {
-        self.seen.unit.as_ref().is_some_and(|u| !u.running())
     }
 
     /// What the previous boot's journal says of its end.
@@ -708,13 +698,7 @@ impl Core {
         if self.is_host() {
             return;
         }
-        let up = self.seen.unit.as_ref().is_some_and(UnitState::running);
-        let running = (up && self.busy.unit.settled())
-            .then_some(self.seen.gridd_pid)
-            .flatten();
-        if self.busy.unit.ask() {
-            self.busy.unit.vouched = running;
-            self.busy.unit.asked_at = Some(now.wall);
+        if self.unit.ask(self.seen.gridd_pid, now.wall) {
             fx.push(Effect::CheckUnit);
         }
     }
@@ -723,9 +707,9 @@ impl Core {
     /// the attempt made): a "not running" answer set aside while it ran is checked again.
     fn own_work_ended(&mut self, restarted: bool, now: Now, fx: &mut Vec<Effect>) {
         if restarted {
-            self.busy.unit.gridd_moved();
+            self.unit.question.gridd_moved();
         }
-        if self.busy.unit.owed(self.busy.own_work()) {
+        if self.unit.question.owed(self.busy.own_work()) {
             self.check_unit(now, fx);
         }
     }

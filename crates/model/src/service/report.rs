@@ -287,7 +287,7 @@ impl assemble::Source for Memory<'_> {
     }
 
     fn unit(&self) -> Option<&UnitState> {
-        self.core.seen.unit.as_ref()
+        self.core.unit.state()
     }
 
     fn probe(&self) -> Option<Finding> {

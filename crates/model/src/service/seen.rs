@@ -7,7 +7,6 @@ use chrono::{DateTime, Utc};
 
 use crate::assemble::{SmiRead, TokenProblem};
 use crate::observe::smi::SmiSnapshot;
-use crate::observe::unit::UnitState;
 use crate::state::{LogFold, MAX_EVENTS};
 use crate::token::Token;
 
@@ -25,7 +24,6 @@ pub(super) struct Seen {
     /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which a
     /// report remade on the heartbeat does not move.
     pub(super) observed_at: Option<DateTime<Utc>>,
-    pub(super) unit: Option<UnitState>,
     /// The process that logged gridd's latest line (the journal's `_PID`).
     pub(super) gridd_pid: Option<u32>,
     pub(super) token: Option<Result<Token, TokenProblem>>,
@@ -66,7 +64,6 @@ impl Seen {
             smi_error: None,
             smi_unstarted: None,
             observed_at: None,
-            unit: None,
             gridd_pid: None,
             token: None,
             token_dir_changed: None,
