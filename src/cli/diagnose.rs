@@ -13,11 +13,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::cli::JsonArg;
-use crate::gridd::UnitState;
 use crate::model::assemble::{self, TokenProblem, token_at};
 use crate::model::config::Settings;
 use crate::model::gridd_conf::{GriddConf, feature_type_advice};
 use crate::model::observe::smi::SmiSnapshot;
+use crate::model::observe::unit::UnitState;
 use crate::model::report::human::both_times;
 use crate::model::report::{LicensingMode, Reason, Report, State};
 use crate::model::state;
@@ -946,12 +946,15 @@ fn gridd_check(settings: &Settings) -> Check {
             format!("{unit} is {state}, with a start job queued: systemd starts it once what it is ordered after is up"),
         )
         .fix(format!("`systemctl list-jobs` shows what the start waits for; `systemctl status {unit}` shows it once started")),
-        Some(UnitState::Down(why)) if crate::model::policy::unit_missing(&why) => {
-            check("gridd", Status::Fail, why).fix(state::GRIDD_MISSING_ADVICE)
+        Some(down @ UnitState::NotInstalled { .. }) => {
+            check("gridd", Status::Fail, down.down().unwrap_or_default())
+                .fix(state::GRIDD_MISSING_ADVICE)
         }
-        Some(UnitState::Down(why)) => check("gridd", Status::Fail, why).fix(format!(
-            "`systemctl enable --now {unit}`, then `journalctl -u {unit}` if it stops again"
-        )),
+        Some(down @ UnitState::Stopped { .. }) => {
+            check("gridd", Status::Fail, down.down().unwrap_or_default()).fix(format!(
+                "`systemctl enable --now {unit}`, then `journalctl -u {unit}` if it stops again"
+            ))
+        }
         None => check(
             "gridd",
             Status::Skip,

@@ -8,8 +8,10 @@ use crate::model::config::Settings;
 /// How long a `deactivating` unit is asked again before it counts as not running.
 const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Whether nvidia-gridd's unit runs: `Ok(())`, or the one-line reason it does not. `None`
-/// when systemctl cannot answer (no systemd here).
+use crate::model::observe::unit::UnitState;
+
+/// What systemd says of nvidia-gridd's unit (or, without one, whether its process runs);
+/// `None` when systemctl cannot answer (no systemd here).
 ///
 /// A unit that is `deactivating` is asked again for a few seconds: in a restart (an
 /// operator's `systemctl restart`) it passes on to `activating`, and only a stop ends in
@@ -18,27 +20,6 @@ const DEACTIVATING_WAIT: std::time::Duration = std::time::Duration::from_secs(5)
 /// units it is ordered after) is coming back, not stopped; so is one that is active when
 /// asked again after the job question (the restart ended in between). Taken for "not
 /// running", a restart by hand would be followed by the agent's own.
-pub fn gridd_running(settings: &Settings) -> Option<Result<(), String>> {
-    unit_state(settings).map(|s| match s {
-        UnitState::Down(why) => Err(why),
-        _ => Ok(()),
-    })
-}
-
-/// What systemd (or, without a unit, `/proc`) says of gridd.
-#[derive(Debug, Clone, PartialEq)]
-pub enum UnitState {
-    /// Active, reloading or activating.
-    Active,
-    /// Inactive or failed with a start job queued (its state then): coming back.
-    StartQueued(String),
-    /// Runs without a unit (started by hand, or by a driver container).
-    WithoutUnit,
-    /// Not running: why, in one line.
-    Down(String),
-}
-
-/// [`gridd_running`], saying how it runs.
 pub fn unit_state(settings: &Settings) -> Option<UnitState> {
     // On a GPU Operator node gridd has no unit: the driver pod's state says more.
     if settings.commands.smi_root.is_some() {
@@ -59,13 +40,8 @@ pub fn unit_state(settings: &Settings) -> Option<UnitState> {
         std::thread::sleep(std::time::Duration::from_millis(250));
     };
     let running = |s: &str| matches!(s, "active" | "reloading" | "activating");
-    let not_installed = || {
-        UnitState::Down(format!(
-            "{} {}",
-            settings.gridd.unit,
-            crate::model::policy::NOT_INSTALLED
-        ))
-    };
+    let unit = || settings.gridd.unit.clone();
+    let not_installed = || UnitState::NotInstalled { unit: unit() };
     Some(match state.as_str() {
         s if running(s) => UnitState::Active,
         "inactive" | "failed" if start_queued(settings) => UnitState::StartQueued(state),
@@ -80,9 +56,10 @@ pub fn unit_state(settings: &Settings) -> Option<UnitState> {
         // systemd answers `inactive` for a unit that does not exist at all: its fix is the
         // driver that brings it, not `systemctl enable`.
         "inactive" if !unit_exists(settings) => not_installed(),
-        "inactive" | "failed" | "deactivating" => {
-            UnitState::Down(format!("{} is {state}", settings.gridd.unit))
-        }
+        "inactive" | "failed" | "deactivating" => UnitState::Stopped {
+            unit: unit(),
+            state,
+        },
         // gridd started by hand, or by a driver container, runs without a unit.
         "unknown" if gridd_process_runs() => UnitState::WithoutUnit,
         // "unknown" for a unit that does not exist, nothing when systemd is not running.

@@ -322,6 +322,7 @@ pub fn token_state(settings: &Settings, now: DateTime<Utc>) -> TokenState {
 }
 
 use crate::model::assemble::{self, SmiRead, Source, TokenProblem};
+use crate::model::observe::unit::UnitState;
 
 /// The license server gridd.conf names (`ServerAddress`, non-empty), if any: what tells a
 /// guest of the legacy licensing path where no token and no log says otherwise. An absent or
@@ -350,6 +351,17 @@ pub fn gridd_proxy(settings: &Settings) -> Result<Option<crate::model::gridd_con
     read_gridd_conf(settings).map_or(Ok(None), |c| c.proxy())
 }
 
+/// One look at the token directory and gridd.conf: the installed token, the files held open
+/// for writing, and the legacy license server gridd.conf names.
+pub fn token_read(settings: &Settings, now: DateTime<Utc>) -> assemble::TokenRead {
+    let tokens = token_state(settings, now);
+    assemble::TokenRead {
+        held_writers: tokens.held_since(),
+        token: tokens.token,
+        legacy_server: legacy_server(settings),
+    }
+}
+
 /// What a one-shot look at the machine saw (`status`, `diagnose`): the answers of a source of
 /// observations. The DLS probe and the service's report are `diagnose`'s to add.
 pub struct Look {
@@ -362,7 +374,7 @@ pub struct Look {
     pub token: Result<Token, TokenProblem>,
     /// The token directory's files held open for writing, and their last change.
     pub held: Vec<(String, DateTime<Utc>)>,
-    pub unit: Option<Result<(), String>>,
+    pub unit: Option<UnitState>,
     pub legacy_server: Option<String>,
     pub node: crate::model::state::NodeSeen,
     /// The DLS probe's finding (`diagnose`).
@@ -384,16 +396,16 @@ pub fn look(settings: &Settings, now: DateTime<Utc>, max_events: usize) -> Look 
         )),
         Ok(_) => None,
     };
-    let tokens = token_state(settings, now);
+    let tokens = token_read(settings, now);
     Look {
         now,
         smi,
         fold: read.ok().map(|(fold, _)| fold),
         journal_note,
-        held: tokens.held_since(),
+        held: tokens.held_writers,
         token: tokens.token,
-        unit: crate::gridd::gridd_running(settings),
-        legacy_server: legacy_server(settings),
+        unit: crate::gridd::unit_state(settings),
+        legacy_server: tokens.legacy_server,
         node: crate::node::detect(settings).seen(),
         probe: None,
         served: None,
@@ -433,7 +445,7 @@ impl Source for Look {
         Some(&self.token)
     }
 
-    fn unit(&self) -> Option<&Result<(), String>> {
+    fn unit(&self) -> Option<&UnitState> {
         self.unit.as_ref()
     }
 

@@ -350,10 +350,8 @@ fn read_batch(settings: &Settings, reads: Reads, running: Option<u32>) -> Event 
         events.push(Event::Node(Box::new(crate::node::detect(settings))));
     }
     if reads.token {
-        events.push(Event::LegacyServer(live::legacy_server(settings)));
-        let tokens = live::token_state(settings, Utc::now());
-        events.push(Event::HeldWriters(tokens.held_since()));
-        events.push(Event::Token(tokens.token));
+        let read = live::token_read(settings, Utc::now());
+        events.push(Event::Token(Box::new(read)));
     }
     if let Some((licensed, may_restart)) = reads.adopt {
         let adopted = install::adopt(settings, licensed, may_restart).map(Box::new);
@@ -392,9 +390,9 @@ struct Reads {
 /// stands; else systemd is asked.
 fn vouched_or_asked(settings: &Settings, running: Option<u32>) -> Event {
     if running.is_some_and(crate::gridd::still_runs) {
-        return Event::Unit(Some(Ok(())));
+        return Event::Unit(Some(crate::model::observe::unit::UnitState::Active));
     }
-    Event::Unit(crate::gridd::gridd_running(settings))
+    Event::Unit(crate::gridd::unit_state(settings))
 }
 
 /// Runs `job` off the loop; its result comes back as an event.

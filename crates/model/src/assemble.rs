@@ -12,7 +12,8 @@ use crate::identity::CloneDetected;
 use crate::observe::app_log::AppLog;
 use crate::observe::journal::ScanStats;
 use crate::observe::smi::SmiSnapshot;
-use crate::report::{Finding, LastShutdown, Reason};
+use crate::observe::unit::UnitState;
+use crate::report::{Finding, LastShutdown, Reason, ServiceFacts};
 use crate::state::{LogFold, NodeSeen, Observations, Since};
 use crate::token::{Token, TokenError, Untimely};
 
@@ -50,6 +51,28 @@ impl SmiRead {
                 unanswered: Some(why),
                 ..SmiSnapshot::default()
             },
+        }
+    }
+}
+
+/// One look at the token directory and gridd.conf, as the service reads them together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRead {
+    /// The installed token, or why there is none usable.
+    pub token: Result<Token, TokenProblem>,
+    /// gridd.conf's `ServerAddress` (the legacy license server), when one is set.
+    pub legacy_server: Option<String>,
+    /// The token directory's files held open for writing, and their last change.
+    pub held_writers: Vec<(String, DateTime<Utc>)>,
+}
+
+impl TokenRead {
+    /// A look that found `token`, no legacy server and no file held open.
+    pub fn of(token: Result<Token, TokenProblem>) -> TokenRead {
+        TokenRead {
+            token,
+            legacy_server: None,
+            held_writers: Vec::new(),
         }
     }
 }
@@ -126,7 +149,7 @@ pub trait Source {
         None
     }
     /// Whether gridd's unit runs (nothing: systemd could not say, or was not asked).
-    fn unit(&self) -> Option<&Result<(), String>> {
+    fn unit(&self) -> Option<&UnitState> {
         None
     }
     /// The DLS probe's finding.
@@ -194,6 +217,11 @@ pub trait Source {
         None
     }
     /// A clone found at this boot.
+    /// What only the service measured or keeps (the clock's skew, the driver's version
+    /// last read, the installed token's expiry); the rest of its facts are the evaluation's.
+    fn service(&self) -> Option<ServiceFacts> {
+        None
+    }
     fn clone_detected(&self) -> Option<CloneDetected> {
         None
     }
@@ -214,6 +242,7 @@ pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
         saved_log_timed: saved_log_timed(src),
         token: judged_token(src).and_then(Result::ok),
         own_failure: own_failure(src),
+        gridd_unit: src.unit().cloned(),
         probe_failure: src.probe(),
         legacy_server: src.legacy_server(),
         at,
@@ -235,6 +264,7 @@ pub fn observe(settings: &Settings, src: &impl Source) -> Observations {
         agent_pid: src.agent_pid(),
         last_shutdown: src.last_shutdown(),
         clone_detected: src.clone_detected(),
+        service: src.service(),
         since: src.since(),
     }
 }
@@ -292,10 +322,10 @@ pub fn own_failure(src: &impl Source) -> Option<Finding> {
     let token_failure = judged_token(src)
         .and_then(Result::err)
         .map(|p| (p.reason(), p.to_string()));
-    let unit_down = match src.unit() {
-        Some(Err(why)) => Some((Reason::GriddNotRunning, why.clone())),
-        _ => None,
-    };
+    let unit_down = src
+        .unit()
+        .and_then(UnitState::down)
+        .map(|why| (Reason::GriddNotRunning, why));
     let log_reason = src.log().and_then(LogFold::failure_reason);
     crate::policy::own_failure(token_failure, unit_down, log_reason)
 }

@@ -193,6 +193,8 @@ pub fn evaluate(obs: Observations) -> Report {
         last_shutdown: None,
         mode: obs.node.as_ref().map(|_| "observe".to_string()),
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
+        gridd_unit: None,
+        service: None,
     }
 }
 

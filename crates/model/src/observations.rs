@@ -12,7 +12,8 @@ use crate::observe::app_log::AppLog;
 use crate::observe::journal::{GriddEvent, ScanStats};
 use crate::observe::meaning::{EventKind, Reason};
 use crate::observe::smi::SmiSnapshot;
-use crate::report::{Finding, LastShutdown};
+use crate::observe::unit::UnitState;
+use crate::report::{Finding, LastShutdown, ServiceFacts};
 use crate::token::Token;
 
 /// What gridd's log says, folded event by event with bounded memory.
@@ -188,6 +189,8 @@ pub struct Observations {
     /// A failure found by the agent itself (token checks, gridd unit), which outranks what
     /// the log says.
     pub own_failure: Option<Finding>,
+    /// gridd's unit as systemd last answered (`None`: not asked, or systemd could not say).
+    pub gridd_unit: Option<UnitState>,
     /// What the agent's DLS probe found: it names the cause where gridd's failure is vague
     /// ([`crate::policy::probe_refines`]). With a license held it is a warning (a skewed
     /// clock, a closed port: the next renewal fails).
@@ -251,6 +254,8 @@ pub struct Observations {
     /// Since when the agent's own findings hold, where the service remembers: the report's
     /// failure is dated so, rather than by the observation's time.
     pub since: Since,
+    /// What only the service measured or keeps ([`crate::assemble::Source::service`]).
+    pub service: Option<ServiceFacts>,
 }
 
 /// Since when the agent's own findings hold (the service's memory).

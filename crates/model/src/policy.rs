@@ -122,9 +122,6 @@ pub fn most_telling<T>(own: Option<T>, probe: Option<T>, log: Option<(Reason, T)
         .or_else(|| log.map(|(_, f)| f))
 }
 
-/// How a unit answer says that nvidia-gridd's unit does not exist.
-pub const NOT_INSTALLED: &str = "is not installed";
-
 /// How a token source's refusal says that the share bringing it did not mount.
 pub const SHARE_NOT_MOUNTED: &str = "not a mounted share";
 
@@ -132,12 +129,6 @@ pub const SHARE_NOT_MOUNTED: &str = "not a mounted share";
 /// behind it may be fine, and the fix is the mount.
 pub fn share_not_mounted(why: &str) -> bool {
     why.contains(SHARE_NOT_MOUNTED)
-}
-
-/// Whether a unit answer says the unit does not exist: then it cannot be restarted
-/// (systemctl answers exit 5), and its fix is the driver that brings it.
-pub fn unit_missing(why: &str) -> bool {
-    why.ends_with(NOT_INSTALLED)
 }
 
 /// Whether a guest driver of this version (nvidia-smi's `Driver Version`) is of vGPU 18 or

@@ -9,9 +9,10 @@ use crate::identity::CloneDetected;
 use crate::observe::app_log::{self, AppLog};
 use crate::observe::journal::{GriddEvent, ScanStats, Stamp};
 use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};
+use crate::observe::unit::UnitState;
 use crate::report::{
     DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, License, LicensingMode, Reason, Report,
-    SCHEMA, State,
+    SCHEMA, ServiceFacts, State,
 };
 use crate::time::{LogTime, rfc3339, whole_secs};
 use crate::token::Token;
@@ -198,14 +199,10 @@ pub fn advice(
     }
 }
 
-/// nvidia-gridd's unit does not exist: `systemctl enable --now` cannot work.
-/// The advice where the finding's own words narrow the reason down: a gridd unit that does
-/// not exist, a token source whose share did not mount.
+/// The advice where the finding's own words narrow the reason down: a token source whose
+/// share did not mount.
 fn advice_of_message(reason: Reason, message: &str) -> Option<String> {
     match reason {
-        Reason::GriddNotRunning if crate::policy::unit_missing(message) => {
-            Some(GRIDD_MISSING_ADVICE.into())
-        }
         Reason::TokenSourceRejected if crate::policy::share_not_mounted(message) => {
             Some(SHARE_NOT_MOUNTED_ADVICE.into())
         }
@@ -216,6 +213,7 @@ fn advice_of_message(reason: Reason, message: &str) -> Option<String> {
 /// The token source's share did not mount: the Secret behind it may be fine.
 pub const SHARE_NOT_MOUNTED_ADVICE: &str = "The share that brings the token into this guest (paths.token_source: a KubeVirt virtiofs volume of the Secret) did not mount, so there is nothing to install yet; the Secret itself may be fine, and rotating it does not help. `findmnt` shows the mount missing; `systemctl --failed` and `journalctl -b -u '*.mount'` say why (the VM's volume, virtiofs in the guest). Once it is mounted, the service installs the token as soon as it sees it.";
 
+/// nvidia-gridd's unit does not exist: `systemctl enable --now` cannot work.
 pub const GRIDD_MISSING_ADVICE: &str = "nvidia-gridd's systemd unit is not installed: it comes with the NVIDIA vGPU (GRID) guest driver (the data-center driver has none; some builds ship the daemon without its unit): install the GRID guest driver, or add a unit running /usr/bin/nvidia-gridd; `vgpu-license-agent diagnose` shows what is there.";
 
 /// Where `status`'s advice sends the reader next, word for word, and what `diagnose` says in
@@ -428,7 +426,19 @@ pub fn evaluate(mut obs: Observations) -> Report {
             .as_ref()
             .map(|n| if n.observe { "observe" } else { "manage" }.to_string()),
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
+        gridd_unit: obs.gridd_unit.as_ref().map(|u| u.as_str().to_string()),
+        service: service_facts(&obs),
     }
+}
+
+/// The service's facts: what it measured, and what the observations say of the token.
+fn service_facts(obs: &Observations) -> Option<ServiceFacts> {
+    obs.service.clone().map(|f| ServiceFacts {
+        token_rejected: obs.token_rejected.is_some() || obs.source_rejected.is_some(),
+        token_stale: obs.token_stale.is_some(),
+        held_writers: obs.held_writers.len(),
+        ..f
+    })
 }
 
 /// The failure, dated since when the agent's own finding holds where that is known.
@@ -634,6 +644,8 @@ struct Grounds {
     /// Where the platform or the legacy server licenses the guest, a missing token is no
     /// failure: asking for one would be wrong advice.
     token_needed: bool,
+    /// gridd's unit does not exist: its fix is the driver that brings it.
+    unit_missing: bool,
     /// The first DLS the token names.
     dls_host: Option<String>,
     state: State,
@@ -649,6 +661,7 @@ impl Grounds {
                 .and_then(|s| s.gpus.iter().find_map(|g| g.profile.clone())),
             mode,
             token_needed: !matches!(mode, LicensingMode::CloudProvider | LicensingMode::Legacy),
+            unit_missing: obs.gridd_unit.as_ref().is_some_and(UnitState::missing),
             dls_host: obs
                 .token
                 .as_ref()
@@ -710,16 +723,20 @@ impl Grounds {
 
     /// A finding of the agent's own as the report's failure.
     fn own_failure(&self, (reason, message): Finding) -> Failure {
+        let advice_of_unit = (reason == Reason::GriddNotRunning && self.unit_missing)
+            .then(|| GRIDD_MISSING_ADVICE.to_string());
         Failure {
             reason,
-            advice: advice_of_message(reason, &message).unwrap_or_else(|| {
-                advice(
-                    reason,
-                    self.dls_host.as_deref(),
-                    None,
-                    self.profile.as_deref(),
-                )
-            }),
+            advice: advice_of_unit
+                .or_else(|| advice_of_message(reason, &message))
+                .unwrap_or_else(|| {
+                    advice(
+                        reason,
+                        self.dls_host.as_deref(),
+                        None,
+                        self.profile.as_deref(),
+                    )
+                }),
             message,
             at: self.exact_at.map(LogTime::Utc),
         }

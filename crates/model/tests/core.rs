@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use proptest::prelude::*;
-use vgpu_license_model::assemble::{SmiRead, TokenProblem};
+use vgpu_license_model::assemble::{SmiRead, TokenProblem, TokenRead};
 use vgpu_license_model::config::Settings;
 use vgpu_license_model::install::{Outcome, Restart};
 use vgpu_license_model::observe::journal::{self, GriddEvent};
 use vgpu_license_model::observe::smi;
+use vgpu_license_model::observe::unit::UnitState;
 use vgpu_license_model::policy;
 use vgpu_license_model::report::{Reason, State};
 use vgpu_license_model::service::{
@@ -66,8 +67,10 @@ struct World {
     smi_hangs: bool,
     /// The PCI bus shows no NVIDIA device (nvidia-smi is not asked).
     smi_no_device: bool,
-    unit: Option<Result<(), String>>,
+    unit: Option<UnitState>,
     token: Result<Token, TokenProblem>,
+    /// The token directory's files held open for writing, and since when.
+    held: Vec<(String, DateTime<Utc>)>,
     probe: Option<(Reason, String)>,
     /// The clock skew the probe measures.
     skew: Option<f64>,
@@ -87,13 +90,22 @@ struct World {
 }
 
 impl World {
+    /// A look at the token directory: the token and the files held open.
+    fn token_read(&self) -> Event {
+        Event::Token(Box::new(TokenRead {
+            held_writers: self.held.clone(),
+            ..TokenRead::of(self.token.clone())
+        }))
+    }
+
     fn new(smi: &str) -> World {
         World {
             smi: smi.to_string(),
             smi_hangs: false,
             smi_no_device: false,
-            unit: Some(Ok(())),
+            unit: Some(UnitState::Active),
             token: Ok(token()),
+            held: Vec::new(),
             probe: None,
             skew: None,
             after_restart: Vec::new(),
@@ -169,7 +181,7 @@ impl Sim {
                     Effect::CheckUnit => Some(Event::Unit(self.world.unit.clone())),
                     Effect::ReadToken => {
                         self.world.token_reads += 1;
-                        Some(Event::Token(self.world.token.clone()))
+                        Some(self.world.token_read())
                     }
                     Effect::Adopt { .. } => {
                         self.world.adopts.push(self.mono);
@@ -302,9 +314,24 @@ fn licensed_for_a_minute() -> Sim {
     sim
 }
 
+/// gridd's unit in `state` (inactive, failed): not running.
+fn stopped(state: &str) -> UnitState {
+    UnitState::Stopped {
+        unit: "nvidia-gridd.service".into(),
+        state: state.into(),
+    }
+}
+
+/// systemd knows no unit of gridd's.
+fn missing_unit() -> UnitState {
+    UnitState::NotInstalled {
+        unit: "nvidia-gridd.service".into(),
+    }
+}
+
 /// systemd's answer: gridd's unit is not running.
 fn inactive() -> Event {
-    Event::Unit(Some(Err("nvidia-gridd.service is inactive".into())))
+    Event::Unit(Some(stopped("inactive")))
 }
 
 #[test]
@@ -489,7 +516,8 @@ fn clock_skew_named_by_gridd_is_measured_not_retried() {
     assert_eq!(sim.reason(), Some(Reason::ClockSkew));
     let first = sim.world.probes.first().copied().expect("a probe");
     assert!(first <= seen + S(2), "probed at {first:?}");
-    assert_eq!(sim.core.counters().clock_skew_seconds, Some(312.0));
+    let facts = sim.core.report().unwrap().service.clone().unwrap();
+    assert_eq!(facts.clock_skew_seconds, Some(312.0));
     sim.run(S(3600));
     assert!(sim.world.restarts.is_empty(), "{:?}", sim.world.restarts);
     let n = sim.world.probes.len();
@@ -527,7 +555,7 @@ fn an_unreachable_dls_is_retried_after_the_grace_with_backoff_and_a_budget() {
 #[test]
 fn gridd_not_running_is_restarted_at_once_and_a_missing_token_is_not() {
     let mut w = World::new(UNLICENSED);
-    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    w.unit = Some(stopped("inactive"));
     let mut sim = Sim::new(settings(), w);
     sim.run(S(5));
     assert_eq!(sim.reason(), Some(Reason::GriddNotRunning));
@@ -583,7 +611,7 @@ fn a_unit_answer_older_than_gridds_start_is_asked_again() {
 #[test]
 fn a_gridd_started_from_outside_is_not_called_down_before_systemd_answers() {
     let mut w = World::new(UNLICENSED);
-    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    w.unit = Some(stopped("inactive"));
     let mut sim = Sim::new(settings(), w);
     sim.log(TOKEN_BAD);
     sim.log("Shutdown (100)");
@@ -606,7 +634,7 @@ fn a_gridd_started_from_outside_is_not_called_down_before_systemd_answers() {
     assert_ne!(sim.reason(), Some(Reason::GriddNotRunning));
     assert_eq!(gridd_not_running_counted(&sim), 0);
     // systemd says it runs: believed.
-    sim.world.unit = Some(Ok(()));
+    sim.world.unit = Some(UnitState::Active);
     sim.carry_out(fx);
     sim.run(S(5));
     assert_eq!(sim.world.restarts.len(), restarts);
@@ -798,7 +826,7 @@ fn gridd_stopped_by_the_agents_own_restart_is_not_its_failure() {
     let mut sim = licensed_for_a_minute();
     let now = sim.now();
     sim.core.handle(Event::TokenDirChanged, now);
-    sim.world.unit = Some(Err("nvidia-gridd.service is failed".into()));
+    sim.world.unit = Some(stopped("failed"));
     let fx = sim.core.handle(restarted_for_the_token(), now);
     sim.carry_out(fx);
     sim.run(S(1));
@@ -824,7 +852,10 @@ fn gridd_running_is_the_process_systemd_last_saw_run() {
         (true, None),
         "systemd's last word was 'not running'"
     );
-    assert_eq!(ask(&mut sim, Event::Unit(Some(Ok(())))), (false, None));
+    assert_eq!(
+        ask(&mut sim, Event::Unit(Some(UnitState::Active))),
+        (false, None)
+    );
     assert_eq!(
         ask(&mut sim, line(100, "License renewed successfully.")),
         (false, None),
@@ -847,7 +878,10 @@ fn gridd_running_is_the_process_systemd_last_saw_run() {
         Some(100),
         "vouched for by gridd's process"
     );
-    assert_eq!(ask(&mut sim, Event::Unit(Some(Ok(())))), (false, None));
+    assert_eq!(
+        ask(&mut sim, Event::Unit(Some(UnitState::Active))),
+        (false, None)
+    );
     assert_eq!(
         ask(&mut sim, line(100, "Shutdown (100)")),
         (true, None),
@@ -892,7 +926,7 @@ fn gridds_last_words_explain_why_it_is_not_running() {
         (NETWORK, Reason::GriddNotRunning, true),
     ] {
         let mut w = World::new(UNLICENSED);
-        w.unit = Some(Err("nvidia-gridd.service is failed".into()));
+        w.unit = Some(stopped("failed"));
         let mut sim = Sim::new(settings(), w);
         sim.log(line);
         sim.log("Shutdown (100)");
@@ -967,7 +1001,7 @@ fn every_reason_follows_the_policy_table() {
         (Reason::DlsUnreachable, Box::new(|_| {}), Some(NETWORK)),
         (
             Reason::GriddNotRunning,
-            Box::new(|w| w.unit = Some(Err("inactive".into()))),
+            Box::new(|w| w.unit = Some(stopped("inactive"))),
             None,
         ),
         (Reason::Unspecified, Box::new(|_| {}), Some(BARE_FAILURE)),
@@ -1066,7 +1100,7 @@ proptest! {
                     sim.run(Duration::from_secs(1));
                 }
                 Step::Unit(up) => {
-                    sim.world.unit = Some(if up { Ok(()) } else { Err("inactive".into()) });
+                    sim.world.unit = Some(if up { UnitState::Active } else { stopped("inactive") });
                     sim.run(Duration::from_secs(1));
                 }
                 Step::Token(ok) => {
@@ -1209,7 +1243,7 @@ fn a_refused_directory_is_looked_at_again_on_its_next_change() {
 #[test]
 fn a_gridd_unit_that_does_not_exist_is_never_restarted() {
     let mut w = World::new(UNLICENSED);
-    w.unit = Some(Err("nvidia-gridd.service is not installed".into()));
+    w.unit = Some(missing_unit());
     let mut sim = Sim::new(settings(), w);
     sim.run(S(3600));
     assert_eq!(sim.reason(), Some(Reason::GriddNotRunning));
@@ -1219,13 +1253,15 @@ fn a_gridd_unit_that_does_not_exist_is_never_restarted() {
         advice.contains("comes with the NVIDIA vGPU (GRID) guest driver"),
         "{advice}"
     );
+    let unit = sim.core.report().unwrap().gridd_unit.clone();
+    assert_eq!(unit.as_deref(), Some("not_installed"));
 }
 
 /// No NVIDIA device on the bus: `no_gpu`, exit 0, no failure, no restart, no probe.
 #[test]
 fn a_guest_without_a_gpu_is_left_alone() {
     let mut w = World::new("");
-    w.unit = Some(Err("nvidia-gridd.service is not installed".into()));
+    w.unit = Some(missing_unit());
     w.token = Err(TokenProblem::Missing);
     w.smi_no_device = true;
     let mut sim = Sim::new(settings(), w);
@@ -1547,12 +1583,12 @@ fn a_failure_a_unit_stop_and_a_driver_pod_change_are_read_within_two_seconds() {
     let cases: [(&str, Happen); 4] = [
         ("a failure line", |sim| sim.log(NETWORK)),
         ("the unit stopping", |sim| {
-            sim.world.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+            sim.world.unit = Some(stopped("inactive"));
             sim.log("Shutdown (100)");
         }),
         // gridd killed outright says nothing; systemd's own line about its unit does.
         ("systemd's line about the unit", |sim| {
-            sim.world.unit = Some(Err("nvidia-gridd.service is failed".into()));
+            sim.world.unit = Some(stopped("failed"));
             sim.handle(Event::GriddUnitLine);
         }),
         ("the driver pod", |sim| sim.handle(Event::DriverPodChanged)),
@@ -1615,7 +1651,8 @@ fn a_flood_of_driver_pod_events_is_read_about_once_a_second() {
 fn a_file_held_open_for_minutes_is_named_in_the_report_and_counted() {
     let mut sim = licensed_for_a_minute();
     let held_since = sim.now().wall;
-    sim.handle(Event::HeldWriters(vec![("notes.txt".into(), held_since)]));
+    sim.world.held = vec![("notes.txt".into(), held_since)];
+    sim.handle(sim.world.token_read());
     let named = |sim: &Sim| {
         sim.core
             .report()
@@ -1646,7 +1683,8 @@ fn a_file_held_open_for_minutes_is_named_in_the_report_and_counted() {
         Some("vgpu_license_token_dir_held_writers 1")
     );
     // Its writer closes it: the next look finds it no more.
-    sim.handle(Event::HeldWriters(Vec::new()));
+    sim.world.held.clear();
+    sim.handle(sim.world.token_read());
     assert_eq!(named(&sim), None);
     assert_eq!(
         gauge(&sim).as_deref(),
@@ -1678,7 +1716,7 @@ const HOST_UNLICENSED: &str = "GPU 00000000:41:00.0
 /// a token owed a restart (adopted, then gridd restarted), a vague failure (probed).
 fn world_that_asks_for_action(smi: &str) -> World {
     let mut w = World::new(smi);
-    w.unit = Some(Err("nvidia-gridd.service is inactive".into()));
+    w.unit = Some(stopped("inactive"));
     w.adopt = || adopted_with(Restart::Due);
     w
 }

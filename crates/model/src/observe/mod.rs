@@ -9,4 +9,5 @@ pub mod lines;
 pub mod meaning;
 pub mod smi;
 pub mod stamp;
+pub mod unit;
 pub mod vgpu_mgr;

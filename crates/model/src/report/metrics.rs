@@ -4,31 +4,16 @@
 
 use std::fmt::Write;
 
-use super::{Reason, Report, Role, State, Vm, VmState};
+use super::{Reason, Report, Role, ServiceFacts, State, Vm, VmState};
 
-/// What the metrics show beyond one report.
+/// What the metrics count beyond one report (the facts they show are the report's,
+/// [`Report::service`] among them).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counters {
     /// Failures seen, by reason (index: position in [`Reason::ALL`]).
     pub failures: [u64; Reason::ALL.len()],
     /// Restarts of nvidia-gridd the agent made.
     pub gridd_restarts: u64,
-    /// Guest clock minus the DLS's clock, last measured.
-    pub clock_skew_seconds: Option<f64>,
-    /// The guest driver's version, as nvidia-smi printed it last (for the info metric).
-    pub driver_version: Option<String>,
-    /// The installed token's `exp`, Unix time.
-    pub token_expiry: Option<i64>,
-    /// A file dropped in the token directory (or the token source) was refused, recently.
-    pub token_rejected: bool,
-    /// The licensing Secret holds another token than gridd runs with.
-    pub token_stale: bool,
-    /// Files of the token directory held open for writing past the bound.
-    pub held_writers: usize,
-    /// `manage` or `observe`, for the info metric (empty: not known, `analyze`).
-    pub mode: &'static str,
-    /// `host` or `gpu_operator`: where the driver runs.
-    pub driver: &'static str,
     /// Failed writes of the Node condition.
     pub node_condition_errors: u64,
 }
@@ -83,7 +68,7 @@ fn label_value(v: &str) -> String {
 
 /// The labels of [`GUEST_INFO`], in name order; unknown ones are left out (an empty label is
 /// no label to Prometheus anyway).
-pub fn guest_labels(report: &Report, c: &Counters) -> Vec<(&'static str, String)> {
+pub fn guest_labels(report: &Report) -> Vec<(&'static str, String)> {
     let mut profiles: Vec<&str> = Vec::new();
     for p in report.gpus.iter().filter_map(|g| g.profile.as_deref()) {
         if !profiles.contains(&p) {
@@ -102,7 +87,7 @@ pub fn guest_labels(report: &Report, c: &Counters) -> Vec<(&'static str, String)
         .map(crate::report::LicensingMode::as_str);
     let mut labels = vec![("agent_version", env!("CARGO_PKG_VERSION").to_string())];
     let known = [
-        ("driver_version", c.driver_version.clone()),
+        ("driver_version", facts(report).driver_version.clone()),
         ("edition", edition.map(str::to_string)),
         ("licensing", licensing.map(str::to_string)),
         (
@@ -116,6 +101,19 @@ pub fn guest_labels(report: &Report, c: &Counters) -> Vec<(&'static str, String)
         }
     }
     labels
+}
+
+/// The service's facts of `report` (none from another source).
+fn facts(report: &Report) -> &ServiceFacts {
+    static NONE: ServiceFacts = ServiceFacts {
+        clock_skew_seconds: None,
+        driver_version: None,
+        token_expiry: None,
+        token_rejected: false,
+        token_stale: false,
+        held_writers: 0,
+    };
+    report.service.as_ref().unwrap_or(&NONE)
 }
 
 /// Renders the metrics: a guest's, or on a host every VM's vGPU ([`render_host`]).
@@ -140,8 +138,8 @@ pub fn render(report: &Report, c: &Counters) -> String {
         "Restarts of nvidia-gridd made by the agent.",
         c.gridd_restarts,
     );
-    where_known(&mut o, report, c);
-    agent_info(&mut o, c);
+    where_known(&mut o, report);
+    agent_info(&mut o, report);
     one(
         &mut o,
         "vgpu_license_node_condition_errors_total",
@@ -154,31 +152,32 @@ pub fn render(report: &Report, c: &Counters) -> String {
         "vgpu_license_token_rejected",
         "gauge",
         "1 while a file dropped in the token directory (or the token source) was refused and the refusal is recent, else 0.",
-        u8::from(c.token_rejected),
+        u8::from(facts(report).token_rejected),
     );
     one(
         &mut o,
         "vgpu_license_token_stale",
         "gauge",
         "1 while the GPU Operator's licensing Secret (kubernetes.licensing_secret) holds another token than the one nvidia-gridd runs with, else 0.",
-        u8::from(c.token_stale),
+        u8::from(facts(report).token_stale),
     );
     one(
         &mut o,
         "vgpu_license_token_dir_held_writers",
         "gauge",
         "Files of the token directory that a process has kept open for writing for more than 2 minutes (an editor left open, a stuck copy): each is judged once its writer closes it.",
-        c.held_writers,
+        facts(report).held_writers,
     );
     per_gpu(&mut o, report);
-    guest_info(&mut o, report, c);
+    guest_info(&mut o, report);
     o
 }
 
 /// The metrics shown only where known: the clock's skew against the DLS, the last shutdown,
 /// the token's expiry.
-fn where_known(o: &mut String, report: &Report, c: &Counters) {
-    if let Some(skew) = c.clock_skew_seconds {
+fn where_known(o: &mut String, report: &Report) {
+    let facts = facts(report);
+    if let Some(skew) = facts.clock_skew_seconds {
         one(
             o,
             "vgpu_license_dls_clock_skew_seconds",
@@ -190,7 +189,7 @@ fn where_known(o: &mut String, report: &Report, c: &Counters) {
     if let Some(last) = &report.last_shutdown {
         last_shutdown(o, last);
     }
-    if let Some(exp) = c.token_expiry {
+    if let Some(exp) = facts.token_expiry {
         one(
             o,
             "vgpu_license_token_expiry_timestamp_seconds",
@@ -201,11 +200,17 @@ fn where_known(o: &mut String, report: &Report, c: &Counters) {
     }
 }
 
-/// The agent's own info, where the service gives its mode.
-fn agent_info(o: &mut String, c: &Counters) {
-    if c.mode.is_empty() {
+/// The agent's own info, where the report gives its mode (not `analyze`'s, which reads no
+/// machine).
+fn agent_info(o: &mut String, report: &Report) {
+    let Some(mode) = &report.mode else {
         return;
-    }
+    };
+    // Where the driver runs: the GPU Operator's driver container, or the host.
+    let driver = match &report.driver_root {
+        Some(Some(_)) => "gpu_operator",
+        _ => "host",
+    };
     header(
         o,
         "vgpu_license_agent_info",
@@ -216,20 +221,20 @@ fn agent_info(o: &mut String, c: &Counters) {
         o,
         "vgpu_license_agent_info{{version=\"{}\",mode=\"{}\",driver=\"{}\"}} 1",
         env!("CARGO_PKG_VERSION"),
-        c.mode,
-        c.driver
+        mode,
+        driver
     );
 }
 
 /// What only the guest knows, as the labels of one series.
-fn guest_info(o: &mut String, report: &Report, c: &Counters) {
+fn guest_info(o: &mut String, report: &Report) {
     header(
         o,
         GUEST_INFO,
         "gauge",
         "Always 1; its labels say what only the guest knows: vGPU profile, driver version, edition, licensing (dls, cls, cloud_provider or legacy).",
     );
-    let labels: Vec<String> = guest_labels(report, c)
+    let labels: Vec<String> = guest_labels(report)
         .iter()
         .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
         .collect();
@@ -527,12 +532,17 @@ mod tests {
             last_shutdown: None,
             mode: None,
             driver_root: None,
+            gridd_unit: None,
+            service: None,
         };
         let mut c = Counters::default();
         c.count_failure(Reason::ClockSkew);
         c.count_failure(Reason::ClockSkew);
         c.gridd_restarts = 3;
-        c.clock_skew_seconds = Some(-2.5);
+        let report = Report {
+            service: facts(None, Some(-2.5)),
+            ..report
+        };
         let text = render(&report, &c);
         assert!(text.contains("vgpu_license_licensed 1\n"));
         assert!(text.contains("vgpu_license_state{state=\"licensed\"} 1\n"));
@@ -618,16 +628,27 @@ mod tests {
             last_shutdown: None,
             mode: None,
             driver_root: None,
+            gridd_unit: None,
+            service: None,
         }
+    }
+
+    /// The service's facts with the driver's version and the clock's skew.
+    fn facts(driver_version: Option<&str>, skew: Option<f64>) -> Option<ServiceFacts> {
+        Some(ServiceFacts {
+            driver_version: driver_version.map(str::to_string),
+            clock_skew_seconds: skew,
+            ..ServiceFacts::default()
+        })
     }
 
     #[test]
     fn what_only_the_guest_knows_is_on_one_info_series() {
-        let c = Counters {
-            driver_version: Some("550.90.07".into()),
-            ..Counters::default()
+        let r = Report {
+            service: facts(Some("550.90.07"), None),
+            ..report()
         };
-        let text = render(&report(), &c);
+        let text = render(&r, &Counters::default());
         let info: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("vgpu_license_guest_info{"))
@@ -663,11 +684,8 @@ mod tests {
         }]);
         // As state::evaluate says it for a token that names the CLS.
         r.licensing_mode = Some(crate::report::LicensingMode::Cls);
-        let c = Counters {
-            driver_version: Some("5\"5\\0\n".into()),
-            ..Counters::default()
-        };
-        let text = render(&r, &c);
+        r.service = facts(Some("5\"5\\0\n"), None);
+        let text = render(&r, &Counters::default());
         let line = text
             .lines()
             .find(|l| l.starts_with(GUEST_INFO))
@@ -683,6 +701,7 @@ mod tests {
         );
         r.dls = None;
         r.licensing_mode = Some(crate::report::LicensingMode::Unknown);
+        r.service = None;
         let text = render(&r, &Counters::default());
         let line = text.lines().find(|l| l.starts_with(GUEST_INFO)).unwrap();
         assert_eq!(
@@ -700,8 +719,11 @@ mod tests {
         let mut c = Counters::default();
         c.count_failure(Reason::ClockSkew);
         c.gridd_restarts = 2;
-        c.clock_skew_seconds = Some(-3600.0);
-        let classic = render(&report(), &c);
+        let r = Report {
+            service: facts(None, Some(-3600.0)),
+            ..report()
+        };
+        let classic = render(&r, &c);
         let om = openmetrics(&classic);
         assert!(om.ends_with("\n# EOF\n"), "{om}");
         assert_eq!(om.matches("# EOF").count(), 1);

@@ -386,6 +386,34 @@ pub struct Report {
     /// (absent from `analyze`, which reads no machine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_root: Option<Option<String>>,
+    /// gridd's unit as systemd said it at the observation: `active`, `start_queued` (coming
+    /// back), `without_unit` (gridd runs without one), `inactive`, `failed`, `deactivating`
+    /// or `not_installed`; absent where systemd was not asked (`analyze`, a GPU Operator
+    /// node, a vGPU host) or could not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gridd_unit: Option<String>,
+    /// What the service measured and found beside the license, which its metrics show (not
+    /// in the JSON: the contract's fields are the report's there); `None` from any other
+    /// source.
+    #[serde(skip)]
+    pub service: Option<ServiceFacts>,
+}
+
+/// What the service knows beside the license, as its metrics show it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServiceFacts {
+    /// Guest clock minus the DLS's clock, last measured.
+    pub clock_skew_seconds: Option<f64>,
+    /// The guest driver's version, as nvidia-smi printed it last.
+    pub driver_version: Option<String>,
+    /// The installed token's `exp`, Unix time.
+    pub token_expiry: Option<i64>,
+    /// A file dropped in the token directory (or the token source) was refused, recently.
+    pub token_rejected: bool,
+    /// The licensing Secret holds another token than gridd runs with.
+    pub token_stale: bool,
+    /// Files of the token directory held open for writing past the bound.
+    pub held_writers: usize,
 }
 
 fn is_zero(n: &u64) -> bool {

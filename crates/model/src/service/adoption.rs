@@ -1,7 +1,23 @@
 //! A token dropped in the directory, or given by the token source: read, adopted with
 //! install's plan, refused or deferred, and what is said of it.
 
-use super::*;
+use std::path::Path;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::{error, info, warn};
+
+use super::schedule::Timer;
+use super::seen::same_token;
+use super::{
+    ADOPT_AFTER_FAILURE, AdoptError, Core, Effect, Now, TOKEN_NOTICE_FOR, TOKEN_READ_GAP, look_gap,
+    secs,
+};
+use crate::assemble::{TokenProblem, TokenRead};
+use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
+use crate::node::Mode;
+use crate::report::{State, message_ids};
+use crate::token::{Token, TokenError};
 
 /// Adopting the token that the token directory (or the token source) holds.
 #[derive(Debug, Default)]
@@ -92,6 +108,55 @@ impl Adoption {
         true
     }
 
+    /// Whether the adoption failed in a way that waits, and the token source's verdict,
+    /// which stands until the next adoption says otherwise (a good rotation, or the source
+    /// fixed back to the installed token). Whether that verdict changed.
+    pub(super) fn verdict(&mut self, result: &Result<Box<Outcome>, AdoptError>, now: Now) -> bool {
+        // Only a failure whose undo changed the directory (a full disk, say) waits: a token
+        // or a directory refused as it stands (cloud-init still writing it, a FIFO at the
+        // token path) changes nothing, and the next change is looked at at once.
+        self.failed = match result {
+            Err(AdoptError::Other(_)) => Some(now.mono),
+            _ => None,
+        };
+        let rejected = match result {
+            Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
+            Err(AdoptError::Superseded | AdoptError::Settling(_)) => self.source_rejected.clone(),
+            _ => None,
+        };
+        let changed = rejected != self.source_rejected;
+        if changed {
+            self.source_rejected_at = Some(now.wall);
+        }
+        self.source_rejected = rejected;
+        self.source_read = true;
+        changed
+    }
+
+    /// Whether an adoption's outcome is to be said: a refusal only when it is not the one
+    /// last said. A change made, or another outcome, ends the refusal (the next one is news
+    /// again); a quiet look (nothing to do, a file still being written) does not.
+    pub(super) fn is_news(&mut self, result: &Result<Box<Outcome>, AdoptError>) -> bool {
+        let refusal = match result {
+            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
+            Err(
+                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
+            ) => Some(why.clone()),
+            _ => None,
+        };
+        match refusal {
+            Some(why) => self.news(&why),
+            None => {
+                match result {
+                    Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
+                    Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
+                    _ => self.refusal_said = None,
+                }
+                true
+            }
+        }
+    }
+
     /// Remembers what an adoption refused or rotated, for the report of the next while. A
     /// new token in place with nothing refused ends an earlier refusal: the operator
     /// copied the right file.
@@ -105,35 +170,14 @@ impl Adoption {
                     from,
                     to,
                     why: Aside::Refused { why, valid },
-                } => refused.push(format!(
-                    "{} was not adopted and is now {}: {why}{}",
-                    crate::text::show_path(from),
-                    crate::text::show_path(to),
-                    if *valid {
-                        format!(
-                            "; to choose it instead: vgpu-license-agent install --token-file {}",
-                            crate::text::show_path(to)
-                        )
-                    } else {
-                        String::new()
-                    }
-                )),
+                } => refused.push(refused_line(from, to, why, *valid)),
                 Change::MoveStray {
                     from,
                     to,
                     why: Aside::Previous,
                 } => {
                     new_token = true;
-                    self.rotated = Some((
-                        format!(
-                            "The token was rotated at {}: a newer token replaces {}, which is kept at {} (to go back: vgpu-license-agent install --token-file {}).",
-                            crate::time::rfc3339(now.wall),
-                            crate::text::show_path(from),
-                            crate::text::show_path(to),
-                            crate::text::show_path(to)
-                        ),
-                        until,
-                    ));
+                    self.rotated = Some((rotated_note(from, to, now), until));
                 }
                 Change::WriteToken { .. } => new_token = true,
                 _ => {}
@@ -156,6 +200,35 @@ impl Adoption {
     }
 }
 
+/// A file meant as a token that an adoption refused and moved aside: what, where, why, and
+/// how to choose it where it is valid.
+fn refused_line(from: &Path, to: &Path, why: &str, valid: bool) -> String {
+    format!(
+        "{} was not adopted and is now {}: {why}{}",
+        crate::text::show_path(from),
+        crate::text::show_path(to),
+        if valid {
+            format!(
+                "; to choose it instead: vgpu-license-agent install --token-file {}",
+                crate::text::show_path(to)
+            )
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// The note of a rotation made at `now`: the token replaced, where it is kept, how to go back.
+fn rotated_note(from: &Path, to: &Path, now: Now) -> String {
+    format!(
+        "The token was rotated at {}: a newer token replaces {}, which is kept at {} (to go back: vgpu-license-agent install --token-file {}).",
+        crate::time::rfc3339(now.wall),
+        crate::text::show_path(from),
+        crate::text::show_path(to),
+        crate::text::show_path(to)
+    )
+}
+
 /// A restart of gridd the agent made, in one line: the command and why, the reason also as a
 /// field (the catalog entry's text names it).
 pub(super) fn say_restarted(command: &str, why: &str) {
@@ -168,13 +241,9 @@ pub(super) fn say_restarted(command: &str, why: &str) {
 }
 
 impl Core {
-    /// The token as read: a new one is news for the probe.
-    pub(super) fn on_token(
-        &mut self,
-        t: Result<Token, TokenProblem>,
-        now: Now,
-        fx: &mut Vec<Effect>,
-    ) {
+    /// The token directory as read: gridd.conf's legacy server and the files held open at
+    /// once; the token unless it is being written, and a new one is news for the probe.
+    pub(super) fn on_token(&mut self, read: TokenRead, now: Now, fx: &mut Vec<Effect>) {
         self.busy.token = false;
         if std::mem::take(&mut self.busy.token_again) {
             // Changed again meanwhile: looked at again after a short gap, so that a burst of
@@ -183,38 +252,45 @@ impl Core {
             self.schedule
                 .set(Timer::TokenRead, now.mono + look_gap(took));
         }
-        // A token file being written (made empty, then filled; or part written) is no
-        // verdict yet: looked at again once the directory has been still for a while.
+        self.seen.legacy_server = read.legacy_server;
+        self.seen.held = read.held_writers;
+        if !self.settling(&read.token, now) {
+            self.token_seen(read.token, now, fx);
+        }
+    }
+
+    /// A token file being written (made empty, then filled; or part written) is no verdict
+    /// yet: looked at again once the directory has been still for a while.
+    fn settling(&mut self, t: &Result<Token, TokenProblem>, now: Now) -> bool {
         let partial = matches!(
             t,
             Err(TokenProblem::Invalid(
                 TokenError::Empty | TokenError::Truncated(_)
             ))
         );
-        if let Some(changed) = self.seen.token_dir_changed
-            && partial
-            && now.mono < changed + SETTLE
-        {
-            self.schedule.set(Timer::TokenRead, changed + SETTLE);
-            return;
+        match self.seen.token_dir_changed {
+            Some(changed) if partial && now.mono < changed + SETTLE => {
+                self.schedule.set(Timer::TokenRead, changed + SETTLE);
+                true
+            }
+            _ => false,
         }
-        if self
+    }
+
+    /// The token, judged: a new one is news for the probe and for the licensing Secret.
+    fn token_seen(&mut self, t: Result<Token, TokenProblem>, now: Now, fx: &mut Vec<Effect>) {
+        let changed = !self
             .seen
             .token
             .as_ref()
-            .is_some_and(|old| !same_token(old, &t))
-        {
+            .is_some_and(|old| same_token(old, &t));
+        if changed && self.seen.token.is_some() {
             // A new token is news: a vague failure is probed again at once, and what the
             // last probe found was about the old token's DLS.
             self.probing.last = None;
             self.probing.failure = None;
             self.published.dirty = true;
         }
-        let changed = !self
-            .seen
-            .token
-            .as_ref()
-            .is_some_and(|old| same_token(old, &t));
         if changed {
             // The licensing Secret is compared with this token only once read after it came
             // (a new driver pod's token against the Secret read minutes before would ask for
@@ -235,28 +311,7 @@ impl Core {
         fx: &mut Vec<Effect>,
     ) {
         self.busy.adopt = false;
-        // Only a failure whose undo changed the directory (a full disk, say) waits: a token
-        // or a directory refused as it stands (cloud-init still writing it, a FIFO at the
-        // token path) changes nothing, and the next change is looked at at once.
-        self.adoption.failed = match &result {
-            Err(AdoptError::Other(_)) => Some(now.mono),
-            _ => None,
-        };
-        // The source's verdict stands until the next adoption says otherwise (a good
-        // rotation, or the source fixed back to the installed token).
-        let rejected = match &result {
-            Err(AdoptError::SourceRejected(why)) => Some(why.clone()),
-            Err(AdoptError::Superseded | AdoptError::Settling(_)) => {
-                self.adoption.source_rejected.clone()
-            }
-            _ => None,
-        };
-        if rejected != self.adoption.source_rejected {
-            self.published.dirty = true;
-            self.adoption.source_rejected_at = Some(now.wall);
-        }
-        self.adoption.source_rejected = rejected;
-        self.adoption.source_read = true;
+        self.published.dirty |= self.adoption.verdict(&result, now);
         if let Ok(o) = &result {
             self.adoption.took(o, now);
             self.published.dirty |= o.changed();
@@ -270,10 +325,16 @@ impl Core {
         let changed = result.as_ref().is_ok_and(|o| o.changed());
         self.adopted(result, now, fx);
         self.own_work_ended(restarted, now, fx);
+        self.next_adoption(restarted || changed, now, fx);
+    }
+
+    /// After an adoption: when the directory's changes may start the next one, and the next
+    /// one made now if its deadline came meanwhile, or owed if the directory changed.
+    fn next_adoption(&mut self, did_something: bool, now: Now, fx: &mut Vec<Effect>) {
         // An adoption that did something (a restart of gridd takes seconds) says nothing of
         // how long a look takes.
         self.adoption.calm_at = now.mono
-            + if restarted || changed {
+            + if did_something {
                 TOKEN_READ_GAP
             } else {
                 look_gap(now.mono.saturating_sub(self.busy.adopt_since))
@@ -350,13 +411,15 @@ impl Core {
         });
     }
 
+    /// An adoption's outcome as news: said (once), and what it means for the next
+    /// adoption and for gridd's restart.
     pub(super) fn adopted(
         &mut self,
         result: Result<Box<Outcome>, AdoptError>,
         now: Now,
         fx: &mut Vec<Effect>,
     ) {
-        if !self.adoption_is_news(&result) {
+        if !self.adoption.is_news(&result) {
             return;
         }
         match result {
@@ -375,55 +438,38 @@ impl Core {
                 }
                 self.restart_done(&outcome, now, !said_already, fx);
             }
-            Err(AdoptError::NoToken(_)) => {}
-            Err(AdoptError::Settling(wait)) => {
+            Err(e) => self.not_adopted(e, now),
+        }
+    }
+
+    /// No adoption: waited for (a writer settling, a newer token), or refused and said.
+    fn not_adopted(&mut self, e: AdoptError, now: Now) {
+        match e {
+            AdoptError::NoToken(_) => {}
+            AdoptError::Settling(wait) => {
                 // Judged once the writer is done: the deadline wakes the service.
                 self.adopt_at(now.mono + wait);
             }
-            Err(AdoptError::Superseded) => {
+            AdoptError::Superseded => {
                 info!("the token was replaced while being adopted: adopting the new one");
                 self.adoption.again = true;
             }
             // cloud-init may still be writing it: the next change or tick tries again.
-            Err(AdoptError::Rejected(why)) => {
+            AdoptError::Rejected(why) => {
                 warn!(
                     "token not adopted: {}",
                     crate::text::escape(&why.to_string())
                 )
             }
-            Err(AdoptError::Refused(why) | AdoptError::Other(why)) => {
+            AdoptError::Refused(why) | AdoptError::Other(why) => {
                 error!("token not adopted: {}", crate::text::escape(&why))
             }
-            Err(AdoptError::SourceRejected(why)) => {
+            AdoptError::SourceRejected(why) => {
                 warn!(
                     message_id = message_ids::FAILURE_TOKEN_SOURCE_REJECTED,
                     "token not adopted: {}",
                     crate::text::escape(&why)
                 )
-            }
-        }
-    }
-
-    /// Whether an adoption's outcome is to be said: a refusal only when it is not the one
-    /// last said. A change made, or another outcome, ends the refusal (the next one is news
-    /// again); a quiet look (nothing to do, a file still being written) does not.
-    pub(super) fn adoption_is_news(&mut self, result: &Result<Box<Outcome>, AdoptError>) -> bool {
-        let refusal = match result {
-            Err(AdoptError::Rejected(why)) => Some(why.to_string()),
-            Err(
-                AdoptError::Refused(why) | AdoptError::Other(why) | AdoptError::SourceRejected(why),
-            ) => Some(why.clone()),
-            _ => None,
-        };
-        match refusal {
-            Some(why) => self.adoption.news(&why),
-            None => {
-                match result {
-                    Ok(o) if !o.changed() && o.restart == Restart::NotNeeded => {}
-                    Err(AdoptError::Settling(_) | AdoptError::NoToken(_)) => {}
-                    _ => self.adoption.refusal_said = None,
-                }
-                true
             }
         }
     }
@@ -461,47 +507,8 @@ impl Core {
                     for_token: true,
                 });
             }
-            Restart::Done => {
-                self.counters.gridd_restarts += 1;
-                self.remedy.restarted(secs(now), 0.5);
-                say_restarted(
-                    &outcome.restart_command,
-                    outcome.restart_reason.as_deref().unwrap_or("for the token"),
-                );
-                self.schedule.smi_soon(now.mono + Duration::from_secs(1));
-                // Asked once the adoption is over.
-                self.busy.unit.after_own_work();
-            }
-            Restart::Deferred => {
-                // Owed: adopted again (and gridd restarted) once the budget allows, at that
-                // deadline, however quiet the service is meanwhile.
-                let licensed = self
-                    .published
-                    .report
-                    .as_ref()
-                    .is_some_and(|r| r.state == State::Licensed);
-                let at =
-                    self.remedy
-                        .next_allowed_for_token(&self.settings.service, secs(now), licensed);
-                // Whole seconds, rounded up: the restart comes when the line says. A later
-                // look that finds it still owed keeps the deadline said (rounding up again from
-                // a later moment would move it).
-                let until = match self.adoption.deferred_until {
-                    Some(t) if !say_deferral && t > now.mono => t,
-                    _ => {
-                        let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
-                        if say_deferral {
-                            info!(
-                                "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
-                                wait.as_secs_f64()
-                            );
-                        }
-                        now.mono + wait
-                    }
-                };
-                self.adoption.deferred_until = Some(until);
-                self.adopt_at(until);
-            }
+            Restart::Done => self.restart_made(outcome, now),
+            Restart::Deferred => self.restart_deferred(now, say_deferral),
             Restart::Failed(why) => {
                 // A failed attempt counts against the budget and the backoff too.
                 self.remedy.restarted(secs(now), 0.5);
@@ -512,5 +519,49 @@ impl Core {
             }
             _ => {}
         }
+    }
+
+    /// A restart an (older agent's) adoption made itself: counted, said, and read after.
+    fn restart_made(&mut self, outcome: &Outcome, now: Now) {
+        self.counters.gridd_restarts += 1;
+        self.remedy.restarted(secs(now), 0.5);
+        say_restarted(
+            &outcome.restart_command,
+            outcome.restart_reason.as_deref().unwrap_or("for the token"),
+        );
+        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+        // Asked once the adoption is over.
+        self.unit.question.after_own_work();
+    }
+
+    /// A restart for the token owed: adopted again (and gridd restarted) once the budget
+    /// allows, at that deadline, however quiet the service is meanwhile; said once.
+    fn restart_deferred(&mut self, now: Now, say_deferral: bool) {
+        let licensed = self
+            .published
+            .report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed);
+        let at = self
+            .remedy
+            .next_allowed_for_token(&self.settings.service, secs(now), licensed);
+        // Whole seconds, rounded up: the restart comes when the line says. A later look that
+        // finds it still owed keeps the deadline said (rounding up again from a later moment
+        // would move it).
+        let until = match self.adoption.deferred_until {
+            Some(t) if !say_deferral && t > now.mono => t,
+            _ => {
+                let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
+                if say_deferral {
+                    info!(
+                        "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
+                        wait.as_secs_f64()
+                    );
+                }
+                now.mono + wait
+            }
+        };
+        self.adoption.deferred_until = Some(until);
+        self.adopt_at(until);
     }
 }

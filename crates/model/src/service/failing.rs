@@ -1,7 +1,16 @@
 //! While something fails: the DLS probed to name the cause, gridd restarted within its
 //! budget, and the answers.
 
-use super::*;
+use std::time::Duration;
+
+use tracing::error;
+
+use super::adoption::say_restarted;
+use super::schedule::Timer;
+use super::{Core, Effect, MEASURE_REPEAT, Now, PROBE_REPEAT, secs};
+use crate::node::Mode;
+use crate::policy;
+use crate::report::{Finding, Reason, State};
 
 /// The agent's own probe of the DLS, for the failures gridd states vaguely.
 #[derive(Debug, Default)]
@@ -11,6 +20,8 @@ pub(super) struct Probing {
     pub(super) last: Option<Finding>,
     /// What the probe found, until a license or a new token makes it old news.
     pub(super) failure: Option<Finding>,
+    /// Guest clock minus the DLS's clock, last measured.
+    pub(super) skew: Option<f64>,
 }
 
 impl Core {
@@ -79,7 +90,9 @@ impl Core {
         let t = secs(now);
         let at = crate::restart::Circumstances {
             manages: self.node.mode == Mode::Manage,
-            unit_missing: matches!(&self.seen.unit, Some(Err(why)) if policy::unit_missing(why)),
+            // A unit that does not exist cannot be restarted (systemctl answers exit 5): it
+            // comes with the GRID guest driver, which is the fix.
+            unit_missing: self.unit.missing(),
             restarting: self.busy.restart.is_some(),
             adopting: self.busy.adopt,
             license_said: self.seen.license_said.is_some(),
@@ -100,7 +113,7 @@ impl Core {
     pub(super) fn on_probed(&mut self, verdict: Option<Finding>, skew: Option<f64>) {
         self.busy.probe = false;
         if skew.is_some() {
-            self.counters.clock_skew_seconds = skew;
+            self.probing.skew = skew;
         }
         self.probing.failure = verdict;
     }
@@ -115,7 +128,7 @@ impl Core {
         let why = self.busy.restart.take().unwrap_or_default();
         self.busy.restarts_ended += 1;
         // Whether gridd runs now is asked once the agent's own work is over.
-        self.busy.unit.after_own_work();
+        self.unit.question.after_own_work();
         self.own_work_ended(true, now, fx);
         // One line per restart, said once its result is known: why, and how it went.
         let command = self.settings.commands.restart_gridd.join(" ");

@@ -4,10 +4,14 @@
 //! token to adopt, no lease to probe a DLS for).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
-use super::*;
+use chrono::{DateTime, Utc};
+use tracing::info;
+
+use super::{Core, Effect, Now};
 use crate::config::ServiceRole;
-use crate::report::{Vm, VmState};
+use crate::report::{Report, Vm, VmState};
 
 /// How soon after a line of the vGPU manager nvidia-smi is read: its other lines of the
 /// same change (a VM's start logs a dozen) come within it, and one reading shows them all.
@@ -132,8 +136,6 @@ impl Core {
         if !self.is_host() {
             return;
         }
-        // The host's agent only reads, whatever the node's mode.
-        self.counters.mode = Mode::Observe.as_str();
         let Some(vms) = report.vms.as_mut() else {
             return;
         };

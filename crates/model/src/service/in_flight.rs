@@ -1,13 +1,15 @@
 //! Work running off the service's loop, so that nothing is started twice, and the
-//! questions to systemd about gridd's unit, one at a time.
+//! questions to systemd about gridd's unit, one at a time ([`super::unit::GriddUnit`] asks
+//! them).
 
-use super::*;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 /// Work running off the loop, so that nothing is started twice.
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     pub(super) smi: bool,
-    pub(super) unit: UnitQuestion,
     pub(super) adopt: bool,
     /// A restart of the agent's own runs: why (said with its result, in one line).
     pub(super) restart: Option<String>,
@@ -20,7 +22,7 @@ pub(super) struct InFlight {
     /// The token directory is being read.
     pub(super) token: bool,
     /// Since when (the latest read, and the latest adoption): how long a look takes sets the
-    /// gap before the next one a burst of changes asks for ([`look_gap`]).
+    /// gap before the next one a burst of changes asks for ([`super::look_gap`]).
     pub(super) token_since: Duration,
     pub(super) adopt_since: Duration,
     /// It changed again while it was being read: read it once more when the answer comes.
@@ -46,7 +48,8 @@ pub(super) struct UnitQuestion {
     pub(super) wanted: u64,
     /// A question wanted once the agent's own work is over.
     pub(super) wanted_after_own: u64,
-    /// The process whose life answers the question on its way (see [`Core::running_gridd`]).
+    /// The process whose life answers the question on its way (see
+    /// [`super::Core::running_gridd`]).
     pub(super) vouched: Option<u32>,
     /// When the newest question was sent: a line of gridd's logged well before it is in its
     /// answer.

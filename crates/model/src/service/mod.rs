@@ -11,39 +11,42 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tracing::{error, info, warn};
+use tracing::warn;
 
-use crate::assemble::{self, SmiRead, TokenProblem};
+use crate::assemble::{SmiRead, TokenRead};
 use crate::config::Settings;
-use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
-use crate::node::{Mode, Node};
+use crate::install::Outcome;
+use crate::node::Node;
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
-use crate::policy;
-use crate::report::metrics::{self, Counters};
-use crate::report::{DlsEndpoint, EventKind, Finding, Reason, Report, State, message_ids};
+use crate::observe::unit::UnitState;
+use crate::report::metrics::Counters;
+use crate::report::{DlsEndpoint, EventKind, Finding, Report, State, message_ids};
 use crate::restart::Remedy;
-use crate::state::{LogFold, MAX_EVENTS, evaluate};
-use crate::token::{Token, TokenError};
+use crate::state::{LogFold, MAX_EVENTS};
 
 mod adoption;
 mod failing;
+mod findings;
 mod host;
 mod in_flight;
 mod node;
 mod report;
 mod schedule;
 mod seen;
+mod unit;
 
-use adoption::{Adoption, say_restarted};
+use adoption::Adoption;
 use failing::Probing;
+use findings::Findings;
 pub use host::vm_change_line;
 use in_flight::InFlight;
 use report::Published;
 pub use report::status_line;
 use schedule::{Schedule, Timer};
 pub use seen::stalled;
-use seen::{Seen, lease_expiry, same_token};
+use seen::{Seen, lease_expiry};
+use unit::GriddUnit;
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
 /// with time alone), and the token's periodic look rides on its wakeups (nvidia-smi's turn
@@ -112,15 +115,10 @@ pub enum Event {
     JournalRestarted,
     Gridd(Box<GriddEvent>),
     Smi(SmiRead),
-    /// Whether gridd's unit runs (`None`: systemd could not say).
-    Unit(Option<Result<(), String>>),
-    /// The installed token, read again.
-    Token(Result<Token, TokenProblem>),
-    /// gridd.conf's `ServerAddress` (the legacy license server), read with the token.
-    LegacyServer(Option<String>),
-    /// The token directory's files held open for writing, and their last change, read with
-    /// the token.
-    HeldWriters(Vec<(String, DateTime<Utc>)>),
+    /// gridd's unit as systemd says it (`None`: systemd could not say).
+    Unit(Option<UnitState>),
+    /// The token directory and gridd.conf, read again.
+    Token(Box<TokenRead>),
     /// Something changed in the token directory or gridd.conf.
     TokenDirChanged,
     /// On a GPU Operator node, the driver pod's root or its ready marker changed.
@@ -211,10 +209,8 @@ pub struct Core {
     base: Settings,
     /// Where the driver runs, and whether the agent manages or only observes.
     node: Node,
-    /// The last write of the Node condition failed.
-    condition_failing: bool,
-    /// A write of the opt-in taint fails (one warning per streak).
-    taint_failing: bool,
+    /// The writes to the Node, and whether each fails.
+    node_writes: node::NodeWrites,
     heartbeat: Duration,
     /// The process the reports name as their writer (`None` in tests of the core alone).
     pid: Option<u32>,
@@ -224,13 +220,10 @@ pub struct Core {
     adoption: Adoption,
     counters: Counters,
     remedy: Remedy,
-    /// The failure last logged (and counted), so that each is logged once.
-    failure_key: Option<Finding>,
-    /// The agent's own finding, and since when it holds.
-    own_since: Option<(Finding, DateTime<Utc>)>,
-    /// A finding of what the agent sees (no driver, a stale Secret), and since when the
-    /// service has reported it.
-    failure_seen: Option<(Finding, DateTime<Utc>)>,
+    /// The failures reported: since when each holds, which was last logged.
+    findings: Findings,
+    /// gridd's unit: systemd's last word, and the questions to it.
+    unit: GriddUnit,
     busy: InFlight,
     schedule: Schedule,
     published: Published,
@@ -259,8 +252,7 @@ impl Core {
             remedy: Remedy::with_history(&settings.service, restarts, secs(now)),
             base: settings.clone(),
             node: Node::default(),
-            condition_failing: false,
-            taint_failing: false,
+            node_writes: node::NodeWrites::default(),
             settings,
             heartbeat,
             pid: None,
@@ -268,14 +260,9 @@ impl Core {
             seen: Seen::new(),
             probing: Probing::default(),
             adoption: Adoption::default(),
-            counters: Counters {
-                mode: Mode::Manage.as_str(),
-                driver: "host",
-                ..Counters::default()
-            },
-            failure_key: None,
-            own_since: None,
-            failure_seen: None,
+            counters: Counters::default(),
+            findings: Findings::default(),
+            unit: GriddUnit::default(),
             busy: InFlight::default(),
             schedule: {
                 let mut s = Schedule::default();
@@ -336,7 +323,7 @@ impl Core {
     /// it still runs: gridd's, when systemd's last word before the question was that gridd
     /// runs and no start or stop was logged since.
     pub fn running_gridd(&self) -> Option<u32> {
-        self.busy.unit.vouched
+        self.unit.question.vouched
     }
 
     pub fn report(&self) -> Option<&Report> {
@@ -357,9 +344,7 @@ impl Core {
             Event::Gridd(e) => self.on_gridd(*e, now, &mut fx),
             Event::Smi(read) => self.on_smi(read, now),
             Event::Unit(u) => self.on_unit(u, now, &mut fx),
-            Event::Token(t) => self.on_token(t, now, &mut fx),
-            Event::LegacyServer(s) => self.seen.legacy_server = s,
-            Event::HeldWriters(held) => self.seen.held = held,
+            Event::Token(read) => self.on_token(*read, now, &mut fx),
             Event::TokenDirChanged => {
                 self.seen.token_dir_changed = Some(now.mono);
                 self.read_token(now, &mut fx);
@@ -370,7 +355,7 @@ impl Core {
             // the pod's other steps (the marker, the root, gridd) are done, and after a
             // reading on its way, which may predate the change.
             Event::GriddUnitLine => {
-                self.busy.unit.gridd_moved();
+                self.unit.question.gridd_moved();
                 self.check_unit(now, &mut fx);
                 self.schedule
                     .smi_soon(now.mono + Duration::from_millis(300));
@@ -424,7 +409,7 @@ impl Core {
             _ => {}
         }
         // Likewise systemd's answer to a question asked well after the line.
-        let unit_knows = before(self.busy.unit.asked_at);
+        let unit_knows = before(self.unit.question.asked_at);
         // A process that said it shuts down stands for nothing until systemd was asked.
         if kind == EventKind::Shutdown {
             self.seen.gridd_pid = None;
@@ -442,20 +427,18 @@ impl Core {
         }
         // A start or stop changes the unit's state; and a line from gridd while systemd was
         // last heard saying it is not running means that answer is old.
-        if unit_knows {
-            return;
+        if !unit_knows {
+            self.unit_after_line(kind, now, fx);
         }
+    }
+
+    /// A line of gridd's logged after systemd's last answer: a start voids a "not running"
+    /// said before it, and a start, a stop or any line while gridd was said down asks again.
+    fn unit_after_line(&mut self, kind: EventKind, now: Now, fx: &mut Vec<Effect>) {
         if kind == EventKind::Started {
-            self.busy.unit.gridd_moved();
-            // systemd's "not running" was said before this start: void until it answers
-            // again, so that no report meanwhile calls the new gridd down (nor restarts it).
-            if matches!(self.seen.unit, Some(Err(_))) {
-                self.seen.unit = None;
-            }
+            self.unit.started();
         }
-        if matches!(kind, EventKind::Started | EventKind::Shutdown)
-            || matches!(self.seen.unit, Some(Err(_)))
-        {
+        if matches!(kind, EventKind::Started | EventKind::Shutdown) || self.unit.down() {
             self.check_unit(now, fx);
         }
     }
@@ -497,15 +480,10 @@ impl Core {
 
     /// systemd's answer about gridd's unit: believed unless the agent's own work was under
     /// way, which asks again once it is over.
-    fn on_unit(&mut self, u: Option<Result<(), String>>, now: Now, fx: &mut Vec<Effect>) {
-        let own_work = self.busy.own_work();
-        let not_running = matches!(u, Some(Err(_)));
-        let (believed, again) = self.busy.unit.answered(not_running, own_work);
+    fn on_unit(&mut self, u: Option<UnitState>, now: Now, fx: &mut Vec<Effect>) {
         // One set aside is asked again once the agent's own restart is over (at once if it
         // is over already).
-        if believed {
-            self.seen.unit = u;
-        }
+        let again = self.unit.answered(u, self.busy.own_work());
         if again {
             self.check_unit(now, fx);
         }
@@ -545,27 +523,7 @@ impl Core {
         // In case a change escaped the watcher (or there is none): look at the token again.
         let looks = [Timer::Look, Timer::FirstLook, Timer::Owed];
         if self.schedule.any_due(&looks, now.mono) {
-            let owed = self.schedule.at(Timer::Owed).is_some();
-            self.schedule.stop(Timer::Owed);
-            self.schedule.stop(Timer::FirstLook);
-            let every = if self.watching {
-                ADOPT_WATCHED
-            } else {
-                ADOPT_UNWATCHED
-            };
-            self.schedule.set(Timer::Look, now.mono + every);
-            // An adoption owed (a writer settling, a deferred restart, the gap after a look
-            // in a burst) comes with its reads already; the periodic look reads the token too.
-            if !owed {
-                self.read_token(now, &mut fx);
-            }
-            // A deadline met while an adoption runs (a deferred restart's) is kept: the next
-            // adoption follows that one at once.
-            if self.busy.adopt {
-                self.adoption.due = true;
-            } else {
-                self.adopt(now, &mut fx);
-            }
+            self.look(now, &mut fx);
         }
         let licensed = self
             .published
@@ -577,8 +535,42 @@ impl Core {
         if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
             self.published.dirty = true;
         }
+        self.reads_due(now, &mut fx);
+        self.report_due(now, &mut fx);
+        self.remedy_step(now, &mut fx);
+        fx
+    }
+
+    /// The token directory's look at its deadline (periodic, the first, or an owed
+    /// adoption's): the token read, and what is there adopted.
+    fn look(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let owed = self.schedule.at(Timer::Owed).is_some();
+        self.schedule.stop(Timer::Owed);
+        self.schedule.stop(Timer::FirstLook);
+        let every = if self.watching {
+            ADOPT_WATCHED
+        } else {
+            ADOPT_UNWATCHED
+        };
+        self.schedule.set(Timer::Look, now.mono + every);
+        // An adoption owed (a writer settling, a deferred restart, the gap after a look
+        // in a burst) comes with its reads already; the periodic look reads the token too.
+        if !owed {
+            self.read_token(now, fx);
+        }
+        // A deadline met while an adoption runs (a deferred restart's) is kept: the next
+        // adoption follows that one at once.
+        if self.busy.adopt {
+            self.adoption.due = true;
+        } else {
+            self.adopt(now, fx);
+        }
+    }
+
+    /// nvidia-smi at its turn, and systemd every few seconds while no license is held.
+    fn reads_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
         if self.schedule.smi().is_some_and(|t| now.mono >= t) {
-            self.read_smi(now, &mut fx);
+            self.read_smi(now, fx);
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
         // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
@@ -591,8 +583,13 @@ impl Core {
             })
         {
             self.schedule.set(Timer::Unit, now.mono + UNIT_CHECK);
-            self.check_unit(now, &mut fx);
+            self.check_unit(now, fx);
         }
+    }
+
+    /// The report, when something happened and the gap since the last is over; the first
+    /// tells systemd the service is ready, and starts the first adoption.
+    fn report_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let readable = self.readable();
         let gap_over = self.published.gap_over(now.mono);
         // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
@@ -607,15 +604,13 @@ impl Core {
         if self.published.dirty && readable && gap_over && !(asked && self.quiet()) {
             self.published.dirty = false;
             self.published.made = Some(now.mono);
-            self.publish(now, &mut fx);
+            self.publish(now, fx);
             if !self.published.ready {
                 self.published.ready = true;
                 fx.push(Effect::Ready);
-                self.adopt(now, &mut fx);
+                self.adopt(now, fx);
             }
         }
-        self.remedy_step(now, &mut fx);
-        fx
     }
 
     /// When [`Core::tick`] is next due: a report held back by the gap, else the next deadline
@@ -703,12 +698,7 @@ impl Core {
         if self.is_host() {
             return;
         }
-        let running = (matches!(self.seen.unit, Some(Ok(()))) && self.busy.unit.settled())
-            .then_some(self.seen.gridd_pid)
-            .flatten();
-        if self.busy.unit.ask() {
-            self.busy.unit.vouched = running;
-            self.busy.unit.asked_at = Some(now.wall);
+        if self.unit.ask(self.seen.gridd_pid, now.wall) {
             fx.push(Effect::CheckUnit);
         }
     }
@@ -717,9 +707,9 @@ impl Core {
     /// the attempt made): a "not running" answer set aside while it ran is checked again.
     fn own_work_ended(&mut self, restarted: bool, now: Now, fx: &mut Vec<Effect>) {
         if restarted {
-            self.busy.unit.gridd_moved();
+            self.unit.question.gridd_moved();
         }
-        if self.busy.unit.owed(self.busy.own_work()) {
+        if self.unit.question.owed(self.busy.own_work()) {
             self.check_unit(now, fx);
         }
     }
@@ -787,32 +777,7 @@ impl Core {
                 }
                 self.seen.smi_unstarted = Some(why);
             }
-            SmiRead::Snapshot(s) => {
-                self.seen.smi_unstarted = None;
-                self.seen.observed_at = Some(now.wall);
-                if crate::state::smi_state(&s) == State::Licensed {
-                    self.probing.failure = None;
-                }
-                // A reading begun before a renewal line was heard shows the lease from
-                // before it.
-                let older = self
-                    .seen
-                    .lease_line
-                    .is_some_and(|heard| self.schedule.smi_began < heard);
-                let lease = match (lease_expiry(&s), self.seen.lease) {
-                    (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
-                    (Some(exp), Some((old, since))) if exp < old && older => Some((old, since)),
-                    (Some(exp), _) => Some((exp, now.wall)),
-                    (None, _) => None,
-                };
-                if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
-                    self.seen.lease_at_start =
-                        self.seen.smi.is_none() && self.seen.smi_error.is_none();
-                }
-                self.seen.lease = lease;
-                self.seen.smi = Some(s);
-                self.seen.smi_error = None;
-            }
+            SmiRead::Snapshot(s) => self.smi_snapshot(s, now),
             SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
                 self.seen.smi_unstarted = None;
                 self.seen.observed_at = Some(now.wall);
@@ -830,6 +795,33 @@ impl Core {
         self.schedule.set(Timer::Smi, next);
     }
 
+    /// nvidia-smi's answer: the lease it shows, and since when (a lease that did not move,
+    /// or an older one shown by a reading begun before a renewal line, keeps its time).
+    fn smi_snapshot(&mut self, s: SmiSnapshot, now: Now) {
+        self.seen.smi_unstarted = None;
+        self.seen.observed_at = Some(now.wall);
+        if crate::state::smi_state(&s) == State::Licensed {
+            self.probing.failure = None;
+        }
+        // A reading begun before a renewal line was heard shows the lease from before it.
+        let older = self
+            .seen
+            .lease_line
+            .is_some_and(|heard| self.schedule.smi_began < heard);
+        let lease = match (lease_expiry(&s), self.seen.lease) {
+            (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
+            (Some(exp), Some((old, since))) if exp < old && older => Some((old, since)),
+            (Some(exp), _) => Some((exp, now.wall)),
+            (None, _) => None,
+        };
+        if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
+            self.seen.lease_at_start = self.seen.smi.is_none() && self.seen.smi_error.is_none();
+        }
+        self.seen.lease = lease;
+        self.seen.smi = Some(s);
+        self.seen.smi_error = None;
+    }
+
     /// The restarts of gridd in the last hour, when they changed since the last call: the
     /// shell keeps them for the agent's next run, so that the budget is one per guest.
     pub fn restarts_changed(&mut self, now: Now) -> Option<Vec<f64>> {
@@ -841,85 +833,94 @@ impl Core {
     fn reload(&mut self, s: Settings, now: Now) {
         self.base = s.clone();
         let s = self.node.apply(&s);
-        let (old, new) = (&self.settings, &s);
-        for (key, changed) in [
-            (
-                "commands.journalctl",
-                old.commands.journalctl != new.commands.journalctl,
-            ),
-            (
-                "paths.token_dir",
-                old.paths.token_dir != new.paths.token_dir,
-            ),
-            (
-                "paths.gridd_conf",
-                old.paths.gridd_conf != new.paths.gridd_conf,
-            ),
-            (
-                "service.metrics_socket",
-                old.service.metrics_socket != new.service.metrics_socket,
-            ),
-            (
-                "service.metrics_listen",
-                old.service.metrics_listen != new.service.metrics_listen,
-            ),
-        ] {
-            if changed {
-                warn!(
-                    "{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent)"
-                );
-            }
-        }
-        // The Node writer and the Secret's reader are set up at the start with these: each
-        // key that changed is said, and all keep their running values until the restart, so
-        // that what the service writes and what it says it writes stay one.
-        let (ok, nk) = (&old.kubernetes, &new.kubernetes);
-        for (key, changed) in [
-            ("node_condition", ok.node_condition != nk.node_condition),
-            ("kubeconfig", ok.kubeconfig != nk.kubeconfig),
-            (
-                "licensing_secret",
-                ok.licensing_secret != nk.licensing_secret,
-            ),
-            ("node_name", ok.node_name != nk.node_name),
-            (
-                "service_account_dir",
-                ok.service_account_dir != nk.service_account_dir,
-            ),
-            ("heartbeat_seconds", ok.heartbeat != nk.heartbeat),
-            (
-                "taint_unlicensed",
-                ok.taint_unlicensed != nk.taint_unlicensed,
-            ),
-        ] {
-            if changed {
-                warn!(
-                    "kubernetes.{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent); until then the Node and the Secret are written and read as before"
-                );
-            }
-        }
+        say_restart_only(&self.settings, &s);
         self.remedy.reconfigure(&s.service);
-        // What is set up at start keeps its old value until the restart, as said above: the
-        // watcher still watches the old token directory, so the core does not switch to a
-        // new one it would only see at the periodic look.
-        let mut s = s;
-        s.paths.token_dir.clone_from(&self.settings.paths.token_dir);
-        s.paths
-            .gridd_conf
-            .clone_from(&self.settings.paths.gridd_conf);
-        s.commands
-            .journalctl
-            .clone_from(&self.settings.commands.journalctl);
-        s.service
-            .metrics_socket
-            .clone_from(&self.settings.service.metrics_socket);
-        s.service
-            .metrics_listen
-            .clone_from(&self.settings.service.metrics_listen);
-        s.kubernetes.clone_from(&self.settings.kubernetes);
-        self.settings = s;
+        self.settings = kept_from_start(s, &self.settings);
         self.schedule.smi_soon(now.mono);
     }
+}
+
+/// Each key of a reloaded config that takes effect only when the service restarts, and
+/// changed from `old` to `new`: a warning.
+fn say_restart_only(old: &Settings, new: &Settings) {
+    for (key, changed) in [
+        (
+            "commands.journalctl",
+            old.commands.journalctl != new.commands.journalctl,
+        ),
+        (
+            "paths.token_dir",
+            old.paths.token_dir != new.paths.token_dir,
+        ),
+        (
+            "paths.gridd_conf",
+            old.paths.gridd_conf != new.paths.gridd_conf,
+        ),
+        (
+            "service.metrics_socket",
+            old.service.metrics_socket != new.service.metrics_socket,
+        ),
+        (
+            "service.metrics_listen",
+            old.service.metrics_listen != new.service.metrics_listen,
+        ),
+    ] {
+        if changed {
+            warn!(
+                "{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent)"
+            );
+        }
+    }
+    say_kubernetes_restart_only(&old.kubernetes, &new.kubernetes);
+}
+
+/// The Node writer and the Secret's reader are set up at the start with these: each key that
+/// changed is said, and all keep their running values until the restart, so that what the
+/// service writes and what it says it writes stay one.
+fn say_kubernetes_restart_only(ok: &crate::config::Kubernetes, nk: &crate::config::Kubernetes) {
+    for (key, changed) in [
+        ("node_condition", ok.node_condition != nk.node_condition),
+        ("kubeconfig", ok.kubeconfig != nk.kubeconfig),
+        (
+            "licensing_secret",
+            ok.licensing_secret != nk.licensing_secret,
+        ),
+        ("node_name", ok.node_name != nk.node_name),
+        (
+            "service_account_dir",
+            ok.service_account_dir != nk.service_account_dir,
+        ),
+        ("heartbeat_seconds", ok.heartbeat != nk.heartbeat),
+        (
+            "taint_unlicensed",
+            ok.taint_unlicensed != nk.taint_unlicensed,
+        ),
+    ] {
+        if changed {
+            warn!(
+                "kubernetes.{key} changed: it takes effect when the service restarts (systemctl restart vgpu-license-agent); until then the Node and the Secret are written and read as before"
+            );
+        }
+    }
+}
+
+/// A reloaded config `s`, with what is set up at start kept as `running` has it until the
+/// restart, as said: the watcher still watches the old token directory, so the core does not
+/// switch to a new one it would only see at the periodic look.
+fn kept_from_start(mut s: Settings, running: &Settings) -> Settings {
+    s.paths.token_dir.clone_from(&running.paths.token_dir);
+    s.paths.gridd_conf.clone_from(&running.paths.gridd_conf);
+    s.commands
+        .journalctl
+        .clone_from(&running.commands.journalctl);
+    s.service
+        .metrics_socket
+        .clone_from(&running.service.metrics_socket);
+    s.service
+        .metrics_listen
+        .clone_from(&running.service.metrics_listen);
+    s.kubernetes.clone_from(&running.kubernetes);
+    s
 }
 
 fn secs(now: Now) -> f64 {

@@ -1,30 +1,77 @@
 //! On a Kubernetes node: where the driver runs, the Node condition's writes and the
 //! licensing Secret.
 
-use super::*;
+use tracing::{info, warn};
 
-impl Core {
+use super::{Core, Effect, Now};
+use crate::node::{Mode, Node};
+
+/// The writes to the Node (the condition, the opt-in taint): whether each fails, so that
+/// a streak of failures is one warning, and its end one line.
+#[derive(Debug, Default)]
+pub(super) struct NodeWrites {
+    /// The last write of the Node condition failed.
+    condition_failing: bool,
+    /// A write of the opt-in taint fails.
+    taint_failing: bool,
+}
+
+impl NodeWrites {
     /// A write to the Node: a failure of the condition's patch or of the taint's is a
-    /// warning naming which (once per streak of each in the journal) and a count, never more.
-    pub(super) fn condition_written(&mut self, outcome: crate::node::condition::Outcome) {
+    /// warning naming which (once per streak of each in the journal). How many parts failed.
+    pub(super) fn written(&mut self, outcome: crate::node::condition::Outcome) -> u64 {
         use crate::node::condition::{TAINT_EFFECT, TAINT_KEY, TYPE};
+        let mut failed = 0;
         if let Some(result) = outcome.condition {
             let what = format!("the Node condition {TYPE}");
-            self.node_write(
+            failed += part(
                 result,
                 &what,
-                |c| &mut c.condition_failing,
+                &mut self.condition_failing,
                 "was not written",
             );
         }
         if let Some((want, result)) = outcome.taint {
             let what = format!("the taint {TAINT_KEY}:{TAINT_EFFECT}");
-            let failed = if want {
+            let says = if want {
                 "could not be put on the Node"
             } else {
                 "could not be taken off the Node"
             };
-            self.node_write(result, &what, |c| &mut c.taint_failing, failed);
+            failed += part(result, &what, &mut self.taint_failing, says);
+        }
+        failed
+    }
+}
+
+/// One part of a Node write: `failing` is its streak's flag. 1 when it failed.
+fn part(result: Result<(), String>, what: &str, failing: &mut bool, failed: &str) -> u64 {
+    match result {
+        Ok(()) => {
+            if std::mem::take(failing) {
+                info!("{what} is written again");
+            }
+            0
+        }
+        Err(why) => {
+            if !std::mem::replace(failing, true) {
+                warn!(
+                    "{what} {failed} (retried with backoff): {}",
+                    crate::text::escape(&why)
+                );
+            }
+            1
+        }
+    }
+}
+
+impl Core {
+    /// A write to the Node: each failed part is a count, and the report is remade; never more.
+    pub(super) fn condition_written(&mut self, outcome: crate::node::condition::Outcome) {
+        let failed = self.node_writes.written(outcome);
+        if failed > 0 {
+            self.counters.node_condition_errors += failed;
+            self.published.dirty = true;
         }
     }
 
@@ -43,33 +90,6 @@ impl Core {
             _ => {}
         }
         self.seen.secret = Some(read);
-    }
-
-    /// One part of a Node write: `failing` is its streak's flag.
-    pub(super) fn node_write(
-        &mut self,
-        result: Result<(), String>,
-        what: &str,
-        failing: fn(&mut Self) -> &mut bool,
-        failed: &str,
-    ) {
-        match result {
-            Ok(()) => {
-                if std::mem::take(failing(self)) {
-                    info!("{what} is written again");
-                }
-            }
-            Err(why) => {
-                self.counters.node_condition_errors += 1;
-                self.published.dirty = true;
-                if !std::mem::replace(failing(self), true) {
-                    warn!(
-                        "{what} {failed} (retried with backoff): {}",
-                        crate::text::escape(&why)
-                    );
-                }
-            }
-        }
     }
 
     /// Where the driver runs, as just looked at: on a change, the settings of the new place
@@ -99,8 +119,6 @@ impl Core {
             }
         }
         self.settings = node.apply(&self.base);
-        self.counters.mode = node.mode.as_str();
-        self.counters.driver = node.driver();
         self.node = node;
         self.published.dirty = true;
         if moved || pod_changed {

@@ -1,7 +1,22 @@
 //! The service's report: its observations (what the service remembers, as values), the
 //! report made of them, and what status.json, the metrics and the journal last got.
 
-use super::*;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::info;
+
+use super::adoption::Adoption;
+use super::seen::stalled;
+use super::{Core, Effect, MIN_REPORT_GAP, Now, Publication};
+use crate::assemble::{self, TokenProblem};
+use crate::observe::smi::SmiSnapshot;
+use crate::observe::unit::UnitState;
+use crate::policy;
+use crate::report::metrics;
+use crate::report::{Finding, Reason, Report, State, message_ids};
+use crate::state::{LogFold, evaluate};
+use crate::token::Token;
 
 /// The reports made, and what status.json and the metrics last got.
 #[derive(Debug)]
@@ -123,6 +138,8 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
         last_shutdown,
         mode,
         driver_root,
+        gridd_unit,
+        service,
     } = a;
     *schema == b.schema
         && *state == b.state
@@ -140,6 +157,8 @@ pub(super) fn same_report(a: &Report, b: &Report) -> bool {
         && *last_shutdown == b.last_shutdown
         && *mode == b.mode
         && *driver_root == b.driver_root
+        && *gridd_unit == b.gridd_unit
+        && *service == b.service
 }
 
 /// The one line `systemctl status` shows.
@@ -174,7 +193,7 @@ impl Core {
     pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let mut report = evaluate(self.observations(now));
         self.remember_vms(&mut report, now, fx);
-        self.remember_seen(&report, now);
+        self.findings.seen_in(&report, now.wall);
         self.log_new_failure(&report);
         let previous = self.published.report.as_ref().map(|r| r.state);
         if previous != Some(report.state) {
@@ -182,11 +201,6 @@ impl Core {
         }
         let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
         json.push(b'\n');
-        self.counters.driver_version = self
-            .seen
-            .smi
-            .as_ref()
-            .and_then(|s| s.driver_version.clone());
         let metrics_text = metrics::render(&report, &self.counters);
         let write = self
             .published
@@ -203,27 +217,11 @@ impl Core {
 
     /// The observations a report is made of: the service's memory at `now`, answered as a
     /// source. Since when the agent's own finding holds is remembered first (it holds since
-    /// it was first seen, not since this moment); the metrics take their counts.
+    /// it was first seen, not since this moment).
     pub(super) fn observations(&mut self, now: Now) -> crate::state::Observations {
         let own = assemble::own_failure(&self.memory(now)).or_else(|| self.probing.failure.clone());
-        match (&own, &self.own_since) {
-            (Some(o), Some((k, _))) if o == k => {}
-            (Some(o), _) => self.own_since = Some((o.clone(), now.wall)),
-            (None, _) => self.own_since = None,
-        }
-        let obs = assemble::observe(&self.settings, &self.memory(now));
-        self.counters.token_rejected =
-            obs.token_rejected.is_some() || obs.source_rejected.is_some();
-        self.counters.token_stale = obs.token_stale.is_some();
-        self.counters.held_writers = obs.held_writers.len();
-        self.counters.token_expiry = self
-            .seen
-            .token
-            .as_ref()
-            .and_then(|t| t.as_ref().ok())
-            .and_then(|t| t.expires)
-            .map(|e| e.timestamp());
-        obs
+        self.findings.own(own.as_ref(), now.wall);
+        assemble::observe(&self.settings, &self.memory(now))
     }
 
     /// The service's memory at `now`, as a source of observations.
@@ -231,59 +229,15 @@ impl Core {
         Memory { core: self, now }
     }
 
-    /// Since when a finding of what the agent sees holds (the report's `failure.at`, one
-    /// journal line per streak): from the first report that made it.
-    fn remember_seen(&mut self, report: &Report, now: Now) {
-        let seen = report
-            .failure
-            .as_ref()
-            .filter(|f| matches!(f.reason, Reason::DriverUnavailable | Reason::TokenStale));
-        self.failure_seen = match (seen, self.failure_seen.take()) {
-            (Some(f), Some(((r, m), at))) if f.reason == r && f.message == m => Some(((r, m), at)),
-            (Some(f), _) => Some((
-                (f.reason, f.message.clone()),
-                match f.at {
-                    Some(crate::time::LogTime::Utc(at)) => at,
-                    _ => now.wall,
-                },
-            )),
-            (None, _) => None,
-        };
-    }
-
     /// A new failure: counted once, logged with its catalog entry.
     pub(super) fn log_new_failure(&mut self, report: &Report) {
-        let key = report.failure.as_ref().map(|f| {
-            (
-                f.reason,
-                format!(
-                    "{}|{}",
-                    f.message,
-                    f.at.map(|a| a.to_string()).unwrap_or_default()
-                ),
-            )
-        });
         // With a token source, no token before the source is read is not yet a failure: the
         // source may bring one.
         let premature = f_is_missing(report)
             && self.settings.paths.token_source.is_some()
             && !self.adoption.source_read;
-        if let Some(f) = &report.failure
-            && key != self.failure_key
-            && !premature
-        {
-            self.counters.count_failure(f.reason);
-            warn!(
-                message_id = message_ids::for_reason(f.reason),
-                vgpu_license_reason = f.reason.as_str(),
-                "{}: {} -> {}",
-                f.reason.as_str(),
-                crate::text::escape(&f.message),
-                crate::text::escape(&f.advice)
-            );
-        }
-        if !premature {
-            self.failure_key = key;
+        if let Some(reason) = self.findings.new_failure(report, premature) {
+            self.counters.count_failure(reason);
         }
     }
 
@@ -332,8 +286,8 @@ impl assemble::Source for Memory<'_> {
         Some(self.core.seen.token.as_ref().unwrap_or(&NOT_READ))
     }
 
-    fn unit(&self) -> Option<&Result<(), String>> {
-        self.core.seen.unit.as_ref()
+    fn unit(&self) -> Option<&UnitState> {
+        self.core.unit.state()
     }
 
     fn probe(&self) -> Option<Finding> {
@@ -431,12 +385,30 @@ impl assemble::Source for Memory<'_> {
         self.core.seen.clone.clone()
     }
 
+    /// The clock's skew the probe last measured, the driver's version nvidia-smi last
+    /// printed, and the installed token's expiry, whatever its dates.
+    fn service(&self) -> Option<crate::report::ServiceFacts> {
+        let seen = &self.core.seen;
+        Some(crate::report::ServiceFacts {
+            clock_skew_seconds: self.core.probing.skew,
+            driver_version: seen.smi.as_ref().and_then(|s| s.driver_version.clone()),
+            token_expiry: seen
+                .token
+                .as_ref()
+                .and_then(|t| t.as_ref().ok())
+                .and_then(|t| t.expires)
+                .map(|e| e.timestamp()),
+            ..Default::default()
+        })
+    }
+
     fn since(&self) -> crate::state::Since {
+        let (own, seen) = self.core.findings.since();
         crate::state::Since {
             token_rejected: self.core.adoption.rejected_at,
             source_rejected: self.core.adoption.source_rejected_at,
-            own: self.core.own_since.clone(),
-            seen: self.core.failure_seen.clone(),
+            own,
+            seen,
         }
     }
 }

@@ -1,9 +1,14 @@
 //! When each periodic or owed piece of the service's work is next due: a table of named
 //! timers (monotonic times), in place of deadlines whose meaning flags changed. Which of
-//! them wake the service, and when, is [`Core::next_wake`]'s: nvidia-smi's keeps its own
-//! time, the owed ones wake it at once, the periodic look rides on the heartbeat's wakeups.
+//! them wake the service, and when, is [`super::Core::next_wake`]'s: nvidia-smi's keeps its
+//! own time, the owed ones wake it at once, the periodic look rides on the heartbeat's
+//! wakeups.
 
-use super::*;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{Now, SMI_FLOOR};
 
 /// The service's timers, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

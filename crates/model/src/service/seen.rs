@@ -1,7 +1,14 @@
 //! What the service has seen: gridd's log folded, the last nvidia-smi answer, the token,
 //! the lease and since when.
 
-use super::*;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::assemble::{SmiRead, TokenProblem};
+use crate::observe::smi::SmiSnapshot;
+use crate::state::{LogFold, MAX_EVENTS};
+use crate::token::Token;
 
 /// What the world last said: gridd's lines, nvidia-smi, systemd, the token, what the agent
 /// found at start.
@@ -17,7 +24,6 @@ pub(super) struct Seen {
     /// When nvidia-smi last answered (or failed to): the report's `observed_at`, which a
     /// report remade on the heartbeat does not move.
     pub(super) observed_at: Option<DateTime<Utc>>,
-    pub(super) unit: Option<Result<(), String>>,
     /// The process that logged gridd's latest line (the journal's `_PID`).
     pub(super) gridd_pid: Option<u32>,
     pub(super) token: Option<Result<Token, TokenProblem>>,
@@ -58,7 +64,6 @@ impl Seen {
             smi_error: None,
             smi_unstarted: None,
             observed_at: None,
-            unit: None,
             gridd_pid: None,
             token: None,
             token_dir_changed: None,

@@ -1,6 +1,11 @@
+use std::time::Duration;
+
 use super::in_flight::UnitQuestion;
-use super::schedule::Timer;
-use super::*;
+use super::report::Published;
+use super::schedule::{Schedule, Timer};
+use super::{MIN_REPORT_GAP, Now, SMI_FLOOR};
+use crate::report::State;
+use crate::state::evaluate;
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
