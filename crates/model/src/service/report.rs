@@ -117,48 +117,14 @@ pub(super) fn log_state_change(report: &Report, previous: Option<State>) {
 
 /// Two reports differ for the outside when anything but the time of observation differs.
 pub(super) fn same_report(a: &Report, b: &Report) -> bool {
-    // Every field but the observation's time and the agent's pid: a field added to the report
-    // stops this compiling until it is placed on one side or the other.
-    let Report {
-        schema,
-        state,
-        role,
-        observed_at: _,
-        license,
-        gpus,
-        vms,
-        events,
-        failure,
-        dls,
-        licensing_mode,
-        events_omitted,
-        notes,
-        exit_code,
-        agent_pid: _,
-        last_shutdown,
-        mode,
-        driver_root,
-        gridd_unit,
-        service,
-    } = a;
-    *schema == b.schema
-        && *state == b.state
-        && *license == b.license
-        && *gpus == b.gpus
-        && *role == b.role
-        && *vms == b.vms
-        && *events == b.events
-        && *failure == b.failure
-        && *dls == b.dls
-        && *licensing_mode == b.licensing_mode
-        && *events_omitted == b.events_omitted
-        && *notes == b.notes
-        && *exit_code == b.exit_code
-        && *last_shutdown == b.last_shutdown
-        && *mode == b.mode
-        && *driver_root == b.driver_root
-        && *gridd_unit == b.gridd_unit
-        && *service == b.service
+    // The time and the agent's pid are the only fields that may differ: a field added to the
+    // report counts as soon as it is in the report.
+    a.state == b.state && {
+        let mut b = b.clone();
+        b.observed_at.clone_from(&a.observed_at);
+        b.agent_pid = a.agent_pid;
+        *a == b
+    }
 }
 
 /// The one line `systemctl status` shows.

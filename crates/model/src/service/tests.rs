@@ -134,3 +134,21 @@ fn not_running_during_the_agents_own_work_waits_for_its_end() {
     q.gridd_moved();
     assert_eq!(q.answered(false, false), (true, true));
 }
+
+#[test]
+fn a_report_is_news_when_any_field_but_its_time_and_pid_differs() {
+    use super::report::same_report;
+    use crate::observe::unit::UnitState;
+    let a = evaluate(crate::state::Observations::default());
+    let mut b = a.clone();
+    b.observed_at = Some(chrono::DateTime::UNIX_EPOCH);
+    b.agent_pid = Some(7);
+    assert!(same_report(&a, &b), "only the time and the pid differ");
+    // A fact added to the report counts without being listed anywhere else.
+    let mut c = a.clone();
+    c.gridd_unit = Some(UnitState::Active.as_str().to_string());
+    assert!(!same_report(&a, &c));
+    let mut d = a.clone();
+    d.state = State::Licensed;
+    assert!(!same_report(&a, &d));
+}
