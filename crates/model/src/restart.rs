@@ -14,7 +14,8 @@
 //!   budget per hour; never for what a restart cannot fix, nor where the agent only observes,
 //!   gridd's unit is missing, or its own work (a restart, an adoption) is under way.
 //! - For a new token in the service ([`Remedy::may_restart_for_token`]): the same budget,
-//!   and, while a license is held, the same backoff.
+//!   and, while a license is held, the same backoff; and what the service does with the
+//!   restart its adoption planned ([`for_adopted_token`]).
 
 use std::collections::VecDeque;
 
@@ -189,6 +190,44 @@ pub fn command_restarts_unit(settings: &Settings) -> bool {
 }
 
 // ---- By the service: the remedy while something fails.
+
+/// What the service does with the restart an adoption of a token planned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenRestart {
+    /// Made now, by the service itself (so that its remedy sees it before it happens): why.
+    Now(String),
+    /// Owed, but the service's own work changes what is owed: adopt again in a second. A
+    /// restart of its own runs (the owed one follows it), or one ended while the adoption
+    /// ran (what it found owed may be paid).
+    AdoptAgain,
+    /// The adoption made it (an older agent's): counted and said.
+    Made,
+    /// The budget or backoff says wait: adopt again when they allow.
+    Deferred,
+    /// The adoption's attempt failed: it counts against the budget and backoff too.
+    Failed(String),
+    /// None to make or count.
+    None,
+}
+
+/// What the service does with the restart an adoption planned (`planned`, its reason):
+/// `restarting` whether a restart of the service's own runs, `ended_meanwhile` whether one
+/// ended while the adoption ran.
+pub fn for_adopted_token(
+    planned: &Restart,
+    reason: Option<&str>,
+    restarting: bool,
+    ended_meanwhile: bool,
+) -> TokenRestart {
+    match planned {
+        Restart::Due if restarting || ended_meanwhile => TokenRestart::AdoptAgain,
+        Restart::Due => TokenRestart::Now(reason.unwrap_or("for the token").to_string()),
+        Restart::Done => TokenRestart::Made,
+        Restart::Deferred => TokenRestart::Deferred,
+        Restart::Failed(why) => TokenRestart::Failed(why.clone()),
+        _ => TokenRestart::None,
+    }
+}
 
 /// What else the service knows when its remedy would restart gridd: each is a reason not to
 /// restart it now.
@@ -836,5 +875,50 @@ mod tests {
         ));
         assert_eq!(m.decide(&c, 10.0, State::Licensed, None), Decision::Nothing);
         assert_eq!(m.backoff.peek(), c.restart_backoff);
+    }
+
+    #[test]
+    fn an_adopted_tokens_restart_is_made_by_the_service_unless_its_own_work_changes_what_is_owed() {
+        let due = Restart::Due;
+        assert_eq!(
+            for_adopted_token(&due, Some("the token changed"), false, false),
+            TokenRestart::Now("the token changed".into())
+        );
+        assert_eq!(
+            for_adopted_token(&due, None, false, false),
+            TokenRestart::Now("for the token".into())
+        );
+        // A restart of the service's own runs, or one ended while the adoption ran: what is
+        // owed is read again by the next adoption, not restarted twice.
+        assert_eq!(
+            for_adopted_token(&due, None, true, false),
+            TokenRestart::AdoptAgain
+        );
+        assert_eq!(
+            for_adopted_token(&due, None, false, true),
+            TokenRestart::AdoptAgain
+        );
+        assert_eq!(
+            for_adopted_token(&Restart::Deferred, None, true, false),
+            TokenRestart::Deferred
+        );
+        assert_eq!(
+            for_adopted_token(&Restart::Done, None, false, false),
+            TokenRestart::Made
+        );
+        assert_eq!(
+            for_adopted_token(&Restart::Failed("exit 1".into()), None, false, false),
+            TokenRestart::Failed("exit 1".into())
+        );
+        for nothing in [
+            Restart::NotNeeded,
+            Restart::Skipped,
+            Restart::NoUnit("u".into()),
+        ] {
+            assert_eq!(
+                for_adopted_token(&nothing, None, true, true),
+                TokenRestart::None
+            );
+        }
     }
 }

@@ -17,6 +17,7 @@ use crate::assemble::{TokenProblem, TokenRead};
 use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
 use crate::node::Mode;
 use crate::report::{State, message_ids};
+use crate::restart::TokenRestart;
 use crate::token::{Token, TokenError};
 
 /// Adopting the token that the token directory (or the token source) holds.
@@ -484,22 +485,15 @@ impl Core {
         say_deferral: bool,
         fx: &mut Vec<Effect>,
     ) {
-        match &outcome.restart {
-            Restart::Due if self.busy.restart.is_some() => {
-                // A restart of the agent's own runs, begun before this token was in place:
-                // the owed one follows it (the next adoption finds it still owed).
-                self.adopt_at(now.mono + Duration::from_secs(1));
-            }
-            Restart::Due if self.busy.adopt_after != self.busy.restarts_ended => {
-                // A restart ended while this adoption ran: what it found owed may be paid.
-                // The next adoption reads what is owed now.
-                self.adopt_at(now.mono + Duration::from_secs(1));
-            }
-            Restart::Due => {
-                let why = outcome
-                    .restart_reason
-                    .clone()
-                    .unwrap_or_else(|| "for the token".into());
+        let decided = crate::restart::for_adopted_token(
+            &outcome.restart,
+            outcome.restart_reason.as_deref(),
+            self.busy.restart.is_some(),
+            self.busy.adopt_after != self.busy.restarts_ended,
+        );
+        match decided {
+            TokenRestart::AdoptAgain => self.adopt_at(now.mono + Duration::from_secs(1)),
+            TokenRestart::Now(why) => {
                 self.busy.restart = Some(why.clone());
                 self.remedy.restarted(secs(now), 0.5);
                 fx.push(Effect::RestartGridd {
@@ -507,17 +501,17 @@ impl Core {
                     for_token: true,
                 });
             }
-            Restart::Done => self.restart_made(outcome, now),
-            Restart::Deferred => self.restart_deferred(now, say_deferral),
-            Restart::Failed(why) => {
+            TokenRestart::Made => self.restart_made(outcome, now),
+            TokenRestart::Deferred => self.restart_deferred(now, say_deferral),
+            TokenRestart::Failed(why) => {
                 // A failed attempt counts against the budget and the backoff too.
                 self.remedy.restarted(secs(now), 0.5);
                 error!(
                     "restarting nvidia-gridd failed: {}",
-                    crate::text::escape(why)
+                    crate::text::escape(&why)
                 );
             }
-            _ => {}
+            TokenRestart::None => {}
         }
     }
 
