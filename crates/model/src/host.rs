@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use crate::observations::Observations;
 use crate::observe::smi::{HostVgpu, LicenseStatus, classify_status};
 use crate::observe::vgpu_mgr::{HostLog, LicenseLine};
-use crate::report::{KubeVirt, Report, Role, SCHEMA, State, Vm, VmState};
+use crate::report::{KubeVirt, Report, Role, State, Vm, VmState};
 use crate::text::escape;
 use crate::time::whole_secs;
 
@@ -175,26 +175,16 @@ pub fn evaluate(obs: Observations) -> Report {
     notes.extend(obs.own_notes.iter().cloned());
     notes.extend(obs.input_notes.iter().cloned());
     Report {
-        schema: SCHEMA.to_string(),
         state,
         role: Role::Host,
         observed_at: obs.at.filter(|_| obs.at_is_exact).map(whole_secs),
-        license: None,
-        gpus: Vec::new(),
         vms,
-        events: Vec::new(),
-        failure: None,
-        dls: None,
-        licensing_mode: None,
-        events_omitted: 0,
         notes,
         exit_code: exit_code(state),
         agent_pid: obs.agent_pid,
-        last_shutdown: None,
         mode: obs.node.as_ref().map(|_| "observe".to_string()),
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
-        gridd_unit: None,
-        service: None,
+        ..Report::default()
     }
 }
 

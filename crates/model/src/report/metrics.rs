@@ -505,35 +505,19 @@ pub fn openmetrics(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{License, SCHEMA};
+    use crate::report::License;
 
     #[test]
     fn every_state_and_reason_is_a_series() {
         let report = Report {
-            schema: SCHEMA.into(),
             state: State::Licensed,
-            role: crate::report::Role::Guest,
-            observed_at: None,
             license: Some(License {
                 status: None,
                 edition: None,
                 expiry: Some("2030-01-01T00:00:00Z".parse().unwrap()),
             }),
-            gpus: vec![],
-            vms: None,
-            events: vec![],
-            failure: None,
-            dls: None,
-            licensing_mode: None,
-            events_omitted: 0,
-            notes: vec![],
             exit_code: 0,
-            agent_pid: None,
-            last_shutdown: None,
-            mode: None,
-            driver_root: None,
-            gridd_unit: None,
-            service: None,
+            ..Report::default()
         };
         let mut c = Counters::default();
         c.count_failure(Reason::ClockSkew);
@@ -584,10 +568,7 @@ mod tests {
 
     fn report() -> Report {
         Report {
-            schema: SCHEMA.into(),
             state: State::Unlicensed,
-            role: crate::report::Role::Guest,
-            observed_at: None,
             license: Some(License {
                 status: Some("Unlicensed (Unrestricted)".into()),
                 edition: None,
@@ -613,23 +594,13 @@ mod tests {
                     expiry: None,
                 },
             ],
-            vms: None,
-            events: vec![],
-            failure: None,
             dls: Some(vec![crate::report::DlsEndpoint {
                 host: "dls.example.com".into(),
                 port: 443,
             }]),
             licensing_mode: Some(crate::report::LicensingMode::Dls),
-            events_omitted: 0,
-            notes: vec![],
             exit_code: 1,
-            agent_pid: None,
-            last_shutdown: None,
-            mode: None,
-            driver_root: None,
-            gridd_unit: None,
-            service: None,
+            ..Report::default()
         }
     }
 

@@ -399,6 +399,36 @@ pub struct Report {
     pub service: Option<ServiceFacts>,
 }
 
+/// A report that knows nothing yet: the state unknown (exit 3), every fact absent. Each
+/// maker (state.rs for a guest, host.rs for a host) sets what it knows on top of it, so a
+/// fact added to the report is absent from the others without a word there.
+impl Default for Report {
+    fn default() -> Report {
+        Report {
+            schema: SCHEMA.to_string(),
+            state: State::Unknown,
+            role: Role::default(),
+            observed_at: None,
+            license: None,
+            gpus: Vec::new(),
+            vms: None,
+            events: Vec::new(),
+            failure: None,
+            dls: None,
+            licensing_mode: None,
+            events_omitted: 0,
+            notes: Vec::new(),
+            exit_code: 3,
+            agent_pid: None,
+            last_shutdown: None,
+            mode: None,
+            driver_root: None,
+            gridd_unit: None,
+            service: None,
+        }
+    }
+}
+
 /// What the service knows beside the license, as its metrics show it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServiceFacts {
