@@ -12,7 +12,7 @@ use crate::observe::smi::{LicenseStatus, SmiGpu, SmiSnapshot, classify_status};
 use crate::observe::unit::UnitState;
 use crate::report::{
     DlsEndpoint, Event, EventKind, Failure, Finding, Gpu, License, LicensingMode, Reason, Report,
-    SCHEMA, ServiceFacts, State,
+    ServiceFacts, State,
 };
 use crate::time::{LogTime, rfc3339, whole_secs};
 use crate::token::Token;
@@ -378,17 +378,7 @@ pub fn evaluate(mut obs: Observations) -> Report {
     let mut notes = observation_notes(&obs, mode, &log.events);
     let grounds = Grounds::of(&obs, mode, log.state);
     let state = grounds.state;
-    let failure = grounds.chosen_failure(&obs, &mut log);
-    let failure = blocking_first(
-        state,
-        failure,
-        obs.smi.as_ref(),
-        grounds.exact_at.map(LogTime::Utc),
-        &mut notes,
-    );
-    let failure = grounds.refined(failure, &obs);
-    let app = obs.app_log.as_ref().map(|(_, found)| found);
-    let failure = failure.or_else(|| app_failure(state, app));
+    let failure = failure_of(&obs, &grounds, &mut log, &mut notes);
     notes.extend(also_noted(&obs, failure.as_ref()));
     notes.extend(obs.token_notes.iter().cloned());
     notes.extend(held_note(&obs.held_writers));
@@ -405,13 +395,10 @@ pub fn evaluate(mut obs: Observations) -> Report {
     }
     let failure = failure.map(|f| dated(f, &obs.since));
     Report {
-        schema: SCHEMA.to_string(),
         state,
-        role: crate::report::Role::Guest,
         observed_at: grounds.exact_at,
         license,
         gpus: gpus_of(obs.smi.as_ref()),
-        vms: None,
         events,
         exit_code: exit_code_of(state, failure.is_some(), expiring),
         failure,
@@ -428,7 +415,29 @@ pub fn evaluate(mut obs: Observations) -> Report {
         driver_root: obs.node.as_ref().map(|n| n.driver_root.clone()),
         gridd_unit: obs.gridd_unit.as_ref().map(|u| u.as_str().to_string()),
         service: service_facts(&obs),
+        ..Report::default()
     }
+}
+
+/// The report's failure: the one the grounds choose, a blocking one first, refined by the
+/// probe where gridd was vague, else an application's CUDA error.
+fn failure_of(
+    obs: &Observations,
+    grounds: &Grounds,
+    log: &mut LogView,
+    notes: &mut Vec<String>,
+) -> Option<Failure> {
+    let failure = grounds.chosen_failure(obs, log);
+    let failure = blocking_first(
+        grounds.state,
+        failure,
+        obs.smi.as_ref(),
+        grounds.exact_at.map(LogTime::Utc),
+        notes,
+    );
+    let failure = grounds.refined(failure, obs);
+    let app = obs.app_log.as_ref().map(|(_, found)| found);
+    failure.or_else(|| app_failure(grounds.state, app))
 }
 
 /// The service's facts: what it measured, and what the observations say of the token.
