@@ -288,8 +288,7 @@ impl Core {
         if changed && self.seen.token.is_some() {
             // A new token is news: a vague failure is probed again at once, and what the
             // last probe found was about the old token's DLS.
-            self.probing.last = None;
-            self.probing.failure = None;
+            self.probing.forget();
             self.published.dirty = true;
         }
         if changed {
@@ -435,7 +434,7 @@ impl Core {
                 if !said_already && (outcome.changed() || outcome.restart != Restart::NotNeeded) {
                     say_outcome(&outcome);
                     // A new token, or one now in place: a vague failure is news again.
-                    self.probing.last = None;
+                    self.probing.news();
                 }
                 self.restart_done(&outcome, now, !said_already, fx);
             }

@@ -387,7 +387,7 @@ impl Core {
         let kind = e.what.kind;
         if matches!(kind, EventKind::Acquired | EventKind::Renewed) {
             // What the probe found was about the failure this license ended.
-            self.probing.failure = None;
+            self.probing.license_came();
         }
         // Read nvidia-smi right after gridd says something (coalesced), unless a reading
         // started well after the line was logged: it shows what the line says (this boot's
@@ -801,7 +801,7 @@ impl Core {
         self.seen.smi_unstarted = None;
         self.seen.observed_at = Some(now.wall);
         if crate::state::smi_state(&s) == State::Licensed {
-            self.probing.failure = None;
+            self.probing.license_came();
         }
         // A reading begun before a renewal line was heard shows the lease from before it.
         let older = self
