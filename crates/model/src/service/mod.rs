@@ -18,7 +18,6 @@ use crate::config::Settings;
 use crate::install::Outcome;
 use crate::node::Node;
 use crate::observe::journal::GriddEvent;
-use crate::observe::smi::SmiSnapshot;
 use crate::observe::unit::UnitState;
 use crate::report::metrics::Counters;
 use crate::report::{DlsEndpoint, EventKind, Finding, Report, State, message_ids};
@@ -44,8 +43,8 @@ use in_flight::InFlight;
 use report::Published;
 pub use report::status_line;
 use schedule::{Schedule, Timer};
+use seen::Seen;
 pub use seen::stalled;
-use seen::{Seen, lease_expiry};
 use unit::GriddUnit;
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
@@ -443,37 +442,17 @@ impl Core {
         }
     }
 
-    /// A renewal line of the lease the last reading showed: the lease moves to the expiry it
-    /// gives (its stall judged from now on), and the next reading's deadline with it, with no
-    /// reading. Whether it was that (else it is read as any line of gridd's): the reading
-    /// shows a license, and the line's expiry is no earlier than the lease known (this boot's
-    /// older lines, read at start, move nothing).
+    /// A renewal line of the lease the last reading showed ([`Seen::renewal`]): the next
+    /// reading's deadline moves with the lease. Whether it was that (else it is read as any
+    /// line of gridd's).
     fn lease_renewed(&mut self, e: &GriddEvent, now: Now) -> bool {
-        let licensed = self.seen.smi_error.is_none()
-            && self
-                .seen
-                .smi
-                .as_ref()
-                .is_some_and(|s| crate::state::smi_state(s) == State::Licensed);
-        let (Some(new), Some((old, _)), true) = (
-            e.what.expiry.map(crate::time::whole_secs),
-            self.seen.lease,
-            licensed,
-        ) else {
+        let expiry = e.what.expiry.map(crate::time::whole_secs);
+        let Some(moved) = self.seen.renewal(expiry, now) else {
             return false;
         };
-        if new < old {
-            return false;
-        }
-        if new > old {
-            self.seen.lease = Some((new, now.wall));
-            self.seen.lease_at_start = false;
-            self.seen.lease_line = Some(now.mono);
-            // A reading on its way sets the pace when it answers.
-            if !self.busy.smi {
-                let next = self.paced(now);
-                self.schedule.set(Timer::Smi, next);
-            }
+        // A reading on its way sets the pace when it answers.
+        if moved && !self.busy.smi {
+            self.pace(now);
         }
         true
     }
@@ -714,112 +693,28 @@ impl Core {
         }
     }
 
-    /// When the next reading is due with nothing happening (monotonic), counted from the
-    /// last answer. Without a license: `poll_unlicensed` after it. With one, nvidia-smi is
-    /// the safety net, not the clock: every change that matters comes with a line of gridd's
-    /// (acquired, renewed, failed, returned, shut down), a restart or a driver pod's sign,
-    /// each of which asks for its own reading, or falls at a deadline known here. So the next
-    /// one comes `poll_licensed` after the last (an hour by default), or just after the
-    /// lease's expiry where that comes first: a renewal is gridd's line and moves the lease
-    /// with no reading ([`Core::lease_renewed`]), so an expiry reached without one is the
-    /// deadline by which gridd should have logged it. A lease already past its expiry, still
-    /// shown, is read at the unlicensed pace.
-    fn paced(&self, now: Now) -> Duration {
-        let svc = &self.settings.service;
+    /// nvidia-smi's next reading at its pace ([`Seen::smi_pace`]), counted from the last
+    /// answer.
+    fn pace(&mut self, now: Now) {
         let from = self.schedule.smi_answered.unwrap_or(now.mono);
-        // The reading just taken shows no license (gridd returned it, the driver pod is
-        // going): the report of the reading before may still say licensed, and its long
-        // interval would hide what comes next (the pod's root gone, a new pod).
-        let fresh_unlicensed = self.seen.smi_error.is_some()
-            || self
-                .seen
-                .smi
-                .as_ref()
-                .is_some_and(|s| !s.no_device && crate::state::smi_state(s) != State::Licensed);
-        let licensed = match &self.published.report {
-            Some(r) => r.state == State::Licensed,
-            // Before the first report, as the reading just made says.
-            None => self
-                .seen
-                .smi
-                .as_ref()
-                .is_some_and(|s| crate::state::smi_state(s) == State::Licensed),
-        };
-        if fresh_unlicensed || !licensed {
-            return from + svc.poll_unlicensed;
-        }
-        let most = from + svc.poll_licensed;
-        match self.seen.lease.map(|(exp, _)| (exp - now.wall).to_std()) {
-            // Licensed without an expiry (`Expiry: N/A`, a cloud provider's): nothing falls due.
-            None => most,
-            Some(Ok(left)) if !left.is_zero() => most.min(now.mono + left + AFTER_EXPIRY),
-            Some(_) => from + svc.poll_unlicensed,
-        }
+        let reported = self.published.report.as_ref().map(|r| r.state);
+        let next = self
+            .seen
+            .smi_pace(&self.settings.service, from, reported, now);
+        self.schedule.set(Timer::Smi, next);
     }
 
-    /// A reading of nvidia-smi: the license as it shows it, or why it shows none. One the
-    /// agent could not even start (its own limits) leaves the last reading standing, as old
-    /// as it is: stale, not wrong.
+    /// A reading of nvidia-smi answered ([`Seen::smi_read`]); the next one at its pace.
     fn on_smi(&mut self, read: SmiRead, now: Now) {
         self.busy.smi = false;
-        // A reading begun after gridd said it holds a license answers that word.
-        if self
-            .seen
-            .license_said
-            .is_some_and(|said| said <= self.schedule.smi_began)
-        {
-            self.seen.license_said = None;
-        }
-        match read {
-            SmiRead::Unstarted(why) => {
-                if self.seen.smi_unstarted.as_deref() != Some(why.as_str()) {
-                    warn!("{}", crate::text::escape(&why));
-                }
-                self.seen.smi_unstarted = Some(why);
-            }
-            SmiRead::Snapshot(s) => self.smi_snapshot(s, now),
-            SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
-                self.seen.smi_unstarted = None;
-                self.seen.observed_at = Some(now.wall);
-                if self.seen.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
-                    warn!("nvidia-smi: {}", crate::text::escape(why));
-                }
-                self.seen.smi_error = Some(read);
-            }
+        if self.seen.smi_read(read, self.schedule.smi_began, now) {
+            self.probing.license_came();
         }
         // Something gridd said while this reading ran (a restart) keeps the reading it asked
         // for: this one may show the license from before it.
         // (An event's earlier reading, asked meanwhile, stays: see `Schedule::smi_soon`.)
         self.schedule.smi_answered = Some(now.mono);
-        let next = self.paced(now);
-        self.schedule.set(Timer::Smi, next);
-    }
-
-    /// nvidia-smi's answer: the lease it shows, and since when (a lease that did not move,
-    /// or an older one shown by a reading begun before a renewal line, keeps its time).
-    fn smi_snapshot(&mut self, s: SmiSnapshot, now: Now) {
-        self.seen.smi_unstarted = None;
-        self.seen.observed_at = Some(now.wall);
-        if crate::state::smi_state(&s) == State::Licensed {
-            self.probing.license_came();
-        }
-        // A reading begun before a renewal line was heard shows the lease from before it.
-        let older = self
-            .seen
-            .lease_line
-            .is_some_and(|heard| self.schedule.smi_began < heard);
-        let lease = match (lease_expiry(&s), self.seen.lease) {
-            (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
-            (Some(exp), Some((old, since))) if exp < old && older => Some((old, since)),
-            (Some(exp), _) => Some((exp, now.wall)),
-            (None, _) => None,
-        };
-        if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
-            self.seen.lease_at_start = self.seen.smi.is_none() && self.seen.smi_error.is_none();
-        }
-        self.seen.lease = lease;
-        self.seen.smi = Some(s);
-        self.seen.smi_error = None;
+        self.pace(now);
     }
 
     /// The restarts of gridd in the last hour, when they changed since the last call: the
