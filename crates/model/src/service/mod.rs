@@ -20,7 +20,7 @@ use crate::node::Node;
 use crate::observe::journal::GriddEvent;
 use crate::observe::unit::UnitState;
 use crate::report::metrics::Counters;
-use crate::report::{DlsEndpoint, EventKind, Finding, Report, State, message_ids};
+use crate::report::{DlsEndpoint, EventKind, Finding, Report, message_ids};
 use crate::restart::Remedy;
 use crate::state::{LogFold, MAX_EVENTS};
 
@@ -273,15 +273,7 @@ impl Core {
                 }
                 s
             },
-            published: Published {
-                report: None,
-                metrics: String::new(),
-                beat: now.mono,
-                made: None,
-                dirty: false,
-                rewrite: false,
-                ready: false,
-            },
+            published: Published::new(now.mono),
             vms: host::VmMemory::default(),
         }
     }
@@ -309,8 +301,7 @@ impl Core {
 
     /// The report is written out again at the next tick (a write of it failed).
     pub fn write_again(&mut self) {
-        self.published.dirty = true;
-        self.published.rewrite = true;
+        self.published.write_again();
     }
 
     /// Whether the first report is out (systemd was told the service is ready).
@@ -504,16 +495,7 @@ impl Core {
         if self.schedule.any_due(&looks, now.mono) {
             self.look(now, &mut fx);
         }
-        let licensed = self
-            .published
-            .report
-            .as_ref()
-            .is_some_and(|r| r.state == State::Licensed);
-        // The report is remade while something may change with time alone (grace, backoff,
-        // expiry), and at least as often as the heartbeat.
-        if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
-            self.published.dirty = true;
-        }
+        self.published.remake_if_due(now.mono, self.heartbeat);
         self.reads_due(now, &mut fx);
         self.report_due(now, &mut fx);
         self.remedy_step(now, &mut fx);
@@ -553,14 +535,7 @@ impl Core {
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
         // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
-        if self.schedule.due(Timer::Unit, now.mono)
-            && self.published.report.as_ref().is_some_and(|r| {
-                !matches!(
-                    r.state,
-                    State::Licensed | State::NotLicensable | State::NoGpu | State::NoDriver
-                )
-            })
-        {
+        if self.schedule.due(Timer::Unit, now.mono) && self.published.unit_matters() {
             self.schedule.set(Timer::Unit, now.mono + UNIT_CHECK);
             self.check_unit(now, fx);
         }
@@ -569,23 +544,15 @@ impl Core {
     /// The report, when something happened and the gap since the last is over; the first
     /// tells systemd the service is ready, and starts the first adoption.
     fn report_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let readable = self.readable();
-        let gap_over = self.published.gap_over(now.mono);
-        // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
-        // looked at the token leaves the report to their answers: one report, not a
-        // heartbeat's and then (held back by the gap, a second wakeup) the answers'.
         let asked = fx.iter().any(|e| {
             matches!(
                 e,
                 Effect::ReadSmi | Effect::ReadToken | Effect::Adopt { .. }
             )
         });
-        if self.published.dirty && readable && gap_over && !(asked && self.quiet()) {
-            self.published.dirty = false;
-            self.published.made = Some(now.mono);
+        if self.published.due(now.mono, self.seen.readable(), asked) {
             self.publish(now, fx);
-            if !self.published.ready {
-                self.published.ready = true;
+            if self.published.first_out() {
                 fx.push(Effect::Ready);
                 self.adopt(now, fx);
             }
@@ -611,12 +578,8 @@ impl Core {
     }
 
     fn next_wake_but_token(&self, now: Now) -> Duration {
-        if self.published.dirty && self.readable() {
-            return self
-                .published
-                .made
-                .map_or(now.mono, |t| t + MIN_REPORT_GAP)
-                .max(now.mono);
+        if let Some(at) = self.published.held_back(now.mono, self.seen.readable()) {
+            return at;
         }
         // nvidia-smi's turn keeps its own time: the licensed pace is the config's
         // (poll_licensed_seconds, "every hour") or the lease's expiry, not the next heartbeat
@@ -624,7 +587,7 @@ impl Core {
         // wakeups, at most one heartbeat late.
         let beat = self.published.beat + self.heartbeat;
         let mut at = self.schedule.smi().map_or(beat, |smi| beat.min(smi));
-        if !self.quiet() {
+        if !self.published.quiet() {
             // Without a license (or with a failure) the next step comes at one of these
             // deadlines, each known; in between, nothing changes with time alone that a
             // heartbeat late would matter for (a lease's or a token's warning, a notice's end).
@@ -645,19 +608,6 @@ impl Core {
             }
         }
         at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
-    }
-
-    /// A license held and no failure: nothing changes with time alone.
-    fn quiet(&self) -> bool {
-        self.published
-            .report
-            .as_ref()
-            .is_some_and(|r| r.state == State::Licensed && r.failure.is_none())
-    }
-
-    /// The first report waits for the first nvidia-smi answer (or failure) and the token.
-    fn readable(&self) -> bool {
-        (self.seen.smi.is_some() || self.seen.smi_error.is_some()) && self.seen.token.is_some()
     }
 
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {

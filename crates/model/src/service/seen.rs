@@ -88,6 +88,11 @@ impl Seen {
 }
 
 impl Seen {
+    /// The first report waits for the first nvidia-smi answer (or failure) and the token.
+    pub(super) fn readable(&self) -> bool {
+        (self.smi.is_some() || self.smi_error.is_some()) && self.token.is_some()
+    }
+
     /// A reading of nvidia-smi, begun at `began` (monotonic): the license as it shows it, or
     /// why it shows none. One the agent could not even start (its own limits) leaves the last
     /// reading standing, as old as it is: stale, not wrong. Whether it shows a license.
