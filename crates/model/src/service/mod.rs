@@ -20,7 +20,7 @@ use crate::node::Node;
 use crate::observe::journal::GriddEvent;
 use crate::observe::unit::UnitState;
 use crate::report::metrics::Counters;
-use crate::report::{DlsEndpoint, EventKind, Finding, Report, message_ids};
+use crate::report::{DlsEndpoint, EventKind, Finding, Report};
 use crate::restart::Remedy;
 use crate::state::{LogFold, MAX_EVENTS};
 
@@ -359,8 +359,8 @@ impl Core {
             Event::Restarted(result) => self.on_restarted(result, now, &mut fx),
             Event::Probed { verdict, skew } => self.on_probed(verdict, skew),
             Event::Reloaded(s) => self.reload(*s, now),
-            Event::LastShutdown(record) => self.on_last_shutdown(record),
-            Event::CloneDetected(c) => self.on_clone(*c),
+            Event::LastShutdown(record) => self.seen.last_shutdown_read(record),
+            Event::CloneDetected(c) => self.seen.clone_found(*c),
             Event::VgpuMgr => self.on_vgpu_mgr(now),
             Event::Together(events) => {
                 for e in events {
@@ -391,22 +391,9 @@ impl Core {
         // A renewal of the lease nvidia-smi shows says its new expiry itself: nothing a
         // reading would tell.
         let renewal = kind == EventKind::Renewed && self.lease_renewed(&e, now);
-        match kind {
-            EventKind::Acquired | EventKind::Renewed if !shown && !renewal => {
-                self.seen.license_said = Some(now.mono);
-            }
-            EventKind::Shutdown | EventKind::Started => self.seen.license_said = None,
-            _ => {}
-        }
         // Likewise systemd's answer to a question asked well after the line.
         let unit_knows = before(self.unit.question.asked_at);
-        // A process that said it shuts down stands for nothing until systemd was asked.
-        if kind == EventKind::Shutdown {
-            self.seen.gridd_pid = None;
-        } else if e.pid.is_some() {
-            self.seen.gridd_pid = e.pid;
-        }
-        self.seen.fold.push(e);
+        self.seen.gridd_line(e, !shown && !renewal, now);
         if !shown && !renewal {
             self.schedule
                 .smi_soon(now.mono + Duration::from_millis(300));
@@ -417,18 +404,7 @@ impl Core {
         }
         // A start or stop changes the unit's state; and a line from gridd while systemd was
         // last heard saying it is not running means that answer is old.
-        if !unit_knows {
-            self.unit_after_line(kind, now, fx);
-        }
-    }
-
-    /// A line of gridd's logged after systemd's last answer: a start voids a "not running"
-    /// said before it, and a start, a stop or any line while gridd was said down asks again.
-    fn unit_after_line(&mut self, kind: EventKind, now: Now, fx: &mut Vec<Effect>) {
-        if kind == EventKind::Started {
-            self.unit.started();
-        }
-        if matches!(kind, EventKind::Started | EventKind::Shutdown) || self.unit.down() {
+        if !unit_knows && self.unit.after_line(kind) {
             self.check_unit(now, fx);
         }
     }
@@ -457,27 +433,6 @@ impl Core {
         if again {
             self.check_unit(now, fx);
         }
-    }
-
-    /// What the previous boot's journal says of its end.
-    fn on_last_shutdown(&mut self, record: Option<crate::shutdown::LastShutdown>) {
-        if let Some(r) = record.as_ref().filter(|r| !r.lease_returned) {
-            warn!(
-                "the previous shutdown left the lease held on the DLS until it expires: {}",
-                crate::text::escape(&r.message)
-            );
-        }
-        self.seen.last_shutdown = record;
-    }
-
-    /// A clone found at boot: said once, and kept for the report.
-    fn on_clone(&mut self, c: crate::identity::CloneDetected) {
-        warn!(
-            message_id = message_ids::CLONE_DETECTED,
-            "{}",
-            crate::text::escape(&c.message())
-        );
-        self.seen.clone = Some(c);
     }
 
     /// What is due at `now`: periodic reads, the report, a restart or a probe.

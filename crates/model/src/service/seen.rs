@@ -10,8 +10,9 @@ use tracing::warn;
 use super::{AFTER_EXPIRY, Now};
 use crate::assemble::{SmiRead, TokenProblem};
 use crate::config::Service;
+use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
-use crate::report::State;
+use crate::report::{EventKind, State, message_ids};
 use crate::state::{LogFold, MAX_EVENTS, smi_state};
 use crate::token::Token;
 
@@ -88,6 +89,49 @@ impl Seen {
 }
 
 impl Seen {
+    /// A line of gridd's, into the fold, with the process that logged it. `news`: the line
+    /// asks for a reading (no reading started well after it shows what it says, and it is
+    /// no renewal of the lease shown), so that gridd's word that it holds a license awaits
+    /// the reading that shows it.
+    pub(super) fn gridd_line(&mut self, e: GriddEvent, news: bool, now: Now) {
+        let kind = e.what.kind;
+        match kind {
+            EventKind::Acquired | EventKind::Renewed if news => {
+                self.license_said = Some(now.mono);
+            }
+            EventKind::Shutdown | EventKind::Started => self.license_said = None,
+            _ => {}
+        }
+        // A process that said it shuts down stands for nothing until systemd was asked.
+        if kind == EventKind::Shutdown {
+            self.gridd_pid = None;
+        } else if e.pid.is_some() {
+            self.gridd_pid = e.pid;
+        }
+        self.fold.push(e);
+    }
+
+    /// What the previous boot's journal says of its end: a lease left held is said.
+    pub(super) fn last_shutdown_read(&mut self, record: Option<crate::shutdown::LastShutdown>) {
+        if let Some(r) = record.as_ref().filter(|r| !r.lease_returned) {
+            warn!(
+                "the previous shutdown left the lease held on the DLS until it expires: {}",
+                crate::text::escape(&r.message)
+            );
+        }
+        self.last_shutdown = record;
+    }
+
+    /// A clone found at boot: said once, and kept for the report.
+    pub(super) fn clone_found(&mut self, c: crate::identity::CloneDetected) {
+        warn!(
+            message_id = message_ids::CLONE_DETECTED,
+            "{}",
+            crate::text::escape(&c.message())
+        );
+        self.clone = Some(c);
+    }
+
     /// The first report waits for the first nvidia-smi answer (or failure) and the token.
     pub(super) fn readable(&self) -> bool {
         (self.smi.is_some() || self.smi_error.is_some()) && self.token.is_some()

@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 
 use super::in_flight::UnitQuestion;
 use crate::observe::unit::UnitState;
+use crate::report::EventKind;
 
 /// What systemd last said of gridd's unit, and the questions asked of it.
 #[derive(Debug, Default)]
@@ -38,6 +39,16 @@ impl GriddUnit {
         if self.down() {
             self.state = None;
         }
+    }
+
+    /// A line of gridd's (`kind`) logged after systemd's last answer: a start voids a "not
+    /// running" said before it. Whether to ask again: a start, a stop, or any line while
+    /// gridd was said down.
+    pub(super) fn after_line(&mut self, kind: EventKind) -> bool {
+        if kind == EventKind::Started {
+            self.started();
+        }
+        matches!(kind, EventKind::Started | EventKind::Shutdown) || self.down()
     }
 
     /// A question is wanted at `now`: whether to send it now. `gridd_pid`: the process that
