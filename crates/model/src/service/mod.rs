@@ -263,16 +263,7 @@ impl Core {
             findings: Findings::default(),
             unit: GriddUnit::default(),
             busy: InFlight::default(),
-            schedule: {
-                let mut s = Schedule::default();
-                for t in [Timer::Smi, Timer::Unit, Timer::Probe] {
-                    s.set(t, now.mono);
-                }
-                for t in [Timer::Look, Timer::FirstLook] {
-                    s.set(t, now.mono + first_token_look);
-                }
-                s
-            },
+            schedule: Schedule::at_start(now.mono, first_token_look),
             published: Published::new(now.mono),
             vms: host::VmMemory::default(),
         }
@@ -438,10 +429,9 @@ impl Core {
     /// What is due at `now`: periodic reads, the report, a restart or a probe.
     pub fn tick(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
-        if self.schedule.due(Timer::TokenRead, now.mono) {
+        if self.schedule.take(Timer::TokenRead, now.mono) {
             // The directory changed during the last look: look again, and adopt what is there
             // (the shell sends no new event for changes it knows a read is owed for).
-            self.schedule.stop(Timer::TokenRead);
             self.read_token(now, &mut fx);
             self.dir_changed(now, &mut fx);
         }
@@ -460,15 +450,7 @@ impl Core {
     /// The token directory's look at its deadline (periodic, the first, or an owed
     /// adoption's): the token read, and what is there adopted.
     fn look(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let owed = self.schedule.at(Timer::Owed).is_some();
-        self.schedule.stop(Timer::Owed);
-        self.schedule.stop(Timer::FirstLook);
-        let every = if self.watching {
-            ADOPT_WATCHED
-        } else {
-            ADOPT_UNWATCHED
-        };
-        self.schedule.set(Timer::Look, now.mono + every);
+        let owed = self.schedule.looked(now.mono, self.watching);
         // An adoption owed (a writer settling, a deferred restart, the gap after a look
         // in a burst) comes with its reads already; the periodic look reads the token too.
         if !owed {
@@ -519,50 +501,18 @@ impl Core {
     /// heartbeat away and at least a second, so that an idle hour, and a failing one, cost
     /// a wakeup per deadline rather than one a second.
     pub fn next_wake(&self, now: Now) -> Duration {
-        let mut wake = self.next_wake_but_token(now);
-        // A restart owed for a new token is made when the journal said it would be, and the
-        // first look keeps its own time (with either, the periodic look's deadline counts
-        // too, whichever comes first).
-        let s = &self.schedule;
-        if s.at(Timer::Owed).is_some() || s.at(Timer::FirstLook).is_some() {
-            let looks = s.earliest(&[Timer::Look, Timer::FirstLook, Timer::Owed]);
-            wake = looks.map_or(wake, |t| wake.min(t.max(now.mono)));
-        }
-        s.at(Timer::TokenRead)
-            .map_or(wake, |t| wake.min(t.max(now.mono)))
-    }
-
-    fn next_wake_but_token(&self, now: Now) -> Duration {
-        if let Some(at) = self.published.held_back(now.mono, self.seen.readable()) {
-            return at;
-        }
-        // nvidia-smi's turn keeps its own time: the licensed pace is the config's
-        // (poll_licensed_seconds, "every hour") or the lease's expiry, not the next heartbeat
-        // after it. The token's periodic look (half an hour apart) comes on the heartbeat's
-        // wakeups, at most one heartbeat late.
-        let beat = self.published.beat + self.heartbeat;
-        let mut at = self.schedule.smi().map_or(beat, |smi| beat.min(smi));
-        if !self.published.quiet() {
-            // Without a license (or with a failure) the next step comes at one of these
-            // deadlines, each known; in between, nothing changes with time alone that a
-            // heartbeat late would matter for (a lease's or a token's warning, a notice's end).
-            let ahead = |t: Duration| (t > now.mono).then_some(t);
+        let held_back = self.published.held_back(now.mono, self.seen.readable());
+        let wake = held_back.unwrap_or_else(|| {
             let remedy = self
                 .remedy
                 .next_change(&self.settings.service, secs(now))
                 .map(|t| Duration::from_secs_f64(t.max(0.0)));
-            for t in [
-                self.schedule.at(Timer::Unit).and_then(ahead),
-                self.schedule.at(Timer::Probe).and_then(ahead),
-                remedy.and_then(ahead),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                at = at.min(t);
-            }
-        }
-        at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
+            let beat = self.published.beat + self.heartbeat;
+            let quiet = self.published.quiet();
+            self.schedule
+                .wake(now.mono, beat, self.heartbeat, (!quiet).then_some(remedy))
+        });
+        self.schedule.with_token_looks(wake, now.mono)
     }
 
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {

@@ -1,14 +1,14 @@
 //! When each periodic or owed piece of the service's work is next due: a table of named
-//! timers (monotonic times), in place of deadlines whose meaning flags changed. Which of
-//! them wake the service, and when, is [`super::Core::next_wake`]'s: nvidia-smi's keeps its
-//! own time, the owed ones wake it at once, the periodic look rides on the heartbeat's
-//! wakeups.
+//! timers (monotonic times), in place of deadlines whose meaning flags changed, and which of
+//! them wake the service, and when ([`Schedule::wake`], for [`super::Core::next_wake`]):
+//! nvidia-smi's keeps its own time, the owed ones wake it at once, the periodic look rides
+//! on the heartbeat's wakeups.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{Now, SMI_FLOOR};
+use super::{ADOPT_UNWATCHED, ADOPT_WATCHED, BUSY_TICK, Now, SMI_FLOOR};
 
 /// The service's timers, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,87 @@ pub(super) struct Schedule {
 }
 
 impl Schedule {
+    /// The timers at the service's start (`now`): the readings and the questions at once,
+    /// the first look at the token `first_look` later.
+    pub(super) fn at_start(now: Duration, first_look: Duration) -> Schedule {
+        let mut s = Schedule::default();
+        for t in [Timer::Smi, Timer::Unit, Timer::Probe] {
+            s.set(t, now);
+        }
+        for t in [Timer::Look, Timer::FirstLook] {
+            s.set(t, now + first_look);
+        }
+        s
+    }
+
+    /// Whether the timer is due: if so, it is stopped.
+    pub(super) fn take(&mut self, t: Timer, now: Duration) -> bool {
+        let due = self.due(t, now);
+        if due {
+            self.stop(t);
+        }
+        due
+    }
+
+    /// A look at the token directory at its deadline: the first and an owed one are done,
+    /// and the periodic one is next due in half an hour where the directory is watched (in
+    /// half a minute where not). Whether an adoption was owed.
+    pub(super) fn looked(&mut self, now: Duration, watching: bool) -> bool {
+        let owed = self.at(Timer::Owed).is_some();
+        self.stop(Timer::Owed);
+        self.stop(Timer::FirstLook);
+        let every = if watching {
+            ADOPT_WATCHED
+        } else {
+            ADOPT_UNWATCHED
+        };
+        self.set(Timer::Look, now + every);
+        owed
+    }
+
+    /// When the service next wakes, but for the token's looks: at nvidia-smi's turn, which
+    /// keeps its own time (the licensed pace is the config's, poll_licensed_seconds, "every
+    /// hour", or the lease's expiry, not the next heartbeat after it), and at the `beat`.
+    /// Without a license or with a failure (`remedy`: `Some`, with the restart's next
+    /// deadline, grace or backoff), at a unit check or a probe too: the next step comes at
+    /// one of these deadlines, each known; in between, nothing changes with time alone that a
+    /// heartbeat late would matter for (a lease's or a token's warning, a notice's end). At
+    /// most one `heartbeat` away and at least [`BUSY_TICK`].
+    pub(super) fn wake(
+        &self,
+        now: Duration,
+        beat: Duration,
+        heartbeat: Duration,
+        remedy: Option<Option<Duration>>,
+    ) -> Duration {
+        let mut at = self.smi().map_or(beat, |smi| beat.min(smi));
+        if let Some(remedy) = remedy {
+            let ahead = |t: Duration| (t > now).then_some(t);
+            for t in [self.at(Timer::Unit), self.at(Timer::Probe), remedy]
+                .into_iter()
+                .flatten()
+                .filter_map(ahead)
+            {
+                at = at.min(t);
+            }
+        }
+        at.clamp(now + BUSY_TICK, now + heartbeat)
+    }
+
+    /// The service's next wakeup `wake`, brought forward for the token: a look owed for
+    /// changes seen during the last one, and, while a restart is owed for a new token (made
+    /// when the journal said it would be) or the first look waits (it keeps its own time),
+    /// the looks' deadlines, whichever comes first. The periodic look alone comes on the
+    /// heartbeat's wakeups, at most one heartbeat late.
+    pub(super) fn with_token_looks(&self, mut wake: Duration, now: Duration) -> Duration {
+        if self.at(Timer::Owed).is_some() || self.at(Timer::FirstLook).is_some() {
+            let looks = self.earliest(&[Timer::Look, Timer::FirstLook, Timer::Owed]);
+            wake = looks.map_or(wake, |t| wake.min(t.max(now)));
+        }
+        self.at(Timer::TokenRead)
+            .map_or(wake, |t| wake.min(t.max(now)))
+    }
+
     /// The timer's deadline.
     pub(super) fn at(&self, t: Timer) -> Option<Duration> {
         self.at[t as usize]
