@@ -10,11 +10,12 @@ use tracing::warn;
 use super::{AFTER_EXPIRY, Now};
 use crate::assemble::{SmiRead, TokenProblem};
 use crate::config::Service;
+use crate::install::SETTLE;
 use crate::observe::journal::GriddEvent;
 use crate::observe::smi::SmiSnapshot;
 use crate::report::{EventKind, State, message_ids};
 use crate::state::{LogFold, MAX_EVENTS, smi_state};
-use crate::token::Token;
+use crate::token::{Token, TokenError};
 
 /// What the world last said: gridd's lines, nvidia-smi, systemd, the token, what the agent
 /// found at start.
@@ -130,6 +131,42 @@ impl Seen {
             crate::text::escape(&c.message())
         );
         self.clone = Some(c);
+    }
+
+    /// A token file being written (made empty, then filled; or part written) is no verdict
+    /// yet: looked at again once the directory has been still for a while. When, where so.
+    pub(super) fn settling(
+        &self,
+        t: &Result<Token, TokenProblem>,
+        now: Duration,
+    ) -> Option<Duration> {
+        let partial = matches!(
+            t,
+            Err(TokenProblem::Invalid(
+                TokenError::Empty | TokenError::Truncated(_)
+            ))
+        );
+        self.token_dir_changed
+            .map(|changed| changed + SETTLE)
+            .filter(|&until| partial && now < until)
+    }
+
+    /// The token, read at `now`: whether it changed (`None`: the same), and whether it
+    /// replaced one read before (the first read is no news). A Secret read before a change
+    /// says nothing of the new token.
+    pub(super) fn token_read(
+        &mut self,
+        t: Result<Token, TokenProblem>,
+        now: Duration,
+    ) -> Option<bool> {
+        let same = self.token.as_ref().is_some_and(|old| same_token(old, &t));
+        let replaced = self.token.is_some();
+        self.token = Some(t);
+        if same {
+            return None;
+        }
+        self.token_at = Some(now);
+        Some(replaced)
     }
 
     /// The first report waits for the first nvidia-smi answer (or failure) and the token.
@@ -297,7 +334,7 @@ pub fn stalled(
     ))
 }
 
-pub(super) fn same_token(a: &Result<Token, TokenProblem>, b: &Result<Token, TokenProblem>) -> bool {
+fn same_token(a: &Result<Token, TokenProblem>, b: &Result<Token, TokenProblem>) -> bool {
     match (a, b) {
         (Ok(a), Ok(b)) => a == b,
         (Err(a), Err(b)) => a == b,
