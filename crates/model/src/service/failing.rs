@@ -148,12 +148,6 @@ impl Core {
         }
     }
 
-    /// A probe of the DLS ended: its verdict, and the clock skew it measured.
-    pub(super) fn on_probed(&mut self, verdict: Option<Finding>, skew: Option<f64>) {
-        self.busy.probe = false;
-        self.probing.probed(verdict, skew);
-    }
-
     /// The agent's restart of gridd ended: counted or said, and its failure probed anew.
     pub(super) fn on_restarted(
         &mut self,

@@ -344,11 +344,17 @@ impl Core {
             Event::DriverPodChanged => self
                 .schedule
                 .smi_soon(now.mono + Duration::from_millis(300)),
-            Event::NodeCondition(outcome) => self.condition_written(outcome),
-            Event::LicensingSecret(read) => self.secret_read(read, now),
+            // Each failed part of a write to the Node is a count, and the report is remade.
+            Event::NodeCondition(outcome) => {
+                self.counters.node_condition_errors += self.node_writes.written(outcome);
+            }
+            Event::LicensingSecret(read) => self.seen.secret_read(read, now.mono),
             Event::Adopted(result) => self.on_adopted(result, now, &mut fx),
             Event::Restarted(result) => self.on_restarted(result, now, &mut fx),
-            Event::Probed { verdict, skew } => self.on_probed(verdict, skew),
+            Event::Probed { verdict, skew } => {
+                self.busy.probe = false;
+                self.probing.probed(verdict, skew);
+            }
             Event::Reloaded(s) => self.reload(*s, now),
             Event::LastShutdown(record) => self.seen.last_shutdown_read(record),
             Event::CloneDetected(c) => self.seen.clone_found(*c),

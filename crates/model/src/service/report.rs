@@ -263,9 +263,18 @@ impl Core {
     /// Makes the report and says where it goes.
     pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let mut report = evaluate(self.observations(now));
-        self.remember_vms(&mut report, now, fx);
+        if self.is_host() {
+            fx.extend(self.vms.remember(&mut report, now.wall));
+        }
         self.findings.seen_in(&report, now.wall);
-        self.log_new_failure(&report);
+        // A new failure: counted once, logged with its catalog entry. With a token source,
+        // no token before the source is read is not yet a failure: the source may bring one.
+        let premature = f_is_missing(&report)
+            && self.settings.paths.token_source.is_some()
+            && !self.adoption.source_read;
+        if let Some(reason) = self.findings.new_failure(&report, premature) {
+            self.counters.count_failure(reason);
+        }
         let publication =
             self.published
                 .publication(report, &self.counters, now.mono, self.heartbeat);
@@ -284,18 +293,6 @@ impl Core {
     /// The service's memory at `now`, as a source of observations.
     pub(super) fn memory(&self, now: Now) -> Memory<'_> {
         Memory { core: self, now }
-    }
-
-    /// A new failure: counted once, logged with its catalog entry.
-    pub(super) fn log_new_failure(&mut self, report: &Report) {
-        // With a token source, no token before the source is read is not yet a failure: the
-        // source may bring one.
-        let premature = f_is_missing(report)
-            && self.settings.paths.token_source.is_some()
-            && !self.adoption.source_read;
-        if let Some(reason) = self.findings.new_failure(report, premature) {
-            self.counters.count_failure(reason);
-        }
     }
 
     /// The failure before any probe: the agent's own (token, unit), else gridd's.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{AFTER_EXPIRY, Now};
 use crate::assemble::{SmiRead, TokenProblem};
@@ -167,6 +167,26 @@ impl Seen {
         }
         self.token_at = Some(now);
         Some(replaced)
+    }
+
+    /// The licensing Secret, read at `now`: a failure to read it is a warning once per
+    /// streak (it is also in the report's notes while it lasts).
+    pub(super) fn secret_read(
+        &mut self,
+        read: Result<crate::node::SecretToken, String>,
+        now: Duration,
+    ) {
+        self.secret_at = Some(now);
+        let was_failing = matches!(self.secret, Some(Err(_)));
+        match &read {
+            Err(why) if !was_failing => warn!(
+                "the licensing Secret is not read (tried again at each heartbeat): {}",
+                crate::text::escape(why)
+            ),
+            Ok(_) if was_failing => info!("the licensing Secret is read again"),
+            _ => {}
+        }
+        self.secret = Some(read);
     }
 
     /// The first report waits for the first nvidia-smi answer (or failure) and the token.
