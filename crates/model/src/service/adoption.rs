@@ -564,7 +564,7 @@ impl Core {
             &outcome.restart_command,
             outcome.restart_reason.as_deref().unwrap_or("for the token"),
         );
-        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+        self.readings.soon(now.mono + Duration::from_secs(1));
         // Asked once the adoption is over.
         self.unit.question.after_own_work();
     }

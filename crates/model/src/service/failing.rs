@@ -177,6 +177,6 @@ impl Core {
         }
         // A restarted gridd's failure is news: probe it at once.
         self.probing.news();
-        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+        self.readings.soon(now.mono + Duration::from_secs(1));
     }
 }

@@ -169,7 +169,7 @@ impl Core {
     /// changed): nvidia-smi is read soon, to see which VM and how.
     pub(super) fn on_vgpu_mgr(&mut self, now: Now) {
         if self.is_host() {
-            self.schedule.smi_soon(now.mono + AFTER_VGPU_MGR_LINE);
+            self.readings.soon(now.mono + AFTER_VGPU_MGR_LINE);
         }
     }
 }

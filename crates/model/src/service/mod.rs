@@ -30,6 +30,7 @@ mod findings;
 mod host;
 mod in_flight;
 mod node;
+mod readings;
 mod report;
 mod schedule;
 mod seen;
@@ -40,6 +41,7 @@ use failing::Probing;
 use findings::Findings;
 pub use host::vm_change_line;
 use in_flight::InFlight;
+use readings::Readings;
 use report::Published;
 pub use report::status_line;
 use schedule::{Schedule, Timer};
@@ -224,6 +226,8 @@ pub struct Core {
     /// gridd's unit: systemd's last word, and the questions to it.
     unit: GriddUnit,
     busy: InFlight,
+    /// nvidia-smi's readings: the one running, and when the next is due.
+    readings: Readings,
     schedule: Schedule,
     published: Published,
     /// On a vGPU host: each VM's vGPU, its state and since when.
@@ -263,6 +267,7 @@ impl Core {
             findings: Findings::default(),
             unit: GriddUnit::default(),
             busy: InFlight::default(),
+            readings: Readings::new(now.mono),
             schedule: Schedule::at_start(now.mono, first_token_look),
             published: Published::new(now.mono),
             vms: host::VmMemory::default(),
@@ -338,12 +343,9 @@ impl Core {
             Event::GriddUnitLine => {
                 self.unit.question.gridd_moved();
                 self.check_unit(now, &mut fx);
-                self.schedule
-                    .smi_soon(now.mono + Duration::from_millis(300));
+                self.readings.soon(now.mono + Duration::from_millis(300));
             }
-            Event::DriverPodChanged => self
-                .schedule
-                .smi_soon(now.mono + Duration::from_millis(300)),
+            Event::DriverPodChanged => self.readings.soon(now.mono + Duration::from_millis(300)),
             // Each failed part of a write to the Node is a count, and the report is remade.
             Event::NodeCondition(outcome) => {
                 self.counters.node_condition_errors += self.node_writes.written(outcome);
@@ -384,7 +386,7 @@ impl Core {
             said.zip(asked)
                 .is_some_and(|(said, asked)| said + chrono::Duration::seconds(1) <= asked)
         };
-        let shown = before(self.schedule.smi_started);
+        let shown = before(self.readings.started);
         // A renewal of the lease nvidia-smi shows says its new expiry itself: nothing a
         // reading would tell.
         let renewal = kind == EventKind::Renewed && self.lease_renewed(&e, now);
@@ -392,8 +394,7 @@ impl Core {
         let unit_knows = before(self.unit.question.asked_at);
         self.seen.gridd_line(e, !shown && !renewal, now);
         if !shown && !renewal {
-            self.schedule
-                .smi_soon(now.mono + Duration::from_millis(300));
+            self.readings.soon(now.mono + Duration::from_millis(300));
         }
         if kind == EventKind::Started && self.node.driver_root.is_some() {
             // A new driver pod's gridd: the token it runs with is the new pod's.
@@ -415,7 +416,7 @@ impl Core {
             return false;
         };
         // A reading on its way sets the pace when it answers.
-        if moved && !self.busy.smi {
+        if moved && !self.readings.running {
             self.pace(now);
         }
         true
@@ -473,7 +474,7 @@ impl Core {
 
     /// nvidia-smi at its turn, and systemd every few seconds while no license is held.
     fn reads_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        if self.schedule.smi().is_some_and(|t| now.mono >= t) {
+        if self.readings.due(now.mono) {
             self.read_smi(now, fx);
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
@@ -515,18 +516,19 @@ impl Core {
                 .map(|t| Duration::from_secs_f64(t.max(0.0)));
             let beat = self.published.beat + self.heartbeat;
             let quiet = self.published.quiet();
+            let reading = self.readings.next();
+            let remedy = (!quiet).then_some(remedy);
             self.schedule
-                .wake(now.mono, beat, self.heartbeat, (!quiet).then_some(remedy))
+                .wake(now.mono, reading, beat, self.heartbeat, remedy)
         });
         self.schedule.with_token_looks(wake, now.mono)
     }
 
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        if std::mem::replace(&mut self.busy.smi, true) {
+        // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
+        if !self.readings.start(now) {
             return;
         }
-        // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
-        self.schedule.smi_started(now);
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
@@ -557,24 +559,20 @@ impl Core {
     /// nvidia-smi's next reading at its pace ([`Seen::smi_pace`]), counted from the last
     /// answer.
     fn pace(&mut self, now: Now) {
-        let from = self.schedule.smi_answered.unwrap_or(now.mono);
+        let from = self.readings.answered_at.unwrap_or(now.mono);
         let reported = self.published.report.as_ref().map(|r| r.state);
         let next = self
             .seen
             .smi_pace(&self.settings.service, from, reported, now);
-        self.schedule.set(Timer::Smi, next);
+        self.readings.set_pace(next);
     }
 
     /// A reading of nvidia-smi answered ([`Seen::smi_read`]); the next one at its pace.
     fn on_smi(&mut self, read: SmiRead, now: Now) {
-        self.busy.smi = false;
-        if self.seen.smi_read(read, self.schedule.smi_began, now) {
+        if self.seen.smi_read(read, self.readings.began, now) {
             self.probing.license_came();
         }
-        // Something gridd said while this reading ran (a restart) keeps the reading it asked
-        // for: this one may show the license from before it.
-        // (An event's earlier reading, asked meanwhile, stays: see `Schedule::smi_soon`.)
-        self.schedule.smi_answered = Some(now.mono);
+        self.readings.answered(now.mono);
         self.pace(now);
     }
 
@@ -592,7 +590,7 @@ impl Core {
         say_restart_only(&self.settings, &s);
         self.remedy.reconfigure(&s.service);
         self.settings = kept_from_start(s, &self.settings);
-        self.schedule.smi_soon(now.mono);
+        self.readings.soon(now.mono);
     }
 }
 

@@ -96,7 +96,7 @@ impl Core {
         self.node = node;
         self.published.dirty = true;
         if moved || pod_changed {
-            self.schedule.smi_soon(now.mono);
+            self.readings.soon(now.mono);
             self.read_token(now, fx);
         }
     }

@@ -1,8 +1,8 @@
 use std::time::Duration;
 
 use super::in_flight::UnitQuestion;
+use super::readings::Readings;
 use super::report::Published;
-use super::schedule::{Schedule, Timer};
 use super::{MIN_REPORT_GAP, Now, SMI_FLOOR};
 use crate::report::State;
 use crate::state::evaluate;
@@ -13,40 +13,40 @@ fn secs(s: u64) -> Duration {
 
 #[test]
 fn an_event_brings_nvidia_smis_reading_forward_never_back() {
-    let mut due = Schedule::default();
-    due.set(Timer::Smi, secs(60));
-    due.smi_soon(secs(90));
-    assert_eq!(due.smi(), Some(secs(60)));
-    due.smi_soon(secs(5));
-    assert_eq!(due.smi(), Some(secs(5)));
-    due.smi_soon(secs(30));
-    assert_eq!(due.smi(), Some(secs(5)), "never put back");
+    let mut due = Readings::default();
+    due.set_pace(secs(60));
+    due.soon(secs(90));
+    assert_eq!(due.next(), Some(secs(60)));
+    due.soon(secs(5));
+    assert_eq!(due.next(), Some(secs(5)));
+    due.soon(secs(30));
+    assert_eq!(due.next(), Some(secs(5)), "never put back");
     // A reading starts: nothing more until it answers; an event meanwhile is kept over the
     // pace the answer sets.
     let now = Now {
         mono: secs(5),
         wall: chrono::DateTime::UNIX_EPOCH,
     };
-    due.smi_started(now);
-    assert_eq!(due.smi(), Some(secs(3605)));
-    due.smi_soon(secs(6));
-    due.set(Timer::Smi, secs(305));
-    assert_eq!(due.smi(), Some(secs(6)));
+    assert!(due.start(now));
+    assert_eq!(due.next(), Some(secs(3605)));
+    due.soon(secs(6));
+    due.set_pace(secs(305));
+    assert_eq!(due.next(), Some(secs(6)));
 }
 
 #[test]
 fn whatever_asks_a_reading_starts_a_floor_after_the_last_answer() {
-    let mut due = Schedule::default();
-    due.set(Timer::Smi, secs(3600));
-    due.smi_answered = Some(secs(10));
-    due.smi_soon(secs(10));
-    assert_eq!(due.smi(), Some(secs(10) + SMI_FLOOR), "not back to back");
-    due.smi_soon(secs(5));
-    assert_eq!(due.smi(), Some(secs(10) + SMI_FLOOR));
-    let mut later = Schedule::default();
-    later.smi_answered = Some(secs(10));
-    later.smi_soon(secs(30));
-    assert_eq!(later.smi(), Some(secs(30)), "a later one keeps its time");
+    let mut due = Readings::default();
+    due.set_pace(secs(3600));
+    due.answered_at = Some(secs(10));
+    due.soon(secs(10));
+    assert_eq!(due.next(), Some(secs(10) + SMI_FLOOR), "not back to back");
+    due.soon(secs(5));
+    assert_eq!(due.next(), Some(secs(10) + SMI_FLOOR));
+    let mut later = Readings::default();
+    later.answered_at = Some(secs(10));
+    later.soon(secs(30));
+    assert_eq!(later.next(), Some(secs(30)), "a later one keeps its time");
 }
 
 #[test]
