@@ -510,14 +510,14 @@ impl Core {
     pub fn next_wake(&self, now: Now) -> Duration {
         let held_back = self.published.held_back(now.mono, self.seen.readable());
         let wake = held_back.unwrap_or_else(|| {
-            let remedy = self
-                .remedy
-                .next_change(&self.settings.service, secs(now))
-                .map(|t| Duration::from_secs_f64(t.max(0.0)));
+            // Without a license (or with a failure), the restart's next deadline counts too.
+            let remedy = (!self.published.quiet()).then(|| {
+                self.remedy
+                    .next_change(&self.settings.service, secs(now))
+                    .map(|t| Duration::from_secs_f64(t.max(0.0)))
+            });
             let beat = self.published.beat + self.heartbeat;
-            let quiet = self.published.quiet();
             let reading = self.readings.next();
-            let remedy = (!quiet).then_some(remedy);
             self.schedule
                 .wake(now.mono, reading, beat, self.heartbeat, remedy)
         });
