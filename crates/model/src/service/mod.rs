@@ -545,13 +545,10 @@ impl Core {
         }
     }
 
-    /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
-    /// the attempt made): a "not running" answer set aside while it ran is checked again.
+    /// A restart or adoption of the agent's own is over ([`GriddUnit::own_work_ended`]): a
+    /// question owed is sent.
     fn own_work_ended(&mut self, restarted: bool, now: Now, fx: &mut Vec<Effect>) {
-        if restarted {
-            self.unit.question.gridd_moved();
-        }
-        if self.unit.question.owed(self.busy.own_work()) {
+        if self.unit.own_work_ended(restarted, self.busy.own_work()) {
             self.check_unit(now, fx);
         }
     }

@@ -51,6 +51,16 @@ impl GriddUnit {
         matches!(kind, EventKind::Started | EventKind::Shutdown) || self.down()
     }
 
+    /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
+    /// the attempt made; `own_work`: other work of the agent's own still runs): whether to
+    /// ask now, a "not running" answer set aside while it ran being checked again.
+    pub(super) fn own_work_ended(&mut self, restarted: bool, own_work: bool) -> bool {
+        if restarted {
+            self.question.gridd_moved();
+        }
+        self.question.owed(own_work)
+    }
+
     /// A question is wanted at `now`: whether to send it now. `gridd_pid`: the process that
     /// logged gridd's latest line, which answers in systemd's stead while it runs, when
     /// systemd's last word is that gridd runs and nothing moved since.
