@@ -8,17 +8,15 @@ use chrono::{DateTime, Utc};
 use tracing::{error, info, warn};
 
 use super::schedule::Timer;
-use super::seen::same_token;
 use super::{
     ADOPT_AFTER_FAILURE, AdoptError, Core, Effect, Now, TOKEN_NOTICE_FOR, TOKEN_READ_GAP, look_gap,
     secs,
 };
-use crate::assemble::{TokenProblem, TokenRead};
-use crate::install::{Aside, Change, Outcome, Restart, SETTLE};
+use crate::assemble::TokenRead;
+use crate::install::{Aside, Change, Outcome, Restart};
 use crate::node::Mode;
 use crate::report::{State, message_ids};
 use crate::restart::TokenRestart;
-use crate::token::{Token, TokenError};
 
 /// Adopting the token that the token directory (or the token source) holds.
 #[derive(Debug, Default)]
@@ -99,7 +97,120 @@ pub(super) fn say_outcome(outcome: &Outcome) {
     }
 }
 
+/// What comes after an adoption ends, or the token directory changes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Next {
+    /// An adoption now.
+    Now,
+    /// An adoption owed at this deadline: the service wakes for it.
+    Owed(Duration),
+    /// The look is brought forward to this deadline (a failure's wait).
+    Look(Duration),
+    Nothing,
+}
+
 impl Adoption {
+    /// An adoption that took `took` ended at `now` (`did_something`: it changed the
+    /// directory or restarted gridd, which takes seconds and says nothing of how long a look
+    /// takes): when the directory's changes may start the next one, and the next one made
+    /// now if its deadline came meanwhile, or owed if the directory changed.
+    pub(super) fn ended(&mut self, did_something: bool, took: Duration, now: Duration) -> Next {
+        self.calm_at = now
+            + if did_something {
+                TOKEN_READ_GAP
+            } else {
+                look_gap(took)
+            };
+        let again = std::mem::take(&mut self.again);
+        if std::mem::take(&mut self.due) {
+            Next::Now
+        } else if again {
+            Next::Owed(self.calm_at)
+        } else {
+            Next::Nothing
+        }
+    }
+
+    /// The token directory changed at `now`: adopt what is there, unless the last adoption
+    /// failed moments ago (then when the wait is over).
+    pub(super) fn changed(&self, now: Duration) -> Next {
+        match self.failed {
+            Some(t) if now < t + ADOPT_AFTER_FAILURE => Next::Look(t + ADOPT_AFTER_FAILURE),
+            // A burst of changes (a sync tool writing thousands of files) is adopted a gap
+            // apart ([`look_gap`]), not in one adoption after another for its length: each
+            // reads the whole directory.
+            _ if now < self.calm_at => Next::Owed(self.calm_at),
+            _ => Next::Now,
+        }
+    }
+
+    /// No adoption at `now`: waited for (a writer settling, a newer token), or refused and
+    /// said.
+    pub(super) fn not_adopted(&mut self, e: AdoptError, now: Duration) -> Next {
+        match e {
+            AdoptError::NoToken(_) => {}
+            // Judged once the writer is done: the deadline wakes the service.
+            AdoptError::Settling(wait) => return Next::Owed(now + wait),
+            AdoptError::Superseded => {
+                info!("the token was replaced while being adopted: adopting the new one");
+                self.again = true;
+            }
+            // cloud-init may still be writing it: the next change or tick tries again.
+            AdoptError::Rejected(why) => {
+                warn!(
+                    "token not adopted: {}",
+                    crate::text::escape(&why.to_string())
+                )
+            }
+            AdoptError::Refused(why) | AdoptError::Other(why) => {
+                error!("token not adopted: {}", crate::text::escape(&why))
+            }
+            AdoptError::SourceRejected(why) => {
+                warn!(
+                    message_id = message_ids::FAILURE_TOKEN_SOURCE_REJECTED,
+                    "token not adopted: {}",
+                    crate::text::escape(&why)
+                )
+            }
+        }
+        Next::Nothing
+    }
+
+    /// Whether the outcome's deferred restart was said already: a restart still owed, met
+    /// again by a look that changed nothing (the agent's own chmod wakes it, and so does
+    /// each periodic look), was said when it was deferred: the journal says it once, and
+    /// once when it is made.
+    pub(super) fn said_already(&mut self, outcome: &Outcome) -> bool {
+        let deferred = outcome.restart == Restart::Deferred;
+        let said = self.deferral_said && !outcome.changed() && deferred;
+        self.deferral_said = deferred;
+        said
+    }
+
+    /// A restart for the token owed, allowed from `at` (seconds on the core's clock): until
+    /// when it is deferred (adopted again, and gridd restarted, at that deadline, however
+    /// quiet the service is meanwhile); said once (`say`).
+    pub(super) fn defer(&mut self, at: f64, now: Now, say: bool) -> Duration {
+        // Whole seconds, rounded up: the restart comes when the line says. A later look that
+        // finds it still owed keeps the deadline said (rounding up again from a later moment
+        // would move it).
+        let until = match self.deferred_until {
+            Some(t) if !say && t > now.mono => t,
+            _ => {
+                let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
+                if say {
+                    info!(
+                        "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
+                        wait.as_secs_f64()
+                    );
+                }
+                now.mono + wait
+            }
+        };
+        self.deferred_until = Some(until);
+        until
+    }
+
     /// Whether a refusal is news: not the one last said.
     pub(super) fn news(&mut self, line: &str) -> bool {
         if self.refusal_said.as_deref() == Some(line) {
@@ -255,53 +366,25 @@ impl Core {
         }
         self.seen.legacy_server = read.legacy_server;
         self.seen.held = read.held_writers;
-        if !self.settling(&read.token, now) {
-            self.token_seen(read.token, now, fx);
+        if let Some(at) = self.seen.settling(&read.token, now.mono) {
+            self.schedule.set(Timer::TokenRead, at);
+            return;
         }
-    }
-
-    /// A token file being written (made empty, then filled; or part written) is no verdict
-    /// yet: looked at again once the directory has been still for a while.
-    fn settling(&mut self, t: &Result<Token, TokenProblem>, now: Now) -> bool {
-        let partial = matches!(
-            t,
-            Err(TokenProblem::Invalid(
-                TokenError::Empty | TokenError::Truncated(_)
-            ))
-        );
-        match self.seen.token_dir_changed {
-            Some(changed) if partial && now.mono < changed + SETTLE => {
-                self.schedule.set(Timer::TokenRead, changed + SETTLE);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The token, judged: a new one is news for the probe and for the licensing Secret.
-    fn token_seen(&mut self, t: Result<Token, TokenProblem>, now: Now, fx: &mut Vec<Effect>) {
-        let changed = !self
-            .seen
-            .token
-            .as_ref()
-            .is_some_and(|old| same_token(old, &t));
-        if changed && self.seen.token.is_some() {
+        let Some(replaced) = self.seen.token_read(read.token, now.mono) else {
+            return;
+        };
+        if replaced {
             // A new token is news: a vague failure is probed again at once, and what the
             // last probe found was about the old token's DLS.
-            self.probing.last = None;
-            self.probing.failure = None;
+            self.probing.forget();
             self.published.dirty = true;
         }
-        if changed {
-            // The licensing Secret is compared with this token only once read after it came
-            // (a new driver pod's token against the Secret read minutes before would ask for
-            // a recycle just made): read now.
-            self.seen.token_at = Some(now.mono);
-            if self.settings.kubernetes.licensing_secret.is_some() {
-                fx.push(Effect::ReadSecret);
-            }
+        // The licensing Secret is compared with this token only once read after it came (a
+        // new driver pod's token against the Secret read minutes before would ask for a
+        // recycle just made): read now.
+        if self.settings.kubernetes.licensing_secret.is_some() {
+            fx.push(Effect::ReadSecret);
         }
-        self.seen.token = Some(t);
     }
 
     /// An adoption's outcome: the source's verdict, what it changed, the restart it made.
@@ -326,41 +409,25 @@ impl Core {
         let changed = result.as_ref().is_ok_and(|o| o.changed());
         self.adopted(result, now, fx);
         self.own_work_ended(restarted, now, fx);
-        self.next_adoption(restarted || changed, now, fx);
+        let took = now.mono.saturating_sub(self.busy.adopt_since);
+        let next = self.adoption.ended(restarted || changed, took, now.mono);
+        self.adopt_next(next, now, fx);
     }
 
-    /// After an adoption: when the directory's changes may start the next one, and the next
-    /// one made now if its deadline came meanwhile, or owed if the directory changed.
-    fn next_adoption(&mut self, did_something: bool, now: Now, fx: &mut Vec<Effect>) {
-        // An adoption that did something (a restart of gridd takes seconds) says nothing of
-        // how long a look takes.
-        self.adoption.calm_at = now.mono
-            + if did_something {
-                TOKEN_READ_GAP
-            } else {
-                look_gap(now.mono.saturating_sub(self.busy.adopt_since))
-            };
-        let again = std::mem::take(&mut self.adoption.again);
-        if std::mem::take(&mut self.adoption.due) {
-            self.adopt(now, fx);
-        } else if again {
-            self.adopt_at(self.adoption.calm_at);
-        }
-    }
-
-    /// The token directory changed: adopt what is there, unless the last adoption failed
-    /// moments ago (then when the wait is over).
+    /// The token directory changed: adopt what is there ([`Adoption::changed`]).
     pub(super) fn dir_changed(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        match self.adoption.failed {
-            Some(t) if now.mono < t + ADOPT_AFTER_FAILURE => {
-                self.schedule
-                    .set_earlier(Timer::Look, t + ADOPT_AFTER_FAILURE);
-            }
-            // A burst of changes (a sync tool writing thousands of files) is adopted a gap
-            // apart ([`look_gap`]), not in one adoption after another for its length: each
-            // reads the whole directory.
-            _ if now.mono < self.adoption.calm_at => self.adopt_at(self.adoption.calm_at),
-            _ => self.adopt(now, fx),
+        let next = self.adoption.changed(now.mono);
+        self.adopt_next(next, now, fx);
+    }
+
+    /// The next adoption as the adoption slice said: now, owed at a deadline, or at the
+    /// look's.
+    fn adopt_next(&mut self, next: Next, now: Now, fx: &mut Vec<Effect>) {
+        match next {
+            Next::Now => self.adopt(now, fx),
+            Next::Owed(at) => self.adopt_at(at),
+            Next::Look(at) => self.schedule.set_earlier(Timer::Look, at),
+            Next::Nothing => {}
         }
     }
 
@@ -425,52 +492,18 @@ impl Core {
         }
         match result {
             Ok(outcome) => {
-                // A restart still owed, met again by a look that changed nothing (the
-                // agent's own chmod wakes it, and so does each periodic look), was said
-                // when it was deferred: the journal says it once, and once when it is made.
-                let said_already = self.adoption.deferral_said
-                    && !outcome.changed()
-                    && outcome.restart == Restart::Deferred;
-                self.adoption.deferral_said = outcome.restart == Restart::Deferred;
+                // A restart still owed is said once ([`Adoption::said_already`]).
+                let said_already = self.adoption.said_already(&outcome);
                 if !said_already && (outcome.changed() || outcome.restart != Restart::NotNeeded) {
                     say_outcome(&outcome);
                     // A new token, or one now in place: a vague failure is news again.
-                    self.probing.last = None;
+                    self.probing.news();
                 }
                 self.restart_done(&outcome, now, !said_already, fx);
             }
-            Err(e) => self.not_adopted(e, now),
-        }
-    }
-
-    /// No adoption: waited for (a writer settling, a newer token), or refused and said.
-    fn not_adopted(&mut self, e: AdoptError, now: Now) {
-        match e {
-            AdoptError::NoToken(_) => {}
-            AdoptError::Settling(wait) => {
-                // Judged once the writer is done: the deadline wakes the service.
-                self.adopt_at(now.mono + wait);
-            }
-            AdoptError::Superseded => {
-                info!("the token was replaced while being adopted: adopting the new one");
-                self.adoption.again = true;
-            }
-            // cloud-init may still be writing it: the next change or tick tries again.
-            AdoptError::Rejected(why) => {
-                warn!(
-                    "token not adopted: {}",
-                    crate::text::escape(&why.to_string())
-                )
-            }
-            AdoptError::Refused(why) | AdoptError::Other(why) => {
-                error!("token not adopted: {}", crate::text::escape(&why))
-            }
-            AdoptError::SourceRejected(why) => {
-                warn!(
-                    message_id = message_ids::FAILURE_TOKEN_SOURCE_REJECTED,
-                    "token not adopted: {}",
-                    crate::text::escape(&why)
-                )
+            Err(e) => {
+                let next = self.adoption.not_adopted(e, now.mono);
+                self.adopt_next(next, now, fx);
             }
         }
     }
@@ -502,7 +535,15 @@ impl Core {
                 });
             }
             TokenRestart::Made => self.restart_made(outcome, now),
-            TokenRestart::Deferred => self.restart_deferred(now, say_deferral),
+            TokenRestart::Deferred => {
+                let at = self.remedy.next_allowed_for_token(
+                    &self.settings.service,
+                    secs(now),
+                    self.published.licensed(),
+                );
+                let until = self.adoption.defer(at, now, say_deferral);
+                self.adopt_at(until);
+            }
             TokenRestart::Failed(why) => {
                 // A failed attempt counts against the budget and the backoff too.
                 self.remedy.restarted(secs(now), 0.5);
@@ -523,39 +564,8 @@ impl Core {
             &outcome.restart_command,
             outcome.restart_reason.as_deref().unwrap_or("for the token"),
         );
-        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+        self.readings.soon(now.mono + Duration::from_secs(1));
         // Asked once the adoption is over.
         self.unit.question.after_own_work();
-    }
-
-    /// A restart for the token owed: adopted again (and gridd restarted) once the budget
-    /// allows, at that deadline, however quiet the service is meanwhile; said once.
-    fn restart_deferred(&mut self, now: Now, say_deferral: bool) {
-        let licensed = self
-            .published
-            .report
-            .as_ref()
-            .is_some_and(|r| r.state == State::Licensed);
-        let at = self
-            .remedy
-            .next_allowed_for_token(&self.settings.service, secs(now), licensed);
-        // Whole seconds, rounded up: the restart comes when the line says. A later look that
-        // finds it still owed keeps the deadline said (rounding up again from a later moment
-        // would move it).
-        let until = match self.adoption.deferred_until {
-            Some(t) if !say_deferral && t > now.mono => t,
-            _ => {
-                let wait = Duration::from_secs_f64((at - secs(now)).max(1.0).ceil());
-                if say_deferral {
-                    info!(
-                        "nvidia-gridd is restarted for the new token in {:.0} s: the restart budget or backoff says wait",
-                        wait.as_secs_f64()
-                    );
-                }
-                now.mono + wait
-            }
-        };
-        self.adoption.deferred_until = Some(until);
-        self.adopt_at(until);
     }
 }

@@ -24,6 +24,68 @@ pub(super) struct Probing {
     pub(super) skew: Option<f64>,
 }
 
+impl Probing {
+    /// A license held, or a new token: what the probe found is old news, and the next
+    /// failure is news.
+    pub(super) fn forget(&mut self) {
+        self.failure = None;
+        self.last = None;
+    }
+
+    /// The failure now is news whatever it is (gridd was restarted, a token put in place):
+    /// probed at once.
+    pub(super) fn news(&mut self) {
+        self.last = None;
+    }
+
+    /// A license came: what the probe found was about the failure it ended.
+    pub(super) fn license_came(&mut self) {
+        self.failure = None;
+    }
+
+    /// Whether the failure now is worth a probe, and how long before the same one is probed
+    /// again (the unlicensed poll, when longer, is the caller's). `base`: the failure before
+    /// any probe; `message`: gridd's words for it; `state`: the report's; `due`: the rate
+    /// limit's time came. A failure gridd (or the agent) left vague: the agent finds the cause
+    /// itself, a new one at once, the same one again after the rate limit (what was found may
+    /// have been fixed since). Clock skew that gridd named is probed too, more rarely, to
+    /// measure it.
+    pub(super) fn wanted(
+        &self,
+        base: Option<Reason>,
+        message: &str,
+        state: State,
+        due: bool,
+    ) -> Option<Duration> {
+        let (worth_it, repeat) = match base.map(policy::of) {
+            Some(p) if p.probe_measures => (true, MEASURE_REPEAT),
+            Some(p) => (p.probe_refines, PROBE_REPEAT),
+            None => (state == State::Unlicensed, PROBE_REPEAT),
+        };
+        let news = self.last.as_ref() != Some(&Probing::key(base, message));
+        (worth_it && (news || due)).then_some(repeat)
+    }
+
+    /// A probe started for the failure `base` with gridd's `message`.
+    pub(super) fn started(&mut self, base: Option<Reason>, message: &str) {
+        self.last = Some(Probing::key(base, message));
+    }
+
+    /// A probe ended: its verdict, and the clock skew it measured (one that measured none
+    /// leaves the last measure standing).
+    pub(super) fn probed(&mut self, verdict: Option<Finding>, skew: Option<f64>) {
+        if skew.is_some() {
+            self.skew = skew;
+        }
+        self.failure = verdict;
+    }
+
+    /// What tells one vague failure from another: its reason and gridd's words.
+    fn key(base: Option<Reason>, message: &str) -> (Reason, String) {
+        (base.unwrap_or(Reason::Unspecified), message.to_string())
+    }
+}
+
 impl Core {
     /// Remedy: restart gridd when that can help, probe the DLS when a failure says nothing
     /// specific (or to measure a clock skew gridd named).
@@ -38,44 +100,21 @@ impl Core {
         };
         let (state, reason) = (report.state, report.failure.as_ref().map(|f| f.reason));
         if state == State::Licensed {
-            self.probing.failure = None;
-            self.probing.last = None;
+            self.probing.forget();
         } else {
-            self.probe_step(now, fx);
+            let base = self.base_reason(now);
+            let message = self.seen.fold.failure_message().unwrap_or_default();
+            let due = self.schedule.due(Timer::Probe, now.mono);
+            let wanted = self.probing.wanted(base, message, state, due);
+            if let Some(repeat) = wanted.filter(|_| !self.busy.probe) {
+                self.busy.probe = true;
+                self.probing.started(base, message);
+                let every = self.settings.service.poll_unlicensed.max(repeat);
+                self.schedule.set(Timer::Probe, now.mono + every);
+                fx.push(Effect::Probe(report.dls.clone().unwrap_or_default()));
+            }
         }
         self.restart_step(now, state, reason, fx);
-    }
-
-    /// A failure gridd (or the agent) left vague: the agent finds the cause itself. A new one
-    /// at once; the same one again after the rate limit (what was found may have been fixed
-    /// since). Clock skew that gridd named is probed too, more rarely, to measure it.
-    fn probe_step(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let Some(report) = &self.published.report else {
-            return;
-        };
-        let base = self.base_reason(now);
-        let (worth_it, repeat) = match base.map(policy::of) {
-            Some(p) if p.probe_measures => (true, MEASURE_REPEAT),
-            Some(p) => (p.probe_refines, PROBE_REPEAT),
-            None => (report.state == State::Unlicensed, PROBE_REPEAT),
-        };
-        let key = (
-            base.unwrap_or(Reason::Unspecified),
-            self.seen
-                .fold
-                .failure_message()
-                .unwrap_or_default()
-                .to_string(),
-        );
-        let news = self.probing.last.as_ref() != Some(&key);
-        if worth_it && !self.busy.probe && (news || self.schedule.due(Timer::Probe, now.mono)) {
-            self.busy.probe = true;
-            self.probing.last = Some(key);
-            let every = self.settings.service.poll_unlicensed.max(repeat);
-            self.schedule.set(Timer::Probe, now.mono + every);
-            let nodes = report.dls.clone().unwrap_or_default();
-            fx.push(Effect::Probe(nodes));
-        }
     }
 
     /// gridd restarted where the remedy says so and nothing else stands in the way
@@ -109,15 +148,6 @@ impl Core {
         }
     }
 
-    /// A probe of the DLS ended: its verdict, and the clock skew it measured.
-    pub(super) fn on_probed(&mut self, verdict: Option<Finding>, skew: Option<f64>) {
-        self.busy.probe = false;
-        if skew.is_some() {
-            self.probing.skew = skew;
-        }
-        self.probing.failure = verdict;
-    }
-
     /// The agent's restart of gridd ended: counted or said, and its failure probed anew.
     pub(super) fn on_restarted(
         &mut self,
@@ -146,7 +176,7 @@ impl Core {
             ),
         }
         // A restarted gridd's failure is news: probe it at once.
-        self.probing.last = None;
-        self.schedule.smi_soon(now.mono + Duration::from_secs(1));
+        self.probing.news();
+        self.readings.soon(now.mono + Duration::from_secs(1));
     }
 }

@@ -48,6 +48,42 @@ fn key(v: &Vm) -> Key {
 }
 
 impl VmMemory {
+    /// A host's report: since when each vGPU is in its state, and a journal line for each
+    /// change since the last report. A report without `vms` (nvidia-smi failed) leaves the
+    /// memory as it is: a VM is gone when a reading no longer lists it, not when none came.
+    /// The Events for KubeVirt's VMs are what comes back.
+    pub(super) fn remember(&mut self, report: &mut Report, now: DateTime<Utc>) -> Vec<Effect> {
+        let Some(vms) = report.vms.as_mut() else {
+            return Vec::new();
+        };
+        let at = report.observed_at.unwrap_or(now);
+        let before: HashMap<Key, VmState> = self
+            .seen
+            .iter()
+            .map(|(k, s)| (k.clone(), s.state))
+            .collect();
+        let changes = self.update(vms, at);
+        // An Event on each KubeVirt VM's VMI at a change of its license.
+        let events = vms
+            .iter()
+            .filter_map(|v| {
+                crate::host::vm_event(v, before.get(&key(v)).copied())
+                    .map(|e| Effect::VmEvent(Box::new(e)))
+            })
+            .collect();
+        for (name, vgpu_id, before, after) in changes {
+            info!(
+                vgpu_license_vm = crate::text::escape(&name).as_ref(),
+                vgpu_license_vgpu_id = crate::text::escape(&vgpu_id).as_ref(),
+                vgpu_license_vm_state = after.map_or("gone", VmState::as_str),
+                vgpu_license_vm_previous_state = before.map_or("none", VmState::as_str),
+                "{}",
+                vm_change_line(&name, &vgpu_id, before, after)
+            );
+        }
+        events
+    }
+
     /// The host's reading in `vms`, seen at `at`: each vGPU's `since` filled from what was
     /// seen before (a vGPU new, or in a new state, is so since `at`), and the changes, for
     /// the journal: `(name, vGPU ID, previous state, state)`, `None` for a vGPU new or gone.
@@ -129,46 +165,11 @@ impl Core {
         }
     }
 
-    /// A host's report: since when each vGPU is in its state, and a journal line for each
-    /// change since the last report. A report without `vms` (nvidia-smi failed) leaves the
-    /// memory as it is: a VM is gone when a reading no longer lists it, not when none came.
-    pub(super) fn remember_vms(&mut self, report: &mut Report, now: Now, fx: &mut Vec<Effect>) {
-        if !self.is_host() {
-            return;
-        }
-        let Some(vms) = report.vms.as_mut() else {
-            return;
-        };
-        let at = report.observed_at.unwrap_or(now.wall);
-        let before: HashMap<Key, VmState> = self
-            .vms
-            .seen
-            .iter()
-            .map(|(k, s)| (k.clone(), s.state))
-            .collect();
-        let changes = self.vms.update(vms, at);
-        // An Event on each KubeVirt VM's VMI at a change of its license.
-        fx.extend(vms.iter().filter_map(|v| {
-            crate::host::vm_event(v, before.get(&key(v)).copied())
-                .map(|e| Effect::VmEvent(Box::new(e)))
-        }));
-        for (name, vgpu_id, before, after) in changes {
-            info!(
-                vgpu_license_vm = crate::text::escape(&name).as_ref(),
-                vgpu_license_vgpu_id = crate::text::escape(&vgpu_id).as_ref(),
-                vgpu_license_vm_state = after.map_or("gone", VmState::as_str),
-                vgpu_license_vm_previous_state = before.map_or("none", VmState::as_str),
-                "{}",
-                vm_change_line(&name, &vgpu_id, before, after)
-            );
-        }
-    }
-
     /// The vGPU manager logged a line (a VM's vGPU started or stopped, its guest's license
     /// changed): nvidia-smi is read soon, to see which VM and how.
     pub(super) fn on_vgpu_mgr(&mut self, now: Now) {
         if self.is_host() {
-            self.schedule.smi_soon(now.mono + AFTER_VGPU_MGR_LINE);
+            self.readings.soon(now.mono + AFTER_VGPU_MGR_LINE);
         }
     }
 }

@@ -9,7 +9,6 @@ use chrono::{DateTime, Utc};
 /// Work running off the loop, so that nothing is started twice.
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
-    pub(super) smi: bool,
     pub(super) adopt: bool,
     /// A restart of the agent's own runs: why (said with its result, in one line).
     pub(super) restart: Option<String>,

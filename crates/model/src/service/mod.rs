@@ -18,10 +18,9 @@ use crate::config::Settings;
 use crate::install::Outcome;
 use crate::node::Node;
 use crate::observe::journal::GriddEvent;
-use crate::observe::smi::SmiSnapshot;
 use crate::observe::unit::UnitState;
 use crate::report::metrics::Counters;
-use crate::report::{DlsEndpoint, EventKind, Finding, Report, State, message_ids};
+use crate::report::{DlsEndpoint, EventKind, Finding, Report};
 use crate::restart::Remedy;
 use crate::state::{LogFold, MAX_EVENTS};
 
@@ -31,6 +30,7 @@ mod findings;
 mod host;
 mod in_flight;
 mod node;
+mod readings;
 mod report;
 mod schedule;
 mod seen;
@@ -41,11 +41,12 @@ use failing::Probing;
 use findings::Findings;
 pub use host::vm_change_line;
 use in_flight::InFlight;
+use readings::Readings;
 use report::Published;
 pub use report::status_line;
 use schedule::{Schedule, Timer};
+use seen::Seen;
 pub use seen::stalled;
-use seen::{Seen, lease_expiry};
 use unit::GriddUnit;
 
 /// The service's slowest pace: the report is remade at least this often (a state that changes
@@ -225,6 +226,8 @@ pub struct Core {
     /// gridd's unit: systemd's last word, and the questions to it.
     unit: GriddUnit,
     busy: InFlight,
+    /// nvidia-smi's readings: the one running, and when the next is due.
+    readings: Readings,
     schedule: Schedule,
     published: Published,
     /// On a vGPU host: each VM's vGPU, its state and since when.
@@ -264,25 +267,9 @@ impl Core {
             findings: Findings::default(),
             unit: GriddUnit::default(),
             busy: InFlight::default(),
-            schedule: {
-                let mut s = Schedule::default();
-                for t in [Timer::Smi, Timer::Unit, Timer::Probe] {
-                    s.set(t, now.mono);
-                }
-                for t in [Timer::Look, Timer::FirstLook] {
-                    s.set(t, now.mono + first_token_look);
-                }
-                s
-            },
-            published: Published {
-                report: None,
-                metrics: String::new(),
-                beat: now.mono,
-                made: None,
-                dirty: false,
-                rewrite: false,
-                ready: false,
-            },
+            readings: Readings::new(now.mono),
+            schedule: Schedule::at_start(now.mono, first_token_look),
+            published: Published::new(now.mono),
             vms: host::VmMemory::default(),
         }
     }
@@ -310,8 +297,7 @@ impl Core {
 
     /// The report is written out again at the next tick (a write of it failed).
     pub fn write_again(&mut self) {
-        self.published.dirty = true;
-        self.published.rewrite = true;
+        self.published.write_again();
     }
 
     /// Whether the first report is out (systemd was told the service is ready).
@@ -357,20 +343,23 @@ impl Core {
             Event::GriddUnitLine => {
                 self.unit.question.gridd_moved();
                 self.check_unit(now, &mut fx);
-                self.schedule
-                    .smi_soon(now.mono + Duration::from_millis(300));
+                self.readings.soon(now.mono + Duration::from_millis(300));
             }
-            Event::DriverPodChanged => self
-                .schedule
-                .smi_soon(now.mono + Duration::from_millis(300)),
-            Event::NodeCondition(outcome) => self.condition_written(outcome),
-            Event::LicensingSecret(read) => self.secret_read(read, now),
+            Event::DriverPodChanged => self.readings.soon(now.mono + Duration::from_millis(300)),
+            // Each failed part of a write to the Node is a count, and the report is remade.
+            Event::NodeCondition(outcome) => {
+                self.counters.node_condition_errors += self.node_writes.written(outcome);
+            }
+            Event::LicensingSecret(read) => self.seen.secret_read(read, now.mono),
             Event::Adopted(result) => self.on_adopted(result, now, &mut fx),
             Event::Restarted(result) => self.on_restarted(result, now, &mut fx),
-            Event::Probed { verdict, skew } => self.on_probed(verdict, skew),
+            Event::Probed { verdict, skew } => {
+                self.busy.probe = false;
+                self.probing.probed(verdict, skew);
+            }
             Event::Reloaded(s) => self.reload(*s, now),
-            Event::LastShutdown(record) => self.on_last_shutdown(record),
-            Event::CloneDetected(c) => self.on_clone(*c),
+            Event::LastShutdown(record) => self.seen.last_shutdown_read(record),
+            Event::CloneDetected(c) => self.seen.clone_found(*c),
             Event::VgpuMgr => self.on_vgpu_mgr(now),
             Event::Together(events) => {
                 for e in events {
@@ -387,7 +376,7 @@ impl Core {
         let kind = e.what.kind;
         if matches!(kind, EventKind::Acquired | EventKind::Renewed) {
             // What the probe found was about the failure this license ended.
-            self.probing.failure = None;
+            self.probing.license_came();
         }
         // Read nvidia-smi right after gridd says something (coalesced), unless a reading
         // started well after the line was logged: it shows what the line says (this boot's
@@ -397,29 +386,15 @@ impl Core {
             said.zip(asked)
                 .is_some_and(|(said, asked)| said + chrono::Duration::seconds(1) <= asked)
         };
-        let shown = before(self.schedule.smi_started);
+        let shown = before(self.readings.started);
         // A renewal of the lease nvidia-smi shows says its new expiry itself: nothing a
         // reading would tell.
         let renewal = kind == EventKind::Renewed && self.lease_renewed(&e, now);
-        match kind {
-            EventKind::Acquired | EventKind::Renewed if !shown && !renewal => {
-                self.seen.license_said = Some(now.mono);
-            }
-            EventKind::Shutdown | EventKind::Started => self.seen.license_said = None,
-            _ => {}
-        }
         // Likewise systemd's answer to a question asked well after the line.
         let unit_knows = before(self.unit.question.asked_at);
-        // A process that said it shuts down stands for nothing until systemd was asked.
-        if kind == EventKind::Shutdown {
-            self.seen.gridd_pid = None;
-        } else if e.pid.is_some() {
-            self.seen.gridd_pid = e.pid;
-        }
-        self.seen.fold.push(e);
+        self.seen.gridd_line(e, !shown && !renewal, now);
         if !shown && !renewal {
-            self.schedule
-                .smi_soon(now.mono + Duration::from_millis(300));
+            self.readings.soon(now.mono + Duration::from_millis(300));
         }
         if kind == EventKind::Started && self.node.driver_root.is_some() {
             // A new driver pod's gridd: the token it runs with is the new pod's.
@@ -427,53 +402,22 @@ impl Core {
         }
         // A start or stop changes the unit's state; and a line from gridd while systemd was
         // last heard saying it is not running means that answer is old.
-        if !unit_knows {
-            self.unit_after_line(kind, now, fx);
-        }
-    }
-
-    /// A line of gridd's logged after systemd's last answer: a start voids a "not running"
-    /// said before it, and a start, a stop or any line while gridd was said down asks again.
-    fn unit_after_line(&mut self, kind: EventKind, now: Now, fx: &mut Vec<Effect>) {
-        if kind == EventKind::Started {
-            self.unit.started();
-        }
-        if matches!(kind, EventKind::Started | EventKind::Shutdown) || self.unit.down() {
+        if !unit_knows && self.unit.after_line(kind) {
             self.check_unit(now, fx);
         }
     }
 
-    /// A renewal line of the lease the last reading showed: the lease moves to the expiry it
-    /// gives (its stall judged from now on), and the next reading's deadline with it, with no
-    /// reading. Whether it was that (else it is read as any line of gridd's): the reading
-    /// shows a license, and the line's expiry is no earlier than the lease known (this boot's
-    /// older lines, read at start, move nothing).
+    /// A renewal line of the lease the last reading showed ([`Seen::renewal`]): the next
+    /// reading's deadline moves with the lease. Whether it was that (else it is read as any
+    /// line of gridd's).
     fn lease_renewed(&mut self, e: &GriddEvent, now: Now) -> bool {
-        let licensed = self.seen.smi_error.is_none()
-            && self
-                .seen
-                .smi
-                .as_ref()
-                .is_some_and(|s| crate::state::smi_state(s) == State::Licensed);
-        let (Some(new), Some((old, _)), true) = (
-            e.what.expiry.map(crate::time::whole_secs),
-            self.seen.lease,
-            licensed,
-        ) else {
+        let expiry = e.what.expiry.map(crate::time::whole_secs);
+        let Some(moved) = self.seen.renewal(expiry, now) else {
             return false;
         };
-        if new < old {
-            return false;
-        }
-        if new > old {
-            self.seen.lease = Some((new, now.wall));
-            self.seen.lease_at_start = false;
-            self.seen.lease_line = Some(now.mono);
-            // A reading on its way sets the pace when it answers.
-            if !self.busy.smi {
-                let next = self.paced(now);
-                self.schedule.set(Timer::Smi, next);
-            }
+        // A reading on its way sets the pace when it answers.
+        if moved && !self.readings.running {
+            self.pace(now);
         }
         true
     }
@@ -489,34 +433,12 @@ impl Core {
         }
     }
 
-    /// What the previous boot's journal says of its end.
-    fn on_last_shutdown(&mut self, record: Option<crate::shutdown::LastShutdown>) {
-        if let Some(r) = record.as_ref().filter(|r| !r.lease_returned) {
-            warn!(
-                "the previous shutdown left the lease held on the DLS until it expires: {}",
-                crate::text::escape(&r.message)
-            );
-        }
-        self.seen.last_shutdown = record;
-    }
-
-    /// A clone found at boot: said once, and kept for the report.
-    fn on_clone(&mut self, c: crate::identity::CloneDetected) {
-        warn!(
-            message_id = message_ids::CLONE_DETECTED,
-            "{}",
-            crate::text::escape(&c.message())
-        );
-        self.seen.clone = Some(c);
-    }
-
     /// What is due at `now`: periodic reads, the report, a restart or a probe.
     pub fn tick(&mut self, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
-        if self.schedule.due(Timer::TokenRead, now.mono) {
+        if self.schedule.take(Timer::TokenRead, now.mono) {
             // The directory changed during the last look: look again, and adopt what is there
             // (the shell sends no new event for changes it knows a read is owed for).
-            self.schedule.stop(Timer::TokenRead);
             self.read_token(now, &mut fx);
             self.dir_changed(now, &mut fx);
         }
@@ -525,16 +447,7 @@ impl Core {
         if self.schedule.any_due(&looks, now.mono) {
             self.look(now, &mut fx);
         }
-        let licensed = self
-            .published
-            .report
-            .as_ref()
-            .is_some_and(|r| r.state == State::Licensed);
-        // The report is remade while something may change with time alone (grace, backoff,
-        // expiry), and at least as often as the heartbeat.
-        if !licensed || self.published.heartbeat_due(now.mono, self.heartbeat) {
-            self.published.dirty = true;
-        }
+        self.published.remake_if_due(now.mono, self.heartbeat);
         self.reads_due(now, &mut fx);
         self.report_due(now, &mut fx);
         self.remedy_step(now, &mut fx);
@@ -544,15 +457,7 @@ impl Core {
     /// The token directory's look at its deadline (periodic, the first, or an owed
     /// adoption's): the token read, and what is there adopted.
     fn look(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let owed = self.schedule.at(Timer::Owed).is_some();
-        self.schedule.stop(Timer::Owed);
-        self.schedule.stop(Timer::FirstLook);
-        let every = if self.watching {
-            ADOPT_WATCHED
-        } else {
-            ADOPT_UNWATCHED
-        };
-        self.schedule.set(Timer::Look, now.mono + every);
+        let owed = self.schedule.looked(now.mono, self.watching);
         // An adoption owed (a writer settling, a deferred restart, the gap after a look
         // in a burst) comes with its reads already; the periodic look reads the token too.
         if !owed {
@@ -569,19 +474,12 @@ impl Core {
 
     /// nvidia-smi at its turn, and systemd every few seconds while no license is held.
     fn reads_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        if self.schedule.smi().is_some_and(|t| now.mono >= t) {
+        if self.readings.due(now.mono) {
             self.read_smi(now, fx);
         }
         // Without a license, whether gridd runs decides the next step: ask systemd every few
         // seconds (with one, and where gridd cannot help, at nvidia-smi's pace).
-        if self.schedule.due(Timer::Unit, now.mono)
-            && self.published.report.as_ref().is_some_and(|r| {
-                !matches!(
-                    r.state,
-                    State::Licensed | State::NotLicensable | State::NoGpu | State::NoDriver
-                )
-            })
-        {
+        if self.schedule.due(Timer::Unit, now.mono) && self.published.unit_matters() {
             self.schedule.set(Timer::Unit, now.mono + UNIT_CHECK);
             self.check_unit(now, fx);
         }
@@ -590,23 +488,15 @@ impl Core {
     /// The report, when something happened and the gap since the last is over; the first
     /// tells systemd the service is ready, and starts the first adoption.
     fn report_due(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let readable = self.readable();
-        let gap_over = self.published.gap_over(now.mono);
-        // With a license held and nothing happening, a wakeup that just asked nvidia-smi or
-        // looked at the token leaves the report to their answers: one report, not a
-        // heartbeat's and then (held back by the gap, a second wakeup) the answers'.
         let asked = fx.iter().any(|e| {
             matches!(
                 e,
                 Effect::ReadSmi | Effect::ReadToken | Effect::Adopt { .. }
             )
         });
-        if self.published.dirty && readable && gap_over && !(asked && self.quiet()) {
-            self.published.dirty = false;
-            self.published.made = Some(now.mono);
+        if self.published.due(now.mono, self.seen.readable(), asked) {
             self.publish(now, fx);
-            if !self.published.ready {
-                self.published.ready = true;
+            if self.published.first_out() {
                 fx.push(Effect::Ready);
                 self.adopt(now, fx);
             }
@@ -618,75 +508,27 @@ impl Core {
     /// heartbeat away and at least a second, so that an idle hour, and a failing one, cost
     /// a wakeup per deadline rather than one a second.
     pub fn next_wake(&self, now: Now) -> Duration {
-        let mut wake = self.next_wake_but_token(now);
-        // A restart owed for a new token is made when the journal said it would be, and the
-        // first look keeps its own time (with either, the periodic look's deadline counts
-        // too, whichever comes first).
-        let s = &self.schedule;
-        if s.at(Timer::Owed).is_some() || s.at(Timer::FirstLook).is_some() {
-            let looks = s.earliest(&[Timer::Look, Timer::FirstLook, Timer::Owed]);
-            wake = looks.map_or(wake, |t| wake.min(t.max(now.mono)));
-        }
-        s.at(Timer::TokenRead)
-            .map_or(wake, |t| wake.min(t.max(now.mono)))
-    }
-
-    fn next_wake_but_token(&self, now: Now) -> Duration {
-        if self.published.dirty && self.readable() {
-            return self
-                .published
-                .made
-                .map_or(now.mono, |t| t + MIN_REPORT_GAP)
-                .max(now.mono);
-        }
-        // nvidia-smi's turn keeps its own time: the licensed pace is the config's
-        // (poll_licensed_seconds, "every hour") or the lease's expiry, not the next heartbeat
-        // after it. The token's periodic look (half an hour apart) comes on the heartbeat's
-        // wakeups, at most one heartbeat late.
-        let beat = self.published.beat + self.heartbeat;
-        let mut at = self.schedule.smi().map_or(beat, |smi| beat.min(smi));
-        if !self.quiet() {
-            // Without a license (or with a failure) the next step comes at one of these
-            // deadlines, each known; in between, nothing changes with time alone that a
-            // heartbeat late would matter for (a lease's or a token's warning, a notice's end).
-            let ahead = |t: Duration| (t > now.mono).then_some(t);
-            let remedy = self
-                .remedy
-                .next_change(&self.settings.service, secs(now))
-                .map(|t| Duration::from_secs_f64(t.max(0.0)));
-            for t in [
-                self.schedule.at(Timer::Unit).and_then(ahead),
-                self.schedule.at(Timer::Probe).and_then(ahead),
-                remedy.and_then(ahead),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                at = at.min(t);
-            }
-        }
-        at.clamp(now.mono + BUSY_TICK, now.mono + self.heartbeat)
-    }
-
-    /// A license held and no failure: nothing changes with time alone.
-    fn quiet(&self) -> bool {
-        self.published
-            .report
-            .as_ref()
-            .is_some_and(|r| r.state == State::Licensed && r.failure.is_none())
-    }
-
-    /// The first report waits for the first nvidia-smi answer (or failure) and the token.
-    fn readable(&self) -> bool {
-        (self.seen.smi.is_some() || self.seen.smi_error.is_some()) && self.seen.token.is_some()
+        let held_back = self.published.held_back(now.mono, self.seen.readable());
+        let wake = held_back.unwrap_or_else(|| {
+            // Without a license (or with a failure), the restart's next deadline counts too.
+            let remedy = (!self.published.quiet()).then(|| {
+                self.remedy
+                    .next_change(&self.settings.service, secs(now))
+                    .map(|t| Duration::from_secs_f64(t.max(0.0)))
+            });
+            let beat = self.published.beat + self.heartbeat;
+            let reading = self.readings.next();
+            self.schedule
+                .wake(now.mono, reading, beat, self.heartbeat, remedy)
+        });
+        self.schedule.with_token_looks(wake, now.mono)
     }
 
     fn read_smi(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        if std::mem::replace(&mut self.busy.smi, true) {
+        // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
+        if !self.readings.start(now) {
             return;
         }
-        // Until it answers, do not ask again: a hung nvidia-smi is killed at its time limit.
-        self.schedule.smi_started(now);
         fx.push(Effect::ReadSmi);
         // nvidia-smi shows a lease until it expires, even with gridd dead: ask systemd at
         // the same pace (and at the same moment, so that both answers make one report).
@@ -703,123 +545,32 @@ impl Core {
         }
     }
 
-    /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
-    /// the attempt made): a "not running" answer set aside while it ran is checked again.
+    /// A restart or adoption of the agent's own is over ([`GriddUnit::own_work_ended`]): a
+    /// question owed is sent.
     fn own_work_ended(&mut self, restarted: bool, now: Now, fx: &mut Vec<Effect>) {
-        if restarted {
-            self.unit.question.gridd_moved();
-        }
-        if self.unit.question.owed(self.busy.own_work()) {
+        if self.unit.own_work_ended(restarted, self.busy.own_work()) {
             self.check_unit(now, fx);
         }
     }
 
-    /// When the next reading is due with nothing happening (monotonic), counted from the
-    /// last answer. Without a license: `poll_unlicensed` after it. With one, nvidia-smi is
-    /// the safety net, not the clock: every change that matters comes with a line of gridd's
-    /// (acquired, renewed, failed, returned, shut down), a restart or a driver pod's sign,
-    /// each of which asks for its own reading, or falls at a deadline known here. So the next
-    /// one comes `poll_licensed` after the last (an hour by default), or just after the
-    /// lease's expiry where that comes first: a renewal is gridd's line and moves the lease
-    /// with no reading ([`Core::lease_renewed`]), so an expiry reached without one is the
-    /// deadline by which gridd should have logged it. A lease already past its expiry, still
-    /// shown, is read at the unlicensed pace.
-    fn paced(&self, now: Now) -> Duration {
-        let svc = &self.settings.service;
-        let from = self.schedule.smi_answered.unwrap_or(now.mono);
-        // The reading just taken shows no license (gridd returned it, the driver pod is
-        // going): the report of the reading before may still say licensed, and its long
-        // interval would hide what comes next (the pod's root gone, a new pod).
-        let fresh_unlicensed = self.seen.smi_error.is_some()
-            || self
-                .seen
-                .smi
-                .as_ref()
-                .is_some_and(|s| !s.no_device && crate::state::smi_state(s) != State::Licensed);
-        let licensed = match &self.published.report {
-            Some(r) => r.state == State::Licensed,
-            // Before the first report, as the reading just made says.
-            None => self
-                .seen
-                .smi
-                .as_ref()
-                .is_some_and(|s| crate::state::smi_state(s) == State::Licensed),
-        };
-        if fresh_unlicensed || !licensed {
-            return from + svc.poll_unlicensed;
-        }
-        let most = from + svc.poll_licensed;
-        match self.seen.lease.map(|(exp, _)| (exp - now.wall).to_std()) {
-            // Licensed without an expiry (`Expiry: N/A`, a cloud provider's): nothing falls due.
-            None => most,
-            Some(Ok(left)) if !left.is_zero() => most.min(now.mono + left + AFTER_EXPIRY),
-            Some(_) => from + svc.poll_unlicensed,
-        }
+    /// nvidia-smi's next reading at its pace ([`Seen::smi_pace`]), counted from the last
+    /// answer.
+    fn pace(&mut self, now: Now) {
+        let from = self.readings.answered_at.unwrap_or(now.mono);
+        let reported = self.published.report.as_ref().map(|r| r.state);
+        let next = self
+            .seen
+            .smi_pace(&self.settings.service, from, reported, now);
+        self.readings.set_pace(next);
     }
 
-    /// A reading of nvidia-smi: the license as it shows it, or why it shows none. One the
-    /// agent could not even start (its own limits) leaves the last reading standing, as old
-    /// as it is: stale, not wrong.
+    /// A reading of nvidia-smi answered ([`Seen::smi_read`]); the next one at its pace.
     fn on_smi(&mut self, read: SmiRead, now: Now) {
-        self.busy.smi = false;
-        // A reading begun after gridd said it holds a license answers that word.
-        if self
-            .seen
-            .license_said
-            .is_some_and(|said| said <= self.schedule.smi_began)
-        {
-            self.seen.license_said = None;
+        if self.seen.smi_read(read, self.readings.began, now) {
+            self.probing.license_came();
         }
-        match read {
-            SmiRead::Unstarted(why) => {
-                if self.seen.smi_unstarted.as_deref() != Some(why.as_str()) {
-                    warn!("{}", crate::text::escape(&why));
-                }
-                self.seen.smi_unstarted = Some(why);
-            }
-            SmiRead::Snapshot(s) => self.smi_snapshot(s, now),
-            SmiRead::Failed(ref why) | SmiRead::TimedOut(ref why) => {
-                self.seen.smi_unstarted = None;
-                self.seen.observed_at = Some(now.wall);
-                if self.seen.smi_error.as_ref().map(SmiRead::reason) != Some(why.as_str()) {
-                    warn!("nvidia-smi: {}", crate::text::escape(why));
-                }
-                self.seen.smi_error = Some(read);
-            }
-        }
-        // Something gridd said while this reading ran (a restart) keeps the reading it asked
-        // for: this one may show the license from before it.
-        // (An event's earlier reading, asked meanwhile, stays: see `Schedule::smi_soon`.)
-        self.schedule.smi_answered = Some(now.mono);
-        let next = self.paced(now);
-        self.schedule.set(Timer::Smi, next);
-    }
-
-    /// nvidia-smi's answer: the lease it shows, and since when (a lease that did not move,
-    /// or an older one shown by a reading begun before a renewal line, keeps its time).
-    fn smi_snapshot(&mut self, s: SmiSnapshot, now: Now) {
-        self.seen.smi_unstarted = None;
-        self.seen.observed_at = Some(now.wall);
-        if crate::state::smi_state(&s) == State::Licensed {
-            self.probing.failure = None;
-        }
-        // A reading begun before a renewal line was heard shows the lease from before it.
-        let older = self
-            .seen
-            .lease_line
-            .is_some_and(|heard| self.schedule.smi_began < heard);
-        let lease = match (lease_expiry(&s), self.seen.lease) {
-            (Some(exp), Some((old, since))) if old == exp => Some((old, since)),
-            (Some(exp), Some((old, since))) if exp < old && older => Some((old, since)),
-            (Some(exp), _) => Some((exp, now.wall)),
-            (None, _) => None,
-        };
-        if lease.map(|l| l.0) != self.seen.lease.map(|l| l.0) {
-            self.seen.lease_at_start = self.seen.smi.is_none() && self.seen.smi_error.is_none();
-        }
-        self.seen.lease = lease;
-        self.seen.smi = Some(s);
-        self.seen.smi_error = None;
+        self.readings.answered(now.mono);
+        self.pace(now);
     }
 
     /// The restarts of gridd in the last hour, when they changed since the last call: the
@@ -836,7 +587,7 @@ impl Core {
         say_restart_only(&self.settings, &s);
         self.remedy.reconfigure(&s.service);
         self.settings = kept_from_start(s, &self.settings);
-        self.schedule.smi_soon(now.mono);
+        self.readings.soon(now.mono);
     }
 }
 

@@ -66,32 +66,6 @@ fn part(result: Result<(), String>, what: &str, failing: &mut bool, failed: &str
 }
 
 impl Core {
-    /// A write to the Node: each failed part is a count, and the report is remade; never more.
-    pub(super) fn condition_written(&mut self, outcome: crate::node::condition::Outcome) {
-        let failed = self.node_writes.written(outcome);
-        if failed > 0 {
-            self.counters.node_condition_errors += failed;
-            self.published.dirty = true;
-        }
-    }
-
-    /// The licensing Secret, read: a failure to read it is a warning once per streak (it is
-    /// also in the report's notes while it lasts).
-    pub(super) fn secret_read(&mut self, read: Result<crate::node::SecretToken, String>, now: Now) {
-        self.seen.secret_at = Some(now.mono);
-        self.published.dirty = true;
-        let was_failing = matches!(self.seen.secret, Some(Err(_)));
-        match &read {
-            Err(why) if !was_failing => warn!(
-                "the licensing Secret is not read (tried again at each heartbeat): {}",
-                crate::text::escape(why)
-            ),
-            Ok(_) if was_failing => info!("the licensing Secret is read again"),
-            _ => {}
-        }
-        self.seen.secret = Some(read);
-    }
-
     /// Where the driver runs, as just looked at: on a change, the settings of the new place
     /// and a reading there at once.
     pub(super) fn node_seen(&mut self, node: Node, now: Now, fx: &mut Vec<Effect>) {
@@ -122,7 +96,7 @@ impl Core {
         self.node = node;
         self.published.dirty = true;
         if moved || pod_changed {
-            self.schedule.smi_soon(now.mono);
+            self.readings.soon(now.mono);
             self.read_token(now, fx);
         }
     }

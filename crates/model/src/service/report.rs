@@ -39,6 +39,111 @@ pub(super) struct Published {
 }
 
 impl Published {
+    /// Nothing published yet, at the service's start (`now`, monotonic).
+    pub(super) fn new(now: Duration) -> Published {
+        Published {
+            report: None,
+            metrics: String::new(),
+            beat: now,
+            made: None,
+            dirty: false,
+            rewrite: false,
+            ready: false,
+        }
+    }
+
+    /// The latest report says a license is held.
+    pub(super) fn licensed(&self) -> bool {
+        self.report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed)
+    }
+
+    /// A license held and no failure: nothing changes with time alone.
+    pub(super) fn quiet(&self) -> bool {
+        self.report
+            .as_ref()
+            .is_some_and(|r| r.state == State::Licensed && r.failure.is_none())
+    }
+
+    /// Whether gridd's unit decides the next step, by the latest report: not with a license
+    /// held, nor where gridd cannot help (nothing to license, no GPU, no driver).
+    pub(super) fn unit_matters(&self) -> bool {
+        self.report.as_ref().is_some_and(|r| {
+            !matches!(
+                r.state,
+                State::Licensed | State::NotLicensable | State::NoGpu | State::NoDriver
+            )
+        })
+    }
+
+    /// The report is remade while something may change with time alone (grace, backoff,
+    /// expiry), and at least as often as the `heartbeat`.
+    pub(super) fn remake_if_due(&mut self, now: Duration, heartbeat: Duration) {
+        if !self.licensed() || self.heartbeat_due(now, heartbeat) {
+            self.dirty = true;
+        }
+    }
+
+    /// The report is written out again at the next tick (a write of it failed).
+    pub(super) fn write_again(&mut self) {
+        self.dirty = true;
+        self.rewrite = true;
+    }
+
+    /// Whether a report is made at `now`: something happened, the first report's readings
+    /// are in (`readable`), and the gap since the last is over. With a license held and
+    /// nothing happening, a wakeup that just asked for a reading or a look (`asked`) leaves
+    /// the report to their answers: one report, not a heartbeat's and then (held back by
+    /// the gap, a second wakeup) the answers'.
+    pub(super) fn due(&mut self, now: Duration, readable: bool, asked: bool) -> bool {
+        let due = self.dirty && readable && self.gap_over(now) && !(asked && self.quiet());
+        if due {
+            self.dirty = false;
+            self.made = Some(now);
+        }
+        due
+    }
+
+    /// The first report is out: whether it is this one (systemd is told the service is
+    /// ready once).
+    pub(super) fn first_out(&mut self) -> bool {
+        !std::mem::replace(&mut self.ready, true)
+    }
+
+    /// When a report held back by the gap is due (`None`: none is waiting).
+    pub(super) fn held_back(&self, now: Duration, readable: bool) -> Option<Duration> {
+        (self.dirty && readable).then(|| self.made.map_or(now, |t| t + MIN_REPORT_GAP).max(now))
+    }
+
+    /// The report made of what was observed, published: logged where its state changed, in
+    /// status.json's and the metrics' forms, and whether each is written and the webhook
+    /// told.
+    pub(super) fn publication(
+        &mut self,
+        report: Report,
+        counters: &metrics::Counters,
+        now: Duration,
+        heartbeat: Duration,
+    ) -> Publication {
+        let previous = self.report.as_ref().map(|r| r.state);
+        if previous != Some(report.state) {
+            log_state_change(&report, previous);
+        }
+        let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
+        json.push(b'\n');
+        let metrics_text = metrics::render(&report, counters);
+        let write = self.made_at(now, heartbeat, &report, &metrics_text);
+        let webhook = previous.is_some() && previous != Some(report.state);
+        Publication {
+            report,
+            json,
+            metrics: metrics_text,
+            write,
+            webhook,
+        }
+    }
+
     /// The report is remade at least every `heartbeat` (a state that changes with time alone).
     pub(super) fn heartbeat_due(&self, now: Duration, heartbeat: Duration) -> bool {
         now >= self.beat + heartbeat
@@ -158,27 +263,22 @@ impl Core {
     /// Makes the report and says where it goes.
     pub(super) fn publish(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let mut report = evaluate(self.observations(now));
-        self.remember_vms(&mut report, now, fx);
-        self.findings.seen_in(&report, now.wall);
-        self.log_new_failure(&report);
-        let previous = self.published.report.as_ref().map(|r| r.state);
-        if previous != Some(report.state) {
-            log_state_change(&report, previous);
+        if self.is_host() {
+            fx.extend(self.vms.remember(&mut report, now.wall));
         }
-        let mut json = serde_json::to_vec_pretty(&report).unwrap_or_default();
-        json.push(b'\n');
-        let metrics_text = metrics::render(&report, &self.counters);
-        let write = self
-            .published
-            .made_at(now.mono, self.heartbeat, &report, &metrics_text);
-        let webhook = previous.is_some() && previous != Some(report.state);
-        fx.push(Effect::Publish(Box::new(Publication {
-            report,
-            json,
-            metrics: metrics_text,
-            write,
-            webhook,
-        })));
+        self.findings.seen_in(&report, now.wall);
+        // A new failure: counted once, logged with its catalog entry. With a token source,
+        // no token before the source is read is not yet a failure: the source may bring one.
+        let premature = f_is_missing(&report)
+            && self.settings.paths.token_source.is_some()
+            && !self.adoption.source_read;
+        if let Some(reason) = self.findings.new_failure(&report, premature) {
+            self.counters.count_failure(reason);
+        }
+        let publication =
+            self.published
+                .publication(report, &self.counters, now.mono, self.heartbeat);
+        fx.push(Effect::Publish(Box::new(publication)));
     }
 
     /// The observations a report is made of: the service's memory at `now`, answered as a
@@ -193,18 +293,6 @@ impl Core {
     /// The service's memory at `now`, as a source of observations.
     pub(super) fn memory(&self, now: Now) -> Memory<'_> {
         Memory { core: self, now }
-    }
-
-    /// A new failure: counted once, logged with its catalog entry.
-    pub(super) fn log_new_failure(&mut self, report: &Report) {
-        // With a token source, no token before the source is read is not yet a failure: the
-        // source may bring one.
-        let premature = f_is_missing(report)
-            && self.settings.paths.token_source.is_some()
-            && !self.adoption.source_read;
-        if let Some(reason) = self.findings.new_failure(report, premature) {
-            self.counters.count_failure(reason);
-        }
     }
 
     /// The failure before any probe: the agent's own (token, unit), else gridd's.

@@ -1,24 +1,16 @@
 //! When each periodic or owed piece of the service's work is next due: a table of named
-//! timers (monotonic times), in place of deadlines whose meaning flags changed. Which of
-//! them wake the service, and when, is [`super::Core::next_wake`]'s: nvidia-smi's keeps its
-//! own time, the owed ones wake it at once, the periodic look rides on the heartbeat's
-//! wakeups.
+//! timers (monotonic times), in place of deadlines whose meaning flags changed, and which of
+//! them wake the service, and when ([`Schedule::wake`], for [`super::Core::next_wake`]):
+//! nvidia-smi's turn ([`super::readings::Readings`]) keeps its own time, the owed ones wake
+//! it at once, the periodic look rides on the heartbeat's wakeups.
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-
-use super::{Now, SMI_FLOOR};
+use super::{ADOPT_UNWATCHED, ADOPT_WATCHED, BUSY_TICK};
 
 /// The service's timers, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Timer {
-    /// nvidia-smi's next reading at its pace (the licensed or unlicensed poll), or an hour
-    /// away while a reading runs (a hung nvidia-smi is killed at its time limit).
-    Smi,
-    /// nvidia-smi read soon because something happened: brought forward, never put back,
-    /// and kept across a reading already running (it may show the license from before).
-    SmiSoon,
     /// systemd is asked about gridd's unit next (while no license is held).
     Unit,
     /// The same vague failure may be probed again.
@@ -38,21 +30,95 @@ pub(super) enum Timer {
 /// How many timers there are.
 const TIMERS: usize = Timer::TokenRead as usize + 1;
 
-/// The timers' deadlines (`None`: not set), and when the last reading was started and
-/// answered.
+/// The timers' deadlines (`None`: not set).
 #[derive(Debug, Default)]
 pub(super) struct Schedule {
     at: [Option<Duration>; TIMERS],
-    /// When the last reading answered (monotonic): the next starts [`SMI_FLOOR`] after it
-    /// at the soonest, whatever asks.
-    pub(super) smi_answered: Option<Duration>,
-    /// When the last reading was started (the system's clock, as gridd's lines are dated),
-    /// and on the monotonic clock.
-    pub(super) smi_started: Option<DateTime<Utc>>,
-    pub(super) smi_began: Duration,
 }
 
 impl Schedule {
+    /// The timers at the service's start (`now`): the readings and the questions at once,
+    /// the first look at the token `first_look` later.
+    pub(super) fn at_start(now: Duration, first_look: Duration) -> Schedule {
+        let mut s = Schedule::default();
+        for t in [Timer::Unit, Timer::Probe] {
+            s.set(t, now);
+        }
+        for t in [Timer::Look, Timer::FirstLook] {
+            s.set(t, now + first_look);
+        }
+        s
+    }
+
+    /// Whether the timer is due: if so, it is stopped.
+    pub(super) fn take(&mut self, t: Timer, now: Duration) -> bool {
+        let due = self.due(t, now);
+        if due {
+            self.stop(t);
+        }
+        due
+    }
+
+    /// A look at the token directory at its deadline: the first and an owed one are done,
+    /// and the periodic one is next due in half an hour where the directory is watched (in
+    /// half a minute where not). Whether an adoption was owed.
+    pub(super) fn looked(&mut self, now: Duration, watching: bool) -> bool {
+        let owed = self.at(Timer::Owed).is_some();
+        self.stop(Timer::Owed);
+        self.stop(Timer::FirstLook);
+        let every = if watching {
+            ADOPT_WATCHED
+        } else {
+            ADOPT_UNWATCHED
+        };
+        self.set(Timer::Look, now + every);
+        owed
+    }
+
+    /// When the service next wakes, but for the token's looks: at nvidia-smi's turn
+    /// (`reading`), which keeps its own time (the licensed pace is the config's, poll_licensed_seconds, "every
+    /// hour", or the lease's expiry, not the next heartbeat after it), and at the `beat`.
+    /// Without a license or with a failure (`remedy`: `Some`, with the restart's next
+    /// deadline, grace or backoff), at a unit check or a probe too: the next step comes at
+    /// one of these deadlines, each known; in between, nothing changes with time alone that a
+    /// heartbeat late would matter for (a lease's or a token's warning, a notice's end). At
+    /// most one `heartbeat` away and at least [`BUSY_TICK`].
+    pub(super) fn wake(
+        &self,
+        now: Duration,
+        reading: Option<Duration>,
+        beat: Duration,
+        heartbeat: Duration,
+        remedy: Option<Option<Duration>>,
+    ) -> Duration {
+        let mut at = reading.map_or(beat, |smi| beat.min(smi));
+        if let Some(remedy) = remedy {
+            let ahead = |t: Duration| (t > now).then_some(t);
+            for t in [self.at(Timer::Unit), self.at(Timer::Probe), remedy]
+                .into_iter()
+                .flatten()
+                .filter_map(ahead)
+            {
+                at = at.min(t);
+            }
+        }
+        at.clamp(now + BUSY_TICK, now + heartbeat)
+    }
+
+    /// The service's next wakeup `wake`, brought forward for the token: a look owed for
+    /// changes seen during the last one, and, while a restart is owed for a new token (made
+    /// when the journal said it would be) or the first look waits (it keeps its own time),
+    /// the looks' deadlines, whichever comes first. The periodic look alone comes on the
+    /// heartbeat's wakeups, at most one heartbeat late.
+    pub(super) fn with_token_looks(&self, mut wake: Duration, now: Duration) -> Duration {
+        if self.at(Timer::Owed).is_some() || self.at(Timer::FirstLook).is_some() {
+            let looks = self.earliest(&[Timer::Look, Timer::FirstLook, Timer::Owed]);
+            wake = looks.map_or(wake, |t| wake.min(t.max(now)));
+        }
+        self.at(Timer::TokenRead)
+            .map_or(wake, |t| wake.min(t.max(now)))
+    }
+
     /// The timer's deadline.
     pub(super) fn at(&self, t: Timer) -> Option<Duration> {
         self.at[t as usize]
@@ -80,30 +146,6 @@ impl Schedule {
     /// Whether any of `timers` is due.
     pub(super) fn any_due(&self, timers: &[Timer], now: Duration) -> bool {
         timers.iter().any(|&t| self.due(t, now))
-    }
-
-    /// nvidia-smi read by `at` at the latest, because something happened: brought forward,
-    /// never put back.
-    pub(super) fn smi_soon(&mut self, at: Duration) {
-        self.set_earlier(Timer::SmiSoon, at);
-    }
-
-    /// When nvidia-smi is next read: its pace, or sooner for an event; never sooner than
-    /// [`SMI_FLOOR`] after the last answer, so that no flood of events runs it back to back.
-    pub(super) fn smi(&self) -> Option<Duration> {
-        let due = [self.at(Timer::Smi), self.at(Timer::SmiSoon)]
-            .into_iter()
-            .flatten()
-            .min()?;
-        Some(self.smi_answered.map_or(due, |a| due.max(a + SMI_FLOOR)))
-    }
-
-    /// A reading starts: nothing more is asked of nvidia-smi until it answers.
-    pub(super) fn smi_started(&mut self, now: Now) {
-        self.set(Timer::Smi, now.mono + Duration::from_secs(3600));
-        self.stop(Timer::SmiSoon);
-        self.smi_started = Some(now.wall);
-        self.smi_began = now.mono;
     }
 
     /// The earliest deadline among `timers` (those set).

@@ -1,8 +1,8 @@
 use std::time::Duration;
 
 use super::in_flight::UnitQuestion;
+use super::readings::Readings;
 use super::report::Published;
-use super::schedule::{Schedule, Timer};
 use super::{MIN_REPORT_GAP, Now, SMI_FLOOR};
 use crate::report::State;
 use crate::state::evaluate;
@@ -13,40 +13,40 @@ fn secs(s: u64) -> Duration {
 
 #[test]
 fn an_event_brings_nvidia_smis_reading_forward_never_back() {
-    let mut due = Schedule::default();
-    due.set(Timer::Smi, secs(60));
-    due.smi_soon(secs(90));
-    assert_eq!(due.smi(), Some(secs(60)));
-    due.smi_soon(secs(5));
-    assert_eq!(due.smi(), Some(secs(5)));
-    due.smi_soon(secs(30));
-    assert_eq!(due.smi(), Some(secs(5)), "never put back");
+    let mut due = Readings::default();
+    due.set_pace(secs(60));
+    due.soon(secs(90));
+    assert_eq!(due.next(), Some(secs(60)));
+    due.soon(secs(5));
+    assert_eq!(due.next(), Some(secs(5)));
+    due.soon(secs(30));
+    assert_eq!(due.next(), Some(secs(5)), "never put back");
     // A reading starts: nothing more until it answers; an event meanwhile is kept over the
     // pace the answer sets.
     let now = Now {
         mono: secs(5),
         wall: chrono::DateTime::UNIX_EPOCH,
     };
-    due.smi_started(now);
-    assert_eq!(due.smi(), Some(secs(3605)));
-    due.smi_soon(secs(6));
-    due.set(Timer::Smi, secs(305));
-    assert_eq!(due.smi(), Some(secs(6)));
+    assert!(due.start(now));
+    assert_eq!(due.next(), Some(secs(3605)));
+    due.soon(secs(6));
+    due.set_pace(secs(305));
+    assert_eq!(due.next(), Some(secs(6)));
 }
 
 #[test]
 fn whatever_asks_a_reading_starts_a_floor_after_the_last_answer() {
-    let mut due = Schedule::default();
-    due.set(Timer::Smi, secs(3600));
-    due.smi_answered = Some(secs(10));
-    due.smi_soon(secs(10));
-    assert_eq!(due.smi(), Some(secs(10) + SMI_FLOOR), "not back to back");
-    due.smi_soon(secs(5));
-    assert_eq!(due.smi(), Some(secs(10) + SMI_FLOOR));
-    let mut later = Schedule::default();
-    later.smi_answered = Some(secs(10));
-    later.smi_soon(secs(30));
-    assert_eq!(later.smi(), Some(secs(30)), "a later one keeps its time");
+    let mut due = Readings::default();
+    due.set_pace(secs(3600));
+    due.answered_at = Some(secs(10));
+    due.soon(secs(10));
+    assert_eq!(due.next(), Some(secs(10) + SMI_FLOOR), "not back to back");
+    due.soon(secs(5));
+    assert_eq!(due.next(), Some(secs(10) + SMI_FLOOR));
+    let mut later = Readings::default();
+    later.answered_at = Some(secs(10));
+    later.soon(secs(30));
+    assert_eq!(later.next(), Some(secs(30)), "a later one keeps its time");
 }
 
 #[test]
@@ -151,4 +151,84 @@ fn a_report_is_news_when_any_field_but_its_time_and_pid_differs() {
     let mut d = a.clone();
     d.state = State::Licensed;
     assert!(!same_report(&a, &d));
+}
+
+#[test]
+fn a_reading_runs_one_at_a_time_and_its_answer_sets_the_floor() {
+    let now = |s: u64| Now {
+        mono: secs(s),
+        wall: chrono::DateTime::UNIX_EPOCH,
+    };
+    let mut r = Readings::new(secs(0));
+    assert!(r.due(secs(0)), "the first at once");
+    assert!(r.start(now(0)));
+    assert!(!r.start(now(1)), "not while one runs");
+    // Asked for while it runs: kept for after its answer.
+    r.soon(secs(1));
+    r.answered(secs(2));
+    assert!(!r.running);
+    assert_eq!(r.next(), Some(secs(2) + SMI_FLOOR), "kept, after the floor");
+}
+
+#[test]
+fn a_vague_failure_is_probed_at_once_when_new_and_again_when_due() {
+    use super::failing::Probing;
+    use super::{MEASURE_REPEAT, PROBE_REPEAT};
+    use crate::report::Reason;
+    let mut p = Probing::default();
+    let vague = Some(Reason::Unspecified);
+    let wanted = p.wanted(vague, "no", State::Unlicensed, false);
+    assert_eq!(wanted, Some(PROBE_REPEAT), "new: at once");
+    p.started(vague, "no");
+    assert_eq!(p.wanted(vague, "no", State::Unlicensed, false), None);
+    assert_eq!(
+        p.wanted(vague, "no", State::Unlicensed, true),
+        Some(PROBE_REPEAT),
+        "the same, once due"
+    );
+    assert_eq!(
+        p.wanted(vague, "other words", State::Unlicensed, false),
+        Some(PROBE_REPEAT),
+        "other words are news"
+    );
+    p.news();
+    assert!(p.wanted(vague, "no", State::Unlicensed, false).is_some());
+    let skew = Some(Reason::ClockSkew);
+    assert_eq!(
+        p.wanted(skew, "", State::Unlicensed, false),
+        Some(MEASURE_REPEAT),
+        "measured, more rarely"
+    );
+    let specific = Some(Reason::TokenMissing);
+    assert_eq!(p.wanted(specific, "", State::Unlicensed, true), None);
+}
+
+#[test]
+fn a_directory_change_adopts_at_once_after_a_gap_or_after_a_failures_wait() {
+    use super::adoption::{Adoption, Next};
+    use super::{ADOPT_AFTER_FAILURE, TOKEN_READ_GAP};
+    let mut a = Adoption::default();
+    assert_eq!(a.changed(secs(10)), Next::Now);
+    assert_eq!(
+        a.ended(true, secs(0), secs(10)),
+        Next::Nothing,
+        "nothing owed"
+    );
+    assert_eq!(a.changed(secs(10)), Next::Owed(secs(10) + TOKEN_READ_GAP));
+    a.again = true;
+    assert_eq!(
+        a.ended(true, secs(0), secs(20)),
+        Next::Owed(secs(20) + TOKEN_READ_GAP)
+    );
+    a.due = true;
+    assert_eq!(
+        a.ended(false, secs(0), secs(30)),
+        Next::Now,
+        "its deadline came"
+    );
+    a.failed = Some(secs(40));
+    assert_eq!(
+        a.changed(secs(41)),
+        Next::Look(secs(40) + ADOPT_AFTER_FAILURE)
+    );
 }

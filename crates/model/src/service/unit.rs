@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 
 use super::in_flight::UnitQuestion;
 use crate::observe::unit::UnitState;
+use crate::report::EventKind;
 
 /// What systemd last said of gridd's unit, and the questions asked of it.
 #[derive(Debug, Default)]
@@ -38,6 +39,26 @@ impl GriddUnit {
         if self.down() {
             self.state = None;
         }
+    }
+
+    /// A line of gridd's (`kind`) logged after systemd's last answer: a start voids a "not
+    /// running" said before it. Whether to ask again: a start, a stop, or any line while
+    /// gridd was said down.
+    pub(super) fn after_line(&mut self, kind: EventKind) -> bool {
+        if kind == EventKind::Started {
+            self.started();
+        }
+        matches!(kind, EventKind::Started | EventKind::Shutdown) || self.down()
+    }
+
+    /// A restart or adoption of the agent's own is over (`restarted`: gridd was restarted, or
+    /// the attempt made; `own_work`: other work of the agent's own still runs): whether to
+    /// ask now, a "not running" answer set aside while it ran being checked again.
+    pub(super) fn own_work_ended(&mut self, restarted: bool, own_work: bool) -> bool {
+        if restarted {
+            self.question.gridd_moved();
+        }
+        self.question.owed(own_work)
     }
 
     /// A question is wanted at `now`: whether to send it now. `gridd_pid`: the process that
