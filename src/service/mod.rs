@@ -421,8 +421,11 @@ impl Signals {
 
 /// What woke the loop.
 enum Woken {
-    /// Answers of work off the loop, journal lines, a watch's change: in order, one batch.
-    Events(Vec<Event>),
+    /// The first of what waits on the channel (answers of work off the loop, journal lines):
+    /// the rest is taken in the same batch, one at a time.
+    Queued(Event),
+    /// A watch's change: the token directory's, the driver pod's.
+    Watched(Event),
     /// The core's next wake (or a write's retry) came.
     Alarm,
     /// SIGHUP.
@@ -567,13 +570,9 @@ async fn next(
     signals: &mut Signals,
 ) -> Woken {
     tokio::select! {
-        Some(event) = rx.recv() => {
-            // A backlog (this boot's journal at start) makes one report, not one each.
-            let more = std::iter::from_fn(|| rx.try_recv().ok());
-            Woken::Events(std::iter::once(event).chain(more).collect())
-        }
-        _ = dir_watch::changed(shell.watch.as_ref()) => Woken::Events(vec![Event::TokenDirChanged]),
-        _ = dir_watch::driver_changed(driver_watch) => Woken::Events(vec![Event::DriverPodChanged]),
+        Some(event) = rx.recv() => Woken::Queued(event),
+        _ = dir_watch::changed(shell.watch.as_ref()) => Woken::Watched(Event::TokenDirChanged),
+        _ = dir_watch::driver_changed(driver_watch) => Woken::Watched(Event::DriverPodChanged),
         _ = alarm.until(wake) => Woken::Alarm,
         _ = signals.hup.recv() => Woken::Reload,
         _ = signals.term.recv() => Woken::Stop,
@@ -604,12 +603,12 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
         }
         let driver_watch = run.driver_watch.as_ref();
         match next(&mut run.rx, shell, driver_watch, &alarm, wake, &mut signals).await {
-            Woken::Events(events) => {
-                memory.events += events.len();
-                let effects = events
-                    .into_iter()
-                    .flat_map(|e| core.handle(e, clock.now()))
-                    .collect();
+            Woken::Queued(first) => {
+                memory.events += take_queued(core, shell, &mut run.rx, first, &clock);
+            }
+            Woken::Watched(event) => {
+                memory.events += 1;
+                let effects = core.handle(event, clock.now());
                 shell.carry_out(core, effects);
             }
             Woken::Alarm => {
@@ -628,6 +627,26 @@ async fn main_loop(settings: Settings, config_path: PathBuf) -> anyhow::Result<E
     }
     stop(stop_tx, [Some(run.follower), host_follower], run.servers).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The first event waiting on the channel and every one behind it, in one batch: a backlog
+/// (this boot's journal at start) makes one report, not one each, and is taken one event at
+/// a time, never held whole. Returns how many were taken.
+fn take_queued(
+    core: &mut Core,
+    shell: &Shell,
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    first: Event,
+    clock: &Clock,
+) -> usize {
+    let mut effects = core.handle(first, clock.now());
+    let mut taken = 1;
+    while let Ok(event) = rx.try_recv() {
+        effects.extend(core.handle(event, clock.now()));
+        taken += 1;
+    }
+    shell.carry_out(core, effects);
+    taken
 }
 
 /// SIGHUP: the config read and validated again, and handed to the core; a bad one is said
