@@ -118,10 +118,21 @@ pub async fn post(
     });
     let url = api.path_url(&["api", "v1", "namespaces", &e.namespace, "events"])?;
     let what = format!("POST event on vmi {}/{}", e.namespace, e.vmi);
-    let mut resp = api
+    let request = api
         .authed(client.post(url))?
         .header("Content-Type", "application/json")
-        .body(body.to_string())
+        .body(body.to_string());
+    answered(&what, request).await?;
+    Ok(())
+}
+
+/// Sends `request`: the answer where it is a success, else one line naming `what`, the HTTP
+/// status, the API's message and the fix.
+async fn answered(
+    what: &str,
+    request: reqwest::RequestBuilder,
+) -> anyhow::Result<reqwest::Response> {
+    let mut resp = request
         .send()
         .await
         .map_err(|err| anyhow!("{what}: {}", crate::http::chain(err)))?;
@@ -129,7 +140,7 @@ pub async fn post(
     if !code.is_success() {
         bail!("{what}: HTTP {code}{}", refused(&mut resp, code).await);
     }
-    Ok(())
+    Ok(resp)
 }
 
 /// The VMI `e` names, confirmed by its firmware UUID.
@@ -144,15 +155,7 @@ async fn get_vmi(api: &Api, client: &reqwest::Client, e: &VmEvent) -> anyhow::Re
         &e.vmi,
     ])?;
     let what = format!("GET vmi {}/{}", e.namespace, e.vmi);
-    let mut resp = api
-        .authed(client.get(url))?
-        .send()
-        .await
-        .map_err(|err| anyhow!("{what}: {}", crate::http::chain(err)))?;
-    let code = resp.status();
-    if !code.is_success() {
-        bail!("{what}: HTTP {code}{}", refused(&mut resp, code).await);
-    }
+    let mut resp = answered(&what, api.authed(client.get(url))?).await?;
     let bytes = crate::http::body_capped(&mut resp, MAX_ANSWER)
         .await
         .map_err(|err| anyhow!("{what}: {}", super::answer_error(err, "a VMI")))?;

@@ -99,6 +99,17 @@ fn stray(s: &Settings, name: &str) -> Stray {
     }
 }
 
+/// A file of the token directory that decodes as a token (`verdict`: why it is refused;
+/// `other`: another DLS instance's).
+fn token_stray(s: &Settings, name: &str, sha: &str, verdict: Option<&str>, other: bool) -> Stray {
+    Stray {
+        verdict: verdict.map(str::to_string),
+        other_token: other,
+        sha256: Some(sha.into()),
+        ..stray(s, name)
+    }
+}
+
 #[test]
 fn the_plan_restarts_gridd_only_for_what_it_reads() {
     let s = settings();
@@ -470,11 +481,8 @@ fn strays_are_moved_aside_for_what_they_are() {
     let s = settings();
     let state = InstallState::default();
     let token_file = s.paths.token_file.clone();
-    let token = |name: &str, sha: &str, verdict: Option<&str>, other: bool| Stray {
-        verdict: verdict.map(str::to_string),
-        other_token: other,
-        sha256: Some(sha.into()),
-        ..stray(&s, name)
+    let token = |name: &str, sha: &str, verdict: Option<&str>, other: bool| {
+        token_stray(&s, name, sha, verdict, other)
     };
     let installed = Some("sha-installed");
     // A plain file, a broken token, a second copy of the installed one.
@@ -502,11 +510,8 @@ fn the_token_in_place_until_now_is_moved_aside_as_the_previous_one() {
     let s = settings();
     let mut state = InstallState::default();
     let token_file = s.paths.token_file.clone();
-    let token = |name: &str, sha: &str, verdict: Option<&str>, other: bool| Stray {
-        verdict: verdict.map(str::to_string),
-        other_token: other,
-        sha256: Some(sha.into()),
-        ..stray(&s, name)
+    let token = |name: &str, sha: &str, verdict: Option<&str>, other: bool| {
+        token_stray(&s, name, sha, verdict, other)
     };
     let installed = Some("sha-installed");
     // The token gridd was restarted for is the previous one; without a memory, the one under
